@@ -1,0 +1,74 @@
+//! The control protocol between the CLI and the daemon: one JSON request line, one JSON response line,
+//! over the Unix socket `<state>/octofs.sock`.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "kebab-case")]
+pub enum Request {
+    Ping,
+    MirrorAdd {
+        project: String,
+        upstream: String,
+    },
+    MirrorSync {
+        project: String,
+    },
+    MirrorList,
+    Open {
+        thread: String,
+        project: Option<String>,
+        git_ref: Option<String>,
+    },
+    List,
+    Status {
+        thread: String,
+    },
+    Stop,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    #[serde(default)]
+    pub result: serde_json::Value,
+}
+
+impl Response {
+    pub fn ok(result: serde_json::Value, warnings: Vec<String>) -> Response {
+        Response {
+            ok: true,
+            error: None,
+            warnings,
+            result,
+        }
+    }
+    pub fn err(msg: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            error: Some(msg.into()),
+            ..Default::default()
+        }
+    }
+}
+
+/// One workspace as `list` and `status` report it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkspaceStatus {
+    pub thread: String,
+    pub project: String,
+    pub base_commit: String,
+    pub branch: Option<String>,
+    pub requested_ref: Option<String>,
+    pub mounted: bool,
+    pub path: String,
+    /// Whether reads are handed to the kernel (FUSE passthrough); `None` when not mounted.
+    pub passthrough: Option<bool>,
+    /// Paths that differ from the base (always 0 until the copy-on-write layer lands).
+    pub changed_paths: u64,
+    pub last_snapshot: Option<String>,
+}

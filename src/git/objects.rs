@@ -1,0 +1,206 @@
+//! Read access to a mirror's object store: trees, blob sizes and blob contents, by object id.
+//!
+//! This is the lower layer of every workspace (invariant 2: the lower layer is a commit, not a
+//! directory). It never writes. Parsed trees and blob sizes are cached, shared by every workspace of the
+//! mirror; stat data comes from object headers, never from reading content.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+use gix::ObjectId;
+use lru::LruCache;
+
+/// The kind of a tree entry, as git records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    Tree,
+    Blob,
+    Executable,
+    Symlink,
+    /// A submodule commit; presented as an empty directory.
+    Gitlink,
+}
+
+/// One entry of a parsed tree.
+#[derive(Debug, Clone)]
+pub struct TreeEntry {
+    pub name: Box<[u8]>,
+    pub kind: EntryKind,
+    pub id: ObjectId,
+}
+
+/// What a workspace is based on: a commit, its tree and its time.
+#[derive(Debug, Clone)]
+pub struct ResolvedRef {
+    pub commit: ObjectId,
+    pub tree: ObjectId,
+    /// Committer time, Unix seconds.
+    pub time: i64,
+    /// The branch `spec` named, when it named one.
+    pub branch: Option<String>,
+}
+
+static NEXT_STORE: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// gix repositories are not `Sync`: every thread keeps its own handle per store.
+    static REPOS: RefCell<HashMap<u64, gix::Repository>> = RefCell::new(HashMap::new());
+}
+
+/// A mirror's object store, shared by every workspace of that mirror.
+pub struct ObjectStore {
+    id: u64,
+    path: PathBuf,
+    repo: gix::ThreadSafeRepository,
+    trees: Mutex<LruCache<ObjectId, Arc<[TreeEntry]>>>,
+    sizes: DashMap<ObjectId, u64>,
+}
+
+impl std::fmt::Debug for ObjectStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectStore")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+fn other(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl ObjectStore {
+    pub fn open(path: &Path) -> io::Result<ObjectStore> {
+        let repo = gix::open(path).map_err(|e| other(format!("{}: {e}", path.display())))?;
+        Ok(ObjectStore {
+            id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
+            path: path.to_path_buf(),
+            repo: repo.into_sync(),
+            trees: Mutex::new(LruCache::new(
+                std::num::NonZeroUsize::new(16 * 1024).expect("nonzero"),
+            )),
+            sizes: DashMap::new(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn with_repo<R>(&self, f: impl FnOnce(&gix::Repository) -> R) -> R {
+        REPOS.with(|cell| {
+            let mut map = cell.borrow_mut();
+            let repo = map
+                .entry(self.id)
+                .or_insert_with(|| self.repo.to_thread_local());
+            f(repo)
+        })
+    }
+
+    /// Resolves `spec` (a branch, tag, remote branch, commit id or any rev-parse expression; the
+    /// mirror's HEAD when `None`) to a commit. A branch that exists only upstream is found as
+    /// `origin/<spec>`.
+    pub fn resolve(&self, spec: Option<&str>) -> Result<ResolvedRef, String> {
+        self.with_repo(|repo| {
+            let shown = spec.unwrap_or("HEAD");
+            let mut candidates = vec![shown.to_string()];
+            if let Some(s) = spec {
+                candidates.push(format!("origin/{s}"));
+            }
+            let mut last_err = String::new();
+            for cand in &candidates {
+                match repo.rev_parse_single(cand.as_str()) {
+                    Ok(id) => {
+                        let commit = id
+                            .object()
+                            .and_then(|o| Ok(o.peel_to_commit()?))
+                            .map_err(|e| format!("ref {shown:?} does not name a commit: {e}"))?;
+                        let tree = commit.tree_id().map_err(|e| e.to_string())?.detach();
+                        let time = commit.time().map(|t| t.seconds).unwrap_or(0);
+                        let branch = match spec {
+                            None => repo
+                                .head_name()
+                                .ok()
+                                .flatten()
+                                .map(|n| n.shorten().to_string()),
+                            Some(s) => repo
+                                .find_reference(format!("refs/heads/{s}").as_str())
+                                .ok()
+                                .map(|_| s.to_string())
+                                .or_else(|| {
+                                    repo.find_reference(format!("refs/remotes/origin/{s}").as_str())
+                                        .ok()
+                                        .map(|_| s.to_string())
+                                }),
+                        };
+                        return Ok(ResolvedRef {
+                            commit: commit.id,
+                            tree,
+                            time,
+                            branch,
+                        });
+                    }
+                    Err(e) => last_err = e.to_string(),
+                }
+            }
+            Err(match spec {
+                Some(s) => {
+                    tracing::debug!("resolve {s}: {last_err}");
+                    format!("ref {s:?} does not resolve in the mirror (no branch, tag or commit of that name)")
+                }
+                None => format!("the mirror has no commits yet: {last_err}"),
+            })
+        })
+    }
+
+    /// The entries of tree `id`, in git order.
+    pub fn tree(&self, id: ObjectId) -> io::Result<Arc<[TreeEntry]>> {
+        if let Some(t) = self.trees.lock().map_err(other)?.get(&id) {
+            return Ok(t.clone());
+        }
+        let entries: Arc<[TreeEntry]> = self.with_repo(|repo| -> io::Result<Arc<[TreeEntry]>> {
+            let tree = repo.find_tree(id).map_err(other)?;
+            let decoded = tree.decode().map_err(other)?;
+            Ok(decoded
+                .entries
+                .iter()
+                .map(|e| TreeEntry {
+                    name: e.filename.to_vec().into_boxed_slice(),
+                    kind: if e.mode.is_tree() {
+                        EntryKind::Tree
+                    } else if e.mode.is_commit() {
+                        EntryKind::Gitlink
+                    } else if e.mode.is_link() {
+                        EntryKind::Symlink
+                    } else if e.mode.is_executable() {
+                        EntryKind::Executable
+                    } else {
+                        EntryKind::Blob
+                    },
+                    id: e.oid.to_owned(),
+                })
+                .collect())
+        })?;
+        self.trees.lock().map_err(other)?.put(id, entries.clone());
+        Ok(entries)
+    }
+
+    /// The size of blob `id`, from its header (no content is read for loose or undeltified objects).
+    pub fn blob_size(&self, id: ObjectId) -> io::Result<u64> {
+        if let Some(s) = self.sizes.get(&id) {
+            return Ok(*s);
+        }
+        let size = self.with_repo(|repo| repo.find_header(id).map(|h| h.size()).map_err(other))?;
+        self.sizes.insert(id, size);
+        Ok(size)
+    }
+
+    /// The content of blob `id`.
+    pub fn blob(&self, id: ObjectId) -> io::Result<Vec<u8>> {
+        self.with_repo(|repo| repo.find_blob(id).map(|mut b| b.take_data()).map_err(other))
+    }
+}

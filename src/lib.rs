@@ -1,0 +1,20 @@
+//! octofs: per-thread copy-on-write git workspaces served as FUSE mounts.
+//!
+//! The layers, each in its own module and depending only on the ones listed before it:
+//! - [`names`], [`layout`] and [`sys`]: validated names, where state lives, and the only `unsafe` code.
+//! - [`git`]: mirrors (one pristine checkout per project) and read access to their object stores.
+//! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
+//! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
+//! - [`workspace`]: a thread's durable workspace record (project, base commit, mounted or not).
+//! - [`daemon`]: the one process that serves every mount and the control socket.
+//! - [`client`]: what the CLI uses to talk to (and start) the daemon.
+
+pub mod client;
+pub mod cow;
+pub mod daemon;
+pub mod fs;
+pub mod git;
+pub mod layout;
+pub mod names;
+pub mod sys;
+pub mod workspace;

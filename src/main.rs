@@ -1,0 +1,272 @@
+//! The `octofs` command line: parses arguments, validates names before anything is touched, and
+//! speaks to the daemon (starting one when none runs). Results go to stdout; errors are one line on
+//! stderr with a non-zero exit.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde_json::Value;
+
+use octofs::client;
+use octofs::daemon::proto::{Request, WorkspaceStatus};
+use octofs::git::mirror::{MirrorInfo, SyncOutcome};
+use octofs::layout::Layout;
+use octofs::names::{NameKind, validate};
+
+#[derive(Parser)]
+#[command(
+    name = "octofs",
+    version,
+    about = "Per-thread copy-on-write git workspaces as FUSE mounts"
+)]
+struct Cli {
+    /// State directory (mirrors, workspaces, blob cache, control socket)
+    #[arg(long, global = true, env = "OCTOFS_STATE")]
+    state: Option<PathBuf>,
+    /// Directory under which workspaces are mounted as <root>/<thread>
+    #[arg(long, global = true, env = "OCTOFS_ROOT")]
+    root: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the daemon in the foreground
+    Serve {
+        /// Seconds within which a synced mirror is not fetched again
+        #[arg(long, default_value_t = 0, env = "OCTOFS_FRESHNESS")]
+        freshness: u64,
+        /// Hand reads of open files to the kernel (FUSE passthrough; needs root and Linux >= 6.9)
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "OCTOFS_PASSTHROUGH")]
+        passthrough: bool,
+    },
+    /// Stop the daemon (its mounted workspaces are remounted when it starts again)
+    Stop,
+    /// Manage project mirrors
+    Mirror {
+        #[command(subcommand)]
+        cmd: MirrorCmd,
+    },
+    /// Mount the thread's workspace (forking it on first use) and print its path
+    Open {
+        thread: String,
+        /// The project the thread is bound to
+        #[arg(long)]
+        project: Option<String>,
+        /// Branch, tag, commit or any revision of the mirror to fork at (default: its default branch)
+        #[arg(long = "ref")]
+        git_ref: Option<String>,
+    },
+    /// List workspaces
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one workspace
+    Status {
+        thread: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+enum MirrorCmd {
+    /// Create a project's mirror from a git URL, a git repository path or a plain directory
+    Add { project: String, upstream: String },
+    /// Fetch (or re-commit a directory upstream) unless synced within the freshness window
+    Sync { project: String },
+    /// List mirrors
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let layout = Layout::resolve(cli.state, cli.root);
+    match run(&layout, cli.cmd) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("octofs: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn request(layout: &Layout, req: Request) -> Result<Value, String> {
+    let resp = client::call(layout, &req, true)?;
+    for w in &resp.warnings {
+        eprintln!("octofs: warning: {w}");
+    }
+    if resp.ok {
+        Ok(resp.result)
+    } else {
+        Err(resp
+            .error
+            .unwrap_or_else(|| "the daemon reported an error".into()))
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
+    serde_json::from_value(v).map_err(|e| format!("bad answer from the daemon: {e}"))
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
+    match cmd {
+        Cmd::Serve {
+            freshness,
+            passthrough,
+        } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("OCTOFS_LOG")
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            octofs::daemon::serve(
+                layout.clone(),
+                octofs::daemon::Settings {
+                    freshness_secs: freshness,
+                    passthrough,
+                },
+            )
+            .map_err(|e| format!("{e:#}"))
+        }
+        Cmd::Stop => {
+            if client::stop(layout)? {
+                println!("stopped");
+            } else {
+                println!("no daemon running");
+            }
+            Ok(())
+        }
+        Cmd::Mirror { cmd } => match cmd {
+            MirrorCmd::Add { project, upstream } => {
+                validate(NameKind::Project, &project)?;
+                let info: MirrorInfo =
+                    parse(request(layout, Request::MirrorAdd { project, upstream })?)?;
+                println!(
+                    "{} {} {}",
+                    info.project.project,
+                    info.project.default_branch,
+                    info.head.as_deref().unwrap_or("(empty)")
+                );
+                Ok(())
+            }
+            MirrorCmd::Sync { project } => {
+                validate(NameKind::Project, &project)?;
+                let out: SyncOutcome = parse(request(layout, Request::MirrorSync { project })?)?;
+                let what = if out.fresh {
+                    "fresh"
+                } else if out.warning.is_some() {
+                    "stale"
+                } else if out.changed {
+                    "updated"
+                } else {
+                    "unchanged"
+                };
+                println!(
+                    "{} {} {}",
+                    out.project,
+                    what,
+                    out.head.as_deref().unwrap_or("(empty)")
+                );
+                Ok(())
+            }
+            MirrorCmd::List { json } => {
+                let v = request(layout, Request::MirrorList)?;
+                if json {
+                    println!("{v}");
+                    return Ok(());
+                }
+                let list: Vec<MirrorInfo> = parse(v)?;
+                for m in list {
+                    println!(
+                        "{}\t{:?}\t{}\t{}\t{}",
+                        m.project.project,
+                        m.project.kind,
+                        m.project.default_branch,
+                        m.head.as_deref().map(short).unwrap_or("-"),
+                        m.project.upstream
+                    );
+                }
+                Ok(())
+            }
+        },
+        Cmd::Open {
+            thread,
+            project,
+            git_ref,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            if let Some(p) = &project {
+                validate(NameKind::Project, p)?;
+            }
+            let v = request(
+                layout,
+                Request::Open {
+                    thread,
+                    project,
+                    git_ref,
+                },
+            )?;
+            println!("{}", v.as_str().unwrap_or_default());
+            Ok(())
+        }
+        Cmd::List { json } => {
+            let v = request(layout, Request::List)?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let list: Vec<WorkspaceStatus> = parse(v)?;
+            for w in list {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    w.thread,
+                    w.project,
+                    short(&w.base_commit),
+                    if w.mounted { "mounted" } else { "unmounted" },
+                    w.path
+                );
+            }
+            Ok(())
+        }
+        Cmd::Status { thread, json } => {
+            validate(NameKind::Thread, &thread)?;
+            let v = request(layout, Request::Status { thread })?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let w: WorkspaceStatus = parse(v)?;
+            println!("thread:        {}", w.thread);
+            println!("project:       {}", w.project);
+            println!("base:          {}", w.base_commit);
+            println!(
+                "branch:        {}",
+                w.branch.as_deref().unwrap_or("(detached)")
+            );
+            println!("path:          {}", w.path);
+            println!("mounted:       {}", if w.mounted { "yes" } else { "no" });
+            if let Some(p) = w.passthrough {
+                println!("passthrough:   {}", if p { "yes" } else { "no" });
+            }
+            println!("changed paths: {}", w.changed_paths);
+            println!(
+                "last snapshot: {}",
+                w.last_snapshot.as_deref().unwrap_or("none")
+            );
+            Ok(())
+        }
+    }
+}

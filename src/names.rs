@@ -1,0 +1,73 @@
+//! Validation of thread and project names (DESIGN.md "Command line").
+//!
+//! Every name that reaches a path or a ref goes through [`validate`] first, so that a bad name is refused
+//! before any state is touched.
+
+/// What a name is used for; only changes the wording of the error.
+#[derive(Debug, Clone, Copy)]
+pub enum NameKind {
+    Thread,
+    Project,
+}
+
+impl std::fmt::Display for NameKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NameKind::Thread => "thread",
+            NameKind::Project => "project",
+        })
+    }
+}
+
+/// Accepts 1–128 characters of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
+pub fn validate(kind: NameKind, name: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("invalid {kind} name {name:?}: {why}"));
+    if name.is_empty() {
+        return bad("must not be empty");
+    }
+    if name.len() > 128 {
+        return bad("must be at most 128 characters");
+    }
+    if name.starts_with('.') || name.starts_with('-') {
+        return bad("must not start with '.' or '-'");
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return bad(&format!(
+            "character {c:?} is not allowed (use A-Z a-z 0-9 . _ -)"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_the_documented_alphabet() {
+        for ok in ["a", "T-1", "fix_bug.2", "0", &"x".repeat(128)] {
+            assert!(validate(NameKind::Thread, ok).is_ok(), "{ok}");
+        }
+    }
+
+    #[test]
+    fn refuses_everything_else() {
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "a b",
+            "é",
+            "..",
+            &"x".repeat(129),
+            "a\0b",
+        ] {
+            let err = validate(NameKind::Project, bad).unwrap_err();
+            assert!(err.starts_with("invalid project name"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The only module with `unsafe`: thin, safe wrappers around the few syscalls std does not expose.
+//!
+//! Each function checks its arguments, calls exactly one syscall, and turns a failure into an
+//! `io::Error` carrying errno. Nothing here holds state.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+pub fn egid() -> u32 {
+    // SAFETY: getegid has no preconditions and cannot fail.
+    unsafe { libc::getegid() }
+}
+
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
+}
+
+/// `umount2(path, MNT_DETACH)`: detach a mount even while it is busy (the kernel finishes it once the
+/// last user leaves). Used for stale mounts whose daemon died.
+pub fn lazy_unmount(path: &Path) -> io::Result<()> {
+    let c = cpath(path)?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `umount2(path, 0)`: a plain unmount, which fails with EBUSY while the mount is in use.
+pub fn unmount(path: &Path) -> io::Result<()> {
+    let c = cpath(path)?;
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(c.as_ptr(), 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// File-system statistics of the file system holding `path`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FsStats {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+pub fn statvfs(path: &Path) -> io::Result<FsStats> {
+    let c = cpath(path)?;
+    // SAFETY: an all-zero statvfs is a valid value for this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated and `st` is a valid, writable statvfs.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FsStats {
+        blocks: st.f_blocks,
+        bfree: st.f_bfree,
+        bavail: st.f_bavail,
+        files: st.f_files,
+        ffree: st.f_ffree,
+        bsize: st.f_bsize as u32,
+        namelen: st.f_namemax as u32,
+        frsize: st.f_frsize as u32,
+    })
+}
+
+/// Mount points of FUSE file systems at or below `root`, from `/proc/self/mountinfo`.
+pub fn fuse_mounts_under(root: &Path) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        // fields: id parent major:minor root mountpoint options ... - fstype source superopts
+        let mut parts = line.split(" - ");
+        let (Some(left), Some(right)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let fstype = right.split(' ').next().unwrap_or("");
+        if !fstype.starts_with("fuse") {
+            continue;
+        }
+        let Some(mp) = left.split(' ').nth(4) else {
+            continue;
+        };
+        let mp = PathBuf::from(unescape_mountinfo(mp));
+        if mp.starts_with(root) {
+            out.push(mp);
+        }
+    }
+    out
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    std::os::unix::ffi::OsStringExt::from_vec(out)
+}
+
+/// Whether `path` is the root of a mount that answers `ENOTCONN` (its daemon is gone).
+pub fn is_stale_mount(path: &Path) -> bool {
+    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
+    }
+}

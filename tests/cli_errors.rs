@@ -1,0 +1,400 @@
+//! Issue 2, "Bad input": refused with one clear line on stderr, a non-zero exit, nothing on
+//! stdout, and nothing created or changed in the state directory or under the root. Plus the
+//! plain-directory mirror (add, sync) and `mirror list --json`.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+/// A small git repository with one commit on `main`.
+fn small_repo(path: &Path) -> GitRepo {
+    let repo = GitRepo::init(path);
+    repo.write("README.md", "small\n");
+    repo.write("src/lib.rs", "pub fn f() {}\n");
+    repo.commit_all("initial", DATE1);
+    repo
+}
+
+/// Runs `octofs <args>` and asserts it is refused cleanly: non-zero exit, exactly one non-empty
+/// line on stderr (not a panic), nothing on stdout, and no change to the state directory, the
+/// root, or the set of mounts. `mention`: a string the error line must contain.
+#[track_caller]
+fn assert_refused(d: &Daemon, args: &[&str], mention: Option<&str>) -> String {
+    let state_before = tree_listing(&d.state);
+    let root_before = tree_listing(&d.root);
+    let mounts_before = mounts_under(&d.base);
+    let out = d.cli(args);
+    let err = out.stderr_str();
+    let line = err.strip_suffix('\n').unwrap_or(&err);
+    assert!(
+        !out.success(),
+        "expected a refusal: {}\n--- daemon log ---\n{}",
+        out.describe(),
+        d.log_tail()
+    );
+    assert!(
+        !line.trim().is_empty() && !line.contains('\n'),
+        "error must be exactly one non-empty line on stderr: {}",
+        out.describe()
+    );
+    assert!(!line.contains("panicked"), "{}", out.describe());
+    assert!(
+        out.stdout.is_empty(),
+        "nothing on stdout on error: {}",
+        out.describe()
+    );
+    if let Some(m) = mention {
+        assert!(
+            line.contains(m),
+            "error should name {m:?}: {}",
+            out.describe()
+        );
+    }
+    assert_same_listing(
+        &format!("state dir after refused {args:?}"),
+        &state_before,
+        &tree_listing(&d.state),
+    );
+    assert_same_listing(
+        &format!("root after refused {args:?}"),
+        &root_before,
+        &tree_listing(&d.root),
+    );
+    assert_eq!(
+        mounts_before,
+        mounts_under(&d.base),
+        "mounts after refused {args:?}"
+    );
+    line.to_string()
+}
+
+/// Names outside `[A-Za-z0-9._-]{1,128}` or starting with '.' or '-'.
+fn bad_names() -> Vec<String> {
+    vec![
+        String::new(),
+        "a".repeat(129),
+        ".hidden".into(),
+        ".".into(),
+        "..".into(),
+        "-dash".into(),
+        "a/b".into(),
+        "/abs".into(),
+        "a b".into(),
+        "café".into(),
+        "日本".into(),
+        "a:b".into(),
+    ]
+}
+
+#[test]
+fn bad_names_are_refused_before_touching_state() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let upstream = repo.path.display().to_string();
+    let d = Daemon::start();
+    d.cli_ok(["mirror", "add", "proj", &upstream]);
+
+    for name in bad_names() {
+        // `--` so that names starting with '-' reach octofs instead of the option parser.
+        assert_refused(&d, &["mirror", "add", "--", &name, &upstream], None);
+        assert_refused(&d, &["open", "--project", "proj", "--", &name], None);
+        assert_refused(
+            &d,
+            &["open", &format!("--project={name}"), "--", "t1"],
+            None,
+        );
+        assert_refused(&d, &["mirror", "sync", "--", &name], None);
+        assert_refused(&d, &["status", "--", &name], None);
+    }
+
+    // The boundaries of the rule are accepted.
+    let long = "p".repeat(128);
+    d.cli_ok(["mirror", "add", &long, &upstream]);
+    for thread in ["x", "Zz09._-", &"t".repeat(128)] {
+        let out = d.cli_ok(["open", "--project", &long, "--", thread]);
+        assert_eq!(out, format!("{}\n", d.mount(thread).display()));
+    }
+}
+
+#[test]
+fn unknown_project_thread_and_ref_are_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let d = Daemon::start();
+
+    assert_refused(&d, &["open", "--project", "nope", "--", "t1"], Some("nope"));
+    assert_refused(&d, &["mirror", "sync", "nope"], Some("nope"));
+    assert_refused(&d, &["status", "ghost"], Some("ghost"));
+
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    assert_refused(
+        &d,
+        &[
+            "open",
+            "--project",
+            "proj",
+            "--ref",
+            "no-such-ref",
+            "--",
+            "t1",
+        ],
+        Some("no-such-ref"),
+    );
+    let missing_sha = "0123456789abcdef0123456789abcdef01234567";
+    assert_refused(
+        &d,
+        &[
+            "open",
+            "--project",
+            "proj",
+            "--ref",
+            missing_sha,
+            "--",
+            "t1",
+        ],
+        Some(missing_sha),
+    );
+    assert_refused(
+        &d,
+        &["open", "--project", "proj", "--ref", "main~5", "--", "t1"],
+        Some("main~5"),
+    );
+    // A failed open does not poison the thread: a good one works afterwards.
+    let out = d.cli_ok(["open", "--project", "proj", "--ref", "main", "--", "t1"]);
+    assert_eq!(out, format!("{}\n", d.mount("t1").display()));
+}
+
+#[test]
+fn bad_upstreams_are_refused() {
+    let d = Daemon::start();
+    let missing = d.base.join("does-not-exist");
+    let missing_s = missing.display().to_string();
+    assert_refused(&d, &["mirror", "add", "q", &missing_s], Some(&missing_s));
+    assert_refused(
+        &d,
+        &["mirror", "add", "q", &format!("file://{missing_s}")],
+        None,
+    );
+    let file = d.base.join("plain-file.txt");
+    fs::write(&file, "not a repository\n").unwrap();
+    let file_s = file.display().to_string();
+    assert_refused(&d, &["mirror", "add", "q", &file_s], Some(&file_s));
+    assert_eq!(fs::read_to_string(&file).unwrap(), "not a repository\n");
+}
+
+#[test]
+fn second_mirror_add_is_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let other = small_repo(&src.path().join("other"));
+    let d = Daemon::start();
+    d.cli_ok(["mirror", "add", "proj", &repo.path.display().to_string()]);
+    assert_refused(
+        &d,
+        &["mirror", "add", "proj", &repo.path.display().to_string()],
+        Some("proj"),
+    );
+    assert_refused(
+        &d,
+        &["mirror", "add", "proj", &other.file_url()],
+        Some("proj"),
+    );
+}
+
+#[test]
+fn root_that_is_a_file_is_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    d.stop();
+
+    // The only thing wrong with these invocations is the root.
+    let file = d.base.join("root-file");
+    fs::write(&file, "I am not a directory\n").unwrap();
+    d.root = file.clone();
+    let file_s = file.display().to_string();
+    // The daemon itself refuses to run on it, and exits instead of hanging.
+    let out = run(d.command().arg("serve"), Duration::from_secs(10));
+    assert!(
+        !out.success(),
+        "serve with a file as root: {}",
+        out.describe()
+    );
+    assert!(
+        out.stderr_str().contains(&file_s),
+        "serve should name the bad root: {}",
+        out.describe()
+    );
+
+    // The CLI (which would auto-start a daemon) refuses it without touching the state.
+    assert_refused(
+        &d,
+        &["open", "--project", "proj", "--", "t1"],
+        Some(&file_s),
+    );
+    assert_eq!(fs::read_to_string(&file).unwrap(), "I am not a directory\n");
+}
+
+/// Relative paths of every non-directory entry under `dir`, skipping nothing.
+fn files_under(dir: &Path) -> BTreeSet<String> {
+    tree_listing(dir)
+        .into_iter()
+        .filter(|(k, v)| !k.is_empty() && !v.starts_with("dir "))
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// `git ls-tree -r HEAD` of a mirror: path -> mode.
+fn ls_tree(mirror: &Path) -> std::collections::BTreeMap<String, String> {
+    git(mirror, ["ls-tree", "-r", "-z", "HEAD"])
+        .split('\0')
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (meta, path) = e.split_once('\t').expect("ls-tree entry");
+            (
+                path.to_string(),
+                meta.split(' ').next().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn rev_parse(mirror: &Path, rev: &str) -> String {
+    git(mirror, ["rev-parse", rev]).trim().to_string()
+}
+
+#[test]
+fn mirror_of_a_plain_directory_and_its_sync() {
+    let src = tempfile::tempdir().unwrap();
+    let folder = src.path().join("plain folder");
+    write_file(&folder.join("README.txt"), b"plain\n", 0o644);
+    write_file(&folder.join("sub/dir/file.rs"), b"fn main() {}\n", 0o644);
+    write_file(&folder.join("run.sh"), b"#!/bin/sh\n", 0o755);
+    write_file(&folder.join("space name.txt"), b"spaces\n", 0o644);
+    write_file(&folder.join("ünïcödé.txt"), b"utf-8\n", 0o644);
+    write_file(&folder.join("data.bin"), &pseudo_random(50_000, 9), 0o644);
+    std::os::unix::fs::symlink("README.txt", folder.join("link")).unwrap();
+    let folder_s = folder.display().to_string();
+
+    let d = Daemon::start();
+    let before = tree_listing(&folder);
+    d.cli_ok(["mirror", "add", "plain", &folder_s]);
+    assert!(
+        !folder.join(".git").exists(),
+        "mirror add created a .git in the source folder"
+    );
+    assert_same_listing(
+        "source folder after mirror add",
+        &before,
+        &tree_listing(&folder),
+    );
+
+    let mirror = d.mirror("plain");
+    let tree = ls_tree(&mirror);
+    let want: BTreeSet<String> = files_under(&folder);
+    assert_eq!(
+        tree.keys().cloned().collect::<BTreeSet<_>>(),
+        want,
+        "ls-tree vs folder"
+    );
+    assert_eq!(tree["run.sh"], "100755", "exec bit");
+    assert_eq!(tree["README.txt"], "100644");
+    assert_eq!(tree["link"], "120000", "symlink");
+    assert_eq!(
+        fs::read_to_string(mirror.join("sub/dir/file.rs")).unwrap(),
+        "fn main() {}\n",
+        "mirror is a working checkout"
+    );
+
+    // No change: no commit.
+    let head0 = rev_parse(&mirror, "HEAD");
+    d.cli_ok(["mirror", "sync", "plain"]);
+    assert_eq!(
+        rev_parse(&mirror, "HEAD"),
+        head0,
+        "sync without changes made a commit"
+    );
+
+    // A new file: one new commit on top, visible in the mirror's checkout.
+    write_file(&folder.join("added.txt"), b"new\n", 0o644);
+    d.cli_ok(["mirror", "sync", "plain"]);
+    let head1 = rev_parse(&mirror, "HEAD");
+    assert_ne!(head1, head0, "sync after adding a file made no commit");
+    assert_eq!(
+        rev_parse(&mirror, "HEAD^"),
+        head0,
+        "the new commit's parent"
+    );
+    assert!(ls_tree(&mirror).contains_key("added.txt"));
+    assert_eq!(
+        fs::read_to_string(mirror.join("added.txt")).unwrap(),
+        "new\n"
+    );
+    let status = git(&mirror, ["--no-optional-locks", "status", "--porcelain"]);
+    assert!(
+        status.is_empty(),
+        "mirror checkout not clean after sync:\n{status}"
+    );
+
+    // Again without a change: no commit.
+    d.cli_ok(["mirror", "sync", "plain"]);
+    assert_eq!(
+        rev_parse(&mirror, "HEAD"),
+        head1,
+        "second sync without changes made a commit"
+    );
+
+    // A deletion is synced too.
+    fs::remove_dir_all(folder.join("sub")).unwrap();
+    d.cli_ok(["mirror", "sync", "plain"]);
+    assert_ne!(
+        rev_parse(&mirror, "HEAD"),
+        head1,
+        "sync after a deletion made no commit"
+    );
+    assert_eq!(
+        ls_tree(&mirror).keys().cloned().collect::<BTreeSet<_>>(),
+        files_under(&folder)
+    );
+    assert!(
+        !folder.join(".git").exists(),
+        "mirror sync created a .git in the source folder"
+    );
+}
+
+#[test]
+fn mirror_list_json_lists_projects() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let folder = src.path().join("folder");
+    write_file(&folder.join("a.txt"), b"a\n", 0o644);
+    let d = Daemon::start();
+
+    parse_json("empty mirror list", &d.cli_ok(["mirror", "list", "--json"]));
+
+    d.cli_ok(["mirror", "add", "alpha", &repo.path.display().to_string()]);
+    d.cli_ok(["mirror", "add", "beta", &folder.display().to_string()]);
+    assert_eq!(rev_parse(&d.mirror("alpha"), "HEAD"), repo.head());
+
+    let mut strings = Vec::new();
+    json_strings(
+        &parse_json(
+            "mirror list --json",
+            &d.cli_ok(["mirror", "list", "--json"]),
+        ),
+        &mut strings,
+    );
+    for p in ["alpha", "beta"] {
+        assert!(
+            strings.iter().any(|s| s == p),
+            "`mirror list --json` lacks {p}: {strings:?}"
+        );
+    }
+    let plain = d.cli_ok(["mirror", "list"]);
+    assert!(plain.contains("alpha") && plain.contains("beta"), "{plain}");
+}

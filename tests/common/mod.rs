@@ -1,0 +1,830 @@
+//! Shared harness for the octofs integration tests.
+//!
+//! Everything that can block goes through a timeout: external commands are spawned in their own
+//! process group and killed (by that id) when they overrun, and in-process access to a FUSE mount is
+//! wrapped in [`with_timeout`]. A [`Daemon`] guard owns a temporary directory holding `state/` and
+//! `root/`; on drop — including when a test panics — it stops the daemon, kills its child process by
+//! pid if it is still alive, and lazily unmounts anything left under its root.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Default timeout for one external command.
+pub const CMD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a daemon gets to come up (socket present and `list` answering).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The binary under test.
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_octofs")
+}
+
+/// Result of one external command.
+#[derive(Debug)]
+pub struct Out {
+    pub cmd: String,
+    pub status: ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl Out {
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    pub fn stdout_str(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    pub fn stderr_str(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+
+    /// Panics with the command, its status and both streams unless it exited 0.
+    #[track_caller]
+    pub fn assert_ok(&self) -> &Self {
+        assert!(self.success(), "command failed: {}", self.describe());
+        self
+    }
+
+    /// Panics unless the command exited non-zero.
+    #[track_caller]
+    pub fn assert_failed(&self) -> &Self {
+        assert!(
+            !self.success(),
+            "command unexpectedly succeeded: {}",
+            self.describe()
+        );
+        self
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "`{}` -> {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.cmd,
+            self.status,
+            self.stdout_str(),
+            self.stderr_str()
+        )
+    }
+}
+
+/// Waits for `child` for at most `timeout`; `None` when it is still running.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            Err(_) => return None,
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// SIGKILLs the process group led by `child` (spawned with `process_group(0)`) and the child itself.
+/// Only called before the child has been reaped, so the ids still belong to it.
+pub fn kill_child_group(child: &Child) {
+    let pid = child.id() as libc::pid_t;
+    // SAFETY: plain kill(2) on ids we own; errors (already gone) are irrelevant.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+        libc::kill(pid, libc::SIGKILL);
+    }
+}
+
+/// Runs `cmd` with stdin from /dev/null and stdout/stderr captured into anonymous files (not pipes,
+/// so a grandchild that keeps them open cannot block us). Kills its process group after `timeout`.
+pub fn try_run(cmd: &mut Command, timeout: Duration) -> Result<Out, String> {
+    let desc = format!("{cmd:?}");
+    let io = |e: std::io::Error| format!("{desc}: {e}");
+    let mut out_f = tempfile::tempfile().map_err(io)?;
+    let mut err_f = tempfile::tempfile().map_err(io)?;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(out_f.try_clone().map_err(io)?))
+        .stderr(Stdio::from(err_f.try_clone().map_err(io)?))
+        .process_group(0);
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot spawn {desc}: {e}"))?;
+    let status = match wait_timeout(&mut child, timeout) {
+        Some(status) => status,
+        None => {
+            kill_child_group(&child);
+            let _ = child.wait();
+            let mut partial = String::new();
+            let _ = err_f.seek(SeekFrom::Start(0));
+            let _ = err_f.read_to_string(&mut partial);
+            return Err(format!(
+                "`{desc}` timed out after {timeout:?}; stderr so far:\n{partial}"
+            ));
+        }
+    };
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    out_f.seek(SeekFrom::Start(0)).map_err(io)?;
+    out_f.read_to_end(&mut stdout).map_err(io)?;
+    err_f.seek(SeekFrom::Start(0)).map_err(io)?;
+    err_f.read_to_end(&mut stderr).map_err(io)?;
+    Ok(Out {
+        cmd: desc,
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// [`try_run`] that panics on spawn failure or timeout.
+#[track_caller]
+pub fn run(cmd: &mut Command, timeout: Duration) -> Out {
+    match try_run(cmd, timeout) {
+        Ok(out) => out,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Runs `program args…` with [`CMD_TIMEOUT`].
+#[track_caller]
+pub fn sh<I, S>(program: &str, args: I) -> Out
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    run(Command::new(program).args(args), CMD_TIMEOUT)
+}
+
+/// Runs `f` on a helper thread and panics if it does not finish within `timeout` (e.g. a request
+/// stuck in a FUSE mount). A panic inside `f` is propagated. A timed-out thread is left blocked;
+/// the [`Daemon`] guard's cleanup (stop, kill, umount -l) then releases it.
+#[track_caller]
+pub fn with_timeout<T, F>(what: &str, timeout: Duration, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        let v = f();
+        let _ = tx.send(());
+        v
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => match handle.join() {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        },
+        Err(mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: did not finish within {timeout:?} (hung FUSE request?)")
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mounts
+
+/// Decodes the octal escapes (`\040` etc.) of a /proc/self/mountinfo field.
+fn unescape_mountinfo(field: &str) -> PathBuf {
+    use std::os::unix::ffi::OsStringExt;
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') as u32 * 64
+                + (b[i + 2] - b'0') as u32 * 8
+                + (b[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// Every mount point listed in /proc/self/mountinfo (one entry per mount).
+pub fn mount_points() -> Vec<PathBuf> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .collect()
+}
+
+/// Mount points equal to or below `root`, deepest first.
+pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = mount_points()
+        .into_iter()
+        .filter(|p| p.starts_with(root))
+        .collect();
+    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    v
+}
+
+/// Lazily unmounts every mount point at or below `root` (never panics).
+pub fn umount_all_under(root: &Path) {
+    for m in mounts_under(root) {
+        if let Err(e) = try_run(
+            Command::new("umount").arg("-l").arg(&m),
+            Duration::from_secs(10),
+        ) {
+            eprintln!("cleanup: umount -l {}: {e}", m.display());
+        }
+    }
+}
+
+/// Polls until every path in `mounts` is a mount point, or panics after `timeout`.
+#[track_caller]
+pub fn wait_mounted(mounts: &[PathBuf], timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let all = mount_points();
+        let missing: Vec<&PathBuf> = mounts.iter().filter(|m| !all.contains(m)).collect();
+        if missing.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("not mounted after {timeout:?}: {missing:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The daemon guard
+
+/// A temporary `state/` + `root/` pair and (optionally) an `octofs serve` child on them.
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    /// Canonical path of `dir`.
+    pub base: PathBuf,
+    pub state: PathBuf,
+    pub root: PathBuf,
+    child: Option<Child>,
+    log: PathBuf,
+    starts: u32,
+}
+
+impl Daemon {
+    /// Creates the directories and starts a daemon, waiting until it answers.
+    pub fn start() -> Daemon {
+        let mut d = Daemon::unstarted();
+        d.spawn();
+        d
+    }
+
+    /// Creates `<tmp>/state` and `<tmp>/root` but starts nothing.
+    pub fn unstarted() -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("octofs-test-")
+            .tempdir()
+            .expect("tempdir");
+        let base = dir.path().canonicalize().expect("canonicalize tempdir");
+        let state = base.join("state");
+        let root = base.join("root");
+        fs::create_dir(&state).expect("mkdir state");
+        fs::create_dir(&root).expect("mkdir root");
+        Daemon {
+            log: base.join("daemon-0.log"),
+            dir,
+            base,
+            state,
+            root,
+            child: None,
+            starts: 0,
+        }
+    }
+
+    /// Control socket path.
+    pub fn socket(&self) -> PathBuf {
+        self.state.join("octofs.sock")
+    }
+
+    /// Mount path of a thread.
+    pub fn mount(&self, thread: &str) -> PathBuf {
+        self.root.join(thread)
+    }
+
+    /// Mirror path of a project.
+    pub fn mirror(&self, project: &str) -> PathBuf {
+        self.state.join("mirrors").join(project)
+    }
+
+    /// Current daemon log (stderr + stdout of the last `serve`).
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Base command with `--state` and `--root`, without OCTOFS_* from the environment.
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(bin());
+        c.env_remove("OCTOFS_STATE")
+            .env_remove("OCTOFS_ROOT")
+            .arg("--state")
+            .arg(&self.state)
+            .arg("--root")
+            .arg(&self.root);
+        c
+    }
+
+    /// Runs the CLI with the given arguments (after the global options), with a timeout.
+    #[track_caller]
+    pub fn cli<I, S>(&self, args: I) -> Out
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        run(self.command().args(args), CMD_TIMEOUT)
+    }
+
+    /// Like [`Daemon::cli`] but asserts success and returns stdout.
+    #[track_caller]
+    pub fn cli_ok<I, S>(&self, args: I) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let out = self.cli(args);
+        assert!(
+            out.success(),
+            "{}\n--- daemon log ---\n{}",
+            out.describe(),
+            self.log_tail()
+        );
+        out.stdout_str()
+    }
+
+    /// Last lines of the daemon log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Spawns `octofs serve` (stdout/stderr to a log file) and waits until it answers.
+    #[track_caller]
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "daemon already running");
+        self.log = self.base.join(format!("daemon-{}.log", self.starts));
+        self.starts += 1;
+        let log = fs::File::create(&self.log).expect("create daemon log");
+        let mut cmd = self.command();
+        cmd.arg("serve")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("dup log")))
+            .stderr(Stdio::from(log))
+            .process_group(0);
+        self.child = Some(cmd.spawn().expect("spawn octofs serve"));
+        self.wait_ready();
+    }
+
+    #[track_caller]
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                panic!(
+                    "octofs serve exited early with {status}\n--- daemon log ---\n{}",
+                    self.log_tail()
+                );
+            }
+            // Only ask the CLI once the socket exists: `list` would otherwise auto-start a second
+            // daemon that this guard does not own.
+            if self.socket().exists() {
+                if let Ok(out) = try_run(self.command().arg("list"), Duration::from_secs(5)) {
+                    if out.success() {
+                        return;
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "daemon not ready within {READY_TIMEOUT:?}\n--- daemon log ---\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `octofs stop`, asserting that it succeeds, the daemon exits, and nothing stays mounted under
+    /// the root.
+    #[track_caller]
+    pub fn stop(&mut self) {
+        let out = run(self.command().arg("stop"), Duration::from_secs(20));
+        assert!(
+            out.success(),
+            "{}\n--- daemon log ---\n{}",
+            out.describe(),
+            self.log_tail()
+        );
+        if let Some(mut child) = self.child.take() {
+            match wait_timeout(&mut child, Duration::from_secs(10)) {
+                Some(_) => {}
+                None => {
+                    kill_child_group(&child);
+                    let _ = child.wait();
+                    panic!(
+                        "daemon still running 10 s after `octofs stop`\n--- daemon log ---\n{}",
+                        self.log_tail()
+                    );
+                }
+            }
+        }
+        let left = mounts_under(&self.root);
+        assert!(
+            left.is_empty(),
+            "mounts left under root after `octofs stop`: {left:?}"
+        );
+    }
+
+    /// Best-effort shutdown used by Drop: never panics.
+    fn cleanup(&mut self) {
+        let alive = match self.child.as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        };
+        // Ask politely when something may be answering (ours, or one the CLI auto-started).
+        if alive || self.socket().exists() {
+            if let Err(e) = try_run(self.command().arg("stop"), Duration::from_secs(10)) {
+                eprintln!("cleanup: {e}");
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            if wait_timeout(&mut child, Duration::from_secs(5)).is_none() {
+                eprintln!("cleanup: daemon pid {} still alive, killing it", child.id());
+                kill_child_group(&child);
+                let _ = child.wait();
+            }
+        }
+        // Everything a test mounts lives under `base` (even if a test pointed `root` elsewhere
+        // inside it).
+        umount_all_under(&self.base);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- daemon log ({}) ---\n{}",
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+        self.cleanup();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Directory listings
+
+/// A recursive listing of `dir` that does not follow symlinks and does not cross into other
+/// file systems: relative path -> "type mode content-hash|link-target". The top directory itself
+/// is listed as "".
+pub fn tree_listing(dir: &Path) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    let dev = match fs::symlink_metadata(dir) {
+        Ok(m) => m.dev(),
+        Err(_) => return map,
+    };
+    walk(dir, dir, dev, &mut map);
+    map
+}
+
+fn walk(top: &Path, path: &Path, dev: u64, map: &mut BTreeMap<String, String>) {
+    let rel = path
+        .strip_prefix(top)
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let meta = match fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) => {
+            map.insert(rel, format!("error {e}"));
+            return;
+        }
+    };
+    let mode = meta.mode() & 0o7777;
+    let ft = meta.file_type();
+    let entry = if ft.is_dir() {
+        if meta.dev() != dev {
+            format!("mountpoint {mode:o}")
+        } else {
+            let mut names: Vec<PathBuf> = fs::read_dir(path)
+                .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+                .unwrap_or_default();
+            names.sort();
+            for child in names {
+                walk(top, &child, dev, map);
+            }
+            format!("dir {mode:o}")
+        }
+    } else if ft.is_symlink() {
+        let target = fs::read_link(path).unwrap_or_default();
+        format!("symlink {mode:o} -> {}", target.display())
+    } else if ft.is_file() {
+        let bytes = fs::read(path).unwrap_or_default();
+        format!(
+            "file {mode:o} {} {}",
+            bytes.len(),
+            blake3::hash(&bytes).to_hex()
+        )
+    } else if ft.is_socket() {
+        format!("socket {mode:o}")
+    } else if ft.is_fifo() {
+        format!("fifo {mode:o}")
+    } else {
+        format!("other {mode:o}")
+    };
+    map.insert(rel, entry);
+}
+
+/// Panics with a readable list of differences unless the two listings are equal.
+#[track_caller]
+pub fn assert_same_listing(
+    what: &str,
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+) {
+    if before == after {
+        return;
+    }
+    let mut diffs = Vec::new();
+    for (k, v) in before {
+        match after.get(k) {
+            None => diffs.push(format!("  removed {k:?}: {v}")),
+            Some(w) if w != v => diffs.push(format!("  changed {k:?}: {v}  =>  {w}")),
+            _ => {}
+        }
+    }
+    for (k, v) in after {
+        if !before.contains_key(k) {
+            diffs.push(format!("  added   {k:?}: {v}"));
+        }
+    }
+    panic!("{what} changed:\n{}", diffs.join("\n"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Git repositories
+
+pub const DATE1: &str = "1609459200 +0000"; // 2021-01-01T00:00:00Z
+pub const DATE2: &str = "1612137600 +0000"; // 2021-02-01T00:00:00Z
+
+/// A `git` command run in `dir` with an isolated, deterministic configuration and identity.
+pub fn git_command(dir: &Path, date: &str) -> Command {
+    let mut c = Command::new("git");
+    c.current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "Octo Test")
+        .env("GIT_AUTHOR_EMAIL", "octo@example.invalid")
+        .env("GIT_AUTHOR_DATE", date)
+        .env("GIT_COMMITTER_NAME", "Octo Test")
+        .env("GIT_COMMITTER_EMAIL", "octo@example.invalid")
+        .env("GIT_COMMITTER_DATE", date)
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .args([
+            "-c",
+            "init.defaultBranch=main",
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "tag.gpgsign=false",
+            "-c",
+            "core.autocrlf=false",
+            "-c",
+            "core.quotePath=false",
+        ]);
+    c
+}
+
+/// Runs git in `dir`, asserts success, returns stdout.
+#[track_caller]
+pub fn git<I, S>(dir: &Path, args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let out = run(git_command(dir, DATE1).args(args), CMD_TIMEOUT);
+    out.assert_ok();
+    out.stdout_str()
+}
+
+/// A scratch git repository built with the real git CLI.
+pub struct GitRepo {
+    pub path: PathBuf,
+}
+
+impl GitRepo {
+    /// `git init` at `path` (created if missing), default branch `main`.
+    #[track_caller]
+    pub fn init(path: &Path) -> GitRepo {
+        fs::create_dir_all(path).expect("mkdir repo");
+        git(path, ["init", "-q"]);
+        GitRepo {
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub fn file_url(&self) -> String {
+        format!("file://{}", self.path.display())
+    }
+
+    #[track_caller]
+    pub fn git<I, S>(&self, args: I) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        git(&self.path, args)
+    }
+
+    /// Runs git with the given author/committer date.
+    #[track_caller]
+    pub fn git_at<I, S>(&self, date: &str, args: I) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let out = run(git_command(&self.path, date).args(args), CMD_TIMEOUT);
+        out.assert_ok();
+        out.stdout_str()
+    }
+
+    /// Writes a regular file with mode 0644 (parents created).
+    #[track_caller]
+    pub fn write(&self, rel: &str, bytes: impl AsRef<[u8]>) {
+        write_file(&self.path.join(rel), bytes.as_ref(), 0o644);
+    }
+
+    /// Writes a regular file with mode 0755 (parents created).
+    #[track_caller]
+    pub fn write_exec(&self, rel: &str, bytes: impl AsRef<[u8]>) {
+        write_file(&self.path.join(rel), bytes.as_ref(), 0o755);
+    }
+
+    #[track_caller]
+    pub fn chmod(&self, rel: &str, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(self.path.join(rel), fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+
+    /// Creates (or replaces) a symlink `rel` -> `target`.
+    #[track_caller]
+    pub fn symlink(&self, rel: &str, target: &str) {
+        let p = self.path.join(rel);
+        if let Some(parent) = p.parent() {
+            fs::create_dir_all(parent).expect("mkdir parent");
+        }
+        if fs::symlink_metadata(&p).is_ok() {
+            fs::remove_file(&p).expect("remove old link");
+        }
+        std::os::unix::fs::symlink(target, &p).expect("symlink");
+    }
+
+    #[track_caller]
+    pub fn remove(&self, rel: &str) {
+        let p = self.path.join(rel);
+        if fs::symlink_metadata(&p)
+            .map(|m| m.is_dir())
+            .unwrap_or(false)
+        {
+            fs::remove_dir_all(&p).expect("rm -r");
+        } else {
+            fs::remove_file(&p).expect("rm");
+        }
+    }
+
+    /// Records a gitlink (submodule commit) at `rel` in the index and creates the empty directory an
+    /// unpopulated submodule has in a checkout (so `git add -A` does not stage its deletion).
+    #[track_caller]
+    pub fn gitlink(&self, rel: &str, sha: &str) {
+        fs::create_dir_all(self.path.join(rel)).expect("mkdir gitlink dir");
+        self.git([
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{sha},{rel}"),
+        ]);
+    }
+
+    /// `git add -A` and commit at `date`; returns the new commit id.
+    #[track_caller]
+    pub fn commit_all(&self, msg: &str, date: &str) -> String {
+        self.git_at(date, ["add", "-A"]);
+        self.git_at(date, ["commit", "-q", "--allow-empty", "-m", msg]);
+        self.head()
+    }
+
+    pub fn head(&self) -> String {
+        self.git(["rev-parse", "HEAD"]).trim().to_string()
+    }
+}
+
+/// Writes `bytes` to `path` with `mode`, creating parent directories.
+#[track_caller]
+pub fn write_file(path: &Path, bytes: &[u8], mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).expect("mkdir parent");
+    }
+    fs::write(path, bytes).expect("write file");
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*).
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        v.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// `git archive --format=tar <rev>` of `repo`, extracted into `dest` (created) with tar.
+///
+/// `tar.umask=022` makes the archive carry git's canonical modes (0644/0755 files, 0755
+/// directories) instead of git's default umask 002 (0664/0775); `tar -p` (the default for root)
+/// keeps them on extraction regardless of the process umask.
+#[track_caller]
+pub fn extract_archive(repo: &Path, rev: &str, dest: &Path) {
+    fs::create_dir_all(dest).expect("mkdir extract dir");
+    let tarball = dest.with_extension("tar");
+    let out = run(
+        git_command(repo, DATE1)
+            .args(["-c", "tar.umask=022", "archive", "--format=tar", "-o"])
+            .arg(&tarball)
+            .arg(rev),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    sh(
+        "tar",
+        [
+            OsStr::new("-x"),
+            OsStr::new("-p"),
+            OsStr::new("-f"),
+            tarball.as_os_str(),
+            OsStr::new("-C"),
+            dest.as_os_str(),
+        ],
+    )
+    .assert_ok();
+    fs::remove_file(&tarball).expect("rm tarball");
+}
+
+/// Collects every string (values and object keys) in a JSON document.
+pub fn json_strings(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(a) => a.iter().for_each(|x| json_strings(x, out)),
+        serde_json::Value::Object(o) => {
+            for (k, x) in o {
+                out.push(k.clone());
+                json_strings(x, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Parses `text` as JSON, panicking with the text on failure.
+#[track_caller]
+pub fn parse_json(what: &str, text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}):\n{text}"))
+}
