@@ -262,6 +262,12 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 println!("passthrough:   {}", if p { "yes" } else { "no" });
             }
             println!("changed paths: {}", w.changed_paths);
+            if w.quarantined > 0 {
+                println!(
+                    "quarantined:   {} (see {}/quarantine)",
+                    w.quarantined, "<state>/workspaces/<thread>/upper"
+                );
+            }
             println!(
                 "last snapshot: {}",
                 w.last_snapshot.as_deref().unwrap_or("none")

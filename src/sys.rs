@@ -142,3 +142,57 @@ mod tests {
         assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
     }
 }
+
+fn check(rc: libc::c_int) -> io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `fallocate(fd, mode, offset, len)`.
+pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    // SAFETY: the fd is valid for the lifetime of `file`; fallocate touches no memory of ours.
+    check(unsafe { libc::fallocate(file.as_raw_fd(), mode, off, len) })
+}
+
+/// `lseek(fd, offset, whence)` (for SEEK_DATA / SEEK_HOLE).
+pub fn lseek(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<i64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the fd is valid for the lifetime of `file`; lseek touches no memory of ours.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), offset, whence) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `copy_file_range` between two files at explicit offsets; returns the bytes copied.
+pub fn copy_file_range(
+    src: &std::fs::File,
+    src_off: u64,
+    dst: &std::fs::File,
+    dst_off: u64,
+    len: u64,
+) -> io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    let (Ok(mut so), Ok(mut d_o)) = (i64::try_from(src_off), i64::try_from(dst_off)) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    let len = usize::try_from(len).unwrap_or(usize::MAX);
+    // SAFETY: both fds are valid; the offset pointers point at locals that outlive the call.
+    let r = unsafe {
+        libc::copy_file_range(src.as_raw_fd(), &mut so, dst.as_raw_fd(), &mut d_o, len, 0)
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}

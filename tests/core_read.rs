@@ -26,7 +26,11 @@ fn git(dir: &Path, args: &[&str]) -> String {
         .env("GIT_COMMITTER_DATE", "2024-01-02T03:04:05Z")
         .output()
         .expect("git runs");
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).expect("utf8")
 }
 
@@ -41,25 +45,43 @@ fn repo() -> tempfile::TempDir {
     std::fs::write(r.join("a/one.txt"), b"one\n").unwrap();
     std::fs::write(r.join("empty"), b"").unwrap();
     std::fs::write(r.join("dir with space/naïve café.txt"), "ü\n").unwrap();
-    let big: Vec<u8> = (0..300_000u32).map(|i| (i.wrapping_mul(2654435761) >> 24) as u8).collect();
+    let big: Vec<u8> = (0..300_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
+        .collect();
     std::fs::write(r.join("a/big.bin"), &big).unwrap();
     std::fs::write(r.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
-    std::fs::set_permissions(r.join("run.sh"), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        r.join("run.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     std::os::unix::fs::symlink("a/one.txt", r.join("link")).unwrap();
     std::os::unix::fs::symlink("nowhere/at/all", r.join("dangling")).unwrap();
     git(r, &["add", "-A"]);
     git(r, &["commit", "-q", "-m", "one"]);
     let c = git(r, &["rev-parse", "HEAD"]);
-    git(r, &["update-index", "--add", "--cacheinfo", &format!("160000,{},sub", c.trim())]);
+    git(
+        r,
+        &[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{},sub", c.trim()),
+        ],
+    );
     git(r, &["commit", "-q", "-m", "gitlink"]);
     tmp
 }
 
 fn workspace(repo: &Path, cache: &Path) -> (WorkspaceFs, Arc<ObjectStore>) {
+    workspace_at(repo, cache, &cache.join("upper"))
+}
+
+fn workspace_at(repo: &Path, cache: &Path, upper: &Path) -> (WorkspaceFs, Arc<ObjectStore>) {
     let store = Arc::new(ObjectStore::open(repo).expect("open store"));
     let base = store.resolve(None).expect("HEAD resolves");
     let blobs = Arc::new(BlobCache::new(cache).expect("cache"));
-    let fs = WorkspaceFs::new(
+    let fs = WorkspaceFs::load(
         store.clone(),
         blobs,
         base.tree,
@@ -68,23 +90,38 @@ fn workspace(repo: &Path, cache: &Path) -> (WorkspaceFs, Arc<ObjectStore>) {
             gid: 5678,
             time: unix_time(base.time),
         },
+        upper,
         cache.to_path_buf(),
-    );
+    )
+    .expect("load workspace");
     (fs, store)
 }
 
 /// Walks the whole tree through the core, returning path -> (kind, perm, size, content or target).
-fn walk(fs: &WorkspaceFs, ino: u64, prefix: &str, out: &mut BTreeMap<String, (FileType, u16, u64, Vec<u8>, u64)>) {
+fn walk(
+    fs: &WorkspaceFs,
+    ino: u64,
+    prefix: &str,
+    out: &mut BTreeMap<String, (FileType, u16, u64, Vec<u8>, u64)>,
+) {
     let entries = fs.readdir(ino).expect("readdir");
     assert_eq!(entries[0].name, ".");
     assert_eq!(entries[1].name, "..");
     for e in &entries[2..] {
         let name = e.name.to_str().expect("utf8 name");
-        let path = if prefix.is_empty() { name.to_string() } else { format!("{prefix}/{name}") };
+        let path = if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}/{name}")
+        };
         let attr = fs.lookup(ino, &e.name).expect("lookup");
         assert_eq!(attr.ino, e.attr.ino, "readdir and lookup agree on {path}");
         assert_eq!(attr.size, e.attr.size, "readdir and lookup agree on {path}");
-        assert_eq!(attr.ino.0, path_ino(path.as_bytes(), 0), "inode of {path} is its path hash");
+        assert_eq!(
+            attr.ino.0,
+            path_ino(path.as_bytes(), 0),
+            "inode of {path} is its path hash"
+        );
         assert_eq!((attr.uid, attr.gid), (1234, 5678));
         let body = match attr.kind {
             FileType::Directory => {
@@ -93,7 +130,7 @@ fn walk(fs: &WorkspaceFs, ino: u64, prefix: &str, out: &mut BTreeMap<String, (Fi
             }
             FileType::Symlink => fs.readlink(attr.ino.0).expect("readlink"),
             FileType::RegularFile => {
-                let mut f = fs.open(attr.ino.0, libc::O_RDONLY).expect("open");
+                let mut f = fs.open(attr.ino.0, libc::O_RDONLY).expect("open").file;
                 let mut v = Vec::new();
                 f.read_to_end(&mut v).unwrap();
                 v
@@ -119,47 +156,83 @@ fn the_core_presents_exactly_the_base_tree() {
         let (meta, path) = rec.split_once('\t').unwrap();
         let f: Vec<&str> = meta.split_whitespace().collect();
         let (mode, oid) = (f[0], f[2]);
-        let (kind, perm, size, body, _) = seen.get(path).unwrap_or_else(|| panic!("{path} missing"));
+        let (kind, perm, size, body, _) =
+            seen.get(path).unwrap_or_else(|| panic!("{path} missing"));
         match mode {
             "100644" | "100755" => {
                 assert_eq!(*kind, FileType::RegularFile, "{path}");
-                assert_eq!(*perm, if mode == "100755" { 0o755 } else { 0o644 }, "{path}");
-                let content = Command::new("git").arg("-C").arg(r.path()).args(["cat-file", "blob", oid]).output().unwrap().stdout;
+                assert_eq!(
+                    *perm,
+                    if mode == "100755" { 0o755 } else { 0o644 },
+                    "{path}"
+                );
+                let content = Command::new("git")
+                    .arg("-C")
+                    .arg(r.path())
+                    .args(["cat-file", "blob", oid])
+                    .output()
+                    .unwrap()
+                    .stdout;
                 assert_eq!(*body, content, "{path} bytes");
                 assert_eq!(*size, content.len() as u64, "{path} size");
             }
             "120000" => {
                 assert_eq!(*kind, FileType::Symlink, "{path}");
-                let target = Command::new("git").arg("-C").arg(r.path()).args(["cat-file", "blob", oid]).output().unwrap().stdout;
+                let target = Command::new("git")
+                    .arg("-C")
+                    .arg(r.path())
+                    .args(["cat-file", "blob", oid])
+                    .output()
+                    .unwrap()
+                    .stdout;
                 assert_eq!(*body, target, "{path} target");
                 assert_eq!(*size, target.len() as u64);
             }
             "160000" => {
-                assert_eq!(*kind, FileType::Directory, "{path}: a gitlink is an empty directory");
-                assert_eq!(fs.readdir(seen[path].4).unwrap().len(), 2, "{path} is empty");
+                assert_eq!(
+                    *kind,
+                    FileType::Directory,
+                    "{path}: a gitlink is an empty directory"
+                );
+                assert_eq!(
+                    fs.readdir(seen[path].4).unwrap().len(),
+                    2,
+                    "{path} is empty"
+                );
             }
             m => panic!("unexpected mode {m}"),
         }
         expected_files += 1;
     }
     let non_dirs = seen.values().filter(|v| v.0 != FileType::Directory).count();
-    assert_eq!(non_dirs + 1, expected_files, "nothing extra (the gitlink is the one directory counted)");
+    assert_eq!(
+        non_dirs + 1,
+        expected_files,
+        "nothing extra (the gitlink is the one directory counted)"
+    );
 }
 
 #[test]
 fn inode_numbers_are_stable_across_instances_and_forgets() {
     let r = repo();
     let cache = tempfile::tempdir().unwrap();
-    let (a, _) = workspace(r.path(), cache.path());
-    let (b, _) = workspace(r.path(), cache.path());
+    let (a, _) = workspace_at(r.path(), cache.path(), &cache.path().join("a"));
+    let (b, _) = workspace_at(r.path(), cache.path(), &cache.path().join("b"));
     let la = a.lookup(ROOT_INO, OsStr::new("a")).unwrap();
     let lb = b.lookup(ROOT_INO, OsStr::new("a")).unwrap();
     assert_eq!(la.ino, lb.ino);
     let deep_a = a.lookup(la.ino.0, OsStr::new("b")).unwrap();
     a.forget(deep_a.ino.0, 1);
-    assert_eq!(a.getattr(deep_a.ino.0).unwrap_err(), Errno::ENOENT, "forgotten node is gone");
+    assert_eq!(
+        a.getattr(deep_a.ino.0).unwrap_err(),
+        Errno::ENOENT,
+        "forgotten node is gone"
+    );
     let again = a.lookup(la.ino.0, OsStr::new("b")).unwrap();
-    assert_eq!(again.ino, deep_a.ino, "the same path gets the same number again");
+    assert_eq!(
+        again.ino, deep_a.ino,
+        "the same path gets the same number again"
+    );
     // Directory link counts: 2 + subdirectories.
     assert_eq!(la.nlink, 3, "a/ has one subdirectory");
 }
@@ -169,16 +242,31 @@ fn errors_have_the_right_errno() {
     let r = repo();
     let cache = tempfile::tempdir().unwrap();
     let (fs, _) = workspace(r.path(), cache.path());
-    assert_eq!(fs.lookup(ROOT_INO, OsStr::new("missing")).unwrap_err(), Errno::ENOENT);
+    assert_eq!(
+        fs.lookup(ROOT_INO, OsStr::new("missing")).unwrap_err(),
+        Errno::ENOENT
+    );
     let long = "x".repeat(256);
-    assert_eq!(fs.lookup(ROOT_INO, OsStr::new(&long)).unwrap_err(), Errno::ENAMETOOLONG);
-    let one = fs.lookup(fs.lookup(ROOT_INO, OsStr::new("a")).unwrap().ino.0, OsStr::new("one.txt")).unwrap();
-    assert_eq!(fs.lookup(one.ino.0, OsStr::new("x")).unwrap_err(), Errno::ENOTDIR);
+    assert_eq!(
+        fs.lookup(ROOT_INO, OsStr::new(&long)).unwrap_err(),
+        Errno::ENAMETOOLONG
+    );
+    let one = fs
+        .lookup(
+            fs.lookup(ROOT_INO, OsStr::new("a")).unwrap().ino.0,
+            OsStr::new("one.txt"),
+        )
+        .unwrap();
+    assert_eq!(
+        fs.lookup(one.ino.0, OsStr::new("x")).unwrap_err(),
+        Errno::ENOTDIR
+    );
     assert_eq!(fs.readdir(one.ino.0).unwrap_err(), Errno::ENOTDIR);
     assert_eq!(fs.readlink(one.ino.0).unwrap_err(), Errno::EINVAL);
-    assert_eq!(fs.open(one.ino.0, libc::O_RDWR).unwrap_err(), Errno::EROFS);
-    assert_eq!(fs.open(one.ino.0, libc::O_RDONLY | libc::O_TRUNC).unwrap_err(), Errno::EROFS);
-    assert_eq!(fs.open(ROOT_INO, libc::O_RDONLY).unwrap_err(), Errno::EISDIR);
+    assert_eq!(
+        fs.open(ROOT_INO, libc::O_RDONLY).unwrap_err(),
+        Errno::EISDIR
+    );
     assert_eq!(fs.getattr(0xdead).unwrap_err(), Errno::ENOENT);
 }
 
@@ -187,18 +275,37 @@ fn opening_reads_content_once_into_the_shared_cache() {
     let r = repo();
     let cache = tempfile::tempdir().unwrap();
     let (a, _) = workspace(r.path(), cache.path());
-    let big = a.lookup(a.lookup(ROOT_INO, OsStr::new("a")).unwrap().ino.0, OsStr::new("big.bin")).unwrap();
+    let big = a
+        .lookup(
+            a.lookup(ROOT_INO, OsStr::new("a")).unwrap().ino.0,
+            OsStr::new("big.bin"),
+        )
+        .unwrap();
     // stat needs no content
-    assert_eq!(a.blob_cache().stats.materialized.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(
+        a.blob_cache()
+            .stats
+            .materialized
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
     drop(a.open(big.ino.0, libc::O_RDONLY).unwrap());
     drop(a.open(big.ino.0, libc::O_RDONLY).unwrap());
     let stats = &a.blob_cache().stats;
-    assert_eq!(stats.materialized.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        stats
+            .materialized
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
     assert_eq!(stats.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
     // The cache file is read-only and named by the object id.
     let oid = git(r.path(), &["rev-parse", "HEAD:a/big.bin"]);
     let p = cache.path().join(&oid.trim()[..2]).join(&oid.trim()[2..]);
     let meta = std::fs::metadata(&p).expect("cache file exists");
     assert_eq!(meta.len(), 300_000);
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777, 0o444);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o444
+    );
 }

@@ -366,7 +366,6 @@ fn two_refs_side_by_side_match_git_archive() {
             .is_none()
     );
 
-    { use std::os::unix::fs::PermissionsExt; fs::set_permissions(ext2.join("bin/run.sh"), fs::Permissions::from_mode(0o644)).unwrap(); }
     let mut d = Daemon::start();
     d.cli_ok(["mirror", "add", PROJECT, &repo.file_url()]);
 

@@ -5,3 +5,5 @@
 //! a mirror's working tree or refs, nor anything FUSE-specific.
 
 pub mod blobcache;
+pub mod catalog;
+pub mod upper;

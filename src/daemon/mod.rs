@@ -39,6 +39,7 @@ struct Mounted {
     path: PathBuf,
     session: fuser::BackgroundSession,
     info: Arc<MountInfo>,
+    core: Arc<WorkspaceFs>,
 }
 
 /// Named mutexes: one per project and one per thread.
@@ -243,16 +244,24 @@ impl Daemon {
             gid: crate::sys::egid(),
             time: unix_time(rec.base_time),
         };
-        let core = Arc::new(WorkspaceFs::new(
-            store,
-            self.blobs.clone(),
-            tree,
-            pres,
-            self.layout.state.clone(),
-        ));
+        let core = Arc::new(
+            WorkspaceFs::load(
+                store,
+                self.blobs.clone(),
+                tree,
+                pres,
+                &self.layout.workspace(&rec.thread).join("upper"),
+                self.layout.state.clone(),
+            )
+            .map_err(|e| format!("thread {}: cannot open its upper layer: {e}", rec.thread))?,
+        );
         let info = Arc::new(MountInfo::default());
         let is_root = crate::sys::euid() == 0;
-        let adapter = FuseAdapter::new(core, is_root && self.settings.passthrough, info.clone());
+        let adapter = FuseAdapter::new(
+            core.clone(),
+            is_root && self.settings.passthrough,
+            info.clone(),
+        );
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
         let session = crate::fs::fuse::mount(adapter, &path, &cfg)
             .map_err(|e| format!("cannot mount {}: {e}", path.display()))?;
@@ -263,6 +272,7 @@ impl Daemon {
                 path,
                 session,
                 info,
+                core,
             },
         );
         Ok(())
@@ -284,7 +294,11 @@ impl Daemon {
                     .passthrough
                     .load(std::sync::atomic::Ordering::Relaxed)
             }),
-            changed_paths: 0,
+            changed_paths: m
+                .and_then(|m| m.core.changes().ok())
+                .map(|c| c.len() as u64)
+                .unwrap_or(0),
+            quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
             last_snapshot: None,
         }
     }
@@ -328,24 +342,22 @@ impl Daemon {
 }
 
 fn unmount(thread: &str, m: Mounted) {
-    match crate::sys::unmount(&m.path) {
-        Ok(()) => {
-            // The session thread ends once the kernel closes the connection; wait for it briefly.
-            let (tx, rx) = std::sync::mpsc::channel();
-            std::thread::spawn(move || {
-                let _ = tx.send(m.session.join());
-            });
-            let _ = rx.recv_timeout(Duration::from_secs(2));
-        }
-        Err(e) => {
-            tracing::warn!(%thread, "unmount: {e}; detaching lazily");
-            if let Err(e) = crate::sys::lazy_unmount(&m.path) {
+    // fuser unmounts and joins the session threads; a busy mount fails fast with EBUSY and is then
+    // detached lazily, so its users see the daemon gone instead of a hang.
+    let Mounted { path, session, .. } = m;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(session.umount_and_join());
+    });
+    match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(Ok(())) => tracing::info!(%thread, "unmounted"),
+        outcome => {
+            tracing::warn!(%thread, "unmount: {outcome:?}; detaching lazily");
+            if let Err(e) = crate::sys::lazy_unmount(&path) {
                 tracing::error!(%thread, "lazy unmount: {e}");
             }
-            drop(m.session);
         }
     }
-    tracing::info!(%thread, "unmounted");
 }
 
 /// Unmounts stale mounts (daemon gone: ENOTCONN) under `root`.

@@ -68,7 +68,10 @@ pub struct WorkspaceStatus {
     pub path: String,
     /// Whether reads are handed to the kernel (FUSE passthrough); `None` when not mounted.
     pub passthrough: Option<bool>,
-    /// Paths that differ from the base (always 0 until the copy-on-write layer lands).
+    /// Paths that differ from the base (counted while mounted).
     pub changed_paths: u64,
+    /// Files moved to `<state>/workspaces/<thread>/upper/quarantine` after an unclean stop.
+    #[serde(default)]
+    pub quarantined: u64,
     pub last_snapshot: Option<String>,
 }

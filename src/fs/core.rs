@@ -1,49 +1,57 @@
-//! The filesystem core of one workspace: inode table, attributes, directory listings, opens.
+//! The filesystem core of one workspace: a copy-on-write overlay of the base commit.
 //!
-//! Every method returns `Result<_, Errno>`: the core never panics on a request and every failure has
-//! its errno. Inode numbers are a pure function of the path (see `docs/inodes.md`), so they are the
-//! same for every lookup, across forgets and across daemon restarts. Until the copy-on-write layer
-//! lands, every write answers `EROFS`.
+//! Every request is a method returning `Result<_, Errno>`; nothing here panics on a request and
+//! nothing here knows about the kernel (the fuser adapter in [`super::fuse`] does). All metadata lives
+//! in one [`State`] behind a mutex. A change is a transaction ([`Tx`]): its catalog records are
+//! appended to the log *first* and applied in memory only if that succeeded, so a failed append
+//! (ENOSPC) changes nothing and an acknowledged change survives SIGKILL.
+//!
+//! The model (see `docs/overlay.md`):
+//! - An inode nobody changed has no record: it is *derived* from the base tree on lookup, numbered by
+//!   the hash of its path in the base (`docs/inodes.md`).
+//! - A changed inode has an [`InodeRecord`] ("persisted"). Each persisted inode is linked in its parent
+//!   directory's *overlay*, and so on up to the root ("the chain"), so the set of changed paths is
+//!   found by walking overlays only, never the whole tree.
+//! - A directory's entries are its base tree's, overridden by its overlay (`Some(ino)` links, `None`
+//!   hides a base entry). Renaming a directory copies nothing: its base tree goes with it.
+//! - A regular file's content is its base blob (served from the shared blob cache) until the first
+//!   write intent, when it is copied up into the upper layer's data file; the inode number stays.
 
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dashmap::DashMap;
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 use gix::ObjectId;
 
 use crate::cow::blobcache::BlobCache;
+use crate::cow::catalog::{BaseRef, Catalog, CatalogState, InodeRecord, Kind, Record, Ts};
+use crate::cow::upper::{Upper, system_time};
 use crate::git::objects::{EntryKind, ObjectStore, TreeEntry};
 
 pub const ROOT_INO: u64 = 1;
 /// Longest file name a directory entry may have (as on ext4).
 pub const NAME_MAX: usize = 255;
+/// Most hard links one inode may have (as on ext4).
+const LINK_MAX: u32 = 65_000;
+/// Inode numbers the workspace allocates have the top bit set; derived ones never do.
+const ALLOCATED: u64 = 1 << 63;
+const XATTR_NAME_MAX: usize = 255;
+const XATTR_SIZE_MAX: usize = 65_536;
 
-/// A directory entry with its attributes (readdirplus needs both).
-#[derive(Debug, Clone)]
-pub struct DirEntry {
-    pub name: OsString,
-    pub attr: FileAttr,
-    /// What the entry is in the base (`None` for `.` and `..`), so that readdirplus can register it.
-    source: Option<(EntryKind, ObjectId)>,
+/// Who is asking (from the FUSE request header).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
 }
 
-/// A known inode: where it is and what the base says it is.
-#[derive(Debug, Clone)]
-struct Node {
-    /// Path relative to the workspace root, `/`-separated, empty for the root.
-    path: Box<[u8]>,
-    kind: EntryKind,
-    id: ObjectId,
-    /// Lookups the kernel holds (FUSE lookup count); the node is dropped when it reaches zero.
-    lookups: u64,
-}
-
-/// How the workspace presents ownership and times.
+/// How the workspace presents what nobody changed.
 #[derive(Debug, Clone, Copy)]
 pub struct Presentation {
     pub uid: u32,
@@ -52,28 +60,101 @@ pub struct Presentation {
     pub time: SystemTime,
 }
 
+/// A directory entry with its attributes (readdirplus needs both).
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    pub name: OsString,
+    pub attr: FileAttr,
+}
+
+/// A time to set: now, or a given time.
+#[derive(Debug, Clone, Copy)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of one `setattr`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<SystemTime>,
+}
+
+/// What `open` hands the adapter.
+#[derive(Debug)]
+pub struct Opened {
+    pub file: File,
+    /// The file is the workspace's own data file (else the read-only blob-cache file of the base).
+    pub upper: bool,
+}
+
+/// Result of `getxattr`/`listxattr`: the size asked for, or the bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum XattrReply {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+/// A change from the base, as `status` and `diff` list it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Change {
+    pub path: String,
+    pub kind: ChangeKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    rec: InodeRecord,
+    /// Has a catalog record (else derived from the base, or unlinked).
+    persisted: bool,
+    /// References the kernel holds (lookups, readdirplus entries, creates), minus forgets.
+    lookups: u64,
+    /// Open file handles.
+    opens: u32,
+}
+
+struct State {
+    catalog: Catalog,
+    nodes: HashMap<u64, Node>,
+    /// Directory overlays: name -> Some(inode) or None (hides the base entry).
+    dirs: HashMap<u64, BTreeMap<Vec<u8>, Option<u64>>>,
+    next_ino: u64,
+}
+
 /// The filesystem of one workspace.
 pub struct WorkspaceFs {
     store: Arc<ObjectStore>,
     blobs: Arc<BlobCache>,
-    root_tree: ObjectId,
+    upper: Upper,
     pres: Presentation,
-    /// Where `statfs` reports space from (the state directory's file system).
     statfs_path: PathBuf,
-    nodes: DashMap<u64, Node>,
+    state: Mutex<State>,
 }
 
 impl std::fmt::Debug for WorkspaceFs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkspaceFs")
-            .field("root_tree", &self.root_tree)
-            .field("nodes", &self.nodes.len())
+            .field("upper", &self.upper)
             .finish()
     }
 }
 
-/// The inode number of `path`: the first 8 bytes of its BLAKE3 hash, with the top bit clear (numbers
-/// with the top bit set are reserved for inodes the workspace creates) and never 0 or 1.
+/// The inode number of base path `path`: the first 8 bytes of its BLAKE3 hash, top bit clear, never
+/// 0 or 1 (1 is the root). `salt` moves a colliding path to another number.
 pub fn path_ino(path: &[u8], salt: u32) -> u64 {
     if path.is_empty() {
         return ROOT_INO;
@@ -84,294 +165,8 @@ pub fn path_ino(path: &[u8], salt: u32) -> u64 {
         h.update(&salt.to_le_bytes());
     }
     let bytes = h.finalize();
-    let mut n = u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes"));
-    n &= !(1u64 << 63);
+    let n = u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes")) & !ALLOCATED;
     if n < 2 { n + 2 } else { n }
-}
-
-fn eio(e: impl std::fmt::Display) -> Errno {
-    tracing::error!("object store: {e}");
-    Errno::EIO
-}
-
-impl WorkspaceFs {
-    pub fn new(
-        store: Arc<ObjectStore>,
-        blobs: Arc<BlobCache>,
-        root_tree: ObjectId,
-        pres: Presentation,
-        statfs_path: PathBuf,
-    ) -> WorkspaceFs {
-        let nodes = DashMap::new();
-        nodes.insert(
-            ROOT_INO,
-            Node {
-                path: Box::new([]),
-                kind: EntryKind::Tree,
-                id: root_tree,
-                lookups: 1,
-            },
-        );
-        WorkspaceFs {
-            store,
-            blobs,
-            root_tree,
-            pres,
-            statfs_path,
-            nodes,
-        }
-    }
-
-    pub fn blob_cache(&self) -> &BlobCache {
-        &self.blobs
-    }
-
-    fn node(&self, ino: u64) -> Result<Node, Errno> {
-        // Clone out: never hold a DashMap guard across further map calls.
-        self.nodes.get(&ino).map(|n| n.clone()).ok_or(Errno::ENOENT)
-    }
-
-    fn attr_of(&self, ino: u64, kind: EntryKind, id: ObjectId) -> Result<FileAttr, Errno> {
-        let (ftype, perm, size, nlink) = match kind {
-            EntryKind::Tree => {
-                let subdirs = self
-                    .store
-                    .tree(id)
-                    .map_err(eio)?
-                    .iter()
-                    .filter(|e| matches!(e.kind, EntryKind::Tree | EntryKind::Gitlink))
-                    .count();
-                (FileType::Directory, 0o755, 4096, 2 + subdirs as u32)
-            }
-            EntryKind::Gitlink => (FileType::Directory, 0o755, 4096, 2),
-            EntryKind::Blob => (
-                FileType::RegularFile,
-                0o644,
-                self.store.blob_size(id).map_err(eio)?,
-                1,
-            ),
-            EntryKind::Executable => (
-                FileType::RegularFile,
-                0o755,
-                self.store.blob_size(id).map_err(eio)?,
-                1,
-            ),
-            EntryKind::Symlink => (
-                FileType::Symlink,
-                0o777,
-                self.store.blob_size(id).map_err(eio)?,
-                1,
-            ),
-        };
-        Ok(FileAttr {
-            ino: INodeNo(ino),
-            size,
-            blocks: size.div_ceil(512),
-            atime: self.pres.time,
-            mtime: self.pres.time,
-            ctime: self.pres.time,
-            crtime: self.pres.time,
-            kind: ftype,
-            perm,
-            nlink,
-            uid: self.pres.uid,
-            gid: self.pres.gid,
-            rdev: 0,
-            blksize: 4096,
-            flags: 0,
-        })
-    }
-
-    /// The entries of directory `node` (a gitlink is an empty directory).
-    fn children(&self, node: &Node) -> Result<Arc<[TreeEntry]>, Errno> {
-        match node.kind {
-            EntryKind::Tree => self.store.tree(node.id).map_err(eio),
-            EntryKind::Gitlink => Ok(Arc::from(Vec::new())),
-            _ => Err(Errno::ENOTDIR),
-        }
-    }
-
-    fn child_path(parent: &Node, name: &[u8]) -> Vec<u8> {
-        let mut p = Vec::with_capacity(parent.path.len() + 1 + name.len());
-        if !parent.path.is_empty() {
-            p.extend_from_slice(&parent.path);
-            p.push(b'/');
-        }
-        p.extend_from_slice(name);
-        p
-    }
-
-    /// The inode number for `path`, salted past any other path already holding the plain hash.
-    fn ino_for(&self, path: &[u8]) -> u64 {
-        let mut salt = 0;
-        loop {
-            let ino = path_ino(path, salt);
-            match self.nodes.get(&ino) {
-                Some(n) if *n.path != *path => salt += 1,
-                _ => return ino,
-            }
-        }
-    }
-
-    /// Registers (or re-references) the child `entry` of `parent` and returns its attributes. Each
-    /// call counts one kernel lookup.
-    fn remember(&self, parent: &Node, entry: &TreeEntry) -> Result<FileAttr, Errno> {
-        let ino = self.ino_for(&Self::child_path(parent, &entry.name));
-        let attr = self.attr_of(ino, entry.kind, entry.id)?;
-        self.register(parent, &entry.name, ino, entry.kind, entry.id);
-        Ok(attr)
-    }
-
-    fn register(&self, parent: &Node, name: &[u8], ino: u64, kind: EntryKind, id: ObjectId) {
-        self.nodes
-            .entry(ino)
-            .and_modify(|n| n.lookups += 1)
-            .or_insert_with(|| Node {
-                path: Self::child_path(parent, name).into_boxed_slice(),
-                kind,
-                id,
-                lookups: 1,
-            });
-    }
-
-    /// `lookup`: the attributes of `name` in `parent`, counting one kernel reference.
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
-        if name.len() > NAME_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        let p = self.node(parent)?;
-        let children = self.children(&p)?;
-        let name = name.as_bytes();
-        let entry = children
-            .iter()
-            .find(|e| &*e.name == name)
-            .ok_or(Errno::ENOENT)?;
-        self.remember(&p, entry)
-    }
-
-    /// `forget`: the kernel dropped `n` references to `ino`.
-    pub fn forget(&self, ino: u64, n: u64) {
-        if ino == ROOT_INO {
-            return;
-        }
-        self.nodes.remove_if_mut(&ino, |_, node| {
-            node.lookups = node.lookups.saturating_sub(n);
-            node.lookups == 0
-        });
-    }
-
-    pub fn getattr(&self, ino: u64) -> Result<FileAttr, Errno> {
-        let n = self.node(ino)?;
-        self.attr_of(ino, n.kind, n.id)
-    }
-
-    /// The whole listing of directory `ino`, `.` and `..` first. Entries other than `.` and `..` are
-    /// *not* counted as lookups; readdirplus calls [`Self::note_listed`] for each entry it returns.
-    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, Errno> {
-        let n = self.node(ino)?;
-        let children = self.children(&n)?;
-        let mut out = Vec::with_capacity(children.len() + 2);
-        let dot = self.attr_of(ino, n.kind, n.id)?;
-        out.push(DirEntry {
-            name: ".".into(),
-            attr: dot,
-            source: None,
-        });
-        // Only the inode number matters for "..": the kernel neither caches nor counts it.
-        let parent_path = n
-            .path
-            .iter()
-            .rposition(|&b| b == b'/')
-            .map_or(&[][..], |i| &n.path[..i]);
-        let parent_ino = if ino == ROOT_INO {
-            ROOT_INO
-        } else {
-            self.ino_for(parent_path)
-        };
-        out.push(DirEntry {
-            name: "..".into(),
-            attr: FileAttr {
-                ino: INodeNo(parent_ino),
-                ..dot
-            },
-            source: None,
-        });
-        for e in children.iter() {
-            let path = Self::child_path(&n, &e.name);
-            let ino = self.ino_for(&path);
-            out.push(DirEntry {
-                name: OsString::from_vec(e.name.to_vec()),
-                attr: self.attr_of(ino, e.kind, e.id)?,
-                source: Some((e.kind, e.id)),
-            });
-        }
-        Ok(out)
-    }
-
-    /// readdirplus handed `entry` to the kernel, which now holds a reference to it (`.` and `..` are
-    /// not counted).
-    pub fn note_listed(&self, parent: u64, entry: &DirEntry) -> Result<(), Errno> {
-        let Some((kind, id)) = entry.source else {
-            return Ok(());
-        };
-        let p = self.node(parent)?;
-        self.register(&p, entry.name.as_bytes(), entry.attr.ino.0, kind, id);
-        Ok(())
-    }
-
-    /// Opens `ino` for reading. Any write intent answers `EROFS` until the copy-on-write layer lands.
-    pub fn open(&self, ino: u64, flags: i32) -> Result<File, Errno> {
-        let n = self.node(ino)?;
-        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0 {
-            return Err(Errno::EROFS);
-        }
-        match n.kind {
-            EntryKind::Blob | EntryKind::Executable => {
-                let size = self.store.blob_size(n.id).map_err(eio)?;
-                self.blobs.open(&self.store, n.id, size).map_err(eio)
-            }
-            EntryKind::Tree | EntryKind::Gitlink => Err(Errno::EISDIR),
-            EntryKind::Symlink => Err(Errno::ELOOP),
-        }
-    }
-
-    pub fn opendir(&self, ino: u64) -> Result<(), Errno> {
-        let n = self.node(ino)?;
-        self.children(&n).map(|_| ())
-    }
-
-    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
-        let n = self.node(ino)?;
-        if n.kind != EntryKind::Symlink {
-            return Err(Errno::EINVAL);
-        }
-        self.store.blob(n.id).map_err(eio)
-    }
-
-    /// `access`: existence, and write access refused while the workspace is read-only.
-    pub fn access(&self, ino: u64, mask: i32) -> Result<(), Errno> {
-        self.node(ino)?;
-        if mask & libc::W_OK != 0 {
-            return Err(Errno::EROFS);
-        }
-        Ok(())
-    }
-
-    pub fn statfs(&self) -> Result<crate::sys::FsStats, Errno> {
-        crate::sys::statvfs(&self.statfs_path)
-            .map(|mut s| {
-                s.namelen = NAME_MAX as u32;
-                s
-            })
-            .map_err(|e| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))
-    }
-
-    /// The path of `ino` relative to the workspace root (for logs and tests).
-    pub fn path_of(&self, ino: u64) -> Option<PathBuf> {
-        self.nodes
-            .get(&ino)
-            .map(|n| PathBuf::from(OsStr::from_bytes(&n.path)))
-    }
 }
 
 /// `SystemTime` for Unix seconds (negative times clamp to the epoch).
@@ -380,5 +175,1520 @@ pub fn unix_time(secs: i64) -> SystemTime {
         UNIX_EPOCH
     } else {
         UNIX_EPOCH + Duration::from_secs(secs as u64)
+    }
+}
+
+fn ts(t: SystemTime) -> Ts {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Ts(d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            if d.subsec_nanos() == 0 {
+                Ts(-(d.as_secs() as i64), 0)
+            } else {
+                Ts(-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+            }
+        }
+    }
+}
+
+fn eio(e: impl std::fmt::Display) -> Errno {
+    tracing::error!("workspace I/O: {e}");
+    Errno::EIO
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    match e.raw_os_error() {
+        Some(n) => Errno::from_i32(n),
+        None => eio(e),
+    }
+}
+
+fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
+    if !parent.is_empty() {
+        p.extend_from_slice(parent);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+fn oid(hex: &str) -> Result<ObjectId, Errno> {
+    ObjectId::from_hex(hex.as_bytes()).map_err(eio)
+}
+
+/// Git orders tree entries by name, with a tree's name compared as if it ended in '/'.
+fn git_order(a: &[u8], a_tree: bool, b: &[u8], b_tree: bool) -> std::cmp::Ordering {
+    let n = a.len().min(b.len());
+    match a[..n].cmp(&b[..n]) {
+        std::cmp::Ordering::Equal => {
+            let ac = a.get(n).copied().or(if a_tree { Some(b'/') } else { None });
+            let bc = b.get(n).copied().or(if b_tree { Some(b'/') } else { None });
+            ac.cmp(&bc)
+        }
+        o => o,
+    }
+}
+
+/// Finds `name` in a tree in git order (binary search, trying it as a blob and as a tree).
+fn find_entry<'a>(entries: &'a [TreeEntry], name: &[u8]) -> Option<&'a TreeEntry> {
+    for as_tree in [false, true] {
+        if let Ok(i) = entries.binary_search_by(|e| {
+            let e_tree = matches!(e.kind, EntryKind::Tree);
+            git_order(&e.name, e_tree, name, as_tree)
+        }) {
+            if &*entries[i].name == name {
+                return Some(&entries[i]);
+            }
+        }
+    }
+    entries.iter().find(|e| &*e.name == name)
+}
+
+fn check_name(name: &OsStr) -> Result<&[u8], Errno> {
+    let b = name.as_bytes();
+    if b.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if b.is_empty() || b.contains(&b'/') {
+        return Err(Errno::EINVAL);
+    }
+    Ok(b)
+}
+
+/// The records of one change, applied together.
+#[derive(Default)]
+struct Tx {
+    records: Vec<Record>,
+    /// Working copies of the inode records this change modifies, written after `records`.
+    recs: BTreeMap<u64, InodeRecord>,
+    drops: Vec<u64>,
+}
+
+impl Tx {
+    fn entry(&mut self, dir: u64, name: &[u8], ino: Option<u64>) {
+        self.records.push(Record::Entry {
+            dir,
+            name: name.to_vec(),
+            ino,
+        });
+    }
+
+    fn drop_inode(&mut self, ino: u64) {
+        self.recs.remove(&ino);
+        self.drops.push(ino);
+    }
+
+    fn into_records(self) -> Vec<Record> {
+        let mut out = self.records;
+        out.extend(self.recs.into_values().map(Record::Inode));
+        out.extend(self.drops.into_iter().map(|ino| Record::Drop { ino }));
+        out
+    }
+}
+
+impl State {
+    fn node(&self, ino: u64) -> Result<&Node, Errno> {
+        self.nodes.get(&ino).ok_or(Errno::ENOENT)
+    }
+
+    fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
+        self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)
+    }
+
+    /// The working copy of `ino`'s record in `tx`.
+    fn rec<'t>(&self, tx: &'t mut Tx, ino: u64) -> Result<&'t mut InodeRecord, Errno> {
+        if !tx.recs.contains_key(&ino) {
+            let r = self.node(ino)?.rec.clone();
+            tx.recs.insert(ino, r);
+        }
+        Ok(tx.recs.get_mut(&ino).expect("just inserted"))
+    }
+
+    /// Makes sure `ino` and its ancestors are persisted and linked in their parents' overlays.
+    fn chain(&self, tx: &mut Tx, ino: u64) -> Result<(), Errno> {
+        let mut cur = ino;
+        loop {
+            let n = self.node(cur)?;
+            if n.persisted || tx.recs.contains_key(&cur) {
+                return Ok(());
+            }
+            tx.recs.insert(cur, n.rec.clone());
+            if cur == ROOT_INO {
+                return Ok(());
+            }
+            let (parent, name) = (n.rec.parent, n.rec.name.clone());
+            tx.entry(parent, &name, Some(cur));
+            cur = parent;
+        }
+    }
+
+    fn alloc(&mut self, tx: &mut Tx) -> u64 {
+        let ino = ALLOCATED | self.next_ino;
+        self.next_ino += 1;
+        tx.records.push(Record::NextIno {
+            next: self.next_ino,
+        });
+        ino
+    }
+
+    /// Appends `tx` to the catalog and applies it. Nothing changes if the append fails.
+    fn commit(&mut self, tx: Tx) -> Result<(), Errno> {
+        let records = tx.into_records();
+        if let Err(e) = self.catalog.append(&records) {
+            // The allocation counter may have moved: harmless, numbers are never reused.
+            return Err(io_errno(e));
+        }
+        for r in &records {
+            self.apply(r);
+        }
+        let live = self.nodes.values().filter(|n| n.persisted).count();
+        if self.catalog.wants_compaction(live) {
+            let snapshot = self.snapshot();
+            if let Err(e) = self.catalog.compact(&snapshot) {
+                tracing::warn!("catalog compaction failed (the log keeps growing): {e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, r: &Record) {
+        match r {
+            Record::Inode(rec) => match self.nodes.get_mut(&rec.ino) {
+                Some(n) => {
+                    n.rec = rec.clone();
+                    n.persisted = true;
+                }
+                None => {
+                    self.nodes.insert(
+                        rec.ino,
+                        Node {
+                            rec: rec.clone(),
+                            persisted: true,
+                            lookups: 0,
+                            opens: 0,
+                        },
+                    );
+                }
+            },
+            Record::Drop { ino } => {
+                if let Some(n) = self.nodes.get_mut(ino) {
+                    n.persisted = false;
+                    n.rec.nlink = 0;
+                }
+                self.dirs.remove(ino);
+            }
+            Record::Entry { dir, name, ino } => {
+                self.dirs
+                    .entry(*dir)
+                    .or_default()
+                    .insert(name.clone(), *ino);
+            }
+            Record::Unentry { dir, name } => {
+                if let Some(d) = self.dirs.get_mut(dir) {
+                    d.remove(name);
+                }
+            }
+            Record::NextIno { next } => self.next_ino = self.next_ino.max(*next),
+        }
+    }
+
+    fn snapshot(&self) -> CatalogState {
+        CatalogState {
+            inodes: self
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.persisted)
+                .map(|(i, n)| (*i, n.rec.clone()))
+                .collect(),
+            dirs: self.dirs.clone(),
+            next_ino: self.next_ino,
+        }
+    }
+}
+
+impl WorkspaceFs {
+    /// Opens the workspace whose upper layer is `upper_dir`, over base tree `root_tree`.
+    pub fn load(
+        store: Arc<ObjectStore>,
+        blobs: Arc<BlobCache>,
+        root_tree: ObjectId,
+        pres: Presentation,
+        upper_dir: &std::path::Path,
+        statfs_path: PathBuf,
+    ) -> std::io::Result<WorkspaceFs> {
+        let upper = Upper::open(upper_dir)?;
+        let (catalog, loaded, was_clean) = Catalog::open(upper_dir)?;
+        let base_time = ts(pres.time);
+        let mut nodes: HashMap<u64, Node> = loaded
+            .inodes
+            .into_iter()
+            .map(|(ino, rec)| {
+                (
+                    ino,
+                    Node {
+                        rec,
+                        persisted: true,
+                        lookups: 0,
+                        opens: 0,
+                    },
+                )
+            })
+            .collect();
+        if !nodes.contains_key(&ROOT_INO) {
+            let subdirs = store
+                .tree(root_tree)?
+                .iter()
+                .filter(|e| matches!(e.kind, EntryKind::Tree | EntryKind::Gitlink))
+                .count() as u32;
+            nodes.insert(
+                ROOT_INO,
+                Node {
+                    rec: InodeRecord {
+                        ino: ROOT_INO,
+                        kind: Kind::Dir,
+                        base: Some(BaseRef {
+                            oid: root_tree.to_string(),
+                            path: Vec::new(),
+                            gitlink: false,
+                        }),
+                        upper: false,
+                        target: None,
+                        mode: 0o755,
+                        uid: pres.uid,
+                        gid: pres.gid,
+                        rdev: 0,
+                        atime: base_time,
+                        mtime: base_time,
+                        ctime: base_time,
+                        nlink: 2 + subdirs,
+                        parent: ROOT_INO,
+                        name: Vec::new(),
+                        xattrs: BTreeMap::new(),
+                        copied_ctime: None,
+                    },
+                    persisted: false,
+                    lookups: 1,
+                    opens: 0,
+                },
+            );
+        }
+        if let Some(root) = nodes.get_mut(&ROOT_INO) {
+            root.lookups = 1;
+        }
+        let fs = WorkspaceFs {
+            store,
+            blobs,
+            upper,
+            pres,
+            statfs_path,
+            state: Mutex::new(State {
+                catalog,
+                nodes,
+                dirs: loaded.dirs,
+                next_ino: loaded.next_ino.max(1),
+            }),
+        };
+        if !was_clean {
+            fs.check_after_unclean_stop()?;
+        }
+        Ok(fs)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn blob_cache(&self) -> &BlobCache {
+        &self.blobs
+    }
+
+    /// After an unclean stop: data files nobody points at go to quarantine; records whose data file
+    /// is missing get an empty one (and a note in quarantine); entries naming unknown inodes go.
+    fn check_after_unclean_stop(&self) -> std::io::Result<()> {
+        let mut st = self.lock();
+        let mut fixed = 0;
+        for ino in self.upper.data_inodes()? {
+            let known = st
+                .nodes
+                .get(&ino)
+                .is_some_and(|n| n.persisted && n.rec.upper);
+            if !known {
+                let dest = self.upper.quarantine(
+                    ino,
+                    "data file without a catalog record after an unclean stop",
+                )?;
+                tracing::warn!(ino, "quarantined {}", dest.display());
+                fixed += 1;
+            }
+        }
+        let missing: Vec<u64> = st
+            .nodes
+            .values()
+            .filter(|n| n.persisted && n.rec.upper && !self.upper.data_path(n.rec.ino).exists())
+            .map(|n| n.rec.ino)
+            .collect();
+        for ino in missing {
+            let t = st.nodes[&ino].rec.mtime;
+            self.upper.create(ino, None, t, t)?;
+            let q = self.upper.dir().join("quarantine");
+            std::fs::create_dir_all(&q)?;
+            use std::io::Write;
+            let mut notes = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(q.join("README"))?;
+            writeln!(
+                notes,
+                "{ino:016x}: data file missing after an unclean stop; presented empty"
+            )?;
+            fixed += 1;
+        }
+        let dangling: Vec<(u64, Vec<u8>)> = st
+            .dirs
+            .iter()
+            .flat_map(|(d, m)| {
+                m.iter()
+                    .filter(|(_, i)| {
+                        i.is_some_and(|i| !st.nodes.get(&i).is_some_and(|n| n.persisted))
+                    })
+                    .map(move |(n, _)| (*d, n.clone()))
+            })
+            .collect();
+        if !dangling.is_empty() {
+            let mut tx = Tx::default();
+            for (dir, name) in dangling {
+                tracing::warn!(dir, name = %String::from_utf8_lossy(&name), "dropping an entry to an unknown inode");
+                tx.records.push(Record::Unentry { dir, name });
+                fixed += 1;
+            }
+            st.commit(tx)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
+        }
+        if fixed > 0 {
+            tracing::warn!(fixed, "workspace checked after an unclean stop");
+        }
+        Ok(())
+    }
+
+    /// Leaves the catalog compacted with the clean-stop marker (called when the mount ends).
+    pub fn close(&self) {
+        let mut st = self.lock();
+        let snap = st.snapshot();
+        if let Err(e) = st.catalog.close_clean(&snap) {
+            tracing::error!("cannot close the catalog cleanly: {e}");
+        }
+    }
+
+    fn derived_rec(
+        &self,
+        parent: u64,
+        parent_path: &[u8],
+        e: &TreeEntry,
+        ino: u64,
+    ) -> Result<InodeRecord, Errno> {
+        let t = ts(self.pres.time);
+        let (kind, mode, nlink) = match e.kind {
+            EntryKind::Tree => {
+                let subdirs = self
+                    .store
+                    .tree(e.id)
+                    .map_err(eio)?
+                    .iter()
+                    .filter(|c| matches!(c.kind, EntryKind::Tree | EntryKind::Gitlink))
+                    .count() as u32;
+                (Kind::Dir, 0o755, 2 + subdirs)
+            }
+            EntryKind::Gitlink => (Kind::Dir, 0o755, 2),
+            EntryKind::Blob => (Kind::File, 0o644, 1),
+            EntryKind::Executable => (Kind::File, 0o755, 1),
+            EntryKind::Symlink => (Kind::Symlink, 0o777, 1),
+        };
+        Ok(InodeRecord {
+            ino,
+            kind,
+            base: Some(BaseRef {
+                oid: e.id.to_string(),
+                path: join(parent_path, &e.name),
+                gitlink: e.kind == EntryKind::Gitlink,
+            }),
+            upper: false,
+            target: None,
+            mode,
+            uid: self.pres.uid,
+            gid: self.pres.gid,
+            rdev: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            nlink,
+            parent,
+            name: e.name.to_vec(),
+            xattrs: BTreeMap::new(),
+            copied_ctime: None,
+        })
+    }
+
+    /// The base tree a directory node lists (None for new directories and gitlinks).
+    fn base_tree(rec: &InodeRecord) -> Option<(ObjectId, &[u8])> {
+        let b = rec.base.as_ref()?;
+        if rec.kind != Kind::Dir || b.gitlink {
+            return None;
+        }
+        ObjectId::from_hex(b.oid.as_bytes())
+            .ok()
+            .map(|o| (o, &b.path[..]))
+    }
+
+    /// The inode number for base path `path`, salted past a different path holding the plain hash.
+    fn derived_ino(st: &State, path: &[u8]) -> u64 {
+        let mut salt = 0;
+        loop {
+            let ino = path_ino(path, salt);
+            match st.nodes.get(&ino) {
+                Some(n) if n.rec.base.as_ref().is_some_and(|b| b.path != path) => salt += 1,
+                _ => return ino,
+            }
+        }
+    }
+
+    /// The inode `name` names in directory `parent`, registering a derived node if needed.
+    fn resolve(&self, st: &mut State, parent: u64, name: &[u8]) -> Result<Option<u64>, Errno> {
+        let p = st.node(parent)?;
+        if p.rec.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        if p.rec.nlink == 0 {
+            return Ok(None);
+        }
+        if let Some(e) = st.dirs.get(&parent).and_then(|d| d.get(name)) {
+            return Ok(*e);
+        }
+        let Some((tree, parent_path)) = Self::base_tree(&p.rec) else {
+            return Ok(None);
+        };
+        let parent_path = parent_path.to_vec();
+        let entries = self.store.tree(tree).map_err(eio)?;
+        let Some(e) = find_entry(&entries, name) else {
+            return Ok(None);
+        };
+        let path = join(&parent_path, name);
+        let ino = Self::derived_ino(st, &path);
+        if !st.nodes.contains_key(&ino) {
+            let rec = self.derived_rec(parent, &parent_path, e, ino)?;
+            st.nodes.insert(
+                ino,
+                Node {
+                    rec,
+                    persisted: false,
+                    lookups: 0,
+                    opens: 0,
+                },
+            );
+        }
+        Ok(Some(ino))
+    }
+
+    fn attr(&self, rec: &InodeRecord) -> Result<FileAttr, Errno> {
+        let (mut atime, mut mtime, mut ctime) = (rec.atime, rec.mtime, rec.ctime);
+        let (size, blocks) = match rec.kind {
+            Kind::File if rec.upper => {
+                let m = std::fs::metadata(self.upper.data_path(rec.ino)).map_err(eio)?;
+                atime = Ts(m.atime(), m.atime_nsec() as u32);
+                mtime = Ts(m.mtime(), m.mtime_nsec() as u32);
+                let data_ctime = Ts(m.ctime(), m.ctime_nsec() as u32);
+                if rec.copied_ctime.is_none_or(|c| data_ctime > c) {
+                    ctime = ctime.max(data_ctime);
+                }
+                (m.len(), m.blocks())
+            }
+            Kind::File | Kind::Symlink => {
+                let size = match (&rec.target, &rec.base) {
+                    (Some(t), _) => t.len() as u64,
+                    (None, Some(b)) => self.store.blob_size(oid(&b.oid)?).map_err(eio)?,
+                    (None, None) => 0,
+                };
+                (size, size.div_ceil(512))
+            }
+            Kind::Dir => (4096, 8),
+            _ => (0, 0),
+        };
+        Ok(FileAttr {
+            ino: INodeNo(rec.ino),
+            size,
+            blocks,
+            atime: system_time(atime),
+            mtime: system_time(mtime),
+            ctime: system_time(ctime),
+            crtime: system_time(ctime),
+            kind: match rec.kind {
+                Kind::File => FileType::RegularFile,
+                Kind::Dir => FileType::Directory,
+                Kind::Symlink => FileType::Symlink,
+                Kind::Fifo => FileType::NamedPipe,
+                Kind::Socket => FileType::Socket,
+                Kind::Char => FileType::CharDevice,
+                Kind::Block => FileType::BlockDevice,
+            },
+            perm: (rec.mode & 0o7777) as u16,
+            nlink: rec.nlink,
+            uid: rec.uid,
+            gid: rec.gid,
+            rdev: rec.rdev,
+            blksize: 4096,
+            flags: 0,
+        })
+    }
+
+    fn reap(&self, st: &mut State, ino: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let Some(n) = st.nodes.get(&ino) else { return };
+        if n.lookups == 0 && n.opens == 0 && !n.persisted {
+            let upper = n.rec.upper && n.rec.nlink == 0;
+            st.nodes.remove(&ino);
+            if upper {
+                self.upper.remove(ino);
+            }
+        }
+    }
+
+    // ----- lookups and attributes -----
+
+    /// `lookup`: the attributes of `name` in `parent`, counting one kernel reference.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        let name = check_name(name)?;
+        let mut st = self.lock();
+        let ino = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
+        let n = st.node_mut(ino)?;
+        n.lookups += 1;
+        let rec = n.rec.clone();
+        self.attr(&rec)
+    }
+
+    /// `forget`: the kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut st = self.lock();
+        if let Some(node) = st.nodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(n);
+        }
+        self.reap(&mut st, ino);
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        let rec = self.lock().node(ino)?.rec.clone();
+        self.attr(&rec)
+    }
+
+    /// Whether the content of `ino` is the workspace's own data file.
+    pub fn is_upper(&self, ino: u64) -> bool {
+        self.lock().nodes.get(&ino).is_some_and(|n| n.rec.upper)
+    }
+
+    /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
+    /// references; readdirplus calls [`Self::note_listed`] for each one it returns.
+    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, Errno> {
+        let st = self.lock();
+        let n = st.node(ino)?;
+        if n.rec.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let rec = n.rec.clone();
+        let dot = self.attr(&rec)?;
+        let parent_attr = FileAttr {
+            ino: INodeNo(if ino == ROOT_INO {
+                ROOT_INO
+            } else {
+                rec.parent
+            }),
+            ..dot
+        };
+        let mut out = vec![
+            DirEntry {
+                name: ".".into(),
+                attr: dot,
+            },
+            DirEntry {
+                name: "..".into(),
+                attr: parent_attr,
+            },
+        ];
+        if rec.nlink == 0 {
+            return Ok(out);
+        }
+        let overlay = st.dirs.get(&ino).cloned().unwrap_or_default();
+        if let Some((tree, path)) = Self::base_tree(&rec) {
+            let path = path.to_vec();
+            for e in self.store.tree(tree).map_err(eio)?.iter() {
+                if overlay.contains_key(&*e.name) {
+                    continue;
+                }
+                let child_path = join(&path, &e.name);
+                let child = Self::derived_ino(&st, &child_path);
+                let child_rec = match st.nodes.get(&child) {
+                    Some(n) => n.rec.clone(),
+                    None => self.derived_rec(ino, &path, e, child)?,
+                };
+                out.push(DirEntry {
+                    name: OsString::from_vec(e.name.to_vec()),
+                    attr: self.attr(&child_rec)?,
+                });
+            }
+        }
+        for (name, target) in &overlay {
+            let Some(child) = target else { continue };
+            let child_rec = st.node(*child)?.rec.clone();
+            out.push(DirEntry {
+                name: OsString::from_vec(name.clone()),
+                attr: self.attr(&child_rec)?,
+            });
+        }
+        drop(st);
+        Ok(out)
+    }
+
+    /// readdirplus handed `entry` of `parent` to the kernel, which now holds a reference to it.
+    pub fn note_listed(&self, parent: u64, entry: &DirEntry) -> Result<(), Errno> {
+        if entry.name == "." || entry.name == ".." {
+            return Ok(());
+        }
+        let mut st = self.lock();
+        match self.resolve(&mut st, parent, entry.name.as_bytes())? {
+            Some(ino) => {
+                st.node_mut(ino)?.lookups += 1;
+                Ok(())
+            }
+            None => Err(Errno::ENOENT),
+        }
+    }
+
+    pub fn opendir(&self, ino: u64) -> Result<(), Errno> {
+        match self.lock().node(ino)?.rec.kind {
+            Kind::Dir => Ok(()),
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        let rec = self.lock().node(ino)?.rec.clone();
+        if rec.kind != Kind::Symlink {
+            return Err(Errno::EINVAL);
+        }
+        match (rec.target, rec.base) {
+            (Some(t), _) => Ok(t),
+            (None, Some(b)) => self.store.blob(oid(&b.oid)?).map_err(eio),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    pub fn access(&self, ino: u64, _mask: i32) -> Result<(), Errno> {
+        self.lock().node(ino).map(|_| ())
+    }
+
+    pub fn statfs(&self) -> Result<crate::sys::FsStats, Errno> {
+        crate::sys::statvfs(&self.statfs_path)
+            .map(|mut s| {
+                s.namelen = NAME_MAX as u32;
+                s
+            })
+            .map_err(io_errno)
+    }
+
+    // ----- content -----
+
+    /// Copies `ino` up into its data file (empty when `empty`), keeping its number and times.
+    fn copy_up(&self, st: &mut State, ino: u64, empty: bool) -> Result<(), Errno> {
+        let rec = st.node(ino)?.rec.clone();
+        if rec.kind != Kind::File || rec.upper {
+            return Ok(());
+        }
+        let base = rec
+            .base
+            .as_ref()
+            .ok_or_else(|| eio("a file with no content source"))?;
+        if empty {
+            self.upper
+                .create(ino, None, rec.atime, rec.mtime)
+                .map_err(io_errno)?;
+        } else {
+            let id = oid(&base.oid)?;
+            let size = self.store.blob_size(id).map_err(eio)?;
+            let mut blob = self.blobs.open(&self.store, id, size).map_err(eio)?;
+            self.upper
+                .create(ino, Some(&mut blob), rec.atime, rec.mtime)
+                .map_err(io_errno)?;
+        }
+        let copied = std::fs::metadata(self.upper.data_path(ino))
+            .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32))
+            .map_err(eio)?;
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        let r = st.rec(&mut tx, ino)?;
+        r.upper = true;
+        r.copied_ctime = Some(copied);
+        if let Err(e) = st.commit(tx) {
+            self.upper.remove(ino);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Opens `ino`. Any write intent (write access or `O_TRUNC`) copies the file up first; `O_TRUNC`
+    /// copies no data.
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened, Errno> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let trunc = flags & libc::O_TRUNC != 0;
+        let mut st = self.lock();
+        let rec = st.node(ino)?.rec.clone();
+        match rec.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(Errno::EISDIR),
+            Kind::Symlink => return Err(Errno::ELOOP),
+            _ => return Err(Errno::ENXIO),
+        }
+        let opened = if rec.upper || write || trunc {
+            if !rec.upper {
+                self.copy_up(&mut st, ino, trunc)?;
+            }
+            let f = self.upper.open_data(ino).map_err(io_errno)?;
+            if trunc {
+                f.set_len(0).map_err(io_errno)?;
+            }
+            Opened {
+                file: f,
+                upper: true,
+            }
+        } else {
+            let base = rec
+                .base
+                .as_ref()
+                .ok_or_else(|| eio("a file with no content source"))?;
+            let id = oid(&base.oid)?;
+            drop(st);
+            // Filling the blob cache may take a while: not under the workspace lock.
+            let size = self.store.blob_size(id).map_err(eio)?;
+            let file = self.blobs.open(&self.store, id, size).map_err(eio)?;
+            st = self.lock();
+            Opened { file, upper: false }
+        };
+        st.node_mut(ino)?.opens += 1;
+        Ok(opened)
+    }
+
+    /// Opens the current data file of an upper inode (for a handle opened before its copy-up).
+    pub fn open_data(&self, ino: u64) -> Result<File, Errno> {
+        self.upper.open_data(ino).map_err(io_errno)
+    }
+
+    /// An open handle of `ino` was closed.
+    pub fn release(&self, ino: u64) {
+        let mut st = self.lock();
+        if let Some(n) = st.nodes.get_mut(&ino) {
+            n.opens = n.opens.saturating_sub(1);
+        }
+        self.reap(&mut st, ino);
+    }
+
+    /// For a write to a file whose base content readers hold open through passthrough: moves the
+    /// name to a new, copied-up inode and leaves the old inode (unlinked) to those readers. Returns
+    /// false when that is not possible (a hardlinked or already-copied file).
+    pub fn reinode_for_write(&self, ino: u64) -> Result<bool, Errno> {
+        let mut st = self.lock();
+        let rec = st.node(ino)?.rec.clone();
+        if rec.kind != Kind::File || rec.upper || rec.nlink != 1 {
+            return Ok(false);
+        }
+        let base = rec
+            .base
+            .clone()
+            .ok_or_else(|| eio("a file with no content source"))?;
+        let mut tx = Tx::default();
+        st.chain(&mut tx, rec.parent)?;
+        let new = st.alloc(&mut tx);
+        let id = oid(&base.oid)?;
+        let size = self.store.blob_size(id).map_err(eio)?;
+        let mut blob = self.blobs.open(&self.store, id, size).map_err(eio)?;
+        self.upper
+            .create(new, Some(&mut blob), rec.atime, rec.mtime)
+            .map_err(io_errno)?;
+        let copied = std::fs::metadata(self.upper.data_path(new))
+            .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32))
+            .map_err(eio)?;
+        tx.entry(rec.parent, &rec.name, Some(new));
+        tx.recs.insert(
+            new,
+            InodeRecord {
+                ino: new,
+                upper: true,
+                copied_ctime: Some(copied),
+                ..rec.clone()
+            },
+        );
+        tx.drop_inode(ino);
+        if let Err(e) = st.commit(tx) {
+            self.upper.remove(new);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// Makes `fsync` of a file or directory durable for the catalog too.
+    pub fn sync_catalog(&self) -> Result<(), Errno> {
+        self.lock().catalog.sync().map_err(io_errno)
+    }
+
+    // ----- creating and removing names -----
+
+    fn parent_for_create(&self, st: &mut State, parent: u64, name: &[u8]) -> Result<(), Errno> {
+        let p = st.node(parent)?;
+        if p.rec.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        if p.rec.nlink == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if self.resolve(st, parent, name)?.is_some() {
+            return Err(Errno::EEXIST);
+        }
+        Ok(())
+    }
+
+    /// Removes `name` from `dir` in `tx`: hides a base entry, or forgets an entry the workspace made.
+    fn unlink_name(&self, st: &State, tx: &mut Tx, dir: u64, name: &[u8]) -> Result<(), Errno> {
+        let in_base = match Self::base_tree(&st.node(dir)?.rec) {
+            Some((tree, _)) => find_entry(&self.store.tree(tree).map_err(eio)?, name).is_some(),
+            None => false,
+        };
+        if in_base {
+            tx.entry(dir, name, None);
+        } else {
+            tx.records.push(Record::Unentry {
+                dir,
+                name: name.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `ino` (still linked elsewhere) loses its name `name` in `dir`: if that was the name its record
+    /// remembers, remember another of its names instead.
+    fn repoint_primary(
+        st: &State,
+        tx: &mut Tx,
+        ino: u64,
+        dir: u64,
+        name: &[u8],
+    ) -> Result<(), Errno> {
+        let r = st.rec(tx, ino)?;
+        if r.parent != dir || r.name != name {
+            return Ok(());
+        }
+        let other = st.dirs.iter().find_map(|(d, entries)| {
+            entries
+                .iter()
+                .find(|(n, i)| **i == Some(ino) && !(*d == dir && n.as_slice() == name))
+                .map(|(n, _)| (*d, n.clone()))
+        });
+        if let Some((d, n)) = other {
+            r.parent = d;
+            r.name = n;
+        }
+        Ok(())
+    }
+
+    fn touch_dir(st: &State, tx: &mut Tx, dir: u64, now: Ts) -> Result<(), Errno> {
+        let r = st.rec(tx, dir)?;
+        r.mtime = now;
+        r.ctime = now;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn make(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        kind: Kind,
+        mode: u32,
+        rdev: u32,
+        target: Option<Vec<u8>>,
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        let name = check_name(name)?;
+        let mut st = self.lock();
+        self.parent_for_create(&mut st, parent, name)?;
+        let now = Ts::now();
+        let mut tx = Tx::default();
+        st.chain(&mut tx, parent)?;
+        let ino = st.alloc(&mut tx);
+        let p = st.rec(&mut tx, parent)?;
+        let (gid, mut mode) = if p.mode & libc::S_ISGID != 0 {
+            (p.gid, mode & 0o7777)
+        } else {
+            (caller.gid, mode & 0o7777)
+        };
+        if kind == Kind::Dir {
+            p.nlink += 1;
+            if p.mode & libc::S_ISGID != 0 {
+                mode |= libc::S_ISGID;
+            }
+        }
+        p.mtime = now;
+        p.ctime = now;
+        if kind == Kind::File {
+            self.upper.create(ino, None, now, now).map_err(io_errno)?;
+        }
+        let rec = InodeRecord {
+            ino,
+            kind,
+            base: None,
+            upper: kind == Kind::File,
+            target,
+            mode,
+            uid: caller.uid,
+            gid,
+            rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            parent,
+            name: name.to_vec(),
+            xattrs: BTreeMap::new(),
+            copied_ctime: None,
+        };
+        tx.entry(parent, name, Some(ino));
+        tx.recs.insert(ino, rec.clone());
+        if let Err(e) = st.commit(tx) {
+            if kind == Kind::File {
+                self.upper.remove(ino);
+            }
+            return Err(e);
+        }
+        st.node_mut(ino)?.lookups += 1;
+        drop(st);
+        self.attr(&rec)
+    }
+
+    pub fn mknod(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => Kind::File,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::Char,
+            libc::S_IFBLK => Kind::Block,
+            libc::S_IFDIR => return Err(Errno::EPERM),
+            _ => return Err(Errno::EINVAL),
+        };
+        self.make(parent, name, kind, mode, rdev, None, caller)
+    }
+
+    pub fn mkdir(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        self.make(parent, name, Kind::Dir, mode, 0, None, caller)
+    }
+
+    pub fn symlink(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        target: &[u8],
+        caller: Caller,
+    ) -> Result<FileAttr, Errno> {
+        if target.len() >= 4096 {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.make(
+            parent,
+            name,
+            Kind::Symlink,
+            0o777,
+            0,
+            Some(target.to_vec()),
+            caller,
+        )
+    }
+
+    /// `create`: a new regular file, opened.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+    ) -> Result<(FileAttr, Opened), Errno> {
+        let attr = self.make(parent, name, Kind::File, mode, 0, None, caller)?;
+        match self.open(attr.ino.0, flags & !libc::O_TRUNC) {
+            Ok(o) => Ok((attr, o)),
+            Err(e) => {
+                self.forget(attr.ino.0, 1);
+                Err(e)
+            }
+        }
+    }
+
+    fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
+        let name = check_name(name)?;
+        let mut st = self.lock();
+        let ino = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
+        let rec = st.node(ino)?.rec.clone();
+        match (dir, rec.kind == Kind::Dir) {
+            (false, true) => return Err(Errno::EISDIR),
+            (true, false) => return Err(Errno::ENOTDIR),
+            _ => {}
+        }
+        if dir && !self.is_empty_dir(&mut st, ino)? {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let now = Ts::now();
+        let mut tx = Tx::default();
+        st.chain(&mut tx, parent)?;
+        self.unlink_name(&st, &mut tx, parent, name)?;
+        Self::touch_dir(&st, &mut tx, parent, now)?;
+        if dir {
+            st.rec(&mut tx, parent)?.nlink -= 1;
+            tx.drop_inode(ino);
+        } else {
+            let r = st.rec(&mut tx, ino)?;
+            r.nlink = r.nlink.saturating_sub(1);
+            r.ctime = now;
+            if r.nlink == 0 {
+                tx.drop_inode(ino);
+            } else {
+                Self::repoint_primary(&st, &mut tx, ino, parent, name)?;
+            }
+        }
+        st.commit(tx)?;
+        self.reap(&mut st, ino);
+        Ok(())
+    }
+
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        self.remove(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+        self.remove(parent, name, true)
+    }
+
+    fn is_empty_dir(&self, st: &mut State, ino: u64) -> Result<bool, Errno> {
+        let rec = st.node(ino)?.rec.clone();
+        let overlay = st.dirs.get(&ino);
+        if overlay.is_some_and(|o| o.values().any(|v| v.is_some())) {
+            return Ok(false);
+        }
+        if let Some((tree, _)) = Self::base_tree(&rec) {
+            for e in self.store.tree(tree).map_err(eio)?.iter() {
+                if !overlay.is_some_and(|o| o.contains_key(&*e.name)) {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether `ino` is `ancestor` or lies below it.
+    fn is_within(st: &State, mut ino: u64, ancestor: u64) -> Result<bool, Errno> {
+        for _ in 0..100_000 {
+            if ino == ancestor {
+                return Ok(true);
+            }
+            if ino == ROOT_INO {
+                return Ok(false);
+            }
+            ino = st.node(ino)?.rec.parent;
+        }
+        Err(eio("directory parent chain does not end"))
+    }
+
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        newparent: u64,
+        newname: &OsStr,
+        flags: u32,
+    ) -> Result<(), Errno> {
+        let name = check_name(name)?;
+        let newname = check_name(newname)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        if flags & !(libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) != 0 || (exchange && noreplace)
+        {
+            return Err(Errno::EINVAL);
+        }
+        let mut st = self.lock();
+        let src = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
+        {
+            let np = st.node(newparent)?;
+            if np.rec.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            if np.rec.nlink == 0 {
+                return Err(Errno::ENOENT);
+            }
+        }
+        let dst = self.resolve(&mut st, newparent, newname)?;
+        let src_dir = st.node(src)?.rec.kind == Kind::Dir;
+        let now = Ts::now();
+        let mut tx = Tx::default();
+        if exchange {
+            let dst = dst.ok_or(Errno::ENOENT)?;
+            if dst == src {
+                return Ok(());
+            }
+            let dst_dir = st.node(dst)?.rec.kind == Kind::Dir;
+            if (src_dir && Self::is_within(&st, newparent, src)?)
+                || (dst_dir && Self::is_within(&st, parent, dst)?)
+            {
+                return Err(Errno::EINVAL);
+            }
+            st.chain(&mut tx, parent)?;
+            st.chain(&mut tx, newparent)?;
+            st.chain(&mut tx, src)?;
+            st.chain(&mut tx, dst)?;
+            tx.entry(parent, name, Some(dst));
+            tx.entry(newparent, newname, Some(src));
+            if parent != newparent && src_dir != dst_dir {
+                let (gains_dir, loses_dir) = if src_dir {
+                    (newparent, parent)
+                } else {
+                    (parent, newparent)
+                };
+                st.rec(&mut tx, gains_dir)?.nlink += 1;
+                st.rec(&mut tx, loses_dir)?.nlink -= 1;
+            }
+            for (ino, p, n) in [(src, newparent, newname), (dst, parent, name)] {
+                let r = st.rec(&mut tx, ino)?;
+                r.parent = p;
+                r.name = n.to_vec();
+                r.ctime = now;
+            }
+            Self::touch_dir(&st, &mut tx, parent, now)?;
+            Self::touch_dir(&st, &mut tx, newparent, now)?;
+            return st.commit(tx);
+        }
+        if let Some(dst) = dst {
+            if noreplace {
+                return Err(Errno::EEXIST);
+            }
+            if dst == src {
+                return Ok(());
+            }
+            let dst_dir = st.node(dst)?.rec.kind == Kind::Dir;
+            match (src_dir, dst_dir) {
+                (true, false) => return Err(Errno::ENOTDIR),
+                (false, true) => return Err(Errno::EISDIR),
+                (true, true) if !self.is_empty_dir(&mut st, dst)? => return Err(Errno::ENOTEMPTY),
+                _ => {}
+            }
+        }
+        if src_dir && Self::is_within(&st, newparent, src)? {
+            return Err(Errno::EINVAL);
+        }
+        st.chain(&mut tx, parent)?;
+        st.chain(&mut tx, newparent)?;
+        self.unlink_name(&st, &mut tx, parent, name)?;
+        tx.entry(newparent, newname, Some(src));
+        if let Some(dst) = dst {
+            let r = st.rec(&mut tx, dst)?;
+            if r.kind == Kind::Dir {
+                r.nlink = 0;
+            } else {
+                r.nlink = r.nlink.saturating_sub(1);
+                r.ctime = now;
+            }
+            if r.nlink == 0 {
+                tx.drop_inode(dst);
+            } else {
+                Self::repoint_primary(&st, &mut tx, dst, newparent, newname)?;
+            }
+            if src_dir {
+                st.rec(&mut tx, newparent)?.nlink -= 1;
+            }
+        }
+        if src_dir && parent != newparent {
+            st.rec(&mut tx, parent)?.nlink -= 1;
+            st.rec(&mut tx, newparent)?.nlink += 1;
+        }
+        let r = st.rec(&mut tx, src)?;
+        r.parent = newparent;
+        r.name = newname.to_vec();
+        r.ctime = now;
+        Self::touch_dir(&st, &mut tx, parent, now)?;
+        Self::touch_dir(&st, &mut tx, newparent, now)?;
+        st.commit(tx)?;
+        if let Some(dst) = dst {
+            self.reap(&mut st, dst);
+        }
+        Ok(())
+    }
+
+    pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr, Errno> {
+        let newname = check_name(newname)?;
+        let mut st = self.lock();
+        let rec = st.node(ino)?.rec.clone();
+        if rec.kind == Kind::Dir {
+            return Err(Errno::EPERM);
+        }
+        if rec.nlink == 0 {
+            return Err(Errno::ENOENT);
+        }
+        if rec.nlink >= LINK_MAX {
+            return Err(Errno::EMLINK);
+        }
+        self.parent_for_create(&mut st, newparent, newname)?;
+        let now = Ts::now();
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        st.chain(&mut tx, newparent)?;
+        tx.entry(newparent, newname, Some(ino));
+        let r = st.rec(&mut tx, ino)?;
+        r.nlink += 1;
+        r.ctime = now;
+        Self::touch_dir(&st, &mut tx, newparent, now)?;
+        st.commit(tx)?;
+        let n = st.node_mut(ino)?;
+        n.lookups += 1;
+        let rec = n.rec.clone();
+        drop(st);
+        self.attr(&rec)
+    }
+
+    // ----- attributes and extended attributes -----
+
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<FileAttr, Errno> {
+        let mut st = self.lock();
+        let rec = st.node(ino)?.rec.clone();
+        let now = Ts::now();
+        if let Some(size) = set.size {
+            match rec.kind {
+                Kind::File => {}
+                Kind::Dir => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            }
+            if !rec.upper {
+                self.copy_up(&mut st, ino, size == 0)?;
+            }
+            let f = self.upper.open_data(ino).map_err(io_errno)?;
+            f.set_len(size).map_err(io_errno)?;
+        }
+        let upper = st.node(ino)?.rec.upper;
+        if upper && (set.atime.is_some() || set.mtime.is_some()) {
+            let f = self.upper.open_data(ino).map_err(io_errno)?;
+            let mut times = std::fs::FileTimes::new();
+            if let Some(t) = set.atime {
+                times = times.set_accessed(match t {
+                    SetTime::Now => SystemTime::now(),
+                    SetTime::At(t) => t,
+                });
+            }
+            if let Some(t) = set.mtime {
+                times = times.set_modified(match t {
+                    SetTime::Now => SystemTime::now(),
+                    SetTime::At(t) => t,
+                });
+            }
+            f.set_times(times).map_err(io_errno)?;
+        }
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        let r = st.rec(&mut tx, ino)?;
+        if let Some(m) = set.mode {
+            r.mode = m & 0o7777;
+        }
+        if let Some(u) = set.uid {
+            r.uid = u;
+        }
+        if let Some(g) = set.gid {
+            r.gid = g;
+        }
+        let pick = |t: SetTime| match t {
+            SetTime::Now => now,
+            SetTime::At(t) => ts(t),
+        };
+        if let Some(t) = set.atime {
+            r.atime = pick(t);
+        }
+        if let Some(t) = set.mtime {
+            r.mtime = pick(t);
+        }
+        r.ctime = set.ctime.map(ts).unwrap_or(now);
+        let changed = r.clone();
+        st.commit(tx)?;
+        drop(st);
+        self.attr(&changed)
+    }
+
+    fn xattr_name(name: &OsStr) -> Result<&[u8], Errno> {
+        let b = name.as_bytes();
+        if b.is_empty() || b.len() > XATTR_NAME_MAX {
+            return Err(Errno::ERANGE);
+        }
+        if b.starts_with(b"system.") {
+            // POSIX ACLs and other system attributes are not supported.
+            return Err(Errno::EOPNOTSUPP);
+        }
+        Ok(b)
+    }
+
+    pub fn setxattr(&self, ino: u64, name: &OsStr, value: &[u8], flags: i32) -> Result<(), Errno> {
+        let name = Self::xattr_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Errno::E2BIG);
+        }
+        let mut st = self.lock();
+        let exists = st.node(ino)?.rec.xattrs.contains_key(name);
+        if flags & libc::XATTR_CREATE != 0 && exists {
+            return Err(Errno::EEXIST);
+        }
+        if flags & libc::XATTR_REPLACE != 0 && !exists {
+            return Err(Errno::NO_XATTR);
+        }
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        let r = st.rec(&mut tx, ino)?;
+        r.xattrs.insert(name.to_vec(), value.to_vec());
+        r.ctime = Ts::now();
+        st.commit(tx)
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> Result<XattrReply, Errno> {
+        let name = Self::xattr_name(name)?;
+        let st = self.lock();
+        let v = st.node(ino)?.rec.xattrs.get(name).ok_or(Errno::NO_XATTR)?;
+        sized(v.clone(), size)
+    }
+
+    pub fn listxattr(&self, ino: u64, size: u32) -> Result<XattrReply, Errno> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        for k in st.node(ino)?.rec.xattrs.keys() {
+            out.extend_from_slice(k);
+            out.push(0);
+        }
+        sized(out, size)
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &OsStr) -> Result<(), Errno> {
+        let name = Self::xattr_name(name)?;
+        let mut st = self.lock();
+        if !st.node(ino)?.rec.xattrs.contains_key(name) {
+            return Err(Errno::NO_XATTR);
+        }
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        let r = st.rec(&mut tx, ino)?;
+        r.xattrs.remove(name);
+        r.ctime = Ts::now();
+        st.commit(tx)
+    }
+
+    // ----- what changed -----
+
+    /// Every path that differs from the base, found by walking overlays only.
+    pub fn changes(&self) -> Result<Vec<Change>, Errno> {
+        let st = self.lock();
+        let mut out = Vec::new();
+        if st.nodes.get(&ROOT_INO).is_some_and(|n| n.persisted) {
+            self.changes_in(&st, ROOT_INO, b"", &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn changes_in(
+        &self,
+        st: &State,
+        dir: u64,
+        path: &[u8],
+        out: &mut Vec<Change>,
+    ) -> Result<(), Errno> {
+        let Some(overlay) = st.dirs.get(&dir) else {
+            return Ok(());
+        };
+        let rec = &st.node(dir)?.rec;
+        let base_entries = match Self::base_tree(rec) {
+            Some((t, _)) => Some(self.store.tree(t).map_err(eio)?),
+            None => None,
+        };
+        for (name, target) in overlay {
+            let p = join(path, name);
+            let shown = String::from_utf8_lossy(&p).into_owned();
+            let base = base_entries.as_ref().and_then(|e| find_entry(e, name));
+            let Some(ino) = target else {
+                out.push(Change {
+                    path: shown,
+                    kind: ChangeKind::Deleted,
+                });
+                continue;
+            };
+            let n = &st.node(*ino)?.rec;
+            let same_origin = n
+                .base
+                .as_ref()
+                .is_some_and(|b| base.is_some_and(|e| e.id.to_string() == b.oid) && b.path == p);
+            if n.kind == Kind::Dir {
+                if !same_origin && base.is_some() {
+                    out.push(Change {
+                        path: shown.clone(),
+                        kind: ChangeKind::Modified,
+                    });
+                } else if base.is_none() {
+                    out.push(Change {
+                        path: shown.clone(),
+                        kind: ChangeKind::Added,
+                    });
+                }
+                self.changes_in(st, *ino, &p, out)?;
+                continue;
+            }
+            let kind = match base {
+                None => ChangeKind::Added,
+                Some(e) => {
+                    let exec_now = n.mode & 0o100 != 0;
+                    let exec_base = e.kind == EntryKind::Executable;
+                    let unchanged = same_origin
+                        && !n.upper
+                        && n.target.is_none()
+                        && (n.kind != Kind::File || exec_now == exec_base);
+                    if unchanged {
+                        continue;
+                    }
+                    ChangeKind::Modified
+                }
+            };
+            out.push(Change { path: shown, kind });
+        }
+        Ok(())
+    }
+
+    /// Files in the workspace's quarantine.
+    pub fn quarantined(&self) -> usize {
+        self.upper.quarantined()
+    }
+}
+
+fn sized(v: Vec<u8>, size: u32) -> Result<XattrReply, Errno> {
+    if size == 0 {
+        Ok(XattrReply::Size(v.len() as u32))
+    } else if (size as usize) < v.len() {
+        Err(Errno::ERANGE)
+    } else {
+        Ok(XattrReply::Data(v))
     }
 }

@@ -1,37 +1,54 @@
 //! The fuser adapter: one `Filesystem` per mounted workspace, delegating to [`WorkspaceFs`].
 //!
-//! It owns what only the kernel interface needs: open file handles, passthrough backing ids (one per
-//! inode while any open exists — the kernel refuses mixed backing files for one inode), kernel cache
-//! TTLs and init flags. See `docs/caching.md` for the caching rules.
+//! It owns what only the kernel interface needs: open file handles, passthrough backing ids, kernel
+//! cache TTLs and init flags (see `docs/caching.md`). The kernel requires every concurrent open of
+//! one inode to use the same backing file, so one backing id per inode is shared while any open
+//! exists; a write-open of a base file that readers hold open through passthrough moves the name to
+//! a new, copied-up inode and answers `ESTALE`, so the kernel looks the name up again (readers keep
+//! the base content, as after a rename-over).
 
 use std::ffi::OsStr;
 use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use dashmap::DashMap;
 use fuser::{
-    AccessFlags, BackingId, Errno, FileAttr, FileHandle, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    AccessFlags, BackingId, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
 };
 
-use super::core::{DirEntry, WorkspaceFs};
+use super::core::{Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, XattrReply};
 
-/// Entries and attributes of the base never change underneath the kernel, and every change the
-/// daemon makes is invalidated explicitly, so the kernel may cache them for a long time.
+/// The daemon sees every change made through the mount and invalidates what it changes behind the
+/// kernel's back, so the kernel may cache entries and attributes for a long time.
 const TTL: Duration = Duration::from_secs(3600);
 
 enum Handle {
     File {
+        ino: u64,
         file: File,
+        /// The file is the workspace's data file (else the read-only blob-cache file).
+        upper: bool,
         /// Held while this handle is open, keeping the inode's backing id alive.
         _backing: Option<Arc<BackingId>>,
     },
     Dir(Arc<Vec<DirEntry>>),
+}
+
+/// The passthrough backing of one inode while any open of it exists.
+#[derive(Default)]
+struct Backing {
+    id: Weak<BackingId>,
+    /// Whether the backing file is the data file (else the blob-cache file).
+    upper: bool,
 }
 
 /// Mount-wide facts the daemon reports in `status`.
@@ -46,8 +63,7 @@ pub struct FuseAdapter {
     info: Arc<MountInfo>,
     handles: DashMap<u64, Handle>,
     next_fh: AtomicU64,
-    /// One backing id per inode while any passthrough open of it exists.
-    backing: DashMap<u64, Weak<BackingId>>,
+    backing: DashMap<u64, Backing>,
 }
 
 impl FuseAdapter {
@@ -62,31 +78,81 @@ impl FuseAdapter {
         }
     }
 
-    fn fh(&self) -> u64 {
-        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    fn passthrough(&self) -> bool {
+        self.info.passthrough.load(Ordering::Relaxed)
     }
 
-    /// The inode's shared backing id, registering `file` if no open holds one. `None` means this open
-    /// is served through read callbacks.
-    fn backing_for(&self, ino: u64, file: &File, reply: &ReplyOpen) -> Option<Arc<BackingId>> {
-        if !self.info.passthrough.load(Ordering::Relaxed) {
-            return None;
+    fn add_handle(&self, h: Handle) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.insert(fh, h);
+        fh
+    }
+
+    /// Opens `ino` and, with passthrough, finds or registers its backing id. `Err(ESTALE)` asks the
+    /// kernel to look the name up again (the name now has a new inode).
+    fn open_inner(
+        &self,
+        ino: u64,
+        flags: i32,
+        register: impl FnOnce(&File) -> std::io::Result<BackingId>,
+    ) -> Result<(Opened, Option<Arc<BackingId>>), Errno> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        if !self.passthrough() {
+            return Ok((self.core.open(ino, flags)?, None));
         }
         let mut slot = self.backing.entry(ino).or_default();
-        if let Some(id) = slot.upgrade() {
-            return Some(id);
+        let live = slot.id.upgrade();
+        if write && live.is_some() && !slot.upper {
+            // Readers hold the base content through passthrough: the kernel would refuse a second
+            // backing file for this inode, so the writer gets a new inode.
+            if self.core.reinode_for_write(ino)? {
+                return Err(Errno::ESTALE);
+            }
+            return Err(Errno::EBUSY);
         }
-        match reply.open_backing(file) {
+        let opened = self.core.open(ino, flags)?;
+        if let Some(id) = live {
+            if slot.upper == opened.upper {
+                return Ok((opened, Some(id)));
+            }
+            self.core.release(ino);
+            return Err(Errno::EBUSY);
+        }
+        match register(&opened.file) {
             Ok(id) => {
                 let id = Arc::new(id);
-                *slot = Arc::downgrade(&id);
-                Some(id)
+                *slot = Backing {
+                    id: Arc::downgrade(&id),
+                    upper: opened.upper,
+                };
+                Ok((opened, Some(id)))
             }
             Err(e) => {
-                tracing::warn!("passthrough unavailable ({e}); serving reads through the daemon");
+                tracing::warn!("passthrough unavailable ({e}); serving I/O through the daemon");
                 self.info.passthrough.store(false, Ordering::Relaxed);
-                None
+                Ok((opened, None))
             }
+        }
+    }
+
+    fn file_handle<R>(
+        &self,
+        fh: FileHandle,
+        f: impl FnOnce(&File, bool, u64) -> R,
+    ) -> Result<R, Errno> {
+        match self.handles.get(&fh.0).as_deref() {
+            Some(Handle::File {
+                file, upper, ino, ..
+            }) => Ok(f(file, *upper, *ino)),
+            Some(Handle::Dir(_)) => Err(Errno::EISDIR),
+            None => Err(Errno::EBADF),
+        }
+    }
+
+    fn dir_listing(&self, fh: FileHandle) -> Option<Arc<Vec<DirEntry>>> {
+        match &*self.handles.get(&fh.0)? {
+            Handle::Dir(list) => Some(list.clone()),
+            Handle::File { .. } => None,
         }
     }
 }
@@ -95,15 +161,57 @@ fn ino(i: INodeNo) -> u64 {
     i.0
 }
 
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+    }
+}
+
+fn entry(reply: ReplyEntry, r: Result<FileAttr, Errno>) {
+    match r {
+        Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), Errno>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn xattr(reply: ReplyXattr, r: Result<XattrReply, Errno>) {
+    match r {
+        Ok(XattrReply::Size(n)) => reply.size(n),
+        Ok(XattrReply::Data(d)) => reply.data(&d),
+        Err(e) => reply.error(e),
+    }
+}
+
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
         for flag in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
         ] {
             let _ = cfg.add_capabilities(flag);
         }
+        let _ = cfg.set_max_write(1 << 20);
         if self.want_passthrough
             && cfg.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && cfg.set_max_stack_depth(1).is_ok()
@@ -111,6 +219,10 @@ impl Filesystem for FuseAdapter {
             self.info.passthrough.store(true, Ordering::Relaxed);
         }
         Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.core.close();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -133,6 +245,54 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    fn setattr(
+        &self,
+        _req: &Request,
+        i: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let i = ino(i);
+        if size.is_some() && self.passthrough() && !self.core.is_upper(i) {
+            // Truncating a base file that readers hold through passthrough: new inode, look again.
+            let live = self
+                .backing
+                .get(&i)
+                .is_some_and(|b| b.id.strong_count() > 0 && !b.upper);
+            if live {
+                return match self.core.reinode_for_write(i) {
+                    Ok(true) => reply.error(Errno::ESTALE),
+                    Ok(false) => reply.error(Errno::EBUSY),
+                    Err(e) => reply.error(e),
+                };
+            }
+        }
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime,
+        };
+        match self.core.setattr(i, set) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
         match self.core.readlink(ino(i)) {
             Ok(target) => reply.data(&target),
@@ -140,36 +300,156 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    fn mknod(
+        &self,
+        req: &Request,
+        p: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.core
+                .mknod(ino(p), name, mode & !umask, rdev, caller(req)),
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        p: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.core.mkdir(ino(p), name, mode & !umask, caller(req)),
+        );
+    }
+
+    fn unlink(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.core.unlink(ino(p), name));
+    }
+
+    fn rmdir(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.core.rmdir(ino(p), name));
+    }
+
+    fn symlink(&self, req: &Request, p: INodeNo, name: &OsStr, target: &Path, reply: ReplyEntry) {
+        entry(
+            reply,
+            self.core
+                .symlink(ino(p), name, target.as_os_str().as_bytes(), caller(req)),
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        p: INodeNo,
+        name: &OsStr,
+        np: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            self.core
+                .rename(ino(p), name, ino(np), newname, flags.bits()),
+        );
+    }
+
+    fn link(&self, _req: &Request, i: INodeNo, np: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.core.link(ino(i), ino(np), newname));
+    }
+
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let file = match self.core.open(ino(i), flags.0) {
-            Ok(f) => f,
+        let i = ino(i);
+        let (opened, backing) = match self.open_inner(i, flags.0, |f| reply.open_backing(f)) {
+            Ok(o) => o,
             Err(e) => return reply.error(e),
         };
-        let backing = self.backing_for(ino(i), &file, &reply);
-        let fh = self.fh();
-        match &backing {
-            Some(id) => {
-                let id = id.clone();
-                self.handles.insert(
-                    fh,
-                    Handle::File {
-                        file,
-                        _backing: Some(id.clone()),
-                    },
-                );
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+        let upper = opened.upper;
+        let fh = self.add_handle(Handle::File {
+            ino: i,
+            file: opened.file,
+            upper,
+            _backing: backing.clone(),
+        });
+        match backing {
+            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+            // Base content is immutable: the kernel may keep its page cache across opens.
+            None if !upper => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+        }
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        p: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (attr, opened) = match self
+            .core
+            .create(ino(p), name, mode & !umask, flags, caller(req))
+        {
+            Ok(r) => r,
+            Err(e) => return reply.error(e),
+        };
+        let i = attr.ino.0;
+        let mut backing = None;
+        if self.passthrough() {
+            match reply.open_backing(&opened.file) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    self.backing.insert(
+                        i,
+                        Backing {
+                            id: Arc::downgrade(&id),
+                            upper: true,
+                        },
+                    );
+                    backing = Some(id);
+                }
+                Err(e) => {
+                    tracing::warn!("passthrough unavailable ({e}); serving I/O through the daemon");
+                    self.info.passthrough.store(false, Ordering::Relaxed);
+                }
             }
-            None => {
-                self.handles.insert(
-                    fh,
-                    Handle::File {
-                        file,
-                        _backing: None,
-                    },
-                );
-                // Base content is immutable: the kernel may keep its page cache across opens.
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
-            }
+        }
+        let fh = self.add_handle(Handle::File {
+            ino: i,
+            file: opened.file,
+            upper: true,
+            _backing: backing.clone(),
+        });
+        match backing {
+            Some(id) => reply.created_passthrough(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+                &id,
+            ),
+            None => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::empty(),
+            ),
         }
     }
 
@@ -184,25 +464,64 @@ impl Filesystem for FuseAdapter {
         _lock: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(h) = self.handles.get(&fh.0) else {
-            return reply.error(Errno::EBADF);
-        };
-        let Handle::File { file, .. } = &*h else {
-            return reply.error(Errno::EISDIR);
-        };
-        let mut buf = vec![0u8; size as usize];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    return reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
+        // A handle opened on the base content before the file was copied up reads the current
+        // content, as every descriptor of a file does.
+        let stale = self.file_handle(fh, |_, upper, ino| {
+            (!upper && self.core.is_upper(ino)).then_some(ino)
+        });
+        if let Ok(Some(ino)) = stale {
+            if let Ok(f) = self.core.open_data(ino) {
+                if let Some(mut h) = self.handles.get_mut(&fh.0) {
+                    if let Handle::File { file, upper, .. } = &mut *h {
+                        *file = f;
+                        *upper = true;
+                    }
                 }
             }
         }
-        reply.data(&buf[..filled]);
+        let r = self.file_handle(fh, |file, _, _| {
+            let mut buf = vec![0u8; size as usize];
+            let mut filled = 0;
+            while filled < buf.len() {
+                match file.read_at(&mut buf[filled..], offset + filled as u64) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(io_errno(e)),
+                }
+            }
+            buf.truncate(filled);
+            Ok(buf)
+        });
+        match r.and_then(|r| r) {
+            Ok(buf) => reply.data(&buf),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _wf: WriteFlags,
+        _flags: OpenFlags,
+        _lo: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let r = self.file_handle(fh, |file, upper, _| {
+            if !upper {
+                return Err(Errno::EBADF);
+            }
+            file.write_all_at(data, offset).map_err(io_errno)?;
+            Ok(data.len() as u32)
+        });
+        match r.and_then(|r| r) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn flush(
@@ -229,12 +548,34 @@ impl Filesystem for FuseAdapter {
         self.handles.remove(&fh.0);
         // Drop the inode's slot once its last backing reference is gone.
         self.backing
-            .remove_if(&ino(i), |_, w| w.strong_count() == 0);
+            .remove_if(&ino(i), |_, b| b.id.strong_count() == 0);
+        self.core.release(ino(i));
         reply.ok();
     }
 
-    fn fsync(&self, _req: &Request, _i: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
-        reply.ok();
+    fn fsync(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = self.file_handle(fh, |file, upper, _| {
+            if !upper {
+                return Ok(());
+            }
+            if datasync {
+                file.sync_data()
+            } else {
+                file.sync_all()
+            }
+            .map_err(io_errno)
+        });
+        empty(
+            reply,
+            r.and_then(|r| r).and_then(|()| self.core.sync_catalog()),
+        );
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -244,8 +585,7 @@ impl Filesystem for FuseAdapter {
             .and_then(|_| self.core.readdir(ino(i)))
         {
             Ok(list) => {
-                let fh = self.fh();
-                self.handles.insert(fh, Handle::Dir(Arc::new(list)));
+                let fh = self.add_handle(Handle::Dir(Arc::new(list)));
                 reply.opened(
                     FileHandle(fh),
                     FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
@@ -298,7 +638,7 @@ impl Filesystem for FuseAdapter {
             }
             // The kernel now holds a reference to every entry but "." and "..".
             if let Err(err) = self.core.note_listed(ino(i), e) {
-                tracing::warn!("readdirplus: {:?}: {err:?}", e.name);
+                tracing::debug!("readdirplus: {:?}: {err:?}", e.name);
             }
         }
         reply.ok();
@@ -316,6 +656,10 @@ impl Filesystem for FuseAdapter {
         reply.ok();
     }
 
+    fn fsyncdir(&self, _req: &Request, _i: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        empty(reply, self.core.sync_catalog());
+    }
+
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
         match self.core.statfs() {
             Ok(s) => reply.statfs(
@@ -325,184 +669,100 @@ impl Filesystem for FuseAdapter {
         }
     }
 
-    fn getxattr(&self, _req: &Request, i: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
-        match self.core.getattr(ino(i)) {
-            Ok(_) => reply.error(Errno::NO_XATTR),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.core.getattr(ino(i)) {
-            Ok(_) if size == 0 => reply.size(0),
-            Ok(_) => reply.data(&[]),
-            Err(e) => reply.error(e),
-        }
-    }
-
-    fn access(&self, _req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.core.access(ino(i), mask.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
-    }
-    // The write side: until the copy-on-write layer lands, a workspace is a read-only view of its
-    // base. Each operation still checks that its inode exists, so a stale handle gets ENOENT.
-    fn setattr(
-        &self,
-        _req: &Request,
-        i: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<fuser::TimeOrNow>,
-        _mtime: Option<fuser::TimeOrNow>,
-        _ctime: Option<std::time::SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<std::time::SystemTime>,
-        _chgtime: Option<std::time::SystemTime>,
-        _bkuptime: Option<std::time::SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        reply.error(self.read_only(i));
-    }
-
-    fn mknod(
-        &self,
-        _req: &Request,
-        p: INodeNo,
-        _n: &OsStr,
-        _m: u32,
-        _u: u32,
-        _r: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(self.read_only(p));
-    }
-
-    fn mkdir(&self, _req: &Request, p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
-        reply.error(self.read_only(p));
-    }
-
-    fn unlink(&self, _req: &Request, p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.read_only(p));
-    }
-
-    fn rmdir(&self, _req: &Request, p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.read_only(p));
-    }
-
-    fn symlink(&self, _req: &Request, p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
-        reply.error(self.read_only(p));
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        p: INodeNo,
-        _n: &OsStr,
-        _np: INodeNo,
-        _nn: &OsStr,
-        _f: fuser::RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(self.read_only(p));
-    }
-
-    fn link(&self, _req: &Request, i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
-        reply.error(self.read_only(i));
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        i: INodeNo,
-        _fh: FileHandle,
-        _off: u64,
-        _data: &[u8],
-        _wf: fuser::WriteFlags,
-        _f: OpenFlags,
-        _lo: Option<LockOwner>,
-        reply: fuser::ReplyWrite,
-    ) {
-        reply.error(self.read_only(i));
-    }
-
-    fn create(
-        &self,
-        _req: &Request,
-        p: INodeNo,
-        _n: &OsStr,
-        _m: u32,
-        _u: u32,
-        _f: i32,
-        reply: fuser::ReplyCreate,
-    ) {
-        reply.error(self.read_only(p));
-    }
-
     fn setxattr(
         &self,
         _req: &Request,
         i: INodeNo,
-        _n: &OsStr,
-        _v: &[u8],
-        _f: i32,
-        _p: u32,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _pos: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(self.read_only(i));
+        empty(reply, self.core.setxattr(ino(i), name, value, flags));
     }
 
-    fn removexattr(&self, _req: &Request, i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
-        reply.error(self.read_only(i));
+    fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr(reply, self.core.getxattr(ino(i), name, size));
+    }
+
+    fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        xattr(reply, self.core.listxattr(ino(i), size));
+    }
+
+    fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.core.removexattr(ino(i), name));
+    }
+
+    fn access(&self, _req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        empty(reply, self.core.access(ino(i), mask.bits()));
     }
 
     fn fallocate(
         &self,
         _req: &Request,
-        i: INodeNo,
-        _fh: FileHandle,
-        _o: u64,
-        _l: u64,
-        _m: i32,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
         reply: ReplyEmpty,
     ) {
-        reply.error(self.read_only(i));
+        let r = self.file_handle(fh, |file, upper, _| {
+            if !upper {
+                return Err(Errno::EBADF);
+            }
+            crate::sys::fallocate(file, mode, offset, length).map_err(io_errno)
+        });
+        empty(reply, r.and_then(|r| r));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let r = self.file_handle(fh, |file, _, _| {
+            crate::sys::lseek(file, offset, whence).map_err(io_errno)
+        });
+        match r.and_then(|r| r) {
+            Ok(off) => reply.offset(off),
+            Err(e) => reply.error(e),
+        }
     }
 
     fn copy_file_range(
         &self,
         _req: &Request,
         _i: INodeNo,
-        _fh: FileHandle,
-        _oi: u64,
-        o: INodeNo,
-        _fo: FileHandle,
-        _oo: u64,
-        _len: u64,
-        _flags: fuser::CopyFileRangeFlags,
-        reply: fuser::ReplyWrite,
+        fh_in: FileHandle,
+        off_in: u64,
+        _o: INodeNo,
+        fh_out: FileHandle,
+        off_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
     ) {
-        reply.error(self.read_only(o));
-    }
-}
-
-impl FuseAdapter {
-    /// The errno of a write request: ENOENT for an unknown inode, else EROFS.
-    fn read_only(&self, i: INodeNo) -> Errno {
-        match self.core.getattr(ino(i)) {
-            Ok(_) => Errno::EROFS,
-            Err(e) => e,
-        }
-    }
-
-    fn dir_listing(&self, fh: FileHandle) -> Option<Arc<Vec<DirEntry>>> {
-        match &*self.handles.get(&fh.0)? {
-            Handle::Dir(list) => Some(list.clone()),
-            Handle::File { .. } => None,
+        let src = match self.file_handle(fh_in, |f, _, _| f.try_clone()) {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) => return reply.error(io_errno(e)),
+            Err(e) => return reply.error(e),
+        };
+        let r = self.file_handle(fh_out, |dst, upper, _| {
+            if !upper {
+                return Err(Errno::EBADF);
+            }
+            let len = len.min(u32::MAX as u64 & !0xfff);
+            crate::sys::copy_file_range(&src, off_in, dst, off_out, len).map_err(io_errno)
+        });
+        match r.and_then(|r| r) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
         }
     }
 }

@@ -416,12 +416,11 @@ impl Daemon {
             }
             // Only ask the CLI once the socket exists: `list` would otherwise auto-start a second
             // daemon that this guard does not own.
-            if self.socket().exists() {
-                if let Ok(out) = try_run(self.command().arg("list"), Duration::from_secs(5)) {
-                    if out.success() {
-                        return;
-                    }
-                }
+            if self.socket().exists()
+                && let Ok(out) = try_run(self.command().arg("list"), Duration::from_secs(5))
+                && out.success()
+            {
+                return;
             }
             if Instant::now() >= deadline {
                 panic!(
@@ -471,17 +470,17 @@ impl Daemon {
             None => false,
         };
         // Ask politely when something may be answering (ours, or one the CLI auto-started).
-        if alive || self.socket().exists() {
-            if let Err(e) = try_run(self.command().arg("stop"), Duration::from_secs(10)) {
-                eprintln!("cleanup: {e}");
-            }
+        if (alive || self.socket().exists())
+            && let Err(e) = try_run(self.command().arg("stop"), Duration::from_secs(10))
+        {
+            eprintln!("cleanup: {e}");
         }
-        if let Some(mut child) = self.child.take() {
-            if wait_timeout(&mut child, Duration::from_secs(5)).is_none() {
-                eprintln!("cleanup: daemon pid {} still alive, killing it", child.id());
-                kill_child_group(&child);
-                let _ = child.wait();
-            }
+        if let Some(mut child) = self.child.take()
+            && wait_timeout(&mut child, Duration::from_secs(5)).is_none()
+        {
+            eprintln!("cleanup: daemon pid {} still alive, killing it", child.id());
+            kill_child_group(&child);
+            let _ = child.wait();
         }
         // Everything a test mounts lives under `base` (even if a test pointed `root` elsewhere
         // inside it).

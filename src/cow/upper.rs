@@ -1,0 +1,136 @@
+//! The data files of one workspace's upper layer: `<upper>/data/<inode as 16 hex digits>`.
+//!
+//! A data file appears complete or not at all (written under `data/.tmp-*`, then renamed), and before
+//! any catalog record points at it. Copy-up streams from the blob cache with `copy_file_range` (through
+//! `std::io::copy`), never holding a file in memory. Files the catalog does not know after an unclean
+//! stop are moved to `<upper>/quarantine/`, never deleted.
+
+use std::fs::{File, FileTimes, OpenOptions};
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::catalog::Ts;
+
+#[derive(Debug)]
+pub struct Upper {
+    dir: PathBuf,
+}
+
+pub fn system_time(t: Ts) -> std::time::SystemTime {
+    if t.0 >= 0 {
+        std::time::UNIX_EPOCH + std::time::Duration::new(t.0 as u64, t.1)
+    } else {
+        std::time::UNIX_EPOCH - std::time::Duration::from_secs(t.0.unsigned_abs())
+            + std::time::Duration::from_nanos(t.1 as u64)
+    }
+}
+
+impl Upper {
+    pub fn open(dir: &Path) -> io::Result<Upper> {
+        std::fs::create_dir_all(dir.join("data"))?;
+        Ok(Upper {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn data_path(&self, ino: u64) -> PathBuf {
+        self.dir.join("data").join(format!("{ino:016x}"))
+    }
+
+    fn tmp_path(&self, ino: u64) -> PathBuf {
+        self.dir.join("data").join(format!(".tmp-{ino:016x}"))
+    }
+
+    /// Creates the data file of `ino` with the content of `from` (empty when `None`) and the given
+    /// times, atomically.
+    pub fn create(
+        &self,
+        ino: u64,
+        from: Option<&mut File>,
+        atime: Ts,
+        mtime: Ts,
+    ) -> io::Result<()> {
+        let tmp = self.tmp_path(ino);
+        let result = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            if let Some(src) = from {
+                io::copy(src, &mut f)?;
+            }
+            f.set_times(
+                FileTimes::new()
+                    .set_accessed(system_time(atime))
+                    .set_modified(system_time(mtime)),
+            )?;
+            std::fs::rename(&tmp, self.data_path(ino))
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Opens the data file of `ino` read-write.
+    pub fn open_data(&self, ino: u64) -> io::Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.data_path(ino))
+    }
+
+    pub fn remove(&self, ino: u64) {
+        if let Err(e) = std::fs::remove_file(self.data_path(ino)) {
+            if e.kind() != io::ErrorKind::NotFound {
+                tracing::warn!(ino, "cannot remove data file: {e}");
+            }
+        }
+    }
+
+    /// Inode numbers of every data file, and leftover temp files (incomplete copy-ups) removed.
+    pub fn data_inodes(&self) -> io::Result<Vec<u64>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(self.dir.join("data"))? {
+            let e = e?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(".tmp-") {
+                // A copy-up that never completed holds only base content: nothing of the user's.
+                let _ = std::fs::remove_file(e.path());
+            } else if let Ok(ino) = u64::from_str_radix(&name, 16) {
+                out.push(ino);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Moves the data file of `ino` into `<upper>/quarantine/` and records why.
+    pub fn quarantine(&self, ino: u64, why: &str) -> io::Result<PathBuf> {
+        let q = self.dir.join("quarantine");
+        std::fs::create_dir_all(&q)?;
+        let dest = q.join(format!("{ino:016x}"));
+        std::fs::rename(self.data_path(ino), &dest)?;
+        use std::io::Write;
+        let mut notes = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(q.join("README"))?;
+        writeln!(notes, "{ino:016x}: {why}")?;
+        Ok(dest)
+    }
+
+    /// Files currently in quarantine.
+    pub fn quarantined(&self) -> usize {
+        std::fs::read_dir(self.dir.join("quarantine"))
+            .map(|d| d.flatten().filter(|e| e.file_name() != "README").count())
+            .unwrap_or(0)
+    }
+}
