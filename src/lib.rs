@@ -6,6 +6,7 @@
 //! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
 //! - [`workspace`]: a thread's durable workspace record (project, base commit, mounted or not).
+//! - [`repo`]: the `.git` each workspace gets at fork, and its shared index.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 
@@ -16,5 +17,6 @@ pub mod fs;
 pub mod git;
 pub mod layout;
 pub mod names;
+pub mod repo;
 pub mod sys;
 pub mod workspace;

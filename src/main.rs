@@ -70,6 +70,13 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// git's fsmonitor hook (protocol v2), set as `core.fsmonitor` in every workspace
+    #[command(hide = true)]
+    Fsmonitor {
+        thread: String,
+        version: Option<String>,
+        token: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -241,6 +248,44 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             Ok(())
         }
+        Cmd::Fsmonitor {
+            thread,
+            version,
+            token,
+        } => {
+            if version.as_deref() != Some("2") {
+                return Err(format!(
+                    "fsmonitor: unsupported hook version {version:?} (expected 2)"
+                ));
+            }
+            let resp = client::call(
+                layout,
+                &Request::Fsmonitor {
+                    thread,
+                    token: token.unwrap_or_default(),
+                },
+                false,
+            )?;
+            if !resp.ok {
+                return Err(resp.error.unwrap_or_default());
+            }
+            let a: octofs::daemon::proto::FsmonitorAnswer = parse(resp.result)?;
+            let mut out = Vec::new();
+            out.extend_from_slice(a.token.as_bytes());
+            out.push(0);
+            if a.everything {
+                out.extend_from_slice(b"/\0");
+            } else {
+                for p in &a.paths {
+                    out.extend_from_slice(p.as_bytes());
+                    out.push(0);
+                }
+            }
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(&out)
+                .map_err(|e| format!("fsmonitor: {e}"))
+        }
         Cmd::Status { thread, json } => {
             validate(NameKind::Thread, &thread)?;
             let v = request(layout, Request::Status { thread })?;
@@ -262,6 +307,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 println!("passthrough:   {}", if p { "yes" } else { "no" });
             }
             println!("changed paths: {}", w.changed_paths);
+            println!("base reads:    {}", w.base_content_opens);
             if w.quarantined > 0 {
                 println!(
                     "quarantined:   {} (see {}/quarantine)",

@@ -95,6 +95,10 @@ pub struct InodeRecord {
     /// The data file's ctime right after copy-up: later ctimes of the data file are real changes.
     #[serde(default)]
     pub copied_ctime: Option<Ts>,
+    /// A regular file whose content is an immutable host-wide file (e.g. the shared index of a
+    /// base commit) until it is copied up.
+    #[serde(default)]
+    pub shared: Option<String>,
 }
 
 /// One change, as stored in the log.
@@ -398,6 +402,7 @@ mod tests {
             name: b"f".to_vec(),
             xattrs: [(b"user.k".to_vec(), vec![0, 255])].into_iter().collect(),
             copied_ctime: None,
+            shared: None,
         }
     }
 

@@ -94,6 +94,7 @@ impl Daemon {
             } => self.open(&thread, project.as_deref(), git_ref.as_deref()),
             Request::List => self.list(),
             Request::Status { thread } => self.status(&thread),
+            Request::Fsmonitor { thread, token } => self.fsmonitor(&thread, &token),
             Request::Stop => Ok((json!("stopping"), vec![])),
         };
         match r {
@@ -176,11 +177,15 @@ impl Daemon {
                         "thread {thread} has no workspace yet: name its project with --project"
                     ));
                 };
-                mirror::require(&self.layout, project)?;
+                let proj = mirror::require(&self.layout, project)?;
                 let pl = self.locks.get(&format!("project:{project}"));
                 let _pg = lock(&pl);
                 let base = self.store(project)?.resolve(git_ref)?;
                 self.check_root()?;
+                // HEAD goes on the branch the caller named, else on a branch of the thread's own.
+                let branch = git_ref
+                    .and(base.branch.clone())
+                    .unwrap_or_else(|| format!("octofs/{thread}"));
                 let rec = WorkspaceRecord {
                     thread: thread.to_string(),
                     project: project.to_string(),
@@ -188,7 +193,7 @@ impl Daemon {
                     base_tree: base.tree.to_string(),
                     base_time: base.time,
                     requested_ref: git_ref.map(str::to_string),
-                    branch: base.branch,
+                    branch: Some(branch.clone()),
                     created: SystemTime::now()
                         .duration_since(UNIX_EPOCH)
                         .map(|d| d.as_secs())
@@ -196,7 +201,34 @@ impl Daemon {
                     mounted: true,
                 };
                 rec.save(&self.layout)?;
-                if let Err(e) = self.mount(&rec) {
+                let created = self.load_core(&rec).and_then(|core| {
+                    let exe = std::env::current_exe()
+                        .map_err(|e| format!("cannot find the octofs binary: {e}"))?;
+                    let plan = crate::repo::plan(
+                        &self.layout,
+                        &proj,
+                        thread,
+                        &rec.base_commit,
+                        &branch,
+                        &exe,
+                    )?;
+                    let index = {
+                        let il = self.locks.get(&format!("index:{}", rec.base_commit));
+                        let _ig = lock(&il);
+                        crate::repo::shared_index(
+                            &self.layout,
+                            &*self.store(project)?,
+                            &rec.base_commit,
+                            base.tree,
+                            rec.base_time,
+                            crate::sys::euid(),
+                            crate::sys::egid(),
+                        )?
+                    };
+                    crate::repo::seed(&core, &plan, &index, rec.base_time)?;
+                    self.mount_core(&rec, core)
+                });
+                if let Err(e) = created {
                     let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
                     return Err(e);
                 }
@@ -220,6 +252,34 @@ impl Daemon {
 
     /// Mounts the workspace of `rec` at its mount point. The caller holds the thread's lock.
     fn mount(&self, rec: &WorkspaceRecord) -> Result<(), String> {
+        let core = self.load_core(rec)?;
+        self.mount_core(rec, core)
+    }
+
+    /// Loads the filesystem core of `rec`'s workspace (its upper layer over its base).
+    fn load_core(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, String> {
+        let store = self.store(&rec.project)?;
+        let tree = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
+            .map_err(|e| format!("thread {}: bad base tree: {e}", rec.thread))?;
+        let pres = Presentation {
+            uid: crate::sys::euid(),
+            gid: crate::sys::egid(),
+            time: unix_time(rec.base_time),
+        };
+        let core = WorkspaceFs::load(
+            store,
+            self.blobs.clone(),
+            tree,
+            pres,
+            &self.layout.workspace(&rec.thread).join("upper"),
+            self.layout.state.clone(),
+        )
+        .map_err(|e| format!("thread {}: cannot open its upper layer: {e}", rec.thread))?;
+        Ok(Arc::new(core))
+    }
+
+    /// Mounts a loaded workspace at its mount point. The caller holds the thread's lock.
+    fn mount_core(&self, rec: &WorkspaceRecord, core: Arc<WorkspaceFs>) -> Result<(), String> {
         let path = self.layout.mountpoint(&rec.thread);
         if crate::sys::is_stale_mount(&path) {
             let _ = crate::sys::lazy_unmount(&path);
@@ -236,25 +296,6 @@ impl Daemon {
             }
             Err(e) => return Err(format!("mount point {}: {e}", path.display())),
         }
-        let store = self.store(&rec.project)?;
-        let tree = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
-            .map_err(|e| format!("thread {}: bad base tree: {e}", rec.thread))?;
-        let pres = Presentation {
-            uid: crate::sys::euid(),
-            gid: crate::sys::egid(),
-            time: unix_time(rec.base_time),
-        };
-        let core = Arc::new(
-            WorkspaceFs::load(
-                store,
-                self.blobs.clone(),
-                tree,
-                pres,
-                &self.layout.workspace(&rec.thread).join("upper"),
-                self.layout.state.clone(),
-            )
-            .map_err(|e| format!("thread {}: cannot open its upper layer: {e}", rec.thread))?,
-        );
         let info = Arc::new(MountInfo::default());
         let is_root = crate::sys::euid() == 0;
         let adapter = FuseAdapter::new(
@@ -299,8 +340,39 @@ impl Daemon {
                 .map(|c| c.len() as u64)
                 .unwrap_or(0),
             quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
+            base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
             last_snapshot: None,
         }
+    }
+
+    fn fsmonitor(&self, thread: &str, token: &str) -> Reply {
+        validate(NameKind::Thread, thread)?;
+        let core = lock(&self.mounts)
+            .get(thread)
+            .map(|m| m.core.clone())
+            .ok_or_else(|| format!("thread {thread} is not mounted"))?;
+        let (token, changed) = core.fsmonitor_query(token);
+        let mut answer = proto::FsmonitorAnswer {
+            token,
+            everything: false,
+            paths: Vec::new(),
+        };
+        match changed {
+            crate::fs::core::Changed::Everything => answer.everything = true,
+            crate::fs::core::Changed::Paths(paths) => {
+                for p in paths {
+                    match String::from_utf8(p) {
+                        Ok(s) => answer.paths.push(s),
+                        Err(_) => {
+                            answer.everything = true;
+                            answer.paths.clear();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok((json!(answer), vec![]))
     }
 
     fn list(&self) -> Reply {

@@ -24,6 +24,11 @@ pub enum Request {
     Status {
         thread: String,
     },
+    /// git's fsmonitor hook (protocol v2): what changed in the thread's workspace since `token`.
+    Fsmonitor {
+        thread: String,
+        token: String,
+    },
     Stop,
 }
 
@@ -74,4 +79,16 @@ pub struct WorkspaceStatus {
     #[serde(default)]
     pub quarantined: u64,
     pub last_snapshot: Option<String>,
+    /// Opens of base content since the mount (content read from the blob cache).
+    #[serde(default)]
+    pub base_content_opens: u64,
+}
+
+/// The answer to an fsmonitor query.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FsmonitorAnswer {
+    pub token: String,
+    /// Everything may have changed (unknown token): git rescans.
+    pub everything: bool,
+    pub paths: Vec<String>,
 }

@@ -17,12 +17,14 @@
 //! - A regular file's content is its base blob (served from the shared blob cache) until the first
 //!   write intent, when it is copied up into the upper layer's data file; the inode number stays.
 
+use std::collections::VecDeque;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -123,8 +125,9 @@ struct Node {
     persisted: bool,
     /// References the kernel holds (lookups, readdirplus entries, creates), minus forgets.
     lookups: u64,
-    /// Open file handles.
+    /// Open file handles, and how many of them may write.
     opens: u32,
+    writers: u32,
 }
 
 struct State {
@@ -133,6 +136,85 @@ struct State {
     /// Directory overlays: name -> Some(inode) or None (hides the base entry).
     dirs: HashMap<u64, BTreeMap<Vec<u8>, Option<u64>>>,
     next_ino: u64,
+    journal: Journal,
+}
+
+/// Paths changed through the mount, in order, for git's file-system monitor: a token names a
+/// position; a query answers every path changed after it. Kept in memory: a token from another
+/// daemon run (other epoch) or older than what is retained answers "everything", which is always safe.
+struct Journal {
+    epoch: u64,
+    seq: u64,
+    /// The sequence number just before the oldest retained entry.
+    floor: u64,
+    /// (sequence, path); an empty path means "everything".
+    entries: VecDeque<(u64, Vec<u8>)>,
+}
+
+const JOURNAL_MAX: usize = 1 << 16;
+
+/// What changed since an fsmonitor token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changed {
+    Everything,
+    Paths(Vec<Vec<u8>>),
+}
+
+impl Journal {
+    fn new() -> Journal {
+        let epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ u64::from(std::process::id());
+        Journal {
+            epoch,
+            seq: 0,
+            floor: 0,
+            entries: VecDeque::new(),
+        }
+    }
+
+    fn note(&mut self, path: Vec<u8>) {
+        // git ignores what happens inside its own directory.
+        if path == b".git" || path.starts_with(b".git/") {
+            return;
+        }
+        self.seq += 1;
+        self.entries.push_back((self.seq, path));
+        if self.entries.len() > JOURNAL_MAX {
+            if let Some((s, _)) = self.entries.pop_front() {
+                self.floor = s;
+            }
+        }
+    }
+
+    fn token(&self) -> String {
+        format!("octofs:{}:{}", self.epoch, self.seq)
+    }
+
+    /// Entries after `token`, or `None` when the token cannot be trusted.
+    fn since(&self, token: &str) -> Option<Vec<Vec<u8>>> {
+        let mut parts = token.trim().split(':');
+        if parts.next() != Some("octofs") {
+            return None;
+        }
+        let epoch: u64 = parts.next()?.parse().ok()?;
+        let seq: u64 = parts.next()?.parse().ok()?;
+        if epoch != self.epoch || seq < self.floor || seq > self.seq {
+            return None;
+        }
+        let mut out = Vec::new();
+        for (s, p) in &self.entries {
+            if *s > seq {
+                if p.is_empty() {
+                    return None;
+                }
+                out.push(p.clone());
+            }
+        }
+        Some(out)
+    }
 }
 
 /// The filesystem of one workspace.
@@ -143,6 +225,8 @@ pub struct WorkspaceFs {
     pres: Presentation,
     statfs_path: PathBuf,
     state: Mutex<State>,
+    /// Opens of base content (blob-cache files): `git status` in a fresh workspace must read none.
+    base_content_opens: AtomicU64,
 }
 
 impl std::fmt::Debug for WorkspaceFs {
@@ -288,6 +372,35 @@ impl Tx {
     }
 }
 
+/// What `make` creates.
+struct New<'a> {
+    kind: Kind,
+    mode: u32,
+    rdev: u32,
+    target: Option<Vec<u8>>,
+    content: Content<'a>,
+}
+
+/// The initial content of a new regular file.
+enum Content<'a> {
+    Empty,
+    Bytes(&'a [u8]),
+    /// An immutable host-wide file, read until the first write copies it up.
+    Shared(String),
+}
+
+impl New<'_> {
+    fn plain(kind: Kind, mode: u32, rdev: u32) -> New<'static> {
+        New {
+            kind,
+            mode,
+            rdev,
+            target: None,
+            content: Content::Empty,
+        }
+    }
+}
+
 impl State {
     fn node(&self, ino: u64) -> Result<&Node, Errno> {
         self.nodes.get(&ino).ok_or(Errno::ENOENT)
@@ -368,6 +481,7 @@ impl State {
                             persisted: true,
                             lookups: 0,
                             opens: 0,
+                            writers: 0,
                         },
                     );
                 }
@@ -432,6 +546,7 @@ impl WorkspaceFs {
                         persisted: true,
                         lookups: 0,
                         opens: 0,
+                        writers: 0,
                     },
                 )
             })
@@ -467,10 +582,12 @@ impl WorkspaceFs {
                         name: Vec::new(),
                         xattrs: BTreeMap::new(),
                         copied_ctime: None,
+                        shared: None,
                     },
                     persisted: false,
                     lookups: 1,
                     opens: 0,
+                    writers: 0,
                 },
             );
         }
@@ -488,7 +605,9 @@ impl WorkspaceFs {
                 nodes,
                 dirs: loaded.dirs,
                 next_ino: loaded.next_ino.max(1),
+                journal: Journal::new(),
             }),
+            base_content_opens: AtomicU64::new(0),
         };
         if !was_clean {
             fs.check_after_unclean_stop()?;
@@ -627,6 +746,7 @@ impl WorkspaceFs {
             name: e.name.to_vec(),
             xattrs: BTreeMap::new(),
             copied_ctime: None,
+            shared: None,
         })
     }
 
@@ -684,6 +804,7 @@ impl WorkspaceFs {
                     persisted: false,
                     lookups: 0,
                     opens: 0,
+                    writers: 0,
                 },
             );
         }
@@ -701,6 +822,11 @@ impl WorkspaceFs {
                 if rec.copied_ctime.is_none_or(|c| data_ctime > c) {
                     ctime = ctime.max(data_ctime);
                 }
+                (m.len(), m.blocks())
+            }
+            Kind::File if rec.shared.is_some() => {
+                let m =
+                    std::fs::metadata(rec.shared.as_deref().unwrap_or_default()).map_err(eio)?;
                 (m.len(), m.blocks())
             }
             Kind::File | Kind::Symlink => {
@@ -739,6 +865,71 @@ impl WorkspaceFs {
             blksize: 4096,
             flags: 0,
         })
+    }
+
+    /// The path of `ino` in the workspace, walking names up to the root; `None` when it is not
+    /// unique (a file with several links) or not known.
+    fn path_of(st: &State, ino: u64) -> Option<Vec<u8>> {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == ROOT_INO {
+                parts.reverse();
+                return Some(parts.join(&b'/'));
+            }
+            let n = st.nodes.get(&cur)?;
+            if n.rec.kind != Kind::Dir && n.rec.nlink > 1 {
+                return None;
+            }
+            parts.push(&n.rec.name);
+            cur = n.rec.parent;
+        }
+        None
+    }
+
+    fn journal_ino(&self, st: &mut State, ino: u64) {
+        let path = Self::path_of(st, ino).map(|mut p| {
+            if st.nodes.get(&ino).is_some_and(|n| n.rec.kind == Kind::Dir) && !p.is_empty() {
+                p.push(b'/');
+            }
+            p
+        });
+        st.journal.note(path.unwrap_or_default());
+    }
+
+    fn journal_name(&self, st: &mut State, dir: u64, name: &[u8], is_dir: bool) {
+        let path = Self::path_of(st, dir).map(|p| {
+            let mut p = join(&p, name);
+            if is_dir {
+                p.push(b'/');
+            }
+            p
+        });
+        st.journal.note(path.unwrap_or_default());
+    }
+
+    /// git's fsmonitor query: the new token and what changed since `token` (paths relative to the
+    /// workspace root; directories end in `/`), including files open for writing right now.
+    pub fn fsmonitor_query(&self, token: &str) -> (String, Changed) {
+        let st = self.lock();
+        let new = st.journal.token();
+        let Some(mut paths) = st.journal.since(token) else {
+            return (new, Changed::Everything);
+        };
+        for n in st.nodes.values().filter(|n| n.writers > 0) {
+            match Self::path_of(&st, n.rec.ino) {
+                Some(p) => paths.push(p),
+                None => return (new, Changed::Everything),
+            }
+        }
+        paths.sort();
+        paths.dedup();
+        (new, Changed::Paths(paths))
+    }
+
+    /// Opens of base content so far.
+    pub fn base_content_opens(&self) -> u64 {
+        self.base_content_opens.load(Ordering::Relaxed)
     }
 
     fn reap(&self, st: &mut State, ino: u64) {
@@ -898,26 +1089,36 @@ impl WorkspaceFs {
 
     // ----- content -----
 
+    /// The read-only file holding the content of a file that is not copied up: its blob in the
+    /// shared blob cache (filled on first use), or its shared host-wide file.
+    fn source_file(&self, rec: &InodeRecord) -> Result<File, Errno> {
+        if let Some(shared) = &rec.shared {
+            return File::open(shared).map_err(eio);
+        }
+        let base = rec
+            .base
+            .as_ref()
+            .ok_or_else(|| eio("a file with no content source"))?;
+        let id = oid(&base.oid)?;
+        let size = self.store.blob_size(id).map_err(eio)?;
+        self.base_content_opens.fetch_add(1, Ordering::Relaxed);
+        self.blobs.open(&self.store, id, size).map_err(eio)
+    }
+
     /// Copies `ino` up into its data file (empty when `empty`), keeping its number and times.
     fn copy_up(&self, st: &mut State, ino: u64, empty: bool) -> Result<(), Errno> {
         let rec = st.node(ino)?.rec.clone();
         if rec.kind != Kind::File || rec.upper {
             return Ok(());
         }
-        let base = rec
-            .base
-            .as_ref()
-            .ok_or_else(|| eio("a file with no content source"))?;
         if empty {
             self.upper
                 .create(ino, None, rec.atime, rec.mtime)
                 .map_err(io_errno)?;
         } else {
-            let id = oid(&base.oid)?;
-            let size = self.store.blob_size(id).map_err(eio)?;
-            let mut blob = self.blobs.open(&self.store, id, size).map_err(eio)?;
+            let mut src = self.source_file(&rec)?;
             self.upper
-                .create(ino, Some(&mut blob), rec.atime, rec.mtime)
+                .create(ino, Some(&mut src), rec.atime, rec.mtime)
                 .map_err(io_errno)?;
         }
         let copied = std::fs::metadata(self.upper.data_path(ino))
@@ -927,6 +1128,7 @@ impl WorkspaceFs {
         st.chain(&mut tx, ino)?;
         let r = st.rec(&mut tx, ino)?;
         r.upper = true;
+        r.shared = None;
         r.copied_ctime = Some(copied);
         if let Err(e) = st.commit(tx) {
             self.upper.remove(ino);
@@ -961,19 +1163,18 @@ impl WorkspaceFs {
                 upper: true,
             }
         } else {
-            let base = rec
-                .base
-                .as_ref()
-                .ok_or_else(|| eio("a file with no content source"))?;
-            let id = oid(&base.oid)?;
             drop(st);
             // Filling the blob cache may take a while: not under the workspace lock.
-            let size = self.store.blob_size(id).map_err(eio)?;
-            let file = self.blobs.open(&self.store, id, size).map_err(eio)?;
+            let file = self.source_file(&rec)?;
             st = self.lock();
             Opened { file, upper: false }
         };
-        st.node_mut(ino)?.opens += 1;
+        let n = st.node_mut(ino)?;
+        n.opens += 1;
+        if write || trunc {
+            n.writers += 1;
+            self.journal_ino(&mut st, ino);
+        }
         Ok(opened)
     }
 
@@ -982,11 +1183,17 @@ impl WorkspaceFs {
         self.upper.open_data(ino).map_err(io_errno)
     }
 
-    /// An open handle of `ino` was closed.
-    pub fn release(&self, ino: u64) {
+    /// An open handle of `ino` was closed (`wrote`: it was opened for writing).
+    pub fn release(&self, ino: u64, wrote: bool) {
         let mut st = self.lock();
         if let Some(n) = st.nodes.get_mut(&ino) {
             n.opens = n.opens.saturating_sub(1);
+            if wrote {
+                n.writers = n.writers.saturating_sub(1);
+            }
+        }
+        if wrote {
+            self.journal_ino(&mut st, ino);
         }
         self.reap(&mut st, ino);
     }
@@ -1000,18 +1207,12 @@ impl WorkspaceFs {
         if rec.kind != Kind::File || rec.upper || rec.nlink != 1 {
             return Ok(false);
         }
-        let base = rec
-            .base
-            .clone()
-            .ok_or_else(|| eio("a file with no content source"))?;
         let mut tx = Tx::default();
         st.chain(&mut tx, rec.parent)?;
         let new = st.alloc(&mut tx);
-        let id = oid(&base.oid)?;
-        let size = self.store.blob_size(id).map_err(eio)?;
-        let mut blob = self.blobs.open(&self.store, id, size).map_err(eio)?;
+        let mut src = self.source_file(&rec)?;
         self.upper
-            .create(new, Some(&mut blob), rec.atime, rec.mtime)
+            .create(new, Some(&mut src), rec.atime, rec.mtime)
             .map_err(io_errno)?;
         let copied = std::fs::metadata(self.upper.data_path(new))
             .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32))
@@ -1022,6 +1223,7 @@ impl WorkspaceFs {
             InodeRecord {
                 ino: new,
                 upper: true,
+                shared: None,
                 copied_ctime: Some(copied),
                 ..rec.clone()
             },
@@ -1031,6 +1233,7 @@ impl WorkspaceFs {
             self.upper.remove(new);
             return Err(e);
         }
+        self.journal_ino(&mut st, new);
         Ok(true)
     }
 
@@ -1110,12 +1313,16 @@ impl WorkspaceFs {
         &self,
         parent: u64,
         name: &OsStr,
-        kind: Kind,
-        mode: u32,
-        rdev: u32,
-        target: Option<Vec<u8>>,
+        new: New<'_>,
         caller: Caller,
     ) -> Result<FileAttr, Errno> {
+        let New {
+            kind,
+            mode,
+            rdev,
+            target,
+            content,
+        } = new;
         let name = check_name(name)?;
         let mut st = self.lock();
         self.parent_for_create(&mut st, parent, name)?;
@@ -1137,14 +1344,23 @@ impl WorkspaceFs {
         }
         p.mtime = now;
         p.ctime = now;
-        if kind == Kind::File {
+        let upper = kind == Kind::File && !matches!(content, Content::Shared(_));
+        if upper {
             self.upper.create(ino, None, now, now).map_err(io_errno)?;
+            if let Content::Bytes(b) = content {
+                use std::io::Write;
+                let written = self.upper.open_data(ino).and_then(|mut f| f.write_all(b));
+                if let Err(e) = written {
+                    self.upper.remove(ino);
+                    return Err(io_errno(e));
+                }
+            }
         }
         let rec = InodeRecord {
             ino,
             kind,
             base: None,
-            upper: kind == Kind::File,
+            upper,
             target,
             mode,
             uid: caller.uid,
@@ -1158,16 +1374,21 @@ impl WorkspaceFs {
             name: name.to_vec(),
             xattrs: BTreeMap::new(),
             copied_ctime: None,
+            shared: match content {
+                Content::Shared(p) => Some(p),
+                _ => None,
+            },
         };
         tx.entry(parent, name, Some(ino));
         tx.recs.insert(ino, rec.clone());
         if let Err(e) = st.commit(tx) {
-            if kind == Kind::File {
+            if upper {
                 self.upper.remove(ino);
             }
             return Err(e);
         }
         st.node_mut(ino)?.lookups += 1;
+        self.journal_name(&mut st, parent, name, kind == Kind::Dir);
         drop(st);
         self.attr(&rec)
     }
@@ -1189,7 +1410,7 @@ impl WorkspaceFs {
             libc::S_IFDIR => return Err(Errno::EPERM),
             _ => return Err(Errno::EINVAL),
         };
-        self.make(parent, name, kind, mode, rdev, None, caller)
+        self.make(parent, name, New::plain(kind, mode, rdev), caller)
     }
 
     pub fn mkdir(
@@ -1199,7 +1420,7 @@ impl WorkspaceFs {
         mode: u32,
         caller: Caller,
     ) -> Result<FileAttr, Errno> {
-        self.make(parent, name, Kind::Dir, mode, 0, None, caller)
+        self.make(parent, name, New::plain(Kind::Dir, mode, 0), caller)
     }
 
     pub fn symlink(
@@ -1212,15 +1433,11 @@ impl WorkspaceFs {
         if target.len() >= 4096 {
             return Err(Errno::ENAMETOOLONG);
         }
-        self.make(
-            parent,
-            name,
-            Kind::Symlink,
-            0o777,
-            0,
-            Some(target.to_vec()),
-            caller,
-        )
+        let new = New {
+            target: Some(target.to_vec()),
+            ..New::plain(Kind::Symlink, 0o777, 0)
+        };
+        self.make(parent, name, new, caller)
     }
 
     /// `create`: a new regular file, opened.
@@ -1232,7 +1449,7 @@ impl WorkspaceFs {
         flags: i32,
         caller: Caller,
     ) -> Result<(FileAttr, Opened), Errno> {
-        let attr = self.make(parent, name, Kind::File, mode, 0, None, caller)?;
+        let attr = self.make(parent, name, New::plain(Kind::File, mode, 0), caller)?;
         match self.open(attr.ino.0, flags & !libc::O_TRUNC) {
             Ok(o) => Ok((attr, o)),
             Err(e) => {
@@ -1274,6 +1491,7 @@ impl WorkspaceFs {
             }
         }
         st.commit(tx)?;
+        self.journal_name(&mut st, parent, name, dir);
         self.reap(&mut st, ino);
         Ok(())
     }
@@ -1381,7 +1599,10 @@ impl WorkspaceFs {
             }
             Self::touch_dir(&st, &mut tx, parent, now)?;
             Self::touch_dir(&st, &mut tx, newparent, now)?;
-            return st.commit(tx);
+            st.commit(tx)?;
+            self.journal_name(&mut st, parent, name, src_dir || dst_dir);
+            self.journal_name(&mut st, newparent, newname, src_dir || dst_dir);
+            return Ok(());
         }
         if let Some(dst) = dst {
             if noreplace {
@@ -1433,6 +1654,8 @@ impl WorkspaceFs {
         Self::touch_dir(&st, &mut tx, parent, now)?;
         Self::touch_dir(&st, &mut tx, newparent, now)?;
         st.commit(tx)?;
+        self.journal_name(&mut st, parent, name, src_dir);
+        self.journal_name(&mut st, newparent, newname, src_dir);
         if let Some(dst) = dst {
             self.reap(&mut st, dst);
         }
@@ -1463,11 +1686,78 @@ impl WorkspaceFs {
         r.ctime = now;
         Self::touch_dir(&st, &mut tx, newparent, now)?;
         st.commit(tx)?;
+        // Several names now: the journal cannot name them all, so the next query answers everything.
+        st.journal.note(Vec::new());
         let n = st.node_mut(ino)?;
         n.lookups += 1;
         let rec = n.rec.clone();
         drop(st);
         self.attr(&rec)
+    }
+
+    // ----- seeding (the daemon writes a new workspace's own files before mounting it) -----
+
+    fn seeded(&self, r: Result<FileAttr, Errno>) -> Result<u64, Errno> {
+        let ino = r?.ino.0;
+        self.forget(ino, 1);
+        Ok(ino)
+    }
+
+    /// Creates directory `name` in `parent`, owned by the presented owner.
+    pub fn seed_dir(&self, parent: u64, name: &str, mode: u32) -> Result<u64, Errno> {
+        let owner = self.owner();
+        self.seeded(self.make(
+            parent,
+            OsStr::new(name),
+            New::plain(Kind::Dir, mode, 0),
+            owner,
+        ))
+    }
+
+    /// Creates file `name` in `parent` holding `bytes`.
+    pub fn seed_file(
+        &self,
+        parent: u64,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<u64, Errno> {
+        let new = New {
+            content: Content::Bytes(bytes),
+            ..New::plain(Kind::File, mode, 0)
+        };
+        let owner = self.owner();
+        self.seeded(self.make(parent, OsStr::new(name), new, owner))
+    }
+
+    /// Creates file `name` in `parent` whose content is the immutable host-wide file `shared` until
+    /// the first write (O(1): nothing is copied).
+    pub fn seed_shared(
+        &self,
+        parent: u64,
+        name: &str,
+        shared: &std::path::Path,
+        mode: u32,
+    ) -> Result<u64, Errno> {
+        let new = New {
+            content: Content::Shared(shared.to_string_lossy().into_owned()),
+            ..New::plain(Kind::File, mode, 0)
+        };
+        let owner = self.owner();
+        self.seeded(self.make(parent, OsStr::new(name), new, owner))
+    }
+
+    /// Whether `name` exists in directory `parent`.
+    pub fn exists(&self, parent: u64, name: &str) -> Result<bool, Errno> {
+        let mut st = self.lock();
+        Ok(self.resolve(&mut st, parent, name.as_bytes())?.is_some())
+    }
+
+    fn owner(&self) -> Caller {
+        Caller {
+            uid: self.pres.uid,
+            gid: self.pres.gid,
+        }
     }
 
     // ----- attributes and extended attributes -----
@@ -1531,6 +1821,7 @@ impl WorkspaceFs {
         r.ctime = set.ctime.map(ts).unwrap_or(now);
         let changed = r.clone();
         st.commit(tx)?;
+        self.journal_ino(&mut st, ino);
         drop(st);
         self.attr(&changed)
     }
@@ -1627,6 +1918,10 @@ impl WorkspaceFs {
             None => None,
         };
         for (name, target) in overlay {
+            if dir == ROOT_INO && name == b".git" {
+                // The workspace's own repository is not part of its working state.
+                continue;
+            }
             let p = join(path, name);
             let shown = String::from_utf8_lossy(&p).into_owned();
             let base = base_entries.as_ref().and_then(|e| find_entry(e, name));

@@ -37,6 +37,8 @@ enum Handle {
         file: File,
         /// The file is the workspace's data file (else the read-only blob-cache file).
         upper: bool,
+        /// Opened with write intent.
+        write: bool,
         /// Held while this handle is open, keeping the inode's backing id alive.
         _backing: Option<Arc<BackingId>>,
     },
@@ -115,7 +117,7 @@ impl FuseAdapter {
             if slot.upper == opened.upper {
                 return Ok((opened, Some(id)));
             }
-            self.core.release(ino);
+            self.core.release(ino, write);
             return Err(Errno::EBUSY);
         }
         match register(&opened.file) {
@@ -380,6 +382,7 @@ impl Filesystem for FuseAdapter {
             ino: i,
             file: opened.file,
             upper,
+            write: flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0,
             _backing: backing.clone(),
         });
         match backing {
@@ -432,6 +435,7 @@ impl Filesystem for FuseAdapter {
             ino: i,
             file: opened.file,
             upper: true,
+            write: true,
             _backing: backing.clone(),
         });
         match backing {
@@ -545,11 +549,14 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.handles.remove(&fh.0);
+        let wrote = matches!(
+            self.handles.remove(&fh.0),
+            Some((_, Handle::File { write: true, .. }))
+        );
         // Drop the inode's slot once its last backing reference is gone.
         self.backing
             .remove_if(&ino(i), |_, b| b.id.strong_count() == 0);
-        self.core.release(ino(i));
+        self.core.release(ino(i), wrote);
         reply.ok();
     }
 

@@ -1,0 +1,332 @@
+//! The workspace's own git repository: the `.git` every workspace gets at fork (DESIGN.md "The
+//! workspace's own repository").
+//!
+//! It is written into the workspace's upper layer before the first mount and costs O(1) per fork:
+//! a handful of small files, the mirror's refs (without `refs/octomate/*`), `objects/info/alternates`
+//! pointing at the mirror's object store (reads only; every new object is written inside the
+//! workspace), and an index shared by every fork of the same base, built once per base commit with
+//! stat data equal to what the mount presents, so the first `git status` re-hashes nothing. The
+//! config enables `core.fsmonitor` (answered by the daemon from the workspace's change journal) and
+//! `core.untrackedCache`.
+//!
+//! Reads the mirror (refs, objects), never writes it.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::fs::core::{ROOT_INO, WorkspaceFs, path_ino};
+use crate::git::mirror::{Project, UpstreamKind};
+use crate::git::objects::ObjectStore;
+use crate::layout::Layout;
+
+/// Everything the `.git` of one new workspace is made of.
+#[derive(Debug, Clone)]
+pub struct RepoPlan {
+    /// The branch HEAD is on.
+    pub branch: String,
+    pub base_commit: String,
+    /// `origin`'s URL, credentials removed; `None` for a directory upstream.
+    pub origin: Option<String>,
+    /// The upstream branch `branch` tracks, when it is one.
+    pub track: Option<String>,
+    pub mirror_objects: PathBuf,
+    /// (ref name, object id, peeled object id of an annotated tag)
+    pub refs: Vec<(String, String, Option<String>)>,
+    /// The target of `refs/remotes/origin/HEAD`, when the mirror has one.
+    pub origin_head: Option<String>,
+    /// The command `core.fsmonitor` runs.
+    pub fsmonitor: String,
+}
+
+/// Removes `user:password@` from a URL: credentials belong to the daemon, never to a workspace.
+pub fn strip_credentials(url: &str) -> String {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        if let Some((user, host)) = authority.rsplit_once('@') {
+            // Over http(s) the user part is a token or a password; elsewhere (ssh) a bare user
+            // name is not a secret and is needed to connect.
+            if scheme.starts_with("http") || user.contains(':') {
+                return format!("{scheme}://{host}{path}");
+            }
+        }
+    }
+    url.to_string()
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Plans the `.git` of a new workspace of `project` at `base_commit`, HEAD on `branch`.
+pub fn plan(
+    layout: &Layout,
+    project: &Project,
+    thread: &str,
+    base_commit: &str,
+    branch: &str,
+    exe: &Path,
+) -> Result<RepoPlan, String> {
+    let mirror = layout.mirror(&project.project);
+    let listing = crate::git!(Some(&mirror); "for-each-ref", "--format=%(objectname) %(refname) %(*objectname) %(symref)")
+        .map_err(|e| format!("cannot list the mirror's refs: {e}"))?;
+    let has_origin = project.kind != UpstreamKind::Directory;
+    let mut refs = Vec::new();
+    let mut origin_head = None;
+    for line in listing.lines() {
+        let mut f = line.split(' ');
+        let (Some(oid), Some(name)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let peeled = f.next().filter(|p| !p.is_empty()).map(str::to_string);
+        let symref = f.next().filter(|s| !s.is_empty());
+        if name.starts_with("refs/octomate/") {
+            continue;
+        }
+        let keep = name.starts_with("refs/tags/")
+            || (has_origin && name.starts_with("refs/remotes/origin/"))
+            || (!has_origin && name.starts_with("refs/heads/"));
+        if !keep {
+            continue;
+        }
+        if let Some(target) = symref {
+            if name == "refs/remotes/origin/HEAD" {
+                origin_head = Some(target.to_string());
+            }
+            continue;
+        }
+        refs.push((name.to_string(), oid.to_string(), peeled));
+    }
+    let head_ref = format!("refs/heads/{branch}");
+    refs.retain(|(n, _, _)| *n != head_ref);
+    refs.push((head_ref, base_commit.to_string(), None));
+    refs.sort();
+    let track = (has_origin
+        && refs
+            .iter()
+            .any(|(n, _, _)| *n == format!("refs/remotes/origin/{branch}")))
+    .then(|| branch.to_string());
+    let fsmonitor = format!(
+        "{} --state {} --root {} fsmonitor {}",
+        shell_quote(&exe.to_string_lossy()),
+        shell_quote(&layout.state.to_string_lossy()),
+        shell_quote(&layout.root.to_string_lossy()),
+        thread
+    );
+    Ok(RepoPlan {
+        branch: branch.to_string(),
+        base_commit: base_commit.to_string(),
+        origin: has_origin.then(|| strip_credentials(&project.upstream)),
+        track,
+        mirror_objects: mirror.join(".git").join("objects"),
+        refs,
+        origin_head,
+        fsmonitor,
+    })
+}
+
+/// The index of `tree` as the mount presents it to a workspace owned by `uid`/`gid` with base time
+/// `time`: built once per (commit, owner) under `<state>/indexes/` and shared by every fork.
+pub fn shared_index(
+    layout: &Layout,
+    store: &ObjectStore,
+    commit: &str,
+    tree: gix::ObjectId,
+    time: i64,
+    uid: u32,
+    gid: u32,
+) -> Result<PathBuf, String> {
+    let dir = layout.state.join("indexes");
+    let path = dir.join(format!("{commit}-{uid}-{gid}"));
+    if path.exists() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let repo = gix::open(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
+    let mut index = repo
+        .index_from_tree(&tree)
+        .map_err(|e| format!("cannot build the index of {commit}: {e}"))?;
+    let t = gix::index::entry::stat::Time {
+        secs: time.clamp(0, u32::MAX as i64) as u32,
+        nsecs: 0,
+    };
+    for (entry, path) in index.entries_mut_with_paths() {
+        let size = if entry.mode == gix::index::entry::Mode::COMMIT {
+            0
+        } else {
+            store
+                .blob_size(entry.id)
+                .map_err(|e| format!("cannot read the size of {}: {e}", entry.id))?
+        };
+        entry.stat = gix::index::entry::Stat {
+            mtime: t,
+            ctime: t,
+            dev: 0,
+            // git compares the low 32 bits of st_ino.
+            ino: path_ino(path, 0) as u32,
+            uid,
+            gid,
+            size: size as u32,
+        };
+        if entry.mode == gix::index::entry::Mode::COMMIT {
+            entry.stat = gix::index::entry::Stat::default();
+        }
+    }
+    let tmp = dir.join(format!(".tmp-{commit}-{}", std::process::id()));
+    let written = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        index
+            .write_to(&mut f, gix::index::write::Options::default())
+            .map_err(std::io::Error::other)?;
+        f.flush()?;
+        f.sync_all()?;
+        let mut perms = f.metadata()?.permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o444);
+        std::fs::set_permissions(&tmp, perms)?;
+        std::fs::rename(&tmp, &path)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(format!("cannot write the shared index: {e}"));
+    }
+    Ok(path)
+}
+
+/// Writes the `.git` of `plan` into a new workspace (before it is mounted).
+pub fn seed(
+    core: &WorkspaceFs,
+    plan: &RepoPlan,
+    index: &Path,
+    base_time: i64,
+) -> Result<(), String> {
+    let e = |what: &str| {
+        let what = what.to_string();
+        move |err: fuser::Errno| format!("cannot create .git/{what}: {err:?}")
+    };
+    if core.exists(ROOT_INO, ".git").map_err(e(""))? {
+        // The base commit itself has a `.git` entry: leave it as the tree has it.
+        return Ok(());
+    }
+    let git = core.seed_dir(ROOT_INO, ".git", 0o755).map_err(e(""))?;
+    core.seed_file(
+        git,
+        "HEAD",
+        format!("ref: refs/heads/{}\n", plan.branch).as_bytes(),
+        0o644,
+    )
+    .map_err(e("HEAD"))?;
+    let mut config = String::from(
+        "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n",
+    );
+    config.push_str(&format!(
+        "\tfsmonitor = {}\n\tfsmonitorHookVersion = 2\n",
+        plan.fsmonitor
+    ));
+    config.push_str("\tuntrackedCache = true\n");
+    if let Some(url) = &plan.origin {
+        config.push_str(&format!(
+            "[remote \"origin\"]\n\turl = {url}\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n"
+        ));
+    }
+    if let Some(b) = &plan.track {
+        config.push_str(&format!(
+            "[branch \"{b}\"]\n\tremote = origin\n\tmerge = refs/heads/{b}\n"
+        ));
+    }
+    core.seed_file(git, "config", config.as_bytes(), 0o644)
+        .map_err(e("config"))?;
+    core.seed_file(
+        git,
+        "description",
+        b"Unnamed repository; edit this file 'description' to name the repository.\n",
+        0o644,
+    )
+    .map_err(e("description"))?;
+    let mut packed = String::from("# pack-refs with: peeled fully-peeled sorted \n");
+    for (name, oid, peeled) in &plan.refs {
+        packed.push_str(&format!("{oid} {name}\n"));
+        if let Some(p) = peeled {
+            packed.push_str(&format!("^{p}\n"));
+        }
+    }
+    core.seed_file(git, "packed-refs", packed.as_bytes(), 0o644)
+        .map_err(e("packed-refs"))?;
+    let refs = core.seed_dir(git, "refs", 0o755).map_err(e("refs"))?;
+    core.seed_dir(refs, "heads", 0o755)
+        .map_err(e("refs/heads"))?;
+    core.seed_dir(refs, "tags", 0o755).map_err(e("refs/tags"))?;
+    if let Some(target) = &plan.origin_head {
+        let remotes = core
+            .seed_dir(refs, "remotes", 0o755)
+            .map_err(e("refs/remotes"))?;
+        let origin = core
+            .seed_dir(remotes, "origin", 0o755)
+            .map_err(e("refs/remotes/origin"))?;
+        core.seed_file(origin, "HEAD", format!("ref: {target}\n").as_bytes(), 0o644)
+            .map_err(e("refs/remotes/origin/HEAD"))?;
+    }
+    let objects = core.seed_dir(git, "objects", 0o755).map_err(e("objects"))?;
+    core.seed_dir(objects, "pack", 0o755)
+        .map_err(e("objects/pack"))?;
+    let info = core
+        .seed_dir(objects, "info", 0o755)
+        .map_err(e("objects/info"))?;
+    core.seed_file(
+        info,
+        "alternates",
+        format!("{}\n", plan.mirror_objects.display()).as_bytes(),
+        0o644,
+    )
+    .map_err(e("objects/info/alternates"))?;
+    let ginfo = core.seed_dir(git, "info", 0o755).map_err(e("info"))?;
+    core.seed_file(ginfo, "exclude", b"", 0o644)
+        .map_err(e("info/exclude"))?;
+    let index_ino = core
+        .seed_shared(git, "index", index, 0o644)
+        .map_err(e("index"))?;
+    // git treats entries whose mtime is not older than the index as "racily clean" and re-reads
+    // them: the index must look newer than the base.
+    let now = std::time::SystemTime::now();
+    let after_base = crate::fs::core::unix_time(base_time + 1);
+    let stamp = if after_base > now { after_base } else { now };
+    core.setattr(
+        index_ino,
+        crate::fs::core::SetAttr {
+            mtime: Some(crate::fs::core::SetTime::At(stamp)),
+            atime: Some(crate::fs::core::SetTime::At(stamp)),
+            ..Default::default()
+        },
+    )
+    .map_err(e("index"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_never_reach_a_workspace() {
+        assert_eq!(
+            strip_credentials("https://user:tok@example.com/a/b.git"),
+            "https://example.com/a/b.git"
+        );
+        assert_eq!(
+            strip_credentials("https://example.com/x"),
+            "https://example.com/x"
+        );
+        assert_eq!(strip_credentials("/srv/repo"), "/srv/repo");
+        assert_eq!(
+            strip_credentials("ssh://git@host:22/r"),
+            "ssh://git@host:22/r"
+        );
+        assert_eq!(strip_credentials("ssh://git:pw@host/r"), "ssh://host/r");
+    }
+
+    #[test]
+    fn shell_quoting_survives_quotes() {
+        assert_eq!(shell_quote("a'b"), r"'a'\''b'");
+    }
+}
