@@ -41,6 +41,12 @@ enum Cmd {
         /// Hand reads of open files to the kernel (FUSE passthrough; needs root and Linux >= 6.9)
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "OCTOFS_PASSTHROUGH")]
         passthrough: bool,
+        /// Sweep timer: release workspaces idle this long (e.g. 30m, 2h; 0 turns the timer off)
+        #[arg(long, default_value = "1h", value_parser = parse_duration, env = "OCTOFS_SWEEP_IDLE")]
+        sweep_idle: u64,
+        /// How often the sweep timer runs
+        #[arg(long, default_value = "5m", value_parser = parse_duration)]
+        sweep_every: u64,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -69,6 +75,35 @@ enum Cmd {
         thread: String,
         #[arg(long)]
         json: bool,
+    },
+    /// Save the thread's working state as a commit under refs/octomate/threads/<thread>; print its id
+    Snapshot { thread: String },
+    /// Save if changed, unmount and drop the thread's workspace (the last of its users does)
+    Release {
+        thread: String,
+        /// Release even while processes use the mount (they lose it)
+        #[arg(long)]
+        force: bool,
+    },
+    /// Release every workspace idle past the window whose state the mirror has seen
+    Sweep {
+        #[arg(long, default_value = "1h", value_parser = parse_duration)]
+        idle: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What changed between two snapshots (or commits), or from one to the live state
+    Diff {
+        thread: String,
+        /// Default: the workspace's base (a released thread: its last snapshot)
+        #[arg(long)]
+        from: Option<String>,
+        /// Default: the live state (a released thread: its last snapshot); `saved` names the last snapshot
+        #[arg(long)]
+        to: Option<String>,
+        /// Show the patch, not just the changed paths
+        #[arg(long)]
+        patch: bool,
     },
     /// git's fsmonitor hook (protocol v2), set as `core.fsmonitor` in every workspace
     #[command(hide = true)]
@@ -122,6 +157,27 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
     serde_json::from_value(v).map_err(|e| format!("bad answer from the daemon: {e}"))
 }
 
+/// A duration: plain seconds, or a number with s, m, h or d.
+fn parse_duration(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (use e.g. 90s, 30m, 2h, 1d)"))?;
+    let mult = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("bad duration {s:?} (use e.g. 90s, 30m, 2h, 1d)")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("duration {s:?} is too long"))
+}
+
 fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }
@@ -131,6 +187,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
         Cmd::Serve {
             freshness,
             passthrough,
+            sweep_idle,
+            sweep_every,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -144,6 +202,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 octofs::daemon::Settings {
                     freshness_secs: freshness,
                     passthrough,
+                    sweep_idle,
+                    sweep_every,
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -242,9 +302,74 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     w.thread,
                     w.project,
                     short(&w.base_commit),
-                    if w.mounted { "mounted" } else { "unmounted" },
+                    w.state,
                     w.path
                 );
+            }
+            Ok(())
+        }
+        Cmd::Snapshot { thread } => {
+            validate(NameKind::Thread, &thread)?;
+            let v = request(layout, Request::Snapshot { thread })?;
+            println!("{}", v.as_str().unwrap_or_default());
+            Ok(())
+        }
+        Cmd::Release { thread, force } => {
+            validate(NameKind::Thread, &thread)?;
+            let v = request(
+                layout,
+                Request::Release {
+                    thread: thread.clone(),
+                    force,
+                },
+            )?;
+            if v["released"].as_bool() == Some(true) {
+                match v["snapshot"].as_str() {
+                    Some(s) => println!("released {thread} (snapshot {s})"),
+                    None => println!("released {thread}"),
+                }
+            } else {
+                println!("{thread} is still in use by {} other user(s)", v["users"]);
+            }
+            Ok(())
+        }
+        Cmd::Sweep { idle, json } => {
+            let v = request(layout, Request::Sweep { idle_secs: idle })?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            for t in v["released"].as_array().into_iter().flatten() {
+                println!("released {}", t.as_str().unwrap_or_default());
+            }
+            for k in v["kept"].as_array().into_iter().flatten() {
+                println!(
+                    "kept {} ({})",
+                    k["thread"].as_str().unwrap_or_default(),
+                    k["why"].as_str().unwrap_or_default()
+                );
+            }
+            Ok(())
+        }
+        Cmd::Diff {
+            thread,
+            from,
+            to,
+            patch,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            let v = request(
+                layout,
+                Request::Diff {
+                    thread,
+                    from,
+                    to,
+                    patch,
+                },
+            )?;
+            let d = v["diff"].as_str().unwrap_or_default();
+            if !d.is_empty() {
+                println!("{d}");
             }
             Ok(())
         }
@@ -302,7 +427,14 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 w.branch.as_deref().unwrap_or("(detached)")
             );
             println!("path:          {}", w.path);
-            println!("mounted:       {}", if w.mounted { "yes" } else { "no" });
+            println!(
+                "state:         {}{}",
+                w.state,
+                if w.chat { " (chat)" } else { "" }
+            );
+            if w.users > 1 {
+                println!("users:         {}", w.users);
+            }
             if let Some(p) = w.passthrough {
                 println!("passthrough:   {}", if p { "yes" } else { "no" });
             }

@@ -22,9 +22,9 @@ use crate::layout::Layout;
 /// Everything the `.git` of one new workspace is made of.
 #[derive(Debug, Clone)]
 pub struct RepoPlan {
-    /// The branch HEAD is on.
-    pub branch: String,
-    pub base_commit: String,
+    /// The branch HEAD is on (`None`: HEAD is detached at `head_commit`).
+    pub branch: Option<String>,
+    pub head_commit: String,
     /// `origin`'s URL, credentials removed; `None` for a directory upstream.
     pub origin: Option<String>,
     /// The upstream branch `branch` tracks, when it is one.
@@ -60,13 +60,14 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// Plans the `.git` of a new workspace of `project` at `base_commit`, HEAD on `branch`.
+/// Plans the `.git` of a new workspace of `project` with HEAD at `head_commit`, on `branch` (or
+/// detached).
 pub fn plan(
     layout: &Layout,
     project: &Project,
     thread: &str,
-    base_commit: &str,
-    branch: &str,
+    head_commit: &str,
+    branch: Option<&str>,
     exe: &Path,
 ) -> Result<RepoPlan, String> {
     let mirror = layout.mirror(&project.project);
@@ -99,15 +100,18 @@ pub fn plan(
         }
         refs.push((name.to_string(), oid.to_string(), peeled));
     }
-    let head_ref = format!("refs/heads/{branch}");
-    refs.retain(|(n, _, _)| *n != head_ref);
-    refs.push((head_ref, base_commit.to_string(), None));
+    if let Some(branch) = branch {
+        let head_ref = format!("refs/heads/{branch}");
+        refs.retain(|(n, _, _)| *n != head_ref);
+        refs.push((head_ref, head_commit.to_string(), None));
+    }
     refs.sort();
-    let track = (has_origin
-        && refs
-            .iter()
-            .any(|(n, _, _)| *n == format!("refs/remotes/origin/{branch}")))
-    .then(|| branch.to_string());
+    let track = branch.filter(|b| {
+        has_origin
+            && refs
+                .iter()
+                .any(|(n, _, _)| *n == format!("refs/remotes/origin/{b}"))
+    });
     let fsmonitor = format!(
         "{} --state {} --root {} fsmonitor {}",
         shell_quote(&exe.to_string_lossy()),
@@ -116,10 +120,10 @@ pub fn plan(
         thread
     );
     Ok(RepoPlan {
-        branch: branch.to_string(),
-        base_commit: base_commit.to_string(),
+        branch: branch.map(str::to_string),
+        head_commit: head_commit.to_string(),
         origin: has_origin.then(|| strip_credentials(&project.upstream)),
-        track,
+        track: track.map(str::to_string),
         mirror_objects: mirror.join(".git").join("objects"),
         refs,
         origin_head,
@@ -127,32 +131,57 @@ pub fn plan(
     })
 }
 
-/// The index of `tree` as the mount presents it to a workspace owned by `uid`/`gid` with base time
-/// `time`: built once per (commit, owner) under `<state>/indexes/` and shared by every fork.
+/// The index of `index_tree` for a workspace whose files are `worktree_tree`, presented to owner
+/// `uid`/`gid` with base time `time`: an entry whose blob and mode are the same in both trees gets
+/// exactly the stat data the mount presents (git re-reads nothing); any other gets none, so git
+/// compares its content. Built once per (trees, owner) under `<state>/indexes/` and shared by every
+/// fork: a fresh fork has `index_tree == worktree_tree`; a resumed one indexes HEAD's tree over its
+/// snapshot's files, so uncommitted work reads as uncommitted.
 pub fn shared_index(
     layout: &Layout,
     store: &ObjectStore,
-    commit: &str,
-    tree: gix::ObjectId,
+    index_tree: gix::ObjectId,
+    worktree_tree: gix::ObjectId,
     time: i64,
     uid: u32,
     gid: u32,
 ) -> Result<PathBuf, String> {
     let dir = layout.state.join("indexes");
-    let path = dir.join(format!("{commit}-{uid}-{gid}"));
+    let key = format!("{index_tree}-{worktree_tree}-{uid}-{gid}");
+    let path = dir.join(&key);
     if path.exists() {
         return Ok(path);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let repo = gix::open(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
     let mut index = repo
-        .index_from_tree(&tree)
-        .map_err(|e| format!("cannot build the index of {commit}: {e}"))?;
+        .index_from_tree(&index_tree)
+        .map_err(|e| format!("cannot build the index of {index_tree}: {e}"))?;
+    let worktree: std::collections::HashMap<Vec<u8>, (gix::ObjectId, gix::index::entry::Mode)> =
+        if worktree_tree == index_tree {
+            Default::default()
+        } else {
+            let w = repo
+                .index_from_tree(&worktree_tree)
+                .map_err(|e| format!("cannot read tree {worktree_tree}: {e}"))?;
+            w.entries()
+                .iter()
+                .map(|e| (e.path(&w).to_vec(), (e.id, e.mode)))
+                .collect()
+        };
     let t = gix::index::entry::stat::Time {
         secs: time.clamp(0, u32::MAX as i64) as u32,
         nsecs: 0,
     };
     for (entry, path) in index.entries_mut_with_paths() {
+        let same_in_worktree = worktree_tree == index_tree
+            || worktree
+                .get(path.as_ref() as &[u8])
+                .is_some_and(|(id, mode)| *id == entry.id && *mode == entry.mode);
+        if !same_in_worktree {
+            entry.stat = gix::index::entry::Stat::default();
+            continue;
+        }
         let size = if entry.mode == gix::index::entry::Mode::COMMIT {
             0
         } else {
@@ -174,7 +203,7 @@ pub fn shared_index(
             entry.stat = gix::index::entry::Stat::default();
         }
     }
-    let tmp = dir.join(format!(".tmp-{commit}-{}", std::process::id()));
+    let tmp = dir.join(format!(".tmp-{key}-{}", std::process::id()));
     let written = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
         index
@@ -201,6 +230,10 @@ pub fn seed(
     index: &Path,
     base_time: i64,
 ) -> Result<(), String> {
+    let head = match &plan.branch {
+        Some(b) => format!("ref: refs/heads/{b}\n"),
+        None => format!("{}\n", plan.head_commit),
+    };
     let e = |what: &str| {
         let what = what.to_string();
         move |err: fuser::Errno| format!("cannot create .git/{what}: {err:?}")
@@ -210,13 +243,8 @@ pub fn seed(
         return Ok(());
     }
     let git = core.seed_dir(ROOT_INO, ".git", 0o755).map_err(e(""))?;
-    core.seed_file(
-        git,
-        "HEAD",
-        format!("ref: refs/heads/{}\n", plan.branch).as_bytes(),
-        0o644,
-    )
-    .map_err(e("HEAD"))?;
+    core.seed_file(git, "HEAD", head.as_bytes(), 0o644)
+        .map_err(e("HEAD"))?;
     let mut config = String::from(
         "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n",
     );

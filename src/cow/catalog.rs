@@ -124,6 +124,9 @@ pub enum Record {
     },
     /// The next inode number to allocate is at least this.
     NextIno { next: u64 },
+    /// The workspace's state changed: its generation is now at least `n`. Batches that change only
+    /// octofs's own bookkeeping (e.g. the workspace's record of its last snapshot) carry none.
+    Generation { n: u64 },
 }
 
 /// The persisted state: what replaying the snapshot and the log yields.
@@ -134,6 +137,9 @@ pub struct CatalogState {
     #[serde(with = "overlay_map")]
     pub dirs: HashMap<u64, BTreeMap<Vec<u8>, Option<u64>>>,
     pub next_ino: u64,
+    /// Changes of state since the workspace was created (see [`Record::Generation`]).
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl CatalogState {
@@ -158,6 +164,7 @@ impl CatalogState {
                 }
             }
             Record::NextIno { next } => self.next_ino = self.next_ino.max(*next),
+            Record::Generation { n } => self.generation = self.generation.max(*n),
         }
     }
 }
@@ -262,9 +269,10 @@ impl Catalog {
         self.log.sync_data()
     }
 
-    /// Whether the log has grown enough, relative to the live state, to be worth compacting.
-    pub fn wants_compaction(&self, live_records: usize) -> bool {
-        self.log_batches > 20_000 && self.log_batches as usize > 4 * live_records.max(1)
+    /// Whether the log has grown enough, relative to the live state, to be worth compacting
+    /// (`live_records` is only asked for once the log is long).
+    pub fn wants_compaction(&self, live_records: impl FnOnce() -> usize) -> bool {
+        self.log_batches > 20_000 && self.log_batches as usize > 4 * live_records().max(1)
     }
 
     /// Writes `state` as the new snapshot and starts an empty log. Crash-safe at every step: the old

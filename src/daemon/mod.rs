@@ -5,12 +5,13 @@
 //! clone never stalls the socket, and each mount is served by its own fuser session threads, so one busy
 //! workspace never stalls another. Operations on one project or one thread serialize on a keyed lock.
 
+mod lifecycle;
 pub mod proto;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde_json::json;
@@ -33,6 +34,10 @@ pub struct Settings {
     pub freshness_secs: u64,
     /// Whether to try FUSE passthrough (it also needs root and a kernel that offers it).
     pub passthrough: bool,
+    /// The sweep timer: release workspaces idle this long (seconds), checking every `sweep_every`
+    /// seconds; 0 turns the timer off.
+    pub sweep_idle: u64,
+    pub sweep_every: u64,
 }
 
 struct Mounted {
@@ -40,6 +45,8 @@ struct Mounted {
     session: fuser::BackgroundSession,
     info: Arc<MountInfo>,
     core: Arc<WorkspaceFs>,
+    /// Overlapping users of the thread (`open` adds one, `release` removes one).
+    users: u32,
 }
 
 /// Named mutexes: one per project and one per thread.
@@ -95,6 +102,15 @@ impl Daemon {
             Request::List => self.list(),
             Request::Status { thread } => self.status(&thread),
             Request::Fsmonitor { thread, token } => self.fsmonitor(&thread, &token),
+            Request::Snapshot { thread } => self.snapshot(&thread),
+            Request::Release { thread, force } => self.release(&thread, force),
+            Request::Sweep { idle_secs } => self.sweep(idle_secs),
+            Request::Diff {
+                thread,
+                from,
+                to,
+                patch,
+            } => self.diff(&thread, from.as_deref(), to.as_deref(), patch),
             Request::Stop => Ok((json!("stopping"), vec![])),
         };
         match r {
@@ -131,112 +147,6 @@ impl Daemon {
         let out = mirror::sync(&self.layout, project, self.settings.freshness_secs)?;
         let warnings = out.warning.iter().cloned().collect();
         Ok((json!(out), warnings))
-    }
-
-    fn open(&self, thread: &str, project: Option<&str>, git_ref: Option<&str>) -> Reply {
-        validate(NameKind::Thread, thread)?;
-        if let Some(p) = project {
-            validate(NameKind::Project, p)?;
-        }
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        let existing = WorkspaceRecord::load(&self.layout, thread)?;
-        if let Some(rec) = &existing {
-            if let Some(p) = project {
-                if p != rec.project {
-                    return Err(format!(
-                        "thread {thread} is bound to project {}; it cannot be re-bound to {p}",
-                        rec.project
-                    ));
-                }
-            }
-            if let Some(r) = git_ref {
-                let resolved = self.store(&rec.project)?.resolve(Some(r))?;
-                if resolved.commit.to_string() != rec.base_commit {
-                    return Err(format!(
-                        "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
-                        &rec.base_commit[..12]
-                    ));
-                }
-            }
-        }
-        if let Some(m) = lock(&self.mounts).get(thread) {
-            return Ok((json!(m.path), vec![]));
-        }
-        let rec = match existing {
-            Some(mut rec) => {
-                if !rec.mounted {
-                    rec.mounted = true;
-                    rec.save(&self.layout)?;
-                }
-                rec
-            }
-            None => {
-                let Some(project) = project else {
-                    return Err(format!(
-                        "thread {thread} has no workspace yet: name its project with --project"
-                    ));
-                };
-                let proj = mirror::require(&self.layout, project)?;
-                let pl = self.locks.get(&format!("project:{project}"));
-                let _pg = lock(&pl);
-                let base = self.store(project)?.resolve(git_ref)?;
-                self.check_root()?;
-                // HEAD goes on the branch the caller named, else on a branch of the thread's own.
-                let branch = git_ref
-                    .and(base.branch.clone())
-                    .unwrap_or_else(|| format!("octofs/{thread}"));
-                let rec = WorkspaceRecord {
-                    thread: thread.to_string(),
-                    project: project.to_string(),
-                    base_commit: base.commit.to_string(),
-                    base_tree: base.tree.to_string(),
-                    base_time: base.time,
-                    requested_ref: git_ref.map(str::to_string),
-                    branch: Some(branch.clone()),
-                    created: SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0),
-                    mounted: true,
-                };
-                rec.save(&self.layout)?;
-                let created = self.load_core(&rec).and_then(|core| {
-                    let exe = std::env::current_exe()
-                        .map_err(|e| format!("cannot find the octofs binary: {e}"))?;
-                    let plan = crate::repo::plan(
-                        &self.layout,
-                        &proj,
-                        thread,
-                        &rec.base_commit,
-                        &branch,
-                        &exe,
-                    )?;
-                    let index = {
-                        let il = self.locks.get(&format!("index:{}", rec.base_commit));
-                        let _ig = lock(&il);
-                        crate::repo::shared_index(
-                            &self.layout,
-                            &*self.store(project)?,
-                            &rec.base_commit,
-                            base.tree,
-                            rec.base_time,
-                            crate::sys::euid(),
-                            crate::sys::egid(),
-                        )?
-                    };
-                    crate::repo::seed(&core, &plan, &index, rec.base_time)?;
-                    self.mount_core(&rec, core)
-                });
-                if let Err(e) = created {
-                    let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
-                    return Err(e);
-                }
-                return Ok((json!(self.layout.mountpoint(thread)), vec![]));
-            }
-        };
-        self.mount(&rec)?;
-        Ok((json!(self.layout.mountpoint(thread)), vec![]))
     }
 
     fn check_root(&self) -> Result<(), String> {
@@ -314,9 +224,45 @@ impl Daemon {
                 session,
                 info,
                 core,
+                users: 1,
             },
         );
         Ok(())
+    }
+
+    /// Unmounts one thread's workspace. A busy mount (a process has its cwd or files in it) is
+    /// refused and stays mounted, unless `force`, which detaches it lazily.
+    fn unmount_thread(&self, thread: &str, force: bool) -> Result<(), String> {
+        let Some(m) = lock(&self.mounts).remove(thread) else {
+            return Ok(());
+        };
+        match crate::sys::unmount(&m.path) {
+            Ok(()) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let session = m.session;
+                std::thread::spawn(move || {
+                    let _ = tx.send(session.join());
+                });
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !force => {
+                let path = m.path.clone();
+                lock(&self.mounts).insert(thread.to_string(), m);
+                Err(format!(
+                    "{} is busy (a process still has its working directory or files in it); stop them or use --force",
+                    path.display()
+                ))
+            }
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    tracing::warn!(%thread, "busy mount detached lazily (--force)");
+                }
+                let _ = crate::sys::lazy_unmount(&m.path);
+                drop(m.session);
+                Ok(())
+            }
+        }
     }
 
     fn status_of(&self, rec: &WorkspaceRecord) -> WorkspaceStatus {
@@ -341,7 +287,37 @@ impl Daemon {
                 .unwrap_or(0),
             quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
             base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
-            last_snapshot: None,
+            last_snapshot: rec.saved.as_ref().and_then(|s| s.commit.clone()),
+            state: if m.is_some() { "mounted" } else { "unmounted" }.into(),
+            users: m.map(|m| m.users).unwrap_or(0),
+            chat: rec.chat,
+        }
+    }
+
+    /// A released thread: bound to its project, no workspace until it is opened again.
+    fn status_of_released(&self, b: &crate::workspace::Binding) -> WorkspaceStatus {
+        let last = crate::git::snapshot::open(&self.layout.mirror(&b.project))
+            .ok()
+            .and_then(|r| {
+                crate::git::snapshot::read_ref(&r, &crate::git::snapshot::thread_ref(&b.thread))
+            })
+            .map(|id| id.to_string());
+        WorkspaceStatus {
+            thread: b.thread.clone(),
+            project: b.project.clone(),
+            base_commit: last.clone().unwrap_or_else(|| b.base_commit.clone()),
+            branch: b.branch.clone(),
+            requested_ref: None,
+            mounted: false,
+            path: self.layout.mountpoint(&b.thread).display().to_string(),
+            passthrough: None,
+            changed_paths: 0,
+            quarantined: 0,
+            base_content_opens: 0,
+            last_snapshot: last,
+            state: "released".into(),
+            users: 0,
+            chat: false,
         }
     }
 
@@ -376,18 +352,25 @@ impl Daemon {
     }
 
     fn list(&self) -> Reply {
-        let all: Vec<_> = WorkspaceRecord::list(&self.layout)?
-            .iter()
-            .map(|r| self.status_of(r))
-            .collect();
+        let live = WorkspaceRecord::list(&self.layout)?;
+        let mut all: Vec<_> = live.iter().map(|r| self.status_of(r)).collect();
+        for b in crate::workspace::Binding::list(&self.layout)? {
+            if !live.iter().any(|r| r.thread == b.thread) {
+                all.push(self.status_of_released(&b));
+            }
+        }
+        all.sort_by(|a, b| a.thread.cmp(&b.thread));
         Ok((json!(all), vec![]))
     }
 
     fn status(&self, thread: &str) -> Reply {
         validate(NameKind::Thread, thread)?;
-        let rec = WorkspaceRecord::load(&self.layout, thread)?
+        if let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? {
+            return Ok((json!(self.status_of(&rec)), vec![]));
+        }
+        let b = crate::workspace::Binding::load(&self.layout, thread)?
             .ok_or_else(|| format!("unknown thread {thread:?}"))?;
-        Ok((json!(self.status_of(&rec)), vec![]))
+        Ok((json!(self.status_of_released(&b)), vec![]))
     }
 
     /// Remounts every workspace that was mounted when the daemon last stopped.
@@ -503,6 +486,23 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
     tracing::info!(socket = %sock.display(), "octofs daemon ready");
     let stop = Arc::new(tokio::sync::Notify::new());
+    if daemon.settings.sweep_idle > 0 && daemon.settings.sweep_every > 0 {
+        let d = daemon.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(d.settings.sweep_every));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let d = d.clone();
+                let idle = d.settings.sweep_idle;
+                match tokio::task::spawn_blocking(move || d.sweep(idle)).await {
+                    Ok(Ok((v, _))) => tracing::debug!("sweep: {v}"),
+                    Ok(Err(e)) => tracing::warn!("sweep: {e}"),
+                    Err(e) => tracing::warn!("sweep: {e}"),
+                }
+            }
+        });
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     loop {

@@ -29,6 +29,22 @@ pub enum Request {
         thread: String,
         token: String,
     },
+    Snapshot {
+        thread: String,
+    },
+    Release {
+        thread: String,
+        force: bool,
+    },
+    Sweep {
+        idle_secs: u64,
+    },
+    Diff {
+        thread: String,
+        from: Option<String>,
+        to: Option<String>,
+        patch: bool,
+    },
     Stop,
 }
 
@@ -82,6 +98,15 @@ pub struct WorkspaceStatus {
     /// Opens of base content since the mount (content read from the blob cache).
     #[serde(default)]
     pub base_content_opens: u64,
+    /// mounted, unmounted, or released.
+    #[serde(default)]
+    pub state: String,
+    /// Overlapping users sharing the mount.
+    #[serde(default)]
+    pub users: u32,
+    /// A chat workspace (no project; never saved).
+    #[serde(default)]
+    pub chat: bool,
 }
 
 /// The answer to an fsmonitor query.

@@ -136,6 +136,8 @@ struct State {
     /// Directory overlays: name -> Some(inode) or None (hides the base entry).
     dirs: HashMap<u64, BTreeMap<Vec<u8>, Option<u64>>>,
     next_ino: u64,
+    /// Committed batches since the workspace was created (durable: replay recounts them).
+    generation: u64,
     journal: Journal,
 }
 
@@ -227,6 +229,77 @@ pub struct WorkspaceFs {
     state: Mutex<State>,
     /// Opens of base content (blob-cache files): `git status` in a fresh workspace must read none.
     base_content_opens: AtomicU64,
+    /// Unix seconds of the last request that touched the workspace's metadata.
+    last_activity: AtomicU64,
+}
+
+/// One edit that turns the base tree into the workspace's working state (see [`WorkspaceFs::view`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewEdit {
+    /// Remove whatever is at `path`.
+    Remove {
+        path: Vec<u8>,
+    },
+    /// A directory of the base, whole, now at `path`.
+    Tree {
+        path: Vec<u8>,
+        id: ObjectId,
+    },
+    /// A directory at `path` that is not in the base at that path (the ignore rules decide whether
+    /// its content belongs to the working state). No tree effect by itself.
+    AddedDir {
+        path: Vec<u8>,
+    },
+    Gitlink {
+        path: Vec<u8>,
+        id: ObjectId,
+    },
+    File {
+        path: Vec<u8>,
+        exec: bool,
+        source: ViewSource,
+        /// Not in the base at that path.
+        added: bool,
+    },
+    Symlink {
+        path: Vec<u8>,
+        source: ViewSource,
+        added: bool,
+    },
+}
+
+impl ViewEdit {
+    pub fn path(&self) -> &[u8] {
+        match self {
+            ViewEdit::Remove { path }
+            | ViewEdit::Tree { path, .. }
+            | ViewEdit::AddedDir { path }
+            | ViewEdit::Gitlink { path, .. }
+            | ViewEdit::File { path, .. }
+            | ViewEdit::Symlink { path, .. } => path,
+        }
+    }
+}
+
+/// Where the bytes of a file or symlink of the view are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewSource {
+    /// An object already in the mirror.
+    Object(ObjectId),
+    /// A file on disk (a data file of the upper layer, or a shared host-wide file).
+    File(PathBuf),
+    Bytes(Vec<u8>),
+}
+
+/// A consistent view of what differs from the base, read in one critical section.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub base_tree: ObjectId,
+    pub edits: Vec<ViewEdit>,
+    /// The workspace's generation when the view was read.
+    pub generation: u64,
+    /// When the view was read.
+    pub taken_at: Ts,
 }
 
 impl std::fmt::Debug for WorkspaceFs {
@@ -274,6 +347,13 @@ fn ts(t: SystemTime) -> Ts {
             }
         }
     }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn eio(e: impl std::fmt::Display) -> Errno {
@@ -344,6 +424,8 @@ fn check_name(name: &OsStr) -> Result<&[u8], Errno> {
 /// The records of one change, applied together.
 #[derive(Default)]
 struct Tx {
+    /// Bookkeeping only: does not count as a change of the workspace's state.
+    quiet: bool,
     records: Vec<Record>,
     /// Working copies of the inode records this change modifies, written after `records`.
     recs: BTreeMap<u64, InodeRecord>,
@@ -374,6 +456,8 @@ impl Tx {
 
 /// What `make` creates.
 struct New<'a> {
+    /// Bookkeeping of octofs's own (see [`Tx::quiet`]).
+    quiet: bool,
     kind: Kind,
     mode: u32,
     rdev: u32,
@@ -392,6 +476,7 @@ enum Content<'a> {
 impl New<'_> {
     fn plain(kind: Kind, mode: u32, rdev: u32) -> New<'static> {
         New {
+            quiet: false,
             kind,
             mode,
             rdev,
@@ -448,7 +533,13 @@ impl State {
 
     /// Appends `tx` to the catalog and applies it. Nothing changes if the append fails.
     fn commit(&mut self, tx: Tx) -> Result<(), Errno> {
-        let records = tx.into_records();
+        let quiet = tx.quiet;
+        let mut records = tx.into_records();
+        if !quiet {
+            records.push(Record::Generation {
+                n: self.generation + 1,
+            });
+        }
         if let Err(e) = self.catalog.append(&records) {
             // The allocation counter may have moved: harmless, numbers are never reused.
             return Err(io_errno(e));
@@ -456,8 +547,11 @@ impl State {
         for r in &records {
             self.apply(r);
         }
-        let live = self.nodes.values().filter(|n| n.persisted).count();
-        if self.catalog.wants_compaction(live) {
+        let nodes = &self.nodes;
+        if self
+            .catalog
+            .wants_compaction(|| nodes.values().filter(|n| n.persisted).count())
+        {
             let snapshot = self.snapshot();
             if let Err(e) = self.catalog.compact(&snapshot) {
                 tracing::warn!("catalog compaction failed (the log keeps growing): {e}");
@@ -505,6 +599,7 @@ impl State {
                 }
             }
             Record::NextIno { next } => self.next_ino = self.next_ino.max(*next),
+            Record::Generation { n } => self.generation = self.generation.max(*n),
         }
     }
 
@@ -518,6 +613,7 @@ impl State {
                 .collect(),
             dirs: self.dirs.clone(),
             next_ino: self.next_ino,
+            generation: self.generation,
         }
     }
 }
@@ -605,9 +701,11 @@ impl WorkspaceFs {
                 nodes,
                 dirs: loaded.dirs,
                 next_ino: loaded.next_ino.max(1),
+                generation: loaded.generation,
                 journal: Journal::new(),
             }),
             base_content_opens: AtomicU64::new(0),
+            last_activity: AtomicU64::new(now_secs()),
         };
         if !was_clean {
             fs.check_after_unclean_stop()?;
@@ -616,7 +714,211 @@ impl WorkspaceFs {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
+        self.last_activity.store(now_secs(), Ordering::Relaxed);
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Reads, in one critical section, every edit that turns the base tree into the working state
+    /// (the workspace's own `.git` excluded). Cost: O(changed paths). Content is not read: copied-up
+    /// files are named by their data file, read later without the lock.
+    pub fn view(&self) -> Result<View, Errno> {
+        let st = self.lock();
+        let root = st.node(ROOT_INO)?;
+        let (root_tree, _) =
+            Self::base_tree(&root.rec).ok_or_else(|| eio("the root has no base tree"))?;
+        let mut edits = Vec::new();
+        self.view_dir(
+            &st,
+            ROOT_INO,
+            b"",
+            Some(root_tree),
+            Some(root_tree),
+            &mut edits,
+        )?;
+        Ok(View {
+            base_tree: root_tree,
+            edits,
+            generation: st.generation,
+            taken_at: Ts::now(),
+        })
+    }
+
+    /// `editor_base`: the tree the base has at `path` once the edits above it are applied;
+    /// `root_base`: the tree the base commit has at `path`.
+    fn view_dir(
+        &self,
+        st: &State,
+        dir: u64,
+        path: &[u8],
+        editor_base: Option<ObjectId>,
+        root_base: Option<ObjectId>,
+        out: &mut Vec<ViewEdit>,
+    ) -> Result<(), Errno> {
+        let rec = &st.node(dir)?.rec;
+        let own = Self::base_tree(rec).map(|(t, _)| t);
+        let mut eff = editor_base;
+        if root_base.is_none() && dir != ROOT_INO {
+            out.push(ViewEdit::AddedDir {
+                path: path.to_vec(),
+            });
+        }
+        if own != editor_base {
+            match own {
+                Some(t) => out.push(ViewEdit::Tree {
+                    path: path.to_vec(),
+                    id: t,
+                }),
+                None if editor_base.is_some() => out.push(ViewEdit::Remove {
+                    path: path.to_vec(),
+                }),
+                None => {}
+            }
+            eff = own;
+        }
+        let Some(overlay) = st.dirs.get(&dir) else {
+            return Ok(());
+        };
+        let eff_entries = match eff {
+            Some(t) => Some(self.store.tree(t).map_err(eio)?),
+            None => None,
+        };
+        let rb_entries = match root_base {
+            Some(t) => Some(self.store.tree(t).map_err(eio)?),
+            None => None,
+        };
+        for (name, target) in overlay {
+            if dir == ROOT_INO && name == b".git" {
+                continue;
+            }
+            let cp = join(path, name);
+            let eff_child = eff_entries
+                .as_ref()
+                .and_then(|e| find_entry(e, name))
+                .cloned();
+            let rb_child = rb_entries
+                .as_ref()
+                .and_then(|e| find_entry(e, name))
+                .cloned();
+            let tree_of = |e: &Option<TreeEntry>| {
+                e.as_ref()
+                    .filter(|e| e.kind == EntryKind::Tree)
+                    .map(|e| e.id)
+            };
+            let Some(ino) = target else {
+                if eff_child.is_some() {
+                    out.push(ViewEdit::Remove { path: cp });
+                }
+                continue;
+            };
+            let n = &st.node(*ino)?.rec;
+            let base_id = n
+                .base
+                .as_ref()
+                .and_then(|b| ObjectId::from_hex(b.oid.as_bytes()).ok());
+            let unchanged_as = |kind: EntryKind| {
+                eff_child
+                    .as_ref()
+                    .is_some_and(|e| e.kind == kind && Some(e.id) == base_id)
+            };
+            let added = rb_child
+                .as_ref()
+                .is_none_or(|e| matches!(e.kind, EntryKind::Tree | EntryKind::Gitlink));
+            match n.kind {
+                Kind::Dir if n.base.as_ref().is_some_and(|b| b.gitlink) => {
+                    if !unchanged_as(EntryKind::Gitlink) {
+                        if let Some(id) = base_id {
+                            out.push(ViewEdit::Gitlink { path: cp, id });
+                        }
+                    }
+                }
+                Kind::Dir => {
+                    self.view_dir(st, *ino, &cp, tree_of(&eff_child), tree_of(&rb_child), out)?
+                }
+                Kind::File => {
+                    let exec = n.mode & 0o100 != 0;
+                    let kind = if exec {
+                        EntryKind::Executable
+                    } else {
+                        EntryKind::Blob
+                    };
+                    let source = if n.upper {
+                        ViewSource::File(self.upper.data_path(n.ino))
+                    } else if let Some(shared) = &n.shared {
+                        ViewSource::File(PathBuf::from(shared))
+                    } else if let Some(id) = base_id {
+                        if unchanged_as(kind) {
+                            continue;
+                        }
+                        ViewSource::Object(id)
+                    } else {
+                        ViewSource::Bytes(Vec::new())
+                    };
+                    out.push(ViewEdit::File {
+                        path: cp,
+                        exec,
+                        source,
+                        added,
+                    });
+                }
+                Kind::Symlink => {
+                    let source = match (&n.target, base_id) {
+                        (Some(t), _) => ViewSource::Bytes(t.clone()),
+                        (None, Some(id)) => {
+                            if unchanged_as(EntryKind::Symlink) {
+                                continue;
+                            }
+                            ViewSource::Object(id)
+                        }
+                        (None, None) => ViewSource::Bytes(Vec::new()),
+                    };
+                    out.push(ViewEdit::Symlink {
+                        path: cp,
+                        source,
+                        added,
+                    });
+                }
+                // git keeps no fifos, sockets or devices: such a name is not part of the state.
+                _ => {
+                    if eff_child.is_some() {
+                        out.push(ViewEdit::Remove { path: cp });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The workspace's generation (committed batches since creation).
+    pub fn generation(&self) -> u64 {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .generation
+    }
+
+    /// Whether anything may have changed since a view of `generation` read at `at`: metadata
+    /// (generation), a file open for writing now, or a copied-up file written since (writes through
+    /// passthrough reach the data file without the daemon).
+    pub fn changed_since(&self, generation: u64, at: Ts, bookkeeping: &[u64]) -> bool {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.generation != generation || st.nodes.values().any(|n| n.writers > 0) {
+            return true;
+        }
+        st.nodes
+            .values()
+            .filter(|n| n.persisted && n.rec.upper && !bookkeeping.contains(&n.rec.ino))
+            .any(|n| {
+                std::fs::metadata(self.upper.data_path(n.rec.ino))
+                    .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32) >= at)
+                    .unwrap_or(true)
+            })
+    }
+
+    /// Unix seconds of the last metadata request, and whether any file is open now.
+    pub fn activity(&self) -> (u64, bool) {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let open = st.nodes.values().any(|n| n.opens > 0);
+        (self.last_activity.load(Ordering::Relaxed), open)
     }
 
     pub fn blob_cache(&self) -> &BlobCache {
@@ -1317,6 +1619,7 @@ impl WorkspaceFs {
         caller: Caller,
     ) -> Result<FileAttr, Errno> {
         let New {
+            quiet,
             kind,
             mode,
             rdev,
@@ -1327,7 +1630,10 @@ impl WorkspaceFs {
         let mut st = self.lock();
         self.parent_for_create(&mut st, parent, name)?;
         let now = Ts::now();
-        let mut tx = Tx::default();
+        let mut tx = Tx {
+            quiet,
+            ..Tx::default()
+        };
         st.chain(&mut tx, parent)?;
         let ino = st.alloc(&mut tx);
         let p = st.rec(&mut tx, parent)?;
@@ -1751,6 +2057,84 @@ impl WorkspaceFs {
     pub fn exists(&self, parent: u64, name: &str) -> Result<bool, Errno> {
         let mut st = self.lock();
         Ok(self.resolve(&mut st, parent, name.as_bytes())?.is_some())
+    }
+
+    /// The inode at `path` (components from the root), if any.
+    fn walk(&self, st: &mut State, path: &[&[u8]]) -> Result<Option<u64>, Errno> {
+        let mut cur = ROOT_INO;
+        for c in path {
+            match self.resolve(st, cur, c)? {
+                Some(i) => cur = i,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(cur))
+    }
+
+    /// The content of the regular file at `path` (components from the root), without the kernel.
+    pub fn read_file(&self, path: &[&[u8]]) -> Result<Option<Vec<u8>>, Errno> {
+        let rec = {
+            let mut st = self.lock();
+            let Some(ino) = self.walk(&mut st, path)? else {
+                return Ok(None);
+            };
+            st.node(ino)?.rec.clone()
+        };
+        if rec.kind != Kind::File {
+            return Ok(None);
+        }
+        let mut f = if rec.upper {
+            self.upper.open_data(rec.ino).map_err(io_errno)?
+        } else {
+            self.source_file(&rec)?
+        };
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut out).map_err(io_errno)?;
+        Ok(Some(out))
+    }
+
+    /// Writes octofs's own bookkeeping file `dirs/name` (e.g. `.git/refs/octomate/saved`), creating
+    /// the directories, without counting as a change of the workspace's state.
+    pub fn put_file_quietly(&self, dirs: &[&str], name: &str, bytes: &[u8]) -> Result<u64, Errno> {
+        let owner = self.owner();
+        let mut cur = ROOT_INO;
+        for d in dirs {
+            let next = {
+                let mut st = self.lock();
+                self.resolve(&mut st, cur, d.as_bytes())?
+            };
+            cur = match next {
+                Some(i) => i,
+                None => {
+                    let new = New {
+                        quiet: true,
+                        ..New::plain(Kind::Dir, 0o755, 0)
+                    };
+                    self.seeded(self.make(cur, OsStr::new(d), new, owner))?
+                }
+            };
+        }
+        let existing = {
+            let mut st = self.lock();
+            self.resolve(&mut st, cur, name.as_bytes())?
+        };
+        if let Some(ino) = existing {
+            let rec = self.lock().node(ino)?.rec.clone();
+            if rec.kind != Kind::File || !rec.upper || rec.nlink != 1 {
+                return Err(Errno::EEXIST);
+            }
+            use std::io::Write;
+            let mut f = self.upper.open_data(ino).map_err(io_errno)?;
+            f.set_len(0).map_err(io_errno)?;
+            f.write_all(bytes).map_err(io_errno)?;
+            return Ok(ino);
+        }
+        let new = New {
+            quiet: true,
+            content: Content::Bytes(bytes),
+            ..New::plain(Kind::File, 0o644, 0)
+        };
+        self.seeded(self.make(cur, OsStr::new(name), new, owner))
     }
 
     fn owner(&self) -> Caller {

@@ -1,0 +1,826 @@
+//! A thread's workspace lifecycle (seed 000 "Forking", "Saving", "Restoring", "Reclaiming",
+//! "Binding", "The chat workspace"): open (fork, resume, or share the live mount), snapshot, release,
+//! sweep, and diff.
+//!
+//! Policy only: the mechanisms are the filesystem core (the view of what changed), `git::snapshot`
+//! (objects and refs in the mirror), `repo` (the workspace's `.git`) and the records of
+//! `workspace`. Every operation on a thread holds that thread's lock.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+
+use super::{Daemon, Reply, lock};
+use crate::cow::catalog::Ts;
+use crate::fs::core::{ViewEdit, WorkspaceFs};
+use crate::git::mirror::{self, Project, UpstreamKind};
+use crate::git::snapshot::{self as snap, HeadRef};
+use crate::names::{NameKind, validate};
+use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
+
+/// The internal project every chat workspace forks from (a name users cannot pick).
+pub const BLANK: &str = ".blank";
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// What a new workspace is made of.
+struct Fork {
+    project: String,
+    /// The commit whose tree the files are, its tree and time.
+    base_commit: String,
+    base_tree: gix::ObjectId,
+    base_time: i64,
+    /// The tree the index describes (HEAD's tree).
+    index_tree: gix::ObjectId,
+    /// Where HEAD goes.
+    head_commit: String,
+    branch: Option<String>,
+    requested_ref: Option<String>,
+    /// The snapshot this workspace resumes (recorded as `refs/octomate/saved`).
+    saved: Option<String>,
+    chat: bool,
+}
+
+/// Runs git in a workspace (through its mount), feeding `input`; returns stdout.
+fn git_in(mount: &std::path::Path, args: &[&str], input: &[u8]) -> Result<Vec<u8>, String> {
+    let mut child = Command::new("git")
+        .arg("-C")
+        .arg(mount)
+        .args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("LC_ALL", "C")
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    let mut stdin = child.stdin.take().expect("piped");
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().map_err(|e| format!("git: {e}"))?;
+    let _ = writer.join();
+    // check-ignore exits 1 when nothing matched: that is an answer, not a failure.
+    if out.status.success()
+        || (args.first() == Some(&"check-ignore") && out.status.code() == Some(1))
+    {
+        Ok(out.stdout)
+    } else {
+        Err(format!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn nul_list(paths: &[&[u8]]) -> Vec<u8> {
+    let mut v = Vec::new();
+    for p in paths {
+        v.extend_from_slice(p);
+        v.push(0);
+    }
+    v
+}
+
+fn split_nul(out: &[u8]) -> Vec<Vec<u8>> {
+    out.split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Drops from `edits` what `git add -A` would not add: paths new to the base that the workspace's
+/// ignore rules exclude, unless the index tracks them. Directories are asked first, so an ignored
+/// `node_modules/` costs one question, not one per file.
+fn filter_ignored(mount: &std::path::Path, edits: Vec<ViewEdit>) -> Result<Vec<ViewEdit>, String> {
+    let dirs: Vec<Vec<u8>> = edits
+        .iter()
+        .filter_map(|e| match e {
+            ViewEdit::AddedDir { path } => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
+    let mut ignored_dirs: Vec<Vec<u8>> = Vec::new();
+    if !dirs.is_empty() {
+        let asked: Vec<Vec<u8>> = dirs
+            .iter()
+            .map(|d| {
+                let mut d = d.clone();
+                d.push(b'/');
+                d
+            })
+            .collect();
+        let refs: Vec<&[u8]> = asked.iter().map(Vec::as_slice).collect();
+        let out = git_in(
+            mount,
+            &["check-ignore", "--stdin", "-z", "--no-index"],
+            &nul_list(&refs),
+        )?;
+        ignored_dirs = split_nul(&out)
+            .into_iter()
+            .map(|mut p| {
+                if p.last() == Some(&b'/') {
+                    p.pop();
+                }
+                p
+            })
+            .collect();
+    }
+    let under_ignored = |p: &[u8]| {
+        ignored_dirs
+            .iter()
+            .any(|d| p == d.as_slice() || (p.starts_with(d) && p.get(d.len()) == Some(&b'/')))
+    };
+    let files: Vec<&[u8]> = edits
+        .iter()
+        .filter_map(|e| match e {
+            ViewEdit::File {
+                path, added: true, ..
+            }
+            | ViewEdit::Symlink {
+                path, added: true, ..
+            } => Some(path.as_slice()),
+            _ => None,
+        })
+        .filter(|p| !under_ignored(p))
+        .collect();
+    let mut ignored: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+    if !files.is_empty() {
+        let out = git_in(
+            mount,
+            &["check-ignore", "--stdin", "-z", "--no-index"],
+            &nul_list(&files),
+        )?;
+        ignored.extend(split_nul(&out));
+    }
+    // Tracked files are never ignored: ask the index about the few candidates only.
+    let mut candidates: Vec<Vec<u8>> = ignored.iter().cloned().collect();
+    for e in &edits {
+        if let ViewEdit::File {
+            path, added: true, ..
+        }
+        | ViewEdit::Symlink {
+            path, added: true, ..
+        } = e
+        {
+            if under_ignored(path) {
+                candidates.push(path.clone());
+            }
+        }
+    }
+    let mut tracked: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
+    if !candidates.is_empty() {
+        let refs: Vec<&[u8]> = candidates.iter().map(Vec::as_slice).collect();
+        let mut args = vec!["ls-files", "-z", "--cached", "--full-name", "--"];
+        let as_str: Vec<String> = refs
+            .iter()
+            .map(|p| format!(":(literal){}", String::from_utf8_lossy(p)))
+            .collect();
+        args.extend(as_str.iter().map(String::as_str));
+        tracked.extend(split_nul(&git_in(mount, &args, b"")?));
+    }
+    Ok(edits
+        .into_iter()
+        .filter(|e| match e {
+            ViewEdit::File {
+                path, added: true, ..
+            }
+            | ViewEdit::Symlink {
+                path, added: true, ..
+            } => tracked.contains(path) || (!ignored.contains(path) && !under_ignored(path)),
+            ViewEdit::Tree { path, .. } | ViewEdit::Gitlink { path, .. } => !under_ignored(path),
+            _ => true,
+        })
+        .collect())
+}
+
+/// Where HEAD of a workspace is: its commit and its branch (or detached), read through the core.
+fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
+    let read = |p: &[&[u8]]| {
+        core.read_file(p)
+            .map_err(|e| format!("cannot read .git: {e:?}"))
+    };
+    let head = read(&[b".git", b"HEAD"])?.ok_or("the workspace has no .git/HEAD")?;
+    let head = String::from_utf8_lossy(&head).trim().to_string();
+    let parse = |s: &str| {
+        gix::ObjectId::from_hex(s.trim().as_bytes())
+            .map_err(|e| format!("bad object id {s:?} in .git: {e}"))
+    };
+    let Some(name) = head.strip_prefix("ref: ") else {
+        return Ok((parse(&head)?, HeadRef::Detached));
+    };
+    let comps: Vec<&[u8]> = std::iter::once(&b".git"[..])
+        .chain(name.split('/').map(str::as_bytes))
+        .collect();
+    let branch = name.strip_prefix("refs/heads/").map(str::to_string);
+    let head_ref = branch.map(HeadRef::Branch).unwrap_or(HeadRef::Detached);
+    if let Some(loose) = read(&comps)? {
+        return Ok((parse(&String::from_utf8_lossy(&loose))?, head_ref));
+    }
+    let packed = read(&[b".git", b"packed-refs"])?.unwrap_or_default();
+    for line in String::from_utf8_lossy(&packed).lines() {
+        if let Some((oid, n)) = line.split_once(' ') {
+            if n == name {
+                return Ok((parse(oid)?, head_ref));
+            }
+        }
+    }
+    Err(format!(
+        "HEAD ({name}) has no commit yet: nothing to snapshot"
+    ))
+}
+
+impl Daemon {
+    /// `octofs open`: the thread's one workspace, mounted — the live mount (counted), a remount,
+    /// a resume of its last snapshot, a new fork, or a chat workspace.
+    pub(super) fn open(&self, thread: &str, project: Option<&str>, git_ref: Option<&str>) -> Reply {
+        validate(NameKind::Thread, thread)?;
+        if let Some(p) = project {
+            validate(NameKind::Project, p)?;
+        }
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        let binding = Binding::load(&self.layout, thread)?;
+        let live = WorkspaceRecord::load(&self.layout, thread)?;
+        if let (Some(b), Some(p)) = (&binding, project) {
+            if b.project != p {
+                return Err(format!(
+                    "thread {thread} is bound to project {}; it cannot be re-bound to {p}",
+                    b.project
+                ));
+            }
+        }
+        if let (Some(rec), Some(p)) = (&live, project) {
+            if rec.chat {
+                return Err(format!(
+                    "thread {thread} has a chat workspace (no project); release it before binding it to {p}"
+                ));
+            }
+        }
+        if let (Some(rec), Some(r)) = (&live, git_ref) {
+            let resolved = self.store(&rec.project)?.resolve(Some(r))?;
+            if resolved.commit.to_string() != rec.base_commit {
+                return Err(format!(
+                    "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
+                    &rec.base_commit[..12]
+                ));
+            }
+        }
+        if let Some(m) = lock(&self.mounts).get_mut(thread) {
+            m.users += 1;
+            return Ok((json!(m.path), vec![]));
+        }
+        let path = json!(self.layout.mountpoint(thread));
+        if let Some(mut rec) = live {
+            if !rec.mounted {
+                rec.mounted = true;
+                rec.save(&self.layout)?;
+            }
+            self.mount(&rec)?;
+            return Ok((path, vec![]));
+        }
+        self.check_root()?;
+        let fork = match (&binding, project) {
+            (Some(b), _) => {
+                if git_ref.is_some() {
+                    return Err(format!(
+                        "thread {thread} was released; it resumes from its last snapshot (--ref applies only when a thread is created)"
+                    ));
+                }
+                self.resume_fork(thread, b)?
+            }
+            (None, Some(p)) => {
+                let proj = mirror::require(&self.layout, p)?;
+                let base = self.store(p)?.resolve(git_ref)?;
+                // HEAD goes on the branch the caller named, else on a branch of the thread's own.
+                let branch = git_ref
+                    .and(base.branch.clone())
+                    .unwrap_or_else(|| format!("octofs/{thread}"));
+                Fork {
+                    project: proj.project,
+                    base_commit: base.commit.to_string(),
+                    base_tree: base.tree,
+                    base_time: base.time,
+                    index_tree: base.tree,
+                    head_commit: base.commit.to_string(),
+                    branch: Some(branch),
+                    requested_ref: git_ref.map(str::to_string),
+                    saved: None,
+                    chat: false,
+                }
+            }
+            (None, None) => {
+                if git_ref.is_some() {
+                    return Err("a chat workspace (no --project) has no refs to choose from".into());
+                }
+                self.ensure_blank()?;
+                let base = self.store(BLANK)?.resolve(None)?;
+                Fork {
+                    project: BLANK.into(),
+                    base_commit: base.commit.to_string(),
+                    base_tree: base.tree,
+                    base_time: base.time,
+                    index_tree: base.tree,
+                    head_commit: base.commit.to_string(),
+                    branch: Some("main".into()),
+                    requested_ref: None,
+                    saved: None,
+                    chat: true,
+                }
+            }
+        };
+        self.create(thread, fork)?;
+        if binding.is_none() && project.is_some() {
+            let rec = WorkspaceRecord::load(&self.layout, thread)?.ok_or("workspace vanished")?;
+            let b = Binding {
+                thread: thread.into(),
+                project: rec.project.clone(),
+                base_commit: rec.base_commit.clone(),
+                branch: rec.branch.clone(),
+                created: now(),
+            };
+            if let Err(e) = b.save(&self.layout) {
+                self.discard(thread);
+                return Err(e);
+            }
+        }
+        Ok((path, vec![]))
+    }
+
+    /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
+    /// tree, HEAD at its first parent on the branch it was on), or from its first base when it was
+    /// released with nothing saved.
+    fn resume_fork(&self, thread: &str, b: &Binding) -> Result<Fork, String> {
+        let repo = snap::open(&self.layout.mirror(&b.project))?;
+        let Some(s) = snap::read_ref(&repo, &snap::thread_ref(thread)) else {
+            let base = self.store(&b.project)?.resolve(Some(&b.base_commit))?;
+            return Ok(Fork {
+                project: b.project.clone(),
+                base_commit: b.base_commit.clone(),
+                base_tree: base.tree,
+                base_time: base.time,
+                index_tree: base.tree,
+                head_commit: b.base_commit.clone(),
+                branch: b.branch.clone(),
+                requested_ref: None,
+                saved: None,
+                chat: false,
+            });
+        };
+        let (tree, parents, message, time) = snap::commit_info(&repo, s)?;
+        let head = *parents.first().ok_or("the snapshot has no parent")?;
+        let (head_tree, ..) = snap::commit_info(&repo, head)?;
+        let branch = match snap::head_of(&message) {
+            HeadRef::Branch(b) => Some(b),
+            HeadRef::Detached => None,
+        };
+        Ok(Fork {
+            project: b.project.clone(),
+            base_commit: s.to_string(),
+            base_tree: tree,
+            base_time: time,
+            index_tree: head_tree,
+            head_commit: head.to_string(),
+            branch,
+            requested_ref: None,
+            saved: Some(s.to_string()),
+            chat: false,
+        })
+    }
+
+    /// Creates, seeds and mounts a new workspace. On failure nothing of it remains.
+    fn create(&self, thread: &str, fork: Fork) -> Result<(), String> {
+        let proj = if fork.chat {
+            blank_project()
+        } else {
+            mirror::require(&self.layout, &fork.project)?
+        };
+        let mut rec = WorkspaceRecord {
+            thread: thread.into(),
+            project: fork.project.clone(),
+            base_commit: fork.base_commit.clone(),
+            base_tree: fork.base_tree.to_string(),
+            base_time: fork.base_time,
+            requested_ref: fork.requested_ref.clone(),
+            branch: fork.branch.clone(),
+            created: now(),
+            mounted: true,
+            chat: fork.chat,
+            saved: None,
+        };
+        rec.save(&self.layout)?;
+        let made = (|| {
+            let core = self.load_core(&rec)?;
+            let exe = std::env::current_exe()
+                .map_err(|e| format!("cannot find the octofs binary: {e}"))?;
+            let plan = crate::repo::plan(
+                &self.layout,
+                &proj,
+                thread,
+                &fork.head_commit,
+                fork.branch.as_deref(),
+                &exe,
+            )?;
+            let index = {
+                let il = self
+                    .locks
+                    .get(&format!("index:{}-{}", fork.index_tree, fork.base_tree));
+                let _ig = lock(&il);
+                crate::repo::shared_index(
+                    &self.layout,
+                    &*self.store(&fork.project)?,
+                    fork.index_tree,
+                    fork.base_tree,
+                    fork.base_time,
+                    crate::sys::euid(),
+                    crate::sys::egid(),
+                )?
+            };
+            crate::repo::seed(&core, &plan, &index, fork.base_time)?;
+            let mut bookkeeping = Vec::new();
+            if let Some(s) = &fork.saved {
+                bookkeeping.push(
+                    core.put_file_quietly(
+                        &[".git", "refs", "octomate"],
+                        "saved",
+                        format!("{s}\n").as_bytes(),
+                    )
+                    .map_err(|e| format!("cannot record refs/octomate/saved: {e:?}"))?,
+                );
+            }
+            rec.saved = Some(SavedMark {
+                commit: fork.saved.clone(),
+                generation: core.generation(),
+                at: Ts::now(),
+                bookkeeping,
+            });
+            rec.save(&self.layout)?;
+            self.mount_core(&rec, core)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
+        }
+        made
+    }
+
+    /// Creates the blank repository chat workspaces fork from, once.
+    fn ensure_blank(&self) -> Result<(), String> {
+        let l = self.locks.get(&format!("project:{BLANK}"));
+        let _g = lock(&l);
+        let dir = self.layout.mirror(BLANK);
+        if dir.join(".git").exists() {
+            return Ok(());
+        }
+        let staging = self
+            .layout
+            .mirrors()
+            .join(format!(".staging-blank-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| format!("cannot create the blank repository: {e}"))?;
+        let made = (|| {
+            crate::git!(Some(&staging); "init", "--quiet", "--initial-branch=main")?;
+            let empty =
+                crate::git!(Some(&staging); "hash-object", "-t", "tree", "-w", "/dev/null")?;
+            let commit = crate::git::git_env(
+                Some(&staging),
+                &[
+                    "commit-tree",
+                    &empty,
+                    "-m",
+                    "octofs: blank repository for chat workspaces",
+                ]
+                .map(std::ffi::OsStr::new),
+                &[
+                    ("GIT_AUTHOR_NAME", "octofs".as_ref()),
+                    ("GIT_AUTHOR_EMAIL", "octofs@localhost".as_ref()),
+                    ("GIT_COMMITTER_NAME", "octofs".as_ref()),
+                    ("GIT_COMMITTER_EMAIL", "octofs@localhost".as_ref()),
+                ],
+            )?;
+            crate::git!(Some(&staging); "update-ref", "refs/heads/main", &commit)?;
+            std::fs::rename(&staging, &dir).map_err(|e| e.to_string())
+        })();
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(format!("cannot create the blank repository: {e}"));
+        }
+        Ok(())
+    }
+
+    /// `octofs snapshot`: saves the working state; returns the snapshot commit.
+    pub(super) fn snapshot(&self, thread: &str) -> Reply {
+        validate(NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        let id = self.snapshot_locked(thread)?;
+        Ok((json!(id), vec![]))
+    }
+
+    fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, String> {
+        match WorkspaceRecord::load(&self.layout, thread)? {
+            Some(r) => Ok(r),
+            None if Binding::load(&self.layout, thread)?.is_some() => {
+                Err(format!("thread {thread} is released (open it to resume)"))
+            }
+            None => Err(format!("unknown thread {thread:?}")),
+        }
+    }
+
+    fn core_of(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, String> {
+        if let Some(m) = lock(&self.mounts).get(&rec.thread) {
+            return Ok(m.core.clone());
+        }
+        self.mount(rec)?;
+        lock(&self.mounts)
+            .get(&rec.thread)
+            .map(|m| m.core.clone())
+            .ok_or_else(|| format!("thread {} is not mounted", rec.thread))
+    }
+
+    /// Snapshot with the thread's lock held.
+    pub(super) fn snapshot_locked(&self, thread: &str) -> Result<String, String> {
+        let mut rec = self.live_record(thread)?;
+        if rec.chat {
+            return Err(format!(
+                "thread {thread} is a chat workspace (no project): it is never saved"
+            ));
+        }
+        let core = self.core_of(&rec)?;
+        let mount = self.layout.mountpoint(thread);
+        // 1. A consistent view of what changed (the only step that holds the workspace's lock).
+        let view = core
+            .view()
+            .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
+        let (head, head_ref) = read_head(&core)?;
+        // 2. What `git add -A` would leave out.
+        let mut edits = filter_ignored(&mount, view.edits)?;
+        edits.sort_by(|a, b| a.path().cmp(b.path()));
+        // 3. Objects, then the ref.
+        let mirror = self.layout.mirror(&rec.project);
+        let mut repo = snap::open(&mirror)?;
+        let tref = snap::thread_ref(thread);
+        let prev = snap::read_ref(&repo, &tref);
+        if !repo.has_object(head) {
+            // The agent's own commits: carried into the mirror (and kept reachable there).
+            let spec = format!("{head}:refs/octomate/heads/{thread}");
+            git_in(
+                &mount,
+                &[
+                    "push",
+                    "--quiet",
+                    "--no-verify",
+                    "--force",
+                    &mirror.to_string_lossy(),
+                    &spec,
+                ],
+                b"",
+            )?;
+            repo = snap::open(&mirror)?;
+        }
+        let tree = snap::build_tree(&repo, view.base_tree, &edits)?;
+        let message = snap::message(thread, &head_ref);
+        if let Some(p) = prev {
+            let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
+            if ptree == tree && pparents.first() == Some(&head) && snap::head_of(&pmsg) == head_ref
+            {
+                self.mark_saved(
+                    &mut rec,
+                    &core,
+                    &p.to_string(),
+                    view.generation,
+                    view.taken_at,
+                )?;
+                return Ok(p.to_string());
+            }
+        }
+        let mut parents = vec![head];
+        parents.extend(prev);
+        let commit = snap::write_commit(&repo, tree, parents, &message)?;
+        snap::cas_ref(
+            &repo,
+            &tref,
+            prev,
+            commit,
+            &format!("octofs: snapshot of {thread}"),
+        )?;
+        self.mark_saved(
+            &mut rec,
+            &core,
+            &commit.to_string(),
+            view.generation,
+            view.taken_at,
+        )?;
+        tracing::info!(%thread, %commit, "snapshot");
+        Ok(commit.to_string())
+    }
+
+    fn mark_saved(
+        &self,
+        rec: &mut WorkspaceRecord,
+        core: &WorkspaceFs,
+        commit: &str,
+        generation: u64,
+        at: Ts,
+    ) -> Result<(), String> {
+        let ino = core
+            .put_file_quietly(
+                &[".git", "refs", "octomate"],
+                "saved",
+                format!("{commit}\n").as_bytes(),
+            )
+            .map_err(|e| format!("cannot record refs/octomate/saved: {e:?}"))?;
+        rec.saved = Some(SavedMark {
+            commit: Some(commit.into()),
+            generation,
+            at,
+            bookkeeping: vec![ino],
+        });
+        rec.save(&self.layout)
+    }
+
+    /// `octofs release`: one user fewer; the last one saves (if anything changed), unmounts and drops
+    /// the upper layer. A busy mount is refused unless `force`.
+    pub(super) fn release(&self, thread: &str, force: bool) -> Reply {
+        validate(NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        let rec = match WorkspaceRecord::load(&self.layout, thread)? {
+            Some(r) => r,
+            None if Binding::load(&self.layout, thread)?.is_some() => {
+                return Ok((
+                    json!({"thread": thread, "released": true, "already": true}),
+                    vec![],
+                ));
+            }
+            None => return Err(format!("unknown thread {thread:?}")),
+        };
+        if let Some(m) = lock(&self.mounts).get_mut(thread) {
+            if m.users > 1 && !force {
+                m.users -= 1;
+                return Ok((
+                    json!({"thread": thread, "released": false, "users": m.users}),
+                    vec![],
+                ));
+            }
+        }
+        let saved = if rec.chat {
+            None
+        } else {
+            Some(self.snapshot_locked(thread)?)
+        };
+        self.unmount_thread(thread, force)?;
+        let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
+        let _ = std::fs::remove_dir(self.layout.mountpoint(thread));
+        tracing::info!(%thread, "released");
+        Ok((
+            json!({"thread": thread, "released": true, "snapshot": saved}),
+            vec![],
+        ))
+    }
+
+    /// Drops a workspace that failed to come into being.
+    fn discard(&self, thread: &str) {
+        let _ = self.unmount_thread(thread, true);
+        let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
+        let _ = std::fs::remove_dir(self.layout.mountpoint(thread));
+    }
+
+    /// `octofs sweep`: releases every project workspace idle for `idle` seconds whose state the
+    /// mirror has seen; never one with unsaved work, open files, or a chat workspace.
+    pub fn sweep(&self, idle: u64) -> Reply {
+        let threads: Vec<String> = lock(&self.mounts).keys().cloned().collect();
+        let mut released = Vec::new();
+        let mut kept = Vec::new();
+        for thread in threads {
+            let l = self.locks.get(&format!("thread:{thread}"));
+            let _g = lock(&l);
+            let Some(rec) = WorkspaceRecord::load(&self.layout, &thread)? else {
+                continue;
+            };
+            let Some(core) = lock(&self.mounts).get(&thread).map(|m| m.core.clone()) else {
+                continue;
+            };
+            let (last, open) = core.activity();
+            let why = if rec.chat {
+                Some("chat workspace")
+            } else if open {
+                Some("files open")
+            } else if now().saturating_sub(last) < idle {
+                Some("active")
+            } else if rec
+                .saved
+                .as_ref()
+                .is_none_or(|m| core.changed_since(m.generation, m.at, &m.bookkeeping))
+            {
+                Some("unsaved changes")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                kept.push(json!({"thread": thread, "why": why}));
+                continue;
+            }
+            match self.unmount_thread(&thread, false) {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir_all(self.layout.workspace(&thread));
+                    let _ = std::fs::remove_dir(self.layout.mountpoint(&thread));
+                    tracing::info!(%thread, "swept");
+                    released.push(thread);
+                }
+                Err(e) => kept.push(json!({"thread": thread, "why": e})),
+            }
+        }
+        Ok((json!({"released": released, "kept": kept}), vec![]))
+    }
+
+    /// `octofs diff`: what changed between two commits (snapshots), or from one to the live state.
+    pub(super) fn diff(
+        &self,
+        thread: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+        patch: bool,
+    ) -> Reply {
+        validate(NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        let binding = Binding::load(&self.layout, thread)?;
+        let live = WorkspaceRecord::load(&self.layout, thread)?;
+        let project = match (&live, &binding) {
+            (Some(r), _) if r.chat => {
+                return Err(format!(
+                    "thread {thread} is a chat workspace: nothing is saved to diff"
+                ));
+            }
+            (Some(r), _) => r.project.clone(),
+            (None, Some(b)) => b.project.clone(),
+            (None, None) => return Err(format!("unknown thread {thread:?}")),
+        };
+        let mirror = self.layout.mirror(&project);
+        let repo = snap::open(&mirror)?;
+        let last = snap::read_ref(&repo, &snap::thread_ref(thread));
+        let resolve = |spec: &str| -> Result<gix::ObjectId, String> {
+            let spec = if spec == "saved" || spec == "last" {
+                last.map(|l| l.to_string())
+                    .ok_or("the thread has no snapshot yet")?
+            } else {
+                spec.to_string()
+            };
+            let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", &format!("{spec}^{{tree}}"))
+                .map_err(|_| format!("{spec:?} does not name a commit or tree in the mirror"))?;
+            gix::ObjectId::from_hex(out.as_bytes()).map_err(|e| e.to_string())
+        };
+        let from_tree = match (from, &live) {
+            (Some(f), _) => resolve(f)?,
+            (None, Some(r)) => {
+                gix::ObjectId::from_hex(r.base_tree.as_bytes()).map_err(|e| e.to_string())?
+            }
+            (None, None) => resolve("saved")?,
+        };
+        let to_tree = match (to, &live) {
+            (Some(t), _) => resolve(t)?,
+            (None, Some(r)) => {
+                let core = self.core_of(r)?;
+                let view = core
+                    .view()
+                    .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
+                let mut edits = filter_ignored(&self.layout.mountpoint(thread), view.edits)?;
+                edits.sort_by(|a, b| a.path().cmp(b.path()));
+                snap::build_tree(&repo, view.base_tree, &edits)?
+            }
+            (None, None) => resolve("saved")?,
+        };
+        let (a, b) = (from_tree.to_string(), to_tree.to_string());
+        let out = if patch {
+            crate::git!(Some(&mirror); "diff", "--no-color", "--no-ext-diff", &a, &b)
+        } else {
+            crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
+        }?;
+        Ok((json!({"from": a, "to": b, "diff": out}), vec![]))
+    }
+}
+
+/// The project description of the blank repository.
+fn blank_project() -> Project {
+    Project {
+        project: BLANK.into(),
+        upstream: String::new(),
+        kind: UpstreamKind::Directory,
+        default_branch: "main".into(),
+        last_sync: 0,
+    }
+}

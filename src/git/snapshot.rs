@@ -1,0 +1,220 @@
+//! Snapshot commits in a mirror (DESIGN.md "Snapshots"; seed 000 "Saving").
+//!
+//! A snapshot adds objects and moves one `refs/octomate/threads/<thread>` ref; it never touches the
+//! mirror's HEAD, index, working tree or branches. The tree is the base tree edited with only what
+//! changed (untouched subtrees keep their ids); the ref moves by compare-and-swap with a reflog entry,
+//! so a lost race is an error, never an overwrite, and a crash leaves the old or the new ref, never
+//! a ref to a missing object (objects are written before the ref).
+
+use std::path::Path;
+
+use gix::ObjectId;
+use gix::bstr::{BStr, ByteSlice};
+use gix::objs::tree::EntryKind;
+use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
+use gix::refs::{FullName, Target};
+
+use crate::fs::core::{ViewEdit, ViewSource};
+
+/// Where HEAD of a workspace was when a snapshot was taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeadRef {
+    Branch(String),
+    Detached,
+}
+
+const HEAD_TRAILER: &str = "Octofs-Head: ";
+
+pub fn thread_ref(thread: &str) -> String {
+    format!("refs/octomate/threads/{thread}")
+}
+
+/// The message of a snapshot commit; its trailer records where HEAD was.
+pub fn message(thread: &str, head: &HeadRef) -> String {
+    let h = match head {
+        HeadRef::Branch(b) => format!("refs/heads/{b}"),
+        HeadRef::Detached => "detached".to_string(),
+    };
+    format!("octofs snapshot of thread {thread}\n\n{HEAD_TRAILER}{h}\n")
+}
+
+/// Where HEAD was, from a snapshot commit's message.
+pub fn head_of(message: &[u8]) -> HeadRef {
+    for line in message.lines() {
+        if let Some(rest) = line
+            .to_str()
+            .ok()
+            .and_then(|l| l.strip_prefix(HEAD_TRAILER))
+        {
+            if let Some(b) = rest.trim().strip_prefix("refs/heads/") {
+                return HeadRef::Branch(b.to_string());
+            }
+        }
+    }
+    HeadRef::Detached
+}
+
+fn err(what: &str) -> impl Fn(gix::Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+pub fn open(mirror: &Path) -> Result<gix::Repository, String> {
+    gix::open(mirror).map_err(|e| format!("cannot open the mirror {}: {e}", mirror.display()))
+}
+
+/// The commit a ref points at, if it exists.
+pub fn read_ref(repo: &gix::Repository, name: &str) -> Option<ObjectId> {
+    repo.find_reference(name)
+        .ok()
+        .and_then(|mut r| r.peel_to_id().ok())
+        .map(|id| id.detach())
+}
+
+/// A snapshot commit's tree, parents and message.
+pub fn commit_info(
+    repo: &gix::Repository,
+    id: ObjectId,
+) -> Result<(ObjectId, Vec<ObjectId>, Vec<u8>, i64), String> {
+    let c = repo
+        .find_commit(id)
+        .map_err(|e| format!("cannot read commit {id}: {e}"))?;
+    let d = c
+        .decode()
+        .map_err(|e| format!("cannot read commit {id}: {e}"))?;
+    let time = c.time().map(|t| t.seconds).unwrap_or(0);
+    Ok((d.tree(), d.parents().collect(), d.message.to_vec(), time))
+}
+
+/// Writes every object the edits need and returns the edited tree. Edits must be sorted by path.
+pub fn build_tree(
+    repo: &gix::Repository,
+    base_tree: ObjectId,
+    edits: &[ViewEdit],
+) -> Result<ObjectId, String> {
+    let mut ed = repo
+        .edit_tree(base_tree)
+        .map_err(|e| format!("cannot edit tree {base_tree}: {e}"))?;
+    let blob = |source: &ViewSource| -> Result<ObjectId, String> {
+        Ok(match source {
+            ViewSource::Object(id) => *id,
+            ViewSource::File(p) => {
+                let f = std::fs::File::open(p)
+                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+                repo.write_blob_stream(f)
+                    .map_err(|e| format!("cannot write a blob from {}: {e}", p.display()))?
+                    .detach()
+            }
+            ViewSource::Bytes(b) => repo
+                .write_blob(b)
+                .map_err(err("cannot write a blob"))?
+                .detach(),
+        })
+    };
+    for e in edits {
+        let path: &BStr = e.path().as_bstr();
+        let r = match e {
+            ViewEdit::Remove { .. } => ed.remove(path).map(|_| ()),
+            ViewEdit::Tree { id, .. } => ed.upsert(path, EntryKind::Tree, *id).map(|_| ()),
+            ViewEdit::Gitlink { id, .. } => ed.upsert(path, EntryKind::Commit, *id).map(|_| ()),
+            ViewEdit::AddedDir { .. } => Ok(()),
+            ViewEdit::File { exec, source, .. } => {
+                let id = blob(source)?;
+                let kind = if *exec {
+                    EntryKind::BlobExecutable
+                } else {
+                    EntryKind::Blob
+                };
+                ed.upsert(path, kind, id).map(|_| ())
+            }
+            ViewEdit::Symlink { source, .. } => {
+                let id = blob(source)?;
+                ed.upsert(path, EntryKind::Link, id).map(|_| ())
+            }
+        };
+        r.map_err(|x| format!("cannot edit {}: {x}", path))?;
+    }
+    Ok(ed
+        .write()
+        .map_err(err("cannot write the snapshot tree"))?
+        .detach())
+}
+
+fn signature() -> gix::actor::Signature {
+    gix::actor::Signature {
+        name: "octofs".into(),
+        email: "octofs@localhost".into(),
+        time: gix::date::Time::now_local_or_utc(),
+    }
+}
+
+/// Writes a commit object (no ref moves).
+pub fn write_commit(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    parents: Vec<ObjectId>,
+    message: &str,
+) -> Result<ObjectId, String> {
+    let sig = signature();
+    let commit = gix::objs::Commit {
+        tree,
+        parents: parents.into_iter().collect(),
+        author: sig.clone(),
+        committer: sig,
+        encoding: None,
+        message: message.into(),
+        extra_headers: vec![],
+    };
+    Ok(repo
+        .write_object(&commit)
+        .map_err(err("cannot write the snapshot commit"))?
+        .detach())
+}
+
+/// Moves `name` from `expected` (`None`: must not exist) to `new`, with a reflog entry. A ref that
+/// moved underneath is an error, never an overwrite.
+pub fn cas_ref(
+    repo: &gix::Repository,
+    name: &str,
+    expected: Option<ObjectId>,
+    new: ObjectId,
+    log: &str,
+) -> Result<(), String> {
+    let full = FullName::try_from(name).map_err(|e| format!("bad ref name {name}: {e}"))?;
+    let edit = RefEdit {
+        name: full,
+        deref: false,
+        change: Change::Update {
+            log: LogChange {
+                mode: RefLog::AndReference,
+                force_create_reflog: true,
+                message: log.into(),
+            },
+            expected: match expected {
+                Some(id) => PreviousValue::MustExistAndMatch(Target::Object(id)),
+                None => PreviousValue::MustNotExist,
+            },
+            new: Target::Object(new),
+        },
+    };
+    let sig = signature();
+    let mut tb = gix::date::parse::TimeBuf::default();
+    repo.edit_references_as(Some(edit), Some(sig.to_ref(&mut tb)))
+        .map(|_| ())
+        .map_err(|e| format!("{name} moved underneath (another snapshot won the race?): {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_head_trailer_round_trips() {
+        let m = message("t1", &HeadRef::Branch("feature/x".into()));
+        assert_eq!(head_of(m.as_bytes()), HeadRef::Branch("feature/x".into()));
+        assert_eq!(
+            head_of(message("t1", &HeadRef::Detached).as_bytes()),
+            HeadRef::Detached
+        );
+        assert_eq!(head_of(b"some other commit"), HeadRef::Detached);
+    }
+}
