@@ -48,10 +48,10 @@ fn exchange(mut stream: UnixStream, req: &Request) -> Result<Response, String> {
 
 fn start_daemon(layout: &Layout) -> Result<UnixStream, String> {
     // Refuse what the daemon would refuse before creating anything (its log included).
-    if let Ok(m) = std::fs::metadata(&layout.root) {
-        if !m.is_dir() {
-            return Err(format!("root {} is not a directory", layout.root.display()));
-        }
+    if let Ok(m) = std::fs::metadata(&layout.root)
+        && !m.is_dir()
+    {
+        return Err(format!("root {} is not a directory", layout.root.display()));
     }
     std::fs::create_dir_all(&layout.state)
         .map_err(|e| format!("cannot create state dir {}: {e}", layout.state.display()))?;

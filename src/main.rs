@@ -442,8 +442,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             println!("base reads:    {}", w.base_content_opens);
             if w.quarantined > 0 {
                 println!(
-                    "quarantined:   {} (see {}/quarantine)",
-                    w.quarantined, "<state>/workspaces/<thread>/upper"
+                    "quarantined:   {} (see <state>/workspaces/<thread>/upper/quarantine)",
+                    w.quarantined
                 );
             }
             println!(

@@ -102,10 +102,10 @@ impl Binding {
         };
         for entry in dir.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(thread) = name.strip_suffix(".json") {
-                if let Some(b) = Self::load(layout, thread)? {
-                    out.push(b);
-                }
+            if let Some(thread) = name.strip_suffix(".json")
+                && let Some(b) = Self::load(layout, thread)?
+            {
+                out.push(b);
             }
         }
         out.sort_by(|a, b| a.thread.cmp(&b.thread));

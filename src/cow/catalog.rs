@@ -104,6 +104,7 @@ pub struct InodeRecord {
 /// One change, as stored in the log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
+#[allow(clippy::large_enum_variant)] // records are built one at a time and serialized at once
 pub enum Record {
     /// Set (create or replace) an inode's record.
     Inode(InodeRecord),
@@ -369,9 +370,11 @@ mod overlay_map {
     use std::collections::{BTreeMap, HashMap};
 
     type Map = HashMap<u64, BTreeMap<Vec<u8>, Option<u64>>>;
+    /// One directory's overlay as stored: (directory, [(name, inode or hidden)]).
+    type Dir = (u64, Vec<(Repr, Option<u64>)>);
 
     pub fn serialize<S: Serializer>(m: &Map, s: S) -> Result<S::Ok, S::Error> {
-        let v: Vec<(u64, Vec<(Repr, Option<u64>)>)> = m
+        let v: Vec<Dir> = m
             .iter()
             .map(|(d, e)| (*d, e.iter().map(|(n, i)| (to_repr(n), *i)).collect()))
             .collect();
@@ -379,7 +382,7 @@ mod overlay_map {
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Map, D::Error> {
-        let v = Vec::<(u64, Vec<(Repr, Option<u64>)>)>::deserialize(d)?;
+        let v = Vec::<Dir>::deserialize(d)?;
         Ok(v.into_iter()
             .map(|(d, e)| (d, e.into_iter().map(|(n, i)| (from_repr(n), i)).collect()))
             .collect())

@@ -88,10 +88,10 @@ impl Upper {
     }
 
     pub fn remove(&self, ino: u64) {
-        if let Err(e) = std::fs::remove_file(self.data_path(ino)) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(ino, "cannot remove data file: {e}");
-            }
+        if let Err(e) = std::fs::remove_file(self.data_path(ino))
+            && e.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(ino, "cannot remove data file: {e}");
         }
     }
 

@@ -175,10 +175,9 @@ fn filter_ignored(mount: &std::path::Path, edits: Vec<ViewEdit>) -> Result<Vec<V
         | ViewEdit::Symlink {
             path, added: true, ..
         } = e
+            && under_ignored(path)
         {
-            if under_ignored(path) {
-                candidates.push(path.clone());
-            }
+            candidates.push(path.clone());
         }
     }
     let mut tracked: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
@@ -232,10 +231,10 @@ fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
     }
     let packed = read(&[b".git", b"packed-refs"])?.unwrap_or_default();
     for line in String::from_utf8_lossy(&packed).lines() {
-        if let Some((oid, n)) = line.split_once(' ') {
-            if n == name {
-                return Ok((parse(oid)?, head_ref));
-            }
+        if let Some((oid, n)) = line.split_once(' ')
+            && n == name
+        {
+            return Ok((parse(oid)?, head_ref));
         }
     }
     Err(format!(
@@ -255,24 +254,24 @@ impl Daemon {
         let _g = lock(&l);
         let binding = Binding::load(&self.layout, thread)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
-        if let (Some(b), Some(p)) = (&binding, project) {
-            if b.project != p {
-                return Err(format!(
-                    "thread {thread} is bound to project {}; it cannot be re-bound to {p}",
-                    b.project
-                ));
-            }
+        if let (Some(b), Some(p)) = (&binding, project)
+            && b.project != p
+        {
+            return Err(format!(
+                "thread {thread} is bound to project {}; it cannot be re-bound to {p}",
+                b.project
+            ));
         }
-        if let (Some(rec), Some(p)) = (&live, project) {
-            if rec.chat {
-                return Err(format!(
-                    "thread {thread} has a chat workspace (no project); release it before binding it to {p}"
-                ));
-            }
+        if let (Some(rec), Some(p)) = (&live, project)
+            && rec.chat
+        {
+            return Err(format!(
+                "thread {thread} has a chat workspace (no project); release it before binding it to {p}"
+            ));
         }
         if let (Some(rec), Some(r)) = (&live, git_ref) {
             let resolved = self.store(&rec.project)?.resolve(Some(r))?;
-            if resolved.commit.to_string() != rec.base_commit {
+            if gix::ObjectId::from_hex(rec.base_commit.as_bytes()).ok() != Some(resolved.commit) {
                 return Err(format!(
                     "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
                     &rec.base_commit[..12]
@@ -668,14 +667,15 @@ impl Daemon {
             }
             None => return Err(format!("unknown thread {thread:?}")),
         };
-        if let Some(m) = lock(&self.mounts).get_mut(thread) {
-            if m.users > 1 && !force {
-                m.users -= 1;
-                return Ok((
-                    json!({"thread": thread, "released": false, "users": m.users}),
-                    vec![],
-                ));
-            }
+        if let Some(m) = lock(&self.mounts).get_mut(thread)
+            && m.users > 1
+            && !force
+        {
+            m.users -= 1;
+            return Ok((
+                json!({"thread": thread, "released": false, "users": m.users}),
+                vec![],
+            ));
         }
         let saved = if rec.chat {
             None

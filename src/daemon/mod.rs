@@ -429,10 +429,10 @@ fn clear_stale_mounts(root: &Path) {
 
 /// Runs the daemon in the foreground until `stop`, SIGTERM or SIGINT.
 pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
-    if let Ok(m) = std::fs::metadata(&layout.root) {
-        if !m.is_dir() {
-            bail!("root {} is not a directory", layout.root.display());
-        }
+    if let Ok(m) = std::fs::metadata(&layout.root)
+        && !m.is_dir()
+    {
+        bail!("root {} is not a directory", layout.root.display());
     }
     std::fs::create_dir_all(&layout.state)
         .with_context(|| format!("cannot create state dir {}", layout.state.display()))?;

@@ -184,10 +184,10 @@ impl Journal {
         }
         self.seq += 1;
         self.entries.push_back((self.seq, path));
-        if self.entries.len() > JOURNAL_MAX {
-            if let Some((s, _)) = self.entries.pop_front() {
-                self.floor = s;
-            }
+        if self.entries.len() > JOURNAL_MAX
+            && let Some((s, _)) = self.entries.pop_front()
+        {
+            self.floor = s;
         }
     }
 
@@ -401,10 +401,9 @@ fn find_entry<'a>(entries: &'a [TreeEntry], name: &[u8]) -> Option<&'a TreeEntry
         if let Ok(i) = entries.binary_search_by(|e| {
             let e_tree = matches!(e.kind, EntryKind::Tree);
             git_order(&e.name, e_tree, name, as_tree)
-        }) {
-            if &*entries[i].name == name {
-                return Some(&entries[i]);
-            }
+        }) && &*entries[i].name == name
+        {
+            return Some(&entries[i]);
         }
     }
     entries.iter().find(|e| &*e.name == name)
@@ -497,11 +496,12 @@ impl State {
 
     /// The working copy of `ino`'s record in `tx`.
     fn rec<'t>(&self, tx: &'t mut Tx, ino: u64) -> Result<&'t mut InodeRecord, Errno> {
-        if !tx.recs.contains_key(&ino) {
-            let r = self.node(ino)?.rec.clone();
-            tx.recs.insert(ino, r);
+        match tx.recs.entry(ino) {
+            std::collections::btree_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                Ok(e.insert(self.node(ino)?.rec.clone()))
+            }
         }
-        Ok(tx.recs.get_mut(&ino).expect("just inserted"))
     }
 
     /// Makes sure `ino` and its ancestors are persisted and linked in their parents' overlays.
@@ -647,45 +647,42 @@ impl WorkspaceFs {
                 )
             })
             .collect();
-        if !nodes.contains_key(&ROOT_INO) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = nodes.entry(ROOT_INO) {
             let subdirs = store
                 .tree(root_tree)?
                 .iter()
                 .filter(|e| matches!(e.kind, EntryKind::Tree | EntryKind::Gitlink))
                 .count() as u32;
-            nodes.insert(
-                ROOT_INO,
-                Node {
-                    rec: InodeRecord {
-                        ino: ROOT_INO,
-                        kind: Kind::Dir,
-                        base: Some(BaseRef {
-                            oid: root_tree.to_string(),
-                            path: Vec::new(),
-                            gitlink: false,
-                        }),
-                        upper: false,
-                        target: None,
-                        mode: 0o755,
-                        uid: pres.uid,
-                        gid: pres.gid,
-                        rdev: 0,
-                        atime: base_time,
-                        mtime: base_time,
-                        ctime: base_time,
-                        nlink: 2 + subdirs,
-                        parent: ROOT_INO,
-                        name: Vec::new(),
-                        xattrs: BTreeMap::new(),
-                        copied_ctime: None,
-                        shared: None,
-                    },
-                    persisted: false,
-                    lookups: 1,
-                    opens: 0,
-                    writers: 0,
+            slot.insert(Node {
+                rec: InodeRecord {
+                    ino: ROOT_INO,
+                    kind: Kind::Dir,
+                    base: Some(BaseRef {
+                        oid: root_tree.to_string(),
+                        path: Vec::new(),
+                        gitlink: false,
+                    }),
+                    upper: false,
+                    target: None,
+                    mode: 0o755,
+                    uid: pres.uid,
+                    gid: pres.gid,
+                    rdev: 0,
+                    atime: base_time,
+                    mtime: base_time,
+                    ctime: base_time,
+                    nlink: 2 + subdirs,
+                    parent: ROOT_INO,
+                    name: Vec::new(),
+                    xattrs: BTreeMap::new(),
+                    copied_ctime: None,
+                    shared: None,
                 },
-            );
+                persisted: false,
+                lookups: 1,
+                opens: 0,
+                writers: 0,
+            });
         }
         if let Some(root) = nodes.get_mut(&ROOT_INO) {
             root.lookups = 1;
@@ -825,10 +822,10 @@ impl WorkspaceFs {
                 .is_none_or(|e| matches!(e.kind, EntryKind::Tree | EntryKind::Gitlink));
             match n.kind {
                 Kind::Dir if n.base.as_ref().is_some_and(|b| b.gitlink) => {
-                    if !unchanged_as(EntryKind::Gitlink) {
-                        if let Some(id) = base_id {
-                            out.push(ViewEdit::Gitlink { path: cp, id });
-                        }
+                    if !unchanged_as(EntryKind::Gitlink)
+                        && let Some(id) = base_id
+                    {
+                        out.push(ViewEdit::Gitlink { path: cp, id });
                     }
                 }
                 Kind::Dir => {
@@ -1097,18 +1094,15 @@ impl WorkspaceFs {
         };
         let path = join(&parent_path, name);
         let ino = Self::derived_ino(st, &path);
-        if !st.nodes.contains_key(&ino) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = st.nodes.entry(ino) {
             let rec = self.derived_rec(parent, &parent_path, e, ino)?;
-            st.nodes.insert(
-                ino,
-                Node {
-                    rec,
-                    persisted: false,
-                    lookups: 0,
-                    opens: 0,
-                    writers: 0,
-                },
-            );
+            slot.insert(Node {
+                rec,
+                persisted: false,
+                lookups: 0,
+                opens: 0,
+                writers: 0,
+            });
         }
         Ok(Some(ino))
     }
@@ -2317,10 +2311,10 @@ impl WorkspaceFs {
                 continue;
             };
             let n = &st.node(*ino)?.rec;
-            let same_origin = n
-                .base
-                .as_ref()
-                .is_some_and(|b| base.is_some_and(|e| e.id.to_string() == b.oid) && b.path == p);
+            let same_origin = n.base.as_ref().is_some_and(|b| {
+                base.is_some_and(|e| ObjectId::from_hex(b.oid.as_bytes()).ok() == Some(e.id))
+                    && b.path == p
+            });
             if n.kind == Kind::Dir {
                 if !same_origin && base.is_some() {
                     out.push(Change {

@@ -473,15 +473,13 @@ impl Filesystem for FuseAdapter {
         let stale = self.file_handle(fh, |_, upper, ino| {
             (!upper && self.core.is_upper(ino)).then_some(ino)
         });
-        if let Ok(Some(ino)) = stale {
-            if let Ok(f) = self.core.open_data(ino) {
-                if let Some(mut h) = self.handles.get_mut(&fh.0) {
-                    if let Handle::File { file, upper, .. } = &mut *h {
-                        *file = f;
-                        *upper = true;
-                    }
-                }
-            }
+        if let Ok(Some(ino)) = stale
+            && let Ok(f) = self.core.open_data(ino)
+            && let Some(mut h) = self.handles.get_mut(&fh.0)
+            && let Handle::File { file, upper, .. } = &mut *h
+        {
+            *file = f;
+            *upper = true;
         }
         let r = self.file_handle(fh, |file, _, _| {
             let mut buf = vec![0u8; size as usize];

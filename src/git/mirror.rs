@@ -105,10 +105,10 @@ pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), String> {
     let is_url = upstream.contains("://")
         || (upstream.contains(':') && !upstream.starts_with('/') && upstream.contains('@'));
     if is_url {
-        if let Some(path) = upstream.strip_prefix("file://") {
-            if !Path::new(path).exists() {
-                return Err(format!("upstream {upstream} does not exist"));
-            }
+        if let Some(path) = upstream.strip_prefix("file://")
+            && !Path::new(path).exists()
+        {
+            return Err(format!("upstream {upstream} does not exist"));
         }
         return Ok((UpstreamKind::Url, upstream.to_string()));
     }
@@ -309,12 +309,10 @@ pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcom
                     let remote = format!("refs/remotes/origin/{}", p.default_branch);
                     if let Ok(tip) =
                         git!(Some(&mirror); "rev-parse", "--verify", "--quiet", &remote)
+                        && head_before.as_deref() != Some(tip.as_str())
                     {
-                        if head_before.as_deref() != Some(tip.as_str()) {
-                            git!(Some(&mirror); "reset", "--quiet", "--hard", &tip).map_err(
-                                |e| format!("cannot move mirror {project} forward: {e}"),
-                            )?;
-                        }
+                        git!(Some(&mirror); "reset", "--quiet", "--hard", &tip)
+                            .map_err(|e| format!("cannot move mirror {project} forward: {e}"))?;
                     }
                 }
             }
@@ -357,10 +355,12 @@ pub fn list(layout: &Layout) -> Result<Vec<MirrorInfo>, String> {
     };
     for entry in dir.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(project) = name.strip_suffix(".json") {
-            if let Some(p) = load(layout, project)? {
-                out.push(info(layout, p));
-            }
+        // Names starting with '.' are octofs's own (the blank repository of chat workspaces).
+        if let Some(project) = name.strip_suffix(".json")
+            && !project.starts_with('.')
+            && let Some(p) = load(layout, project)?
+        {
+            out.push(info(layout, p));
         }
     }
     out.sort_by(|a, b| a.project.project.cmp(&b.project.project));

@@ -117,7 +117,7 @@ impl ObjectStore {
                     Ok(id) => {
                         let commit = id
                             .object()
-                            .and_then(|o| Ok(o.peel_to_commit()?))
+                            .and_then(|o| o.peel_to_commit())
                             .map_err(|e| format!("ref {shown:?} does not name a commit: {e}"))?;
                         let tree = commit.tree_id().map_err(|e| e.to_string())?.detach();
                         let time = commit.time().map(|t| t.seconds).unwrap_or(0);

@@ -45,10 +45,9 @@ pub fn head_of(message: &[u8]) -> HeadRef {
             .to_str()
             .ok()
             .and_then(|l| l.strip_prefix(HEAD_TRAILER))
+            && let Some(b) = rest.trim().strip_prefix("refs/heads/")
         {
-            if let Some(b) = rest.trim().strip_prefix("refs/heads/") {
-                return HeadRef::Branch(b.to_string());
-            }
+            return HeadRef::Branch(b.to_string());
         }
     }
     HeadRef::Detached
