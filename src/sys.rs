@@ -131,8 +131,10 @@ fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
 }
 
 /// Whether `path` is the root of a mount that answers `ENOTCONN` (its daemon is gone).
+/// Uses `statfs`, which always reaches the file system (a `stat` may be answered from the kernel's
+/// attribute cache even after the daemon died).
 pub fn is_stale_mount(path: &Path) -> bool {
-    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+    matches!(statvfs(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ fn find_listing(dir: &Path) -> BTreeMap<String, String> {
     let mut map = BTreeMap::new();
     for line in out.stdout_str().lines() {
         let f: Vec<&str> = line.split('\t').collect();
-                assert_eq!(f.len(), 5, "unexpected find line {line:?}");
+        assert_eq!(f.len(), 5, "unexpected find line {line:?}");
         // The workspace's own repository is not part of the tree (git archive has none).
         if f[0].is_empty() || f[0] == ".git" || f[0].starts_with(".git/") {
             continue;
@@ -153,7 +153,7 @@ fn assert_no_diff(mount: &Path, extracted: &Path) {
     let out = sh(
         "diff",
         [
-                        "-r".as_ref(),
+            "-r".as_ref(),
             "--no-dereference".as_ref(),
             // The workspace's own repository; a git tree can never contain a `.git` entry.
             "--exclude=.git".as_ref(),

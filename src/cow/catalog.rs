@@ -176,7 +176,14 @@ pub struct Catalog {
     log: File,
     log_len: u64,
     log_batches: u64,
+    /// The log has disk blocks allocated (beyond its size) up to here: a reserve so that metadata
+    /// changes — above all deleting files — still succeed when the disk is full.
+    reserved_to: u64,
 }
+
+/// Blocks kept allocated ahead of the log's end, and when to top them up.
+const RESERVE: u64 = 1 << 20;
+const RESERVE_LOW: u64 = 256 << 10;
 
 const SNAP: &str = "catalog.snap";
 const LOG: &str = "catalog.log";
@@ -237,16 +244,15 @@ impl Catalog {
             std::fs::remove_file(dir.join(CLEAN))?;
             File::open(dir)?.sync_all()?;
         }
-        Ok((
-            Catalog {
-                dir: dir.to_path_buf(),
-                log,
-                log_len: good_len,
-                log_batches: batches,
-            },
-            state,
-            was_clean,
-        ))
+        let mut catalog = Catalog {
+            dir: dir.to_path_buf(),
+            log,
+            log_len: good_len,
+            log_batches: batches,
+            reserved_to: good_len,
+        };
+        catalog.top_up_reserve();
+        Ok((catalog, state, was_clean))
     }
 
     /// Appends one batch. On failure nothing of it remains in the log and the caller must not apply it.
@@ -262,7 +268,21 @@ impl Catalog {
         }
         self.log_len += line.len() as u64;
         self.log_batches += 1;
+        self.top_up_reserve();
         Ok(())
+    }
+
+    /// Allocates the next stretch of the log ahead of time (best effort: on a full disk the reserve
+    /// that is left is what metadata changes use).
+    fn top_up_reserve(&mut self) {
+        if self.reserved_to >= self.log_len + RESERVE_LOW {
+            return;
+        }
+        if crate::sys::fallocate(&self.log, libc::FALLOC_FL_KEEP_SIZE, self.log_len, RESERVE)
+            .is_ok()
+        {
+            self.reserved_to = self.log_len + RESERVE;
+        }
     }
 
     /// Makes every appended batch durable (fsync of a file or directory in the workspace).
@@ -286,6 +306,8 @@ impl Catalog {
         self.log.sync_all()?;
         self.log_len = 0;
         self.log_batches = 0;
+        self.reserved_to = 0;
+        self.top_up_reserve();
         Ok(())
     }
 

@@ -1398,7 +1398,8 @@ impl WorkspaceFs {
         let id = oid(&base.oid)?;
         let size = self.store.blob_size(id).map_err(eio)?;
         self.base_content_opens.fetch_add(1, Ordering::Relaxed);
-        self.blobs.open(&self.store, id, size).map_err(eio)
+        // Filling the cache needs disk: a full one answers ENOSPC, not EIO.
+        self.blobs.open(&self.store, id, size).map_err(io_errno)
     }
 
     /// Copies `ino` up into its data file (empty when `empty`), keeping its number and times.

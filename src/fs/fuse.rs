@@ -42,7 +42,12 @@ enum Handle {
         /// Held while this handle is open, keeping the inode's backing id alive.
         _backing: Option<Arc<BackingId>>,
     },
-    Dir(Arc<Vec<DirEntry>>),
+    /// A directory: its listing is read at the first readdir (when the kernel's cache of it is
+    /// valid, it never asks, and the listing is never computed).
+    Dir {
+        ino: u64,
+        listing: Arc<std::sync::OnceLock<Result<Vec<DirEntry>, Errno>>>,
+    },
 }
 
 /// The passthrough backing of one inode while any open of it exists.
@@ -146,16 +151,23 @@ impl FuseAdapter {
             Some(Handle::File {
                 file, upper, ino, ..
             }) => Ok(f(file, *upper, *ino)),
-            Some(Handle::Dir(_)) => Err(Errno::EISDIR),
+            Some(Handle::Dir { .. }) => Err(Errno::EISDIR),
             None => Err(Errno::EBADF),
         }
     }
 
-    fn dir_listing(&self, fh: FileHandle) -> Option<Arc<Vec<DirEntry>>> {
-        match &*self.handles.get(&fh.0)? {
-            Handle::Dir(list) => Some(list.clone()),
-            Handle::File { .. } => None,
+    fn dir_listing(
+        &self,
+        fh: FileHandle,
+    ) -> Result<Arc<std::sync::OnceLock<Result<Vec<DirEntry>, Errno>>>, Errno> {
+        let (ino, listing) = match self.handles.get(&fh.0).as_deref() {
+            Some(Handle::Dir { ino, listing }) => (*ino, listing.clone()),
+            _ => return Err(Errno::EBADF),
+        };
+        if let Err(e) = listing.get_or_init(|| self.core.readdir(ino)) {
+            return Err(*e);
         }
+        Ok(listing)
     }
 }
 
@@ -386,10 +398,15 @@ impl Filesystem for FuseAdapter {
             _backing: backing.clone(),
         });
         match backing {
-            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+            // No flush round trip on close: octofs has nothing to do at flush (no posix locks,
+            // every write is already in the data file).
+            Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH, &id),
             // Base content is immutable: the kernel may keep its page cache across opens.
-            None if !upper => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
-            None => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            None if !upper => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+            ),
+            None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH),
         }
     }
 
@@ -584,13 +601,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self
-            .core
-            .opendir(ino(i))
-            .and_then(|_| self.core.readdir(ino(i)))
-        {
-            Ok(list) => {
-                let fh = self.add_handle(Handle::Dir(Arc::new(list)));
+        match self.core.opendir(ino(i)) {
+            Ok(()) => {
+                let fh = self.add_handle(Handle::Dir {
+                    ino: ino(i),
+                    listing: Arc::default(),
+                });
                 reply.opened(
                     FileHandle(fh),
                     FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
@@ -608,8 +624,12 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some(list) = self.dir_listing(fh) else {
-            return reply.error(Errno::EBADF);
+        let listing = match self.dir_listing(fh) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let Some(Ok(list)) = listing.get() else {
+            return reply.error(Errno::EIO);
         };
         for (idx, e) in list.iter().enumerate().skip(offset as usize) {
             if reply.add(e.attr.ino, idx as u64 + 1, e.attr.kind, &e.name) {
@@ -627,8 +647,12 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let Some(list) = self.dir_listing(fh) else {
-            return reply.error(Errno::EBADF);
+        let listing = match self.dir_listing(fh) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
+        let Some(Ok(list)) = listing.get() else {
+            return reply.error(Errno::EIO);
         };
         for (idx, e) in list.iter().enumerate().skip(offset as usize) {
             if reply.add(

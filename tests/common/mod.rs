@@ -385,12 +385,19 @@ impl Daemon {
     /// Spawns `octofs serve` (stdout/stderr to a log file) and waits until it answers.
     #[track_caller]
     pub fn spawn(&mut self) {
+        self.spawn_with(&[]);
+    }
+
+    /// Like [`Daemon::spawn`], with extra arguments after `serve` (e.g. `--passthrough false`).
+    #[track_caller]
+    pub fn spawn_with(&mut self, serve_args: &[&str]) {
         assert!(self.child.is_none(), "daemon already running");
         self.log = self.base.join(format!("daemon-{}.log", self.starts));
         self.starts += 1;
         let log = fs::File::create(&self.log).expect("create daemon log");
         let mut cmd = self.command();
         cmd.arg("serve")
+            .args(serve_args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("dup log")))
             .stderr(Stdio::from(log))
@@ -414,9 +421,10 @@ impl Daemon {
                     self.log_tail()
                 );
             }
-            // Only ask the CLI once the socket exists: `list` would otherwise auto-start a second
-            // daemon that this guard does not own.
-            if self.socket().exists()
+            // Only ask the CLI once the socket accepts connections: `list` would otherwise
+            // auto-start a second daemon that this guard does not own (a daemon killed with
+            // SIGKILL leaves its socket file behind, so existence alone proves nothing).
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok()
                 && let Ok(out) = try_run(self.command().arg("list"), Duration::from_secs(5))
                 && out.success()
             {
@@ -461,6 +469,38 @@ impl Daemon {
             left.is_empty(),
             "mounts left under root after `octofs stop`: {left:?}"
         );
+    }
+
+    /// Process id of the running `octofs serve` child, if any.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// SIGKILLs the daemon child (by its own pid, nothing else) and reaps it. Its mounts are left
+    /// behind, answering `ENOTCONN`, exactly as after a crash.
+    #[track_caller]
+    pub fn kill9(&mut self) {
+        let pid = self.pid().expect("kill9: no daemon running") as libc::pid_t;
+        // SAFETY: plain kill(2) on the pid of our own, not yet reaped, child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        self.reap_killed();
+    }
+
+    /// Reaps a daemon child that was SIGKILLed by pid from elsewhere (e.g. another thread of the
+    /// test). Panics if it is still alive after a few seconds.
+    #[track_caller]
+    pub fn reap_killed(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("reap_killed: no daemon child");
+        match wait_timeout(&mut child, Duration::from_secs(10)) {
+            Some(status) => status,
+            None => {
+                kill_child_group(&child);
+                let _ = child.wait();
+                panic!("daemon pid {} did not die after SIGKILL", child.id());
+            }
+        }
     }
 
     /// Best-effort shutdown used by Drop: never panics.

@@ -1,0 +1,2791 @@
+//! Issue 3, "Bad input and faults" and "Done when": fault injection against real FUSE mounts of real
+//! git repositories.
+//!
+//! - [`sigkill_mid_workload_loses_nothing_acknowledged`]: a write-heavy workload runs through the
+//!   mount while the daemon is SIGKILLed at several points (between two operations, from another
+//!   thread while operations run, in the middle of a large multi-write file, with and without
+//!   passthrough). The dead mounts must answer `ENOTCONN`; once they are detached (`umount -l`), a
+//!   new `serve` on the same state must remount every workspace by itself and present exactly
+//!   what was acknowledged: content bytes, modes, link counts, hardlink groups, symlink targets,
+//!   inode numbers, and no unlinked name;
+//!   [`serve_clears_a_dead_mount_left_by_sigkill`] checks that `serve` does that by itself.
+//! - [`full_state_dir_returns_enospc_and_keeps_every_acknowledged_write`]: the state directory on a
+//!   16 MiB tmpfs; filling it gives `ENOSPC` (never `EIO`, never a hang), every written file reads
+//!   back while the disk is full, deleting frees space, and the catalog loads with every earlier
+//!   write after a stop, a stop on a full disk, and a SIGKILL on a full disk. Errno violations are
+//!   collected and reported together at the end, so one finding does not hide the others.
+//! - [`inode_numbers_survive_copy_up_rename_link_and_restart`]: `st_ino` across copy-up, renames of
+//!   the file and of its directories, hardlinks, clean and unclean restarts; a deleted and recreated
+//!   name gets a new number; numbers are not reused after a restart.
+//! - [`reader_across_copy_up_with_passthrough`] / [`reader_across_copy_up_without_passthrough`]: a
+//!   descriptor opened for reading before the first write to a base file (the semantics of
+//!   `docs/overlay.md`, "Readers across a copy-up").
+//!
+//! Every test hashes the whole mirror (work tree and `.git`: content, mode, mtime, inode) before and
+//! after: invariant 1, the mirror is never written by a workspace.
+//!
+//! Nothing here can hang: external commands go through the harness's timeouts and every in-process
+//! access to a mount runs under [`with_timeout`]. The daemon is only ever killed by the pid of the
+//! child the test started, and only while that child is unreaped (so the pid cannot have been
+//! reused).
+
+mod common;
+
+use common::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const PROJECT: &str = "proj";
+/// Upper bound for one block of in-process I/O on a mount.
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs `f` (in-process access to a mount) under a watchdog.
+fn io<T, F>(what: &str, f: F) -> T
+where
+    T: Send + 'static,
+    F: FnOnce() -> T + Send + 'static,
+{
+    with_timeout(what, IO_TIMEOUT, f)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fixture and small helpers
+
+/// The project every test forks: nested directories, an executable, symlinks, a 256 KiB binary,
+/// and files no test reads before it needs them "cold" (not yet in the blob cache).
+fn build_project(repo: &GitRepo) -> String {
+    repo.write("README.md", "octofs fault-injection fixture\n");
+    repo.write(".gitignore", "*.o\n");
+    repo.write("src/main.c", "int main(void) { return 0; }\n");
+    repo.write(
+        "src/lib/util.c",
+        "#include \"util.h\"\nint util(void) { return 42; }\n",
+    );
+    repo.write("src/lib/util.h", "#pragma once\nint util(void);\n");
+    repo.write_exec("scripts/build.sh", "#!/bin/sh\ncc -o main src/main.c\n");
+    repo.write("data/blob.bin", pseudo_random(256 * 1024, 11));
+    repo.write("data/small.bin", pseudo_random(3000, 12));
+    repo.write("docs/a/b/deep.md", "# deep\n");
+    repo.write("solo/only.txt", "the only file of its directory\n");
+    repo.write("cold/c1.bin", pseudo_random(64 * 1024, 13));
+    repo.write("cold/c2.bin", pseudo_random(64 * 1024, 14));
+    for i in 0..12 {
+        repo.write(
+            &format!("pkg/m{i:02}.txt"),
+            format!("module {i}\n").repeat(i * 37 + 1),
+        );
+    }
+    repo.symlink("link-readme", "README.md");
+    repo.symlink("src/lib/link-up", "../main.c");
+    repo.commit_all("base", DATE1)
+}
+
+/// A scratch directory holding the upstream repository and its `git archive`.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    repo: GitRepo,
+    /// `git archive HEAD`, extracted.
+    archive: PathBuf,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::Builder::new()
+        .prefix("octofs-faults-src-")
+        .tempdir()
+        .expect("tempdir");
+    let base = dir.path().canonicalize().expect("canonicalize");
+    let repo = GitRepo::init(&base.join("upstream"));
+    build_project(&repo);
+    let archive = base.join("archive");
+    extract_archive(&repo.path, "HEAD", &archive);
+    Fixture {
+        _dir: dir,
+        repo,
+        archive,
+    }
+}
+
+/// The process umask, read without changing it (other test threads create files concurrently).
+fn process_umask() -> u32 {
+    let status = fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .expect("Umask line");
+    u32::from_str_radix(line.trim(), 8).expect("octal umask")
+}
+
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let rel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut it = rel
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|s| s.parse::<u32>().unwrap_or(0));
+    let (a, b) = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+    (a, b) >= (major, minor)
+}
+
+/// Every entry of the mirror (work tree and `.git`): type, content hash, mode, mtime and inode, so
+/// that even a rewrite with identical bytes is noticed.
+fn mirror_digest(dir: &Path) -> BTreeMap<String, String> {
+    fn walk(top: &Path, p: &Path, out: &mut BTreeMap<String, String>) {
+        let meta =
+            fs::symlink_metadata(p).unwrap_or_else(|e| panic!("mirror: stat {}: {e}", p.display()));
+        let rel = p.strip_prefix(top).unwrap().to_string_lossy().into_owned();
+        let ft = meta.file_type();
+        let what = if ft.is_dir() {
+            let mut kids: Vec<PathBuf> = fs::read_dir(p)
+                .unwrap_or_else(|e| panic!("mirror: readdir {}: {e}", p.display()))
+                .map(|e| e.expect("mirror: dir entry").path())
+                .collect();
+            kids.sort();
+            for k in kids {
+                walk(top, &k, out);
+            }
+            "dir".to_string()
+        } else if ft.is_symlink() {
+            format!("symlink -> {}", fs::read_link(p).unwrap().display())
+        } else if ft.is_file() {
+            let bytes = fs::read(p).unwrap_or_else(|e| panic!("mirror: read {}: {e}", p.display()));
+            format!("file {} {}", bytes.len(), blake3::hash(&bytes).to_hex())
+        } else {
+            "other".to_string()
+        };
+        out.insert(
+            rel,
+            format!(
+                "{what} mode={:o} mtime={}.{:09} ino={}",
+                meta.mode() & 0o7777,
+                meta.mtime(),
+                meta.mtime_nsec(),
+                meta.ino()
+            ),
+        );
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    assert!(
+        out.keys().any(|k| k == ".git/HEAD") && out.keys().any(|k| k == ".git/index"),
+        "mirror digest lacks .git/HEAD or .git/index: is {} a checkout?",
+        dir.display()
+    );
+    out
+}
+
+/// Polls until the (unreaped) process `pid` is a zombie: its file descriptors, `/dev/fuse`
+/// included, are closed, so its mounts answer `ENOTCONN`.
+fn wait_dead(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+            });
+        match state.as_deref() {
+            None | Some("Z") | Some("X") => return,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "daemon pid {pid} still alive 10 s after SIGKILL"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// errno of listing the mount's root (None when it answers). `opendir` always reaches the daemon;
+/// `stat` may not: the kernel answers it from its attribute cache (TTL one hour) even after the
+/// daemon died.
+fn live_errno(mount: &Path) -> Option<i32> {
+    let m = mount.to_path_buf();
+    io("listing a mount point", move || {
+        fs::read_dir(&m)
+            .err()
+            .map(|e| e.raw_os_error().unwrap_or(-1))
+    })
+}
+
+/// After the daemon was SIGKILLed: its mounts answer `ENOTCONN` (not a hang); they are detached
+/// with `umount -l` (what a supervisor does; that `serve` clears them by itself is
+/// [`serve_clears_a_dead_mount_left_by_sigkill`]), and a new daemon remounts them by itself.
+#[track_caller]
+fn restart_after_kill(d: &mut Daemon, mounts: &[PathBuf], serve_args: &[&str]) {
+    for m in mounts {
+        assert_eq!(
+            live_errno(m),
+            Some(libc::ENOTCONN),
+            "{}: the killed daemon's mount",
+            m.display()
+        );
+        run(
+            Command::new("umount").arg("-l").arg(m),
+            Duration::from_secs(10),
+        )
+        .assert_ok();
+        assert!(!mount_points().contains(m), "umount -l {}", m.display());
+    }
+    d.spawn_with(serve_args);
+    wait_mounted(mounts, Duration::from_secs(10));
+    for m in mounts {
+        mounted_once(m);
+    }
+}
+
+#[track_caller]
+fn mounted_once(mount: &Path) {
+    let n = mount_points().iter().filter(|p| *p == mount).count();
+    assert_eq!(
+        n,
+        1,
+        "{} appears {n} times in mountinfo (a stale mount not cleared, or stacked mounts)",
+        mount.display()
+    );
+    assert_eq!(
+        live_errno(mount),
+        None,
+        "{} is in mountinfo but does not answer (errno)",
+        mount.display()
+    );
+}
+
+fn errno_name(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => "ENOSPC".into(),
+        Some(libc::EIO) => "EIO".into(),
+        Some(libc::ENOTCONN) => "ENOTCONN".into(),
+        Some(libc::ECONNABORTED) => "ECONNABORTED".into(),
+        Some(n) => format!("errno {n} ({e})"),
+        None => format!("{e}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model of a workspace tree
+
+fn join_rel(dir: &str, name: &str) -> String {
+    if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    }
+}
+
+fn parent_rel(p: &str) -> &str {
+    p.rsplit_once('/').map(|(a, _)| a).unwrap_or("")
+}
+
+/// Whether `p` is `dir` or inside it (everything is inside the root `""`).
+fn under(p: &str, dir: &str) -> bool {
+    dir.is_empty()
+        || p == dir
+        || (p.len() > dir.len() && p.starts_with(dir) && p.as_bytes()[dir.len()] == b'/')
+}
+
+fn overlay(content: &mut Vec<u8>, off: usize, data: &[u8]) {
+    if content.len() < off + data.len() {
+        content.resize(off + data.len(), 0);
+    }
+    content[off..off + data.len()].copy_from_slice(data);
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Ent {
+    /// A regular file: an index into `Model::files` (hardlinks share one).
+    File(u64),
+    Dir {
+        mode: u32,
+        ino: Option<u64>,
+    },
+    Symlink {
+        target: String,
+        ino: Option<u64>,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FileData {
+    content: Vec<u8>,
+    mode: u32,
+    /// The inode number observed through the mount when it was created (or at the start).
+    ino: Option<u64>,
+}
+
+/// What the workspace must hold: every acknowledged operation applied to the base.
+#[derive(Clone, Debug, Default)]
+struct Model {
+    /// Relative path ("" is the root) -> entry.
+    ents: BTreeMap<String, Ent>,
+    files: BTreeMap<u64, FileData>,
+    next_id: u64,
+}
+
+impl Model {
+    fn from_scan(seen: &BTreeMap<String, Seen>, keep_inos: bool) -> Model {
+        let mut m = Model::default();
+        let mut by_ino: BTreeMap<u64, u64> = BTreeMap::new();
+        for (p, s) in seen {
+            let ino = keep_inos.then_some(s.ino);
+            let e = match s.kind {
+                'd' => Ent::Dir { mode: s.mode, ino },
+                'l' => Ent::Symlink {
+                    target: String::from_utf8_lossy(&s.data).into_owned(),
+                    ino,
+                },
+                'f' => {
+                    let id = match by_ino.get(&s.ino) {
+                        Some(id) => *id,
+                        None => {
+                            let id = m.next_id;
+                            m.next_id += 1;
+                            m.files.insert(
+                                id,
+                                FileData {
+                                    content: s.data.clone(),
+                                    mode: s.mode,
+                                    ino,
+                                },
+                            );
+                            by_ino.insert(s.ino, id);
+                            id
+                        }
+                    };
+                    Ent::File(id)
+                }
+                k => panic!("unexpected file type {k:?} at {p:?}"),
+            };
+            m.ents.insert(p.clone(), e);
+        }
+        m
+    }
+
+    fn paths(&self, f: impl Fn(&Ent) -> bool) -> Vec<String> {
+        self.ents
+            .iter()
+            .filter(|(_, e)| f(e))
+            .map(|(p, _)| p.clone())
+            .collect()
+    }
+
+    fn files(&self) -> Vec<String> {
+        self.paths(|e| matches!(e, Ent::File(_)))
+    }
+
+    /// Every directory, the root ("") included.
+    fn dirs(&self) -> Vec<String> {
+        self.paths(|e| matches!(e, Ent::Dir { .. }))
+    }
+
+    fn is_empty_dir(&self, d: &str) -> bool {
+        !self.ents.keys().any(|k| k != d && under(k, d))
+    }
+
+    fn file_id(&self, p: &str) -> u64 {
+        match self.ents.get(p) {
+            Some(Ent::File(id)) => *id,
+            other => panic!("model: {p:?} is not a file: {other:?}"),
+        }
+    }
+
+    fn content(&self, p: &str) -> &Vec<u8> {
+        &self.files[&self.file_id(p)].content
+    }
+
+    fn content_mut(&mut self, p: &str) -> &mut Vec<u8> {
+        let id = self.file_id(p);
+        &mut self.files.get_mut(&id).unwrap().content
+    }
+
+    fn new_file(&mut self, p: &str, content: Vec<u8>, mode: u32) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.files.insert(
+            id,
+            FileData {
+                content,
+                mode,
+                ino: None,
+            },
+        );
+        self.ents.insert(p.to_string(), Ent::File(id));
+    }
+
+    /// Removes one name; a file's data goes with its last name.
+    fn unlink(&mut self, p: &str) {
+        if let Some(Ent::File(id)) = self.ents.remove(p)
+            && !self.ents.values().any(|e| *e == Ent::File(id))
+        {
+            self.files.remove(&id);
+        }
+    }
+
+    fn rename(&mut self, from: &str, to: &str) {
+        if self.ents.contains_key(to) {
+            self.unlink(to);
+        }
+        let moved: Vec<String> = self
+            .ents
+            .keys()
+            .filter(|k| under(k, from))
+            .cloned()
+            .collect();
+        for k in moved {
+            let e = self.ents.remove(&k).unwrap();
+            self.ents.insert(format!("{to}{}", &k[from.len()..]), e);
+        }
+    }
+
+    fn set_ino(&mut self, p: &str, ino: u64) {
+        match self.ents.get_mut(p) {
+            Some(Ent::File(id)) => self.files.get_mut(id).unwrap().ino = Some(ino),
+            Some(Ent::Dir { ino: i, .. }) | Some(Ent::Symlink { ino: i, .. }) => *i = Some(ino),
+            None => {}
+        }
+    }
+
+    /// The effect of an operation every syscall of which succeeded.
+    fn apply(&mut self, op: &Op, umask: u32) {
+        match op {
+            Op::Create {
+                path, data, mode, ..
+            } => self.new_file(path, data.clone(), mode & !umask),
+            Op::Write {
+                path, offset, data, ..
+            } => overlay(self.content_mut(path), *offset as usize, data),
+            Op::Append { path, data, .. } => self.content_mut(path).extend_from_slice(data),
+            Op::Truncate { path, len } => self.content_mut(path).resize(*len as usize, 0),
+            Op::Rename { from, to } => self.rename(from, to),
+            Op::Unlink { path } | Op::Rmdir { path } => self.unlink(path),
+            Op::Mkdir { path, mode } => {
+                self.ents.insert(
+                    path.clone(),
+                    Ent::Dir {
+                        mode: mode & !umask,
+                        ino: None,
+                    },
+                );
+            }
+            Op::Chmod { path, mode } => match self.ents.get_mut(path) {
+                Some(Ent::File(id)) => self.files.get_mut(id).unwrap().mode = *mode,
+                Some(Ent::Dir { mode: m, .. }) => *m = *mode,
+                other => panic!("model: chmod of {path:?}: {other:?}"),
+            },
+            Op::Link { from, to } => {
+                let id = self.file_id(from);
+                self.ents.insert(to.clone(), Ent::File(id));
+            }
+            Op::Symlink { path, target } => {
+                self.ents.insert(
+                    path.clone(),
+                    Ent::Symlink {
+                        target: target.clone(),
+                        ino: None,
+                    },
+                );
+            }
+        }
+    }
+
+    /// The effect of an operation that failed with a definite error (ENOSPC): what its successful
+    /// syscalls did (a created file, the bytes `write` returned success for), nothing more.
+    fn apply_partial(&mut self, op: &Op, prog: &Progress, umask: u32) {
+        match op {
+            Op::Create {
+                path, data, mode, ..
+            } if prog.created => self.new_file(path, data[..prog.acked].to_vec(), mode & !umask),
+            Op::Write {
+                path, offset, data, ..
+            } if prog.acked > 0 => overlay(
+                self.content_mut(path),
+                *offset as usize,
+                &data[..prog.acked],
+            ),
+            Op::Append { path, data, .. } if prog.acked > 0 => self
+                .content_mut(path)
+                .extend_from_slice(&data[..prog.acked]),
+            _ => {}
+        }
+    }
+
+    /// One comparable line per path (inode numbers are checked separately).
+    fn describe(&self) -> BTreeMap<String, String> {
+        let mut names: BTreeMap<u64, Vec<&String>> = BTreeMap::new();
+        for (p, e) in &self.ents {
+            if let Ent::File(id) = e {
+                names.entry(*id).or_default().push(p);
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (p, e) in &self.ents {
+            let d = match e {
+                Ent::File(id) => {
+                    let f = &self.files[id];
+                    let n = &names[id];
+                    describe_file(
+                        f.mode,
+                        n.len() as u64,
+                        &f.content,
+                        (n.len() > 1).then(|| n[0].as_str()),
+                    )
+                }
+                Ent::Dir { mode, .. } => {
+                    let subdirs = self
+                        .ents
+                        .iter()
+                        .filter(|(k, e)| {
+                            matches!(e, Ent::Dir { .. })
+                                && !k.is_empty()
+                                && k.as_str() != p
+                                && parent_rel(k) == p
+                        })
+                        .count() as u64;
+                    describe_dir(*mode, 2 + subdirs)
+                }
+                Ent::Symlink { target, .. } => format!("symlink -> {target}"),
+            };
+            out.insert(p.clone(), d);
+        }
+        out
+    }
+
+    /// Inode numbers observed earlier, by current path.
+    fn known_inos(&self) -> BTreeMap<String, u64> {
+        self.ents
+            .iter()
+            .filter_map(|(p, e)| {
+                let ino = match e {
+                    Ent::File(id) => self.files[id].ino,
+                    Ent::Dir { ino, .. } | Ent::Symlink { ino, .. } => *ino,
+                };
+                ino.map(|i| (p.clone(), i))
+            })
+            .collect()
+    }
+}
+
+fn describe_file(mode: u32, nlink: u64, content: &[u8], group: Option<&str>) -> String {
+    let hash = blake3::hash(content).to_hex();
+    let mut s = format!(
+        "file {mode:04o} nlink={nlink} size={} blake3={}",
+        content.len(),
+        &hash[..16]
+    );
+    if let Some(g) = group {
+        s.push_str(&format!(" hardlinked-with={g}"));
+    }
+    s
+}
+
+fn describe_dir(mode: u32, nlink: u64) -> String {
+    format!("dir {mode:04o} nlink={nlink}")
+}
+
+/// One path as seen through a mount (or in a plain directory).
+#[derive(Clone, Debug)]
+struct Seen {
+    /// 'f', 'd', 'l' or '?'.
+    kind: char,
+    mode: u32,
+    nlink: u64,
+    ino: u64,
+    /// File content or symlink target.
+    data: Vec<u8>,
+}
+
+/// Reads the whole tree under `root` without following symlinks. A top-level `.git` (the
+/// workspace's own repository, once it has one) is not part of the model and is skipped.
+fn scan(root: &Path) -> BTreeMap<String, Seen> {
+    fn walk(root: &Path, rel: &str, out: &mut BTreeMap<String, Seen>) {
+        let p = if rel.is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(rel)
+        };
+        let meta = fs::symlink_metadata(&p).unwrap_or_else(|e| panic!("stat {rel:?}: {e}"));
+        let ft = meta.file_type();
+        let mut nlink = meta.nlink();
+        let (kind, data) = if ft.is_dir() {
+            let mut names: Vec<String> = fs::read_dir(&p)
+                .unwrap_or_else(|e| panic!("readdir {rel:?}: {e}"))
+                .map(|e| {
+                    e.unwrap_or_else(|e| panic!("readdir {rel:?}: {e}"))
+                        .file_name()
+                        .into_string()
+                        .expect("UTF-8 name")
+                })
+                .collect();
+            names.sort();
+            for n in names {
+                if rel.is_empty() && n == ".git" {
+                    if fs::symlink_metadata(p.join(&n)).is_ok_and(|m| m.is_dir()) {
+                        nlink -= 1;
+                    }
+                    continue;
+                }
+                walk(root, &join_rel(rel, &n), out);
+            }
+            ('d', Vec::new())
+        } else if ft.is_symlink() {
+            let t = fs::read_link(&p).unwrap_or_else(|e| panic!("readlink {rel:?}: {e}"));
+            ('l', t.into_os_string().into_vec())
+        } else if ft.is_file() {
+            (
+                'f',
+                fs::read(&p).unwrap_or_else(|e| panic!("read {rel:?}: {e}")),
+            )
+        } else {
+            ('?', Vec::new())
+        };
+        out.insert(
+            rel.to_string(),
+            Seen {
+                kind,
+                mode: meta.mode() & 0o7777,
+                nlink,
+                ino: meta.ino(),
+                data,
+            },
+        );
+    }
+    let mut out = BTreeMap::new();
+    walk(root, "", &mut out);
+    out
+}
+
+fn describe_scan(seen: &BTreeMap<String, Seen>) -> BTreeMap<String, String> {
+    let mut by_ino: BTreeMap<u64, Vec<&String>> = BTreeMap::new();
+    for (p, s) in seen {
+        if s.kind == 'f' {
+            by_ino.entry(s.ino).or_default().push(p);
+        }
+    }
+    seen.iter()
+        .map(|(p, s)| {
+            let d = match s.kind {
+                'f' => {
+                    let g = &by_ino[&s.ino];
+                    describe_file(
+                        s.mode,
+                        s.nlink,
+                        &s.data,
+                        (g.len() > 1).then(|| g[0].as_str()),
+                    )
+                }
+                'd' => describe_dir(s.mode, s.nlink),
+                'l' => format!("symlink -> {}", String::from_utf8_lossy(&s.data)),
+                _ => format!("other {:04o}", s.mode),
+            };
+            (p.clone(), d)
+        })
+        .collect()
+}
+
+fn listing_diff(want: &BTreeMap<String, String>, got: &BTreeMap<String, String>) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for (k, v) in want {
+        match got.get(k) {
+            None => diffs.push(format!("  missing {k:?}: want {v}")),
+            Some(w) if w != v => {
+                diffs.push(format!("  differs {k:?}: want {v}\n            got  {w}"))
+            }
+            _ => {}
+        }
+    }
+    for (k, v) in got {
+        if !want.contains_key(k) {
+            diffs.push(format!("  extra   {k:?}: {v}"));
+        }
+    }
+    diffs
+}
+
+/// Compares a model with what a scan saw: every line of [`Model::describe`], every known inode
+/// number, and for differing file content the first differing byte.
+fn check_against(m: &Model, seen: &BTreeMap<String, Seen>) -> Result<(), String> {
+    let mut diffs = listing_diff(&m.describe(), &describe_scan(seen));
+    for (p, ino) in m.known_inos() {
+        if let Some(s) = seen.get(&p)
+            && s.ino != ino
+        {
+            diffs.push(format!("  inode   {p:?}: was {ino:#x}, now {:#x}", s.ino));
+        }
+    }
+    for (p, e) in &m.ents {
+        if let (Ent::File(id), Some(s)) = (e, seen.get(p))
+            && s.kind == 'f'
+        {
+            let want = &m.files[id].content;
+            if *want != s.data {
+                let first = want
+                    .iter()
+                    .zip(&s.data)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(want.len().min(s.data.len()));
+                diffs.push(format!(
+                    "  content {p:?}: want {} bytes, got {}; first difference at byte {first}",
+                    want.len(),
+                    s.data.len()
+                ));
+            }
+        }
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(diffs.join("\n"))
+    }
+}
+
+fn scan_mount(label: &str, mount: &Path) -> BTreeMap<String, Seen> {
+    let m = mount.to_path_buf();
+    io(
+        &format!("{label}: scanning {}", mount.display()),
+        move || scan(&m),
+    )
+}
+
+/// The mount holds exactly `m` (content, modes, link counts, symlinks, inode numbers).
+#[track_caller]
+fn verify_exact(label: &str, mount: &Path, m: &Model) {
+    let seen = scan_mount(label, mount);
+    if let Err(e) = check_against(m, &seen) {
+        panic!(
+            "{label}: {} does not hold what was acknowledged:\n{e}",
+            mount.display()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations
+
+#[derive(Clone)]
+enum Op {
+    /// open(O_CREAT|O_EXCL|O_WRONLY, mode), `write`s of `chunk` bytes, optional fsync, close.
+    Create {
+        path: String,
+        data: Vec<u8>,
+        mode: u32,
+        chunk: usize,
+        fsync: bool,
+    },
+    /// open(O_WRONLY), pwrite at `offset` (may extend), optional fdatasync, close.
+    Write {
+        path: String,
+        offset: u64,
+        data: Vec<u8>,
+        fsync: bool,
+    },
+    /// open(O_WRONLY|O_APPEND), write, optional fsync, close.
+    Append {
+        path: String,
+        data: Vec<u8>,
+        fsync: bool,
+    },
+    /// open(O_WRONLY), ftruncate.
+    Truncate {
+        path: String,
+        len: u64,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    Unlink {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        mode: u32,
+    },
+    Rmdir {
+        path: String,
+    },
+    Chmod {
+        path: String,
+        mode: u32,
+    },
+    Link {
+        from: String,
+        to: String,
+    },
+    Symlink {
+        path: String,
+        target: String,
+    },
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Create {
+                path,
+                data,
+                mode,
+                chunk,
+                fsync,
+            } => write!(
+                f,
+                "create {path:?} {} bytes mode {mode:o} in writes of {chunk}{}",
+                data.len(),
+                if *fsync { " + fsync" } else { "" }
+            ),
+            Op::Write {
+                path,
+                offset,
+                data,
+                fsync,
+            } => write!(
+                f,
+                "pwrite {path:?} {} bytes at {offset}{}",
+                data.len(),
+                if *fsync { " + fdatasync" } else { "" }
+            ),
+            Op::Append { path, data, fsync } => write!(
+                f,
+                "append {path:?} {} bytes{}",
+                data.len(),
+                if *fsync { " + fsync" } else { "" }
+            ),
+            Op::Truncate { path, len } => write!(f, "truncate {path:?} to {len}"),
+            Op::Rename { from, to } => write!(f, "rename {from:?} -> {to:?}"),
+            Op::Unlink { path } => write!(f, "unlink {path:?}"),
+            Op::Mkdir { path, mode } => write!(f, "mkdir {path:?} mode {mode:o}"),
+            Op::Rmdir { path } => write!(f, "rmdir {path:?}"),
+            Op::Chmod { path, mode } => write!(f, "chmod {path:?} {mode:o}"),
+            Op::Link { from, to } => write!(f, "link {from:?} -> {to:?}"),
+            Op::Symlink { path, target } => write!(f, "symlink {path:?} -> {target:?}"),
+        }
+    }
+}
+
+impl Op {
+    fn kind(&self) -> &'static str {
+        match self {
+            Op::Create { fsync: true, .. } => "create+fsync",
+            Op::Create { .. } => "create",
+            Op::Write { fsync: true, .. } => "pwrite+fdatasync",
+            Op::Write { .. } => "pwrite",
+            Op::Append { fsync: true, .. } => "append+fsync",
+            Op::Append { .. } => "append",
+            Op::Truncate { .. } => "truncate",
+            Op::Rename { .. } => "rename",
+            Op::Unlink { .. } => "unlink",
+            Op::Mkdir { .. } => "mkdir",
+            Op::Rmdir { .. } => "rmdir",
+            Op::Chmod { .. } => "chmod",
+            Op::Link { .. } => "link",
+            Op::Symlink { .. } => "symlink",
+        }
+    }
+
+    /// The new name an operation makes, whose inode number is recorded after it succeeds.
+    fn new_name(&self) -> Option<&str> {
+        match self {
+            Op::Create { path, .. } | Op::Mkdir { path, .. } | Op::Symlink { path, .. } => {
+                Some(path)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// How far an operation got: whether its create returned success and how many bytes its writes
+/// returned success for.
+#[derive(Clone, Debug, Default)]
+struct Progress {
+    created: bool,
+    acked: usize,
+}
+
+/// Counters shared between a workload and the thread that kills the daemon.
+#[derive(Default)]
+struct Live {
+    ops_done: AtomicUsize,
+    /// Bytes acknowledged so far by the running operation.
+    op_bytes: AtomicUsize,
+    finished: AtomicBool,
+    killed: AtomicBool,
+}
+
+fn tracked_writes(
+    data: &[u8],
+    chunk: usize,
+    prog: &mut Progress,
+    live: &Live,
+    mut w: impl FnMut(&[u8], usize) -> io::Result<usize>,
+) -> io::Result<()> {
+    while prog.acked < data.len() {
+        let end = (prog.acked + chunk).min(data.len());
+        let n = w(&data[prog.acked..end], prog.acked)?;
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        prog.acked += n;
+        live.op_bytes.store(prog.acked, Ordering::SeqCst);
+    }
+    Ok(())
+}
+
+/// Runs `op` through the mount at `root`, recording its progress.
+fn exec(op: &Op, root: &Path, prog: &mut Progress, live: &Live) -> io::Result<()> {
+    let p = |rel: &str| root.join(rel);
+    match op {
+        Op::Create {
+            path,
+            data,
+            mode,
+            chunk,
+            fsync,
+        } => {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(*mode)
+                .open(p(path))?;
+            prog.created = true;
+            tracked_writes(data, *chunk, prog, live, |b, _| f.write(b))?;
+            if *fsync {
+                f.sync_all()?;
+            }
+            Ok(())
+        }
+        Op::Write {
+            path,
+            offset,
+            data,
+            fsync,
+        } => {
+            let f = OpenOptions::new().write(true).open(p(path))?;
+            tracked_writes(data, data.len(), prog, live, |b, at| {
+                f.write_at(b, offset + at as u64)
+            })?;
+            if *fsync {
+                f.sync_data()?;
+            }
+            Ok(())
+        }
+        Op::Append { path, data, fsync } => {
+            let mut f = OpenOptions::new().append(true).open(p(path))?;
+            tracked_writes(data, data.len(), prog, live, |b, _| f.write(b))?;
+            if *fsync {
+                f.sync_all()?;
+            }
+            Ok(())
+        }
+        Op::Truncate { path, len } => OpenOptions::new().write(true).open(p(path))?.set_len(*len),
+        Op::Rename { from, to } => fs::rename(p(from), p(to)),
+        Op::Unlink { path } => fs::remove_file(p(path)),
+        Op::Mkdir { path, mode } => fs::DirBuilder::new().mode(*mode).create(p(path)),
+        Op::Rmdir { path } => fs::remove_dir(p(path)),
+        Op::Chmod { path, mode } => fs::set_permissions(p(path), fs::Permissions::from_mode(*mode)),
+        Op::Link { from, to } => fs::hard_link(p(from), p(to)),
+        Op::Symlink { path, target } => std::os::unix::fs::symlink(target, p(path)),
+    }
+}
+
+/// Runs one operation under a watchdog.
+fn run_op(root: &Path, op: &Op) -> (Progress, io::Result<()>) {
+    let (root, op) = (root.to_path_buf(), op.clone());
+    io(&format!("{op}"), move || {
+        let live = Live::default();
+        let mut prog = Progress::default();
+        let r = exec(&op, &root, &mut prog, &live);
+        (prog, r)
+    })
+}
+
+/// Runs an operation that must succeed and applies it to the model.
+#[track_caller]
+fn must(root: &Path, model: &mut Model, op: Op, umask: u32) {
+    let (_, r) = run_op(root, &op);
+    if let Err(e) = r {
+        panic!("{op}: {e}");
+    }
+    model.apply(&op, umask);
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+    /// Inclusive range.
+    fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.below(hi - lo + 1)
+    }
+    fn percent(&mut self, p: usize) -> bool {
+        self.below(100) < p
+    }
+    fn pick<T: Clone>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len())].clone()
+    }
+}
+
+/// Generates a deterministic, valid sequence of operations against the current model.
+struct Gen {
+    rng: Rng,
+    seq: u64,
+}
+
+impl Gen {
+    fn new(seed: u64) -> Gen {
+        Gen {
+            rng: Rng::new(seed),
+            seq: 0,
+        }
+    }
+
+    fn name(&mut self, dir: &str) -> String {
+        self.seq += 1;
+        join_rel(dir, &format!("n{}", self.seq))
+    }
+
+    fn fresh(&mut self, m: &Model) -> String {
+        let d = self.rng.pick(&m.dirs());
+        self.name(&d)
+    }
+
+    fn data(&mut self, len: usize) -> Vec<u8> {
+        pseudo_random(len, self.rng.next())
+    }
+
+    fn create(&mut self, m: &Model) -> Op {
+        let r = self.rng.below(100);
+        let len = if r < 70 {
+            self.rng.below(8193)
+        } else if r < 90 {
+            self.rng.range(8192, 128 * 1024)
+        } else {
+            self.rng.range(128 * 1024, 400 * 1024)
+        };
+        Op::Create {
+            path: self.fresh(m),
+            data: self.data(len),
+            mode: self.rng.pick(&[0o644, 0o600, 0o755, 0o640]),
+            chunk: self.rng.pick(&[4096, 65536, 1 << 20]),
+            fsync: self.rng.percent(30),
+        }
+    }
+
+    /// A large file written in 64 KiB writes (a kill can land in the middle of it).
+    fn big(&mut self, m: &Model, len: usize) -> Op {
+        Op::Create {
+            path: self.fresh(m),
+            data: self.data(len),
+            mode: 0o644,
+            chunk: 64 * 1024,
+            fsync: false,
+        }
+    }
+
+    fn rename(&mut self, m: &Model) -> Option<Op> {
+        let r = self.rng.below(10);
+        if r < 5 {
+            let nondirs = m.paths(|e| !matches!(e, Ent::Dir { .. }));
+            if nondirs.is_empty() {
+                return None;
+            }
+            let from = self.rng.pick(&nondirs);
+            return Some(Op::Rename {
+                from,
+                to: self.fresh(m),
+            });
+        }
+        if r < 7 {
+            // Over another existing file.
+            let files = m.files();
+            if files.len() < 2 {
+                return None;
+            }
+            let (from, to) = (self.rng.pick(&files), self.rng.pick(&files));
+            return (m.file_id(&from) != m.file_id(&to)).then_some(Op::Rename { from, to });
+        }
+        let dirs: Vec<String> = m.dirs().into_iter().filter(|d| !d.is_empty()).collect();
+        if dirs.is_empty() {
+            return None;
+        }
+        let from = self.rng.pick(&dirs);
+        if r == 9 {
+            // Over an empty directory.
+            let empty: Vec<String> = dirs
+                .iter()
+                .filter(|d| **d != from && !under(d, &from) && m.is_empty_dir(d))
+                .cloned()
+                .collect();
+            if !empty.is_empty() {
+                let to = self.rng.pick(&empty);
+                return Some(Op::Rename { from, to });
+            }
+        }
+        let parents: Vec<String> = m.dirs().into_iter().filter(|d| !under(d, &from)).collect();
+        let parent = self.rng.pick(&parents);
+        Some(Op::Rename {
+            from,
+            to: self.name(&parent),
+        })
+    }
+
+    fn next(&mut self, m: &Model) -> Op {
+        let files = m.files();
+        let roll = self.rng.below(100);
+        let op = match roll {
+            0..22 => None,
+            22..34 if !files.is_empty() => {
+                let path = self.rng.pick(&files);
+                let len = m.content(&path).len();
+                let offset = self.rng.below(len + 1) as u64;
+                let n = self.rng.range(1, 16 * 1024);
+                Some(Op::Write {
+                    path,
+                    offset,
+                    data: self.data(n),
+                    fsync: self.rng.percent(25),
+                })
+            }
+            34..46 if !files.is_empty() => {
+                let path = self.rng.pick(&files);
+                let n = self.rng.range(1, 8 * 1024);
+                Some(Op::Append {
+                    path,
+                    data: self.data(n),
+                    fsync: self.rng.percent(25),
+                })
+            }
+            46..50 if !files.is_empty() => {
+                let path = self.rng.pick(&files);
+                let len = m.content(&path).len();
+                Some(Op::Truncate {
+                    path,
+                    len: self.rng.below(len + 4097) as u64,
+                })
+            }
+            50..62 => self.rename(m),
+            62..72 => {
+                let names = m.paths(|e| !matches!(e, Ent::Dir { .. }));
+                (!names.is_empty()).then(|| Op::Unlink {
+                    path: self.rng.pick(&names),
+                })
+            }
+            72..79 => Some(Op::Mkdir {
+                path: self.fresh(m),
+                mode: self.rng.pick(&[0o755, 0o700, 0o750]),
+            }),
+            79..83 => {
+                let empty: Vec<String> = m
+                    .dirs()
+                    .into_iter()
+                    .filter(|d| !d.is_empty() && m.is_empty_dir(d))
+                    .collect();
+                (!empty.is_empty()).then(|| Op::Rmdir {
+                    path: self.rng.pick(&empty),
+                })
+            }
+            83..90 => {
+                if self.rng.percent(70) && !files.is_empty() {
+                    Some(Op::Chmod {
+                        path: self.rng.pick(&files),
+                        mode: self.rng.pick(&[0o600, 0o644, 0o755, 0o700, 0o444, 0o640]),
+                    })
+                } else {
+                    let dirs: Vec<String> =
+                        m.dirs().into_iter().filter(|d| !d.is_empty()).collect();
+                    (!dirs.is_empty()).then(|| Op::Chmod {
+                        path: self.rng.pick(&dirs),
+                        mode: self.rng.pick(&[0o755, 0o700, 0o750]),
+                    })
+                }
+            }
+            90..95 if !files.is_empty() => Some(Op::Link {
+                from: self.rng.pick(&files),
+                to: self.fresh(m),
+            }),
+            95..100 => {
+                let mut existing = self.rng.pick(&m.paths(|_| true));
+                if existing.is_empty() {
+                    existing = ".".to_string();
+                }
+                let target = self.rng.pick(&[
+                    "README.md".to_string(),
+                    "../README.md".to_string(),
+                    "dangling/target".to_string(),
+                    "/absolute/elsewhere".to_string(),
+                    existing,
+                ]);
+                Some(Op::Symlink {
+                    path: self.fresh(m),
+                    target,
+                })
+            }
+            _ => None,
+        };
+        op.unwrap_or_else(|| self.create(m))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. SIGKILL in the middle of a write-heavy workload
+
+#[derive(Clone, Copy, Debug)]
+enum Trigger {
+    /// Kill after `n` operations completed: from the workload thread itself (exactly between two
+    /// operations) or from another thread while the workload keeps going.
+    AfterOps { n: usize, from_other_thread: bool },
+    /// Kill from another thread once operation `op` (a large file written in 64 KiB writes) has
+    /// had `bytes` acknowledged.
+    MidWrite { op: usize, bytes: usize },
+}
+
+struct Failure {
+    index: usize,
+    op: Op,
+    prog: Progress,
+    err: io::Error,
+}
+
+struct Outcome {
+    /// The base with every acknowledged operation applied (the state before `failure`'s op).
+    model: Model,
+    ops_ok: usize,
+    /// Acknowledged operations by kind.
+    kinds: BTreeMap<&'static str, usize>,
+    /// Operations completed when the kill was sent.
+    killed_after: usize,
+    /// The first operation that failed (after the kill): it may or may not have taken effect.
+    failure: Option<Failure>,
+    /// errno of a mkdir tried once the daemon was surely dead.
+    probe_errno: Option<i32>,
+}
+
+/// Runs generated operations through the mount at `root`, SIGKILLs the daemon `pid` as `trigger`
+/// says, and stops at the first failing operation.
+fn workload(
+    root: PathBuf,
+    mut model: Model,
+    seed: u64,
+    max_ops: usize,
+    trigger: Trigger,
+    pid: u32,
+    umask: u32,
+) -> Outcome {
+    let live = Arc::new(Live::default());
+    let kill = {
+        let live = live.clone();
+        move || {
+            live.killed.store(true, Ordering::SeqCst);
+            // SAFETY: kill(2) of the pid of the daemon child this test started. It is not reaped
+            // before this workload (and the killer thread, joined below) has finished.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    };
+    let killer = match trigger {
+        Trigger::AfterOps {
+            from_other_thread: false,
+            ..
+        } => None,
+        _ => {
+            let live = live.clone();
+            let kill = kill.clone();
+            Some(std::thread::spawn(move || {
+                // Well below IO_TIMEOUT, so the kill always happens before anyone reaps the child.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let done = live.ops_done.load(Ordering::SeqCst);
+                    let due = match trigger {
+                        Trigger::AfterOps { n, .. } => done >= n,
+                        Trigger::MidWrite { op, bytes } => {
+                            done > op
+                                || (done == op && live.op_bytes.load(Ordering::SeqCst) >= bytes)
+                        }
+                    };
+                    if due || live.finished.load(Ordering::SeqCst) || Instant::now() > deadline {
+                        kill();
+                        return done;
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }))
+        }
+    };
+    // Whatever happens below (a panic included), the killer is released and joined before this
+    // function returns, so it never fires after the child could have been reaped.
+    struct JoinKiller(Option<std::thread::JoinHandle<usize>>, Arc<Live>);
+    impl Drop for JoinKiller {
+        fn drop(&mut self) {
+            self.1.finished.store(true, Ordering::SeqCst);
+            if let Some(h) = self.0.take() {
+                let _ = h.join();
+            }
+        }
+    }
+    let mut killer = JoinKiller(killer, live.clone());
+
+    let mut generator = Gen::new(seed);
+    let mut ops_ok = 0;
+    let mut kinds = BTreeMap::new();
+    let mut failure = None;
+    let mut killed_after = usize::MAX;
+    for i in 0..max_ops {
+        let op = match trigger {
+            Trigger::MidWrite { op, .. } if op == i => generator.big(&model, 8 << 20),
+            _ => generator.next(&model),
+        };
+        let mut prog = Progress::default();
+        match exec(&op, &root, &mut prog, &live) {
+            Ok(()) => {
+                model.apply(&op, umask);
+                if let Some(p) = op.new_name()
+                    && let Ok(meta) = fs::symlink_metadata(root.join(p))
+                {
+                    model.set_ino(p, meta.ino());
+                }
+                ops_ok += 1;
+                *kinds.entry(op.kind()).or_insert(0) += 1;
+            }
+            Err(err) => {
+                assert!(
+                    live.killed.load(Ordering::SeqCst),
+                    "operation #{i} ({op}) failed while the daemon was alive: {} ({} bytes acknowledged)",
+                    errno_name(&err),
+                    prog.acked
+                );
+                failure = Some(Failure {
+                    index: i,
+                    op,
+                    prog,
+                    err,
+                });
+                break;
+            }
+        }
+        live.op_bytes.store(0, Ordering::SeqCst);
+        live.ops_done.store(i + 1, Ordering::SeqCst);
+        if let Trigger::AfterOps {
+            n,
+            from_other_thread: false,
+        } = trigger
+            && i + 1 == n
+        {
+            killed_after = n;
+            kill();
+        }
+    }
+    live.finished.store(true, Ordering::SeqCst);
+    if let Some(h) = killer.0.take() {
+        killed_after = h.join().expect("killer thread");
+    }
+    if !live.killed.load(Ordering::SeqCst) {
+        killed_after = ops_ok;
+        kill();
+    }
+    drop(killer);
+    wait_dead(pid);
+    // The daemon is gone: a metadata operation must fail now, not hang and not succeed.
+    let probe = fs::create_dir(root.join("probe-after-kill"));
+    assert!(
+        probe.is_err(),
+        "mkdir through the mount succeeded after the daemon was killed"
+    );
+    Outcome {
+        model,
+        ops_ok,
+        kinds,
+        killed_after,
+        failure,
+        probe_errno: probe.err().and_then(|e| e.raw_os_error()),
+    }
+}
+
+/// Where a write of `data` at `off` over `before` stopped, judging by `cur`: the `k` such that
+/// `cur == before` overlaid with `data[..k]`, with `k >= acked`.
+fn partial_write_len(
+    before: &[u8],
+    cur: &[u8],
+    off: usize,
+    data: &[u8],
+    acked: usize,
+) -> Option<usize> {
+    let k = if cur.len() > before.len() {
+        cur.len() - off
+    } else if cur.len() == before.len() {
+        let mut s = cur.len();
+        while s > off && cur[s - 1] == before[s - 1] {
+            s -= 1;
+        }
+        (s - off).max(acked)
+    } else {
+        return None;
+    };
+    if k < acked || k > data.len() {
+        return None;
+    }
+    let mut m = before.to_vec();
+    overlay(&mut m, off, &data[..k]);
+    (m == cur).then_some(k)
+}
+
+/// The states the workspace may be in when `f.op` was interrupted by the kill: not applied, applied,
+/// or (for writes) applied up to some byte at or past what was acknowledged.
+fn candidates(
+    model: &Model,
+    f: &Failure,
+    seen: &BTreeMap<String, Seen>,
+    umask: u32,
+) -> Vec<(String, Model)> {
+    let mut after = model.clone();
+    after.apply(&f.op, umask);
+    let cur = |p: &str| seen.get(p).filter(|s| s.kind == 'f').map(|s| &s.data);
+    let mut out = Vec::new();
+    match &f.op {
+        Op::Create {
+            path, data, mode, ..
+        } => {
+            if !f.prog.created {
+                out.push(("not created".to_string(), model.clone()));
+            }
+            let mut lens = vec![f.prog.acked];
+            if let Some(c) = cur(path)
+                && c.len() > f.prog.acked
+                && c.len() <= data.len()
+                && c[..] == data[..c.len()]
+            {
+                lens.push(c.len());
+            }
+            for k in lens {
+                let mut m = model.clone();
+                m.new_file(path, data[..k].to_vec(), mode & !umask);
+                out.push((format!("created, {k} of {} bytes written", data.len()), m));
+            }
+        }
+        Op::Write {
+            path, offset, data, ..
+        } => push_partial_writes(&mut out, model, path, *offset as usize, data, f, cur(path)),
+        Op::Append { path, data, .. } => {
+            let off = model.content(path).len();
+            push_partial_writes(&mut out, model, path, off, data, f, cur(path))
+        }
+        _ => out.push(("not applied".to_string(), model.clone())),
+    }
+    out.push(("complete".to_string(), after));
+    out
+}
+
+fn push_partial_writes(
+    out: &mut Vec<(String, Model)>,
+    model: &Model,
+    path: &str,
+    off: usize,
+    data: &[u8],
+    f: &Failure,
+    cur: Option<&Vec<u8>>,
+) {
+    let before = model.content(path);
+    let mut lens = vec![f.prog.acked];
+    if let Some(c) = cur
+        && let Some(k) = partial_write_len(before, c, off, data, f.prog.acked)
+        && k != f.prog.acked
+    {
+        lens.push(k);
+    }
+    for k in lens {
+        let mut m = model.clone();
+        overlay(m.content_mut(path), off, &data[..k]);
+        out.push((format!("{k} of {} bytes written", data.len()), m));
+    }
+}
+
+/// Checks the restarted workspace against the acknowledged state, allowing the interrupted
+/// operation to be either applied or not; returns the state found.
+fn verify_after_crash(label: &str, mount: &Path, out: &Outcome, umask: u32) -> Model {
+    let seen = scan_mount(label, mount);
+    let cands = match &out.failure {
+        None => vec![(
+            "every operation acknowledged".to_string(),
+            out.model.clone(),
+        )],
+        Some(f) => candidates(&out.model, f, &seen, umask),
+    };
+    let mut reports = Vec::new();
+    for (what, m) in cands {
+        match check_against(&m, &seen) {
+            Ok(()) => {
+                eprintln!("{label}: the workspace matches the acknowledged state ({what})");
+                return m;
+            }
+            Err(e) => reports.push(format!("--- if the interrupted operation was {what}:\n{e}")),
+        }
+    }
+    let interrupted = out
+        .failure
+        .as_ref()
+        .map(|f| {
+            format!(
+                "#{} {} ({} bytes acknowledged)",
+                f.index, f.op, f.prog.acked
+            )
+        })
+        .unwrap_or_else(|| "none".into());
+    panic!(
+        "{label}: after SIGKILL and restart, {} does not hold what was acknowledged \
+         ({} operations acknowledged; interrupted operation: {interrupted}):\n{}",
+        mount.display(),
+        out.ops_ok,
+        reports.join("\n")
+    );
+}
+
+/// `octofs status <thread> --json` works and agrees with the quarantine folder; prints what was
+/// quarantined (and whether those bytes are also in the workspace).
+fn check_status(d: &Daemon, thread: &str, model: Option<&Model>) -> serde_json::Value {
+    let v = parse_json("status --json", &d.cli_ok(["status", thread, "--json"]));
+    assert_eq!(v["thread"].as_str(), Some(thread), "status: {v}");
+    assert_eq!(v["mounted"].as_bool(), Some(true), "status: {v}");
+    let q = v["quarantined"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("status --json has no quarantined count: {v}"));
+    let qdir = d
+        .state
+        .join("workspaces")
+        .join(thread)
+        .join("upper")
+        .join("quarantine");
+    let mut files: Vec<(String, Vec<u8>)> = fs::read_dir(&qdir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.file_name() != "README")
+                .map(|e| {
+                    (
+                        e.file_name().to_string_lossy().into_owned(),
+                        fs::read(e.path()).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    assert_eq!(
+        q as usize,
+        files.len(),
+        "{thread}: status reports {q} quarantined files, {} holds {}",
+        qdir.display(),
+        files.len()
+    );
+    if let Ok(readme) = fs::read_to_string(qdir.join("README")) {
+        eprintln!("{thread}: quarantine/README after an unclean stop:\n{readme}");
+        for (name, bytes) in &files {
+            let also = model.and_then(|m| {
+                m.ents.iter().find_map(|(p, e)| match e {
+                    Ent::File(id) if m.files[id].content == *bytes => Some(p.clone()),
+                    _ => None,
+                })
+            });
+            eprintln!(
+                "  quarantined {name}: {} bytes{}",
+                bytes.len(),
+                match also {
+                    Some(p) if !bytes.is_empty() => format!(" (same bytes as {p:?} in the mount)"),
+                    _ if bytes.is_empty() => String::new(),
+                    _ => " (NOT present in the mount: never acknowledged)".to_string(),
+                }
+            );
+        }
+    }
+    v
+}
+
+struct Plan {
+    trigger: Trigger,
+    /// Whether the daemon that is killed in this run uses passthrough.
+    passthrough: bool,
+}
+
+fn serve_args(passthrough: bool) -> &'static [&'static str] {
+    if passthrough {
+        &[]
+    } else {
+        &["--passthrough", "false"]
+    }
+}
+
+#[test]
+fn sigkill_mid_workload_loses_nothing_acknowledged() {
+    let started = Instant::now();
+    let fx = fixture();
+    let archive_model = Model::from_scan(&scan(&fx.archive), false);
+    let umask = process_umask();
+    const MAX_OPS: usize = 220;
+    let plans = [
+        Plan {
+            trigger: Trigger::AfterOps {
+                n: 30,
+                from_other_thread: false,
+            },
+            passthrough: true,
+        },
+        Plan {
+            trigger: Trigger::AfterOps {
+                n: 110,
+                from_other_thread: true,
+            },
+            passthrough: true,
+        },
+        Plan {
+            trigger: Trigger::MidWrite {
+                op: 40,
+                bytes: 3 << 20,
+            },
+            passthrough: true,
+        },
+        Plan {
+            trigger: Trigger::MidWrite {
+                op: 40,
+                bytes: 3 << 20,
+            },
+            passthrough: false,
+        },
+        Plan {
+            trigger: Trigger::AfterOps {
+                n: 150,
+                from_other_thread: true,
+            },
+            passthrough: false,
+        },
+    ];
+    assert!(plans[0].passthrough, "the first daemon is a default one");
+
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    let mirror = d.mirror(PROJECT);
+    let mirror_before = mirror_digest(&mirror);
+
+    // Every workspace so far, with the state it was verified to hold.
+    let mut done: Vec<(String, Model)> = Vec::new();
+    for (k, plan) in plans.iter().enumerate() {
+        let run_started = Instant::now();
+        let thread = format!("crash{k}");
+        let label = format!("run {k} ({:?})", plan.trigger);
+        d.cli_ok(["open", &thread, "--project", PROJECT]);
+        let mount = d.mount(&thread);
+        wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+        let initial = Model::from_scan(&scan_mount(&label, &mount), true);
+        let diffs = listing_diff(&archive_model.describe(), &initial.describe());
+        assert!(
+            diffs.is_empty(),
+            "{label}: a fresh workspace differs from git archive:\n{}",
+            diffs.join("\n")
+        );
+
+        let pid = d.pid().expect("daemon running");
+        let (root, trigger) = (mount.clone(), plan.trigger);
+        let out = io(&format!("{label}: workload"), move || {
+            workload(root, initial, 1000 + k as u64, MAX_OPS, trigger, pid, umask)
+        });
+        let status = d.reap_killed();
+        eprintln!(
+            "{label}: daemon {status} after {} completed operations; {} acknowledged; \
+             interrupted: {}; a mkdir after the kill failed with errno {:?}; acknowledged: {:?}",
+            out.killed_after,
+            out.ops_ok,
+            out.failure
+                .as_ref()
+                .map(|f| format!(
+                    "#{} {} after {} acknowledged bytes, with {}",
+                    f.index,
+                    f.op,
+                    f.prog.acked,
+                    errno_name(&f.err)
+                ))
+                .unwrap_or_else(|| "none".into()),
+            out.probe_errno,
+            out.kinds
+        );
+        assert!(
+            out.ops_ok >= 20,
+            "{label}: only {} operations ran before the kill",
+            out.ops_ok
+        );
+
+        // Every mount of the dead daemon answers ENOTCONN; once detached, a new daemon on the
+        // same state remounts every workspace by itself: no `open` is issued.
+        let next_passthrough = plans.get(k + 1).is_none_or(|p| p.passthrough);
+        let mut all: Vec<PathBuf> = done.iter().map(|(t, _)| d.mount(t)).collect();
+        all.push(mount.clone());
+        restart_after_kill(&mut d, &all, serve_args(next_passthrough));
+
+        let found = verify_after_crash(&label, &mount, &out, umask);
+        for (t, m) in &done {
+            verify_exact(&format!("{t} after the crash of {label}"), &d.mount(t), m);
+        }
+        done.push((thread, found));
+        for (t, m) in &done {
+            let v = check_status(&d, t, Some(m));
+            if !next_passthrough {
+                assert_eq!(
+                    v["passthrough"].as_bool(),
+                    Some(false),
+                    "status of {t}: {v}"
+                );
+            }
+        }
+        eprintln!("{label}: {:.2?}", run_started.elapsed());
+    }
+
+    // A clean stop and start after all the crashes: nothing changes.
+    d.stop();
+    d.spawn();
+    let all: Vec<PathBuf> = done.iter().map(|(t, _)| d.mount(t)).collect();
+    wait_mounted(&all, Duration::from_secs(10));
+    for m in &all {
+        mounted_once(m);
+    }
+    for (t, m) in &done {
+        verify_exact(&format!("{t} after a clean restart"), &d.mount(t), m);
+        check_status(&d, t, Some(m));
+    }
+    assert_same_listing("mirror", &mirror_before, &mirror_digest(&mirror));
+    eprintln!("sigkill test: {:.2?}", started.elapsed());
+}
+
+/// A daemon killed with SIGKILL leaves its mount behind, answering `ENOTCONN`. A new `serve` on the
+/// same state must clear it and remount the workspace by itself (DESIGN.md: "On restart the daemon
+/// remounts every workspace that was mounted"), with what was written before the kill.
+#[test]
+fn serve_clears_a_dead_mount_left_by_sigkill() {
+    let fx = fixture();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    let mirror = d.mirror(PROJECT);
+    let mirror_before = mirror_digest(&mirror);
+    d.cli_ok(["open", "stale", "--project", PROJECT]);
+    let mount = d.mount("stale");
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    let m = mount.clone();
+    io("writes before the kill", move || {
+        fs::write(m.join("written-before-kill.txt"), b"still here\n").unwrap();
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(m.join("README.md"))
+            .unwrap();
+        f.write_all(b"appended before the kill\n").unwrap();
+        // Any `ls` or `stat` of the workspace leaves the root's attributes in the kernel's cache.
+        fs::metadata(&m).unwrap();
+    });
+    d.kill9();
+    assert_eq!(
+        live_errno(&mount),
+        Some(libc::ENOTCONN),
+        "the killed daemon's mount"
+    );
+    // No umount, no `open`: the new daemon must notice the dead mount itself.
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+    mounted_once(&mount);
+    let m = mount.clone();
+    let (file, readme) = io("reads after the restart", move || {
+        (
+            fs::read(m.join("written-before-kill.txt")),
+            fs::read(m.join("README.md")),
+        )
+    });
+    assert_eq!(file.expect("written-before-kill.txt"), b"still here\n");
+    assert_eq!(
+        readme.expect("README.md"),
+        b"octofs fault-injection fixture\nappended before the kill\n"
+    );
+    check_status(&d, "stale", None);
+    d.stop();
+    assert_same_listing("mirror", &mirror_before, &mirror_digest(&mirror));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A full disk
+
+/// Creates `dir/fNNN`, 1 MiB each in 64 KiB writes, until one fails; records what was
+/// acknowledged. Returns how many files were created (the last one possibly partial).
+fn fill_until_enospc(
+    root: &Path,
+    dir: &str,
+    model: &mut Model,
+    umask: u32,
+    violations: &mut Vec<String>,
+) -> usize {
+    must(
+        root,
+        model,
+        Op::Mkdir {
+            path: dir.to_string(),
+            mode: 0o755,
+        },
+        umask,
+    );
+    for i in 0..64u64 {
+        let op = Op::Create {
+            path: format!("{dir}/f{i:03}"),
+            data: pseudo_random(1 << 20, 5000 + i),
+            mode: 0o644,
+            chunk: 64 * 1024,
+            fsync: i % 4 == 0,
+        };
+        let (prog, r) = run_op(root, &op);
+        match r {
+            Ok(()) => model.apply(&op, umask),
+            Err(e) => {
+                eprintln!(
+                    "filling {dir}: {op} failed with {} after {} acknowledged bytes",
+                    errno_name(&e),
+                    prog.acked
+                );
+                if e.raw_os_error() != Some(libc::ENOSPC) {
+                    violation(
+                        violations,
+                        format!(
+                            "filling the disk: {op} failed with {}, not ENOSPC ({} bytes acknowledged)",
+                            errno_name(&e),
+                            prog.acked
+                        ),
+                    );
+                }
+                model.apply_partial(&op, &prog, umask);
+                return i as usize + usize::from(prog.created);
+            }
+        }
+    }
+    panic!("wrote 64 MiB into {dir} on a 16 MiB tmpfs without an error");
+}
+
+/// An operation on a full disk: success, or ENOSPC; anything else is a violation.
+fn on_full_disk(
+    root: &Path,
+    model: &mut Model,
+    op: Op,
+    umask: u32,
+    violations: &mut Vec<String>,
+) -> String {
+    let (prog, r) = run_op(root, &op);
+    match r {
+        Ok(()) => {
+            model.apply(&op, umask);
+            format!("{op}: ok")
+        }
+        Err(e) => {
+            if e.raw_os_error() != Some(libc::ENOSPC) {
+                violation(
+                    violations,
+                    format!(
+                        "on a full disk, {op} failed with {}, not ENOSPC",
+                        errno_name(&e)
+                    ),
+                );
+            }
+            model.apply_partial(&op, &prog, umask);
+            format!(
+                "{op}: {} ({} bytes acknowledged)",
+                errno_name(&e),
+                prog.acked
+            )
+        }
+    }
+}
+
+/// Prints the warnings and errors of the last daemon's log (for the report).
+fn print_log_problems(d: &Daemon, when: &str) {
+    let text = d.log_text();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| (l.contains("WARN") || l.contains("ERROR")) && !l.contains("Broken pipe"))
+        .collect();
+    if !lines.is_empty() {
+        eprintln!("daemon log, {when}:\n  {}", lines.join("\n  "));
+    }
+}
+
+/// Records a violation (and prints it at once, in case a later step panics).
+fn violation(violations: &mut Vec<String>, msg: String) {
+    eprintln!("VIOLATION: {msg}");
+    violations.push(msg);
+}
+
+/// Deletes a file of the workspace "full" on a full disk: it must succeed, deleting is how a user
+/// frees space. When it fails, the violation is recorded and the tmpfs grown by 4 MiB from
+/// outside, so that the rest of the test still runs.
+fn delete_on_full_disk(
+    d: &Daemon,
+    tmpfs_mb: &mut u32,
+    model: &mut Model,
+    path: &str,
+    umask: u32,
+    violations: &mut Vec<String>,
+) {
+    let m = d.mount("full");
+    let op = Op::Unlink {
+        path: path.to_string(),
+    };
+    let (_, r) = run_op(&m, &op);
+    if let Err(e) = r {
+        violation(
+            violations,
+            format!(
+                "on a full disk, {op} failed with {}: deleting cannot free space",
+                errno_name(&e)
+            ),
+        );
+        *tmpfs_mb += 4;
+        sh(
+            "mount",
+            [
+                "-o".as_ref(),
+                format!("remount,size={tmpfs_mb}m").as_ref(),
+                d.state.as_os_str(),
+            ],
+        )
+        .assert_ok();
+        let (_, r) = run_op(&m, &op);
+        if let Err(e) = r {
+            panic!(
+                "{op} fails with {} even after the tmpfs grew to {tmpfs_mb} MiB; violations:\n  {}",
+                errno_name(&e),
+                violations.join("\n  ")
+            );
+        }
+    }
+    model.apply(&op, umask);
+}
+
+#[test]
+fn full_state_dir_returns_enospc_and_keeps_every_acknowledged_write() {
+    let started = Instant::now();
+    let fx = fixture();
+    let umask = process_umask();
+    let mut d = Daemon::unstarted();
+    // The whole state dir (mirror, blob cache, upper layers, catalog) on a 16 MiB tmpfs. On every
+    // exit path, panics included, the guard lazily unmounts everything under its temporary
+    // directory (the workspace mount first, then this tmpfs).
+    sh(
+        "mount",
+        [
+            "-t".as_ref(),
+            "tmpfs".as_ref(),
+            "-o".as_ref(),
+            "size=16m,mode=0755".as_ref(),
+            "octofs-test-enospc".as_ref(),
+            d.state.as_os_str(),
+        ],
+    )
+    .assert_ok();
+    d.spawn();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    let mirror = d.mirror(PROJECT);
+    let mirror_before = mirror_digest(&mirror);
+    d.cli_ok(["open", "full", "--project", PROJECT]);
+    let mount = d.mount("full");
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    let m = mount.as_path();
+    // From the archive, so that nothing reads cold/* before the disk is full.
+    let base_model = Model::from_scan(&scan(&fx.archive), false);
+    let mut model = base_model.clone();
+    let mut violations: Vec<String> = Vec::new();
+
+    // 1. Acknowledged writes while there is room: new files, copy-ups, metadata.
+    must(
+        m,
+        &mut model,
+        Op::Mkdir {
+            path: "early".into(),
+            mode: 0o755,
+        },
+        umask,
+    );
+    for i in 0..8u64 {
+        let op = Op::Create {
+            path: format!("early/f{i}"),
+            data: pseudo_random(100 * 1024, 100 + i),
+            mode: 0o644,
+            chunk: 64 * 1024,
+            fsync: i % 2 == 0,
+        };
+        must(m, &mut model, op, umask);
+    }
+    for op in [
+        Op::Append {
+            path: "README.md".into(),
+            data: b"appended before the disk filled\n".to_vec(),
+            fsync: true,
+        },
+        Op::Write {
+            path: "src/main.c".into(),
+            offset: 0,
+            data: b"/* rewritten */".to_vec(),
+            fsync: false,
+        },
+        Op::Chmod {
+            path: "scripts/build.sh".into(),
+            mode: 0o700,
+        },
+        Op::Rename {
+            from: "pkg/m01.txt".into(),
+            to: "pkg/renamed.txt".into(),
+        },
+        Op::Unlink {
+            path: "pkg/m02.txt".into(),
+        },
+        Op::Link {
+            from: "early/f0".into(),
+            to: "early/f0-link".into(),
+        },
+        Op::Symlink {
+            path: "early/sym".into(),
+            target: "../README.md".into(),
+        },
+        Op::Truncate {
+            path: "data/small.bin".into(),
+            len: 1000,
+        },
+    ] {
+        must(m, &mut model, op, umask);
+    }
+
+    // 2. Fill the disk: the failing write returns ENOSPC.
+    let filled = fill_until_enospc(m, "fill", &mut model, umask, &mut violations);
+    assert!(filled >= 4, "only {filled} MiB fitted on the tmpfs");
+
+    // 3. More requests on the full disk: each succeeds or says ENOSPC (never EIO, never a hang).
+    let mut report = Vec::new();
+    for op in [
+        Op::Create {
+            path: "full-new.bin".into(),
+            data: pseudo_random(64 * 1024, 77),
+            mode: 0o644,
+            chunk: 64 * 1024,
+            fsync: false,
+        },
+        // A base file never read so far: copy-up needs its blob, and room for it.
+        Op::Append {
+            path: "cold/c1.bin".into(),
+            data: b"more".to_vec(),
+            fsync: false,
+        },
+        Op::Mkdir {
+            path: "full-dir".into(),
+            mode: 0o755,
+        },
+        Op::Rename {
+            from: "early/f1".into(),
+            to: "early/f1-renamed".into(),
+        },
+        Op::Chmod {
+            path: "early/f2".into(),
+            mode: 0o600,
+        },
+        Op::Write {
+            path: "early/f3".into(),
+            offset: 0,
+            data: pseudo_random(4096, 78),
+            fsync: true,
+        },
+        Op::Symlink {
+            path: "full-sym".into(),
+            target: "README.md".into(),
+        },
+        Op::Link {
+            from: "early/f4".into(),
+            to: "early/f4-link".into(),
+        },
+    ] {
+        report.push(on_full_disk(m, &mut model, op, umask, &mut violations));
+    }
+    // Reading a base file whose blob is not cached yet.
+    let want_c2 = model.content("cold/c2.bin").clone();
+    let c2 = m.join("cold/c2.bin");
+    match io("read cold/c2.bin on a full disk", move || fs::read(&c2)) {
+        Ok(bytes) if bytes == want_c2 => report.push("read cold/c2.bin: ok".into()),
+        Ok(bytes) => violation(
+            &mut violations,
+            format!(
+                "on a full disk, reading cold/c2.bin returned {} wrong bytes",
+                bytes.len()
+            ),
+        ),
+        Err(e) => {
+            report.push(format!("read cold/c2.bin: {}", errno_name(&e)));
+            if e.raw_os_error() != Some(libc::ENOSPC) {
+                violation(
+                    &mut violations,
+                    format!(
+                        "on a full disk, reading the uncached base file cold/c2.bin failed with \
+                         {}, not ENOSPC (nor success)",
+                        errno_name(&e)
+                    ),
+                );
+            }
+        }
+    }
+    eprintln!("on the full disk:\n  {}", report.join("\n  "));
+    // While the disk is full, every file the test wrote (created or changed) reads back intact.
+    // Files still holding base content (never read so far, so not in the blob cache) must read
+    // too, or at least fail with ENOSPC, never EIO.
+    let written = |p: &str| {
+        let id = model.file_id(p);
+        base_model
+            .files
+            .get(&id)
+            .is_none_or(|f| f.content != model.files[&id].content)
+    };
+    let (mm, want): (PathBuf, Vec<(String, Vec<u8>, bool)>) = (
+        m.to_path_buf(),
+        model
+            .files()
+            .into_iter()
+            .map(|p| {
+                let c = model.content(&p).clone();
+                let w = written(&p);
+                (p, c, w)
+            })
+            .collect(),
+    );
+    let (bad_written, bad_base) = io("reading every file on the full disk", move || {
+        let (mut bw, mut bb) = (Vec::new(), Vec::new());
+        for (p, c, w) in &want {
+            let problem = match fs::read(mm.join(p)) {
+                Ok(b) if b == *c => continue,
+                Ok(b) => format!("{p}: {} bytes, want {}", b.len(), c.len()),
+                Err(e) if !*w && e.raw_os_error() == Some(libc::ENOSPC) => continue,
+                Err(e) => format!("{p}: {}", errno_name(&e)),
+            };
+            if *w {
+                bw.push(problem)
+            } else {
+                bb.push(problem)
+            }
+        }
+        (bw, bb)
+    });
+    assert!(
+        bad_written.is_empty(),
+        "on the full disk, files written before it filled do not read back:\n  {}",
+        bad_written.join("\n  ")
+    );
+    if !bad_base.is_empty() {
+        violation(
+            &mut violations,
+            format!(
+                "on a full disk, {} of the unmodified base files (blobs not cached yet) cannot be \
+                 read: {}",
+                bad_base.len(),
+                bad_base.join(", ")
+            ),
+        );
+    }
+    // The daemon still serves: the control socket, statfs and a listing of the mount.
+    check_status(&d, "full", Some(&model));
+    sh("stat", ["-f".as_ref(), m.as_os_str()]).assert_ok();
+    sh("ls", ["-la".as_ref(), m.join("early").as_os_str()]).assert_ok();
+
+    // 4. Deleting frees space, and new writes succeed again.
+    let mut tmpfs_mb = 16;
+    for i in 0..4 {
+        let path = format!("fill/f{i:03}");
+        delete_on_full_disk(&d, &mut tmpfs_mb, &mut model, &path, umask, &mut violations);
+    }
+    let op = Op::Create {
+        path: "after-free.bin".into(),
+        data: pseudo_random(1 << 20, 79),
+        mode: 0o644,
+        chunk: 64 * 1024,
+        fsync: true,
+    };
+    let (_, r) = run_op(m, &op);
+    if let Err(e) = r {
+        panic!(
+            "after deleting 4 MiB, {op} failed with {}; violations:\n  {}",
+            errno_name(&e),
+            violations.join("\n  ")
+        );
+    }
+    model.apply(&op, umask);
+    verify_exact("after freeing space", m, &model);
+
+    // 5. Stop and start: the catalog loads with every write.
+    d.stop();
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+    mounted_once(&mount);
+    verify_exact("after stop + start", m, &model);
+    check_status(&d, "full", Some(&model));
+
+    // 6. Fill again and stop while the disk is full (compaction has no room), then start.
+    fill_until_enospc(m, "fill2", &mut model, umask, &mut violations);
+    d.stop();
+    print_log_problems(&d, "stop on a full disk");
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+    mounted_once(&mount);
+    verify_exact("after a stop on a full disk", m, &model);
+
+    // 7. Still full: SIGKILL, then start.
+    let op = Op::Create {
+        path: "fill2/one-more".into(),
+        data: pseudo_random(1 << 20, 80),
+        mode: 0o644,
+        chunk: 64 * 1024,
+        fsync: false,
+    };
+    let line = on_full_disk(m, &mut model, op, umask, &mut violations);
+    eprintln!("before the SIGKILL: {line}");
+    d.kill9();
+    restart_after_kill(&mut d, std::slice::from_ref(&mount), &[]);
+    verify_exact("after SIGKILL on a full disk", m, &model);
+    check_status(&d, "full", Some(&model));
+
+    // 8. Free space again; writes work; a last clean restart.
+    let fill2: Vec<String> = model
+        .files()
+        .into_iter()
+        .filter(|p| p.starts_with("fill2/"))
+        .collect();
+    for p in fill2 {
+        delete_on_full_disk(&d, &mut tmpfs_mb, &mut model, &p, umask, &mut violations);
+    }
+    let op = Op::Create {
+        path: "the-end.bin".into(),
+        data: pseudo_random(2 << 20, 81),
+        mode: 0o644,
+        chunk: 1 << 20,
+        fsync: true,
+    };
+    must(m, &mut model, op, umask);
+    d.stop();
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+    mounted_once(&mount);
+    verify_exact("at the end", m, &model);
+    d.stop();
+
+    assert_same_listing("mirror", &mirror_before, &mirror_digest(&mirror));
+    run(
+        Command::new("umount").arg(&d.state),
+        Duration::from_secs(10),
+    )
+    .assert_ok();
+    eprintln!("enospc test: {:.2?}", started.elapsed());
+    assert!(
+        violations.is_empty(),
+        "full-disk violations:\n  {}",
+        violations.join("\n  ")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Inode numbers
+
+#[track_caller]
+fn check_inos(label: &str, mount: &Path, want: &BTreeMap<String, u64>) {
+    let (m, w) = (mount.to_path_buf(), want.clone());
+    let diffs = io(label, move || {
+        let mut diffs = Vec::new();
+        for (p, ino) in &w {
+            match fs::symlink_metadata(m.join(p)) {
+                Ok(meta) if meta.ino() == *ino => {}
+                Ok(meta) => diffs.push(format!("  {p}: was {ino:#x}, now {:#x}", meta.ino())),
+                Err(e) => diffs.push(format!("  {p}: {e}")),
+            }
+        }
+        diffs
+    });
+    assert!(
+        diffs.is_empty(),
+        "{label}: inode numbers changed:\n{}",
+        diffs.join("\n")
+    );
+}
+
+/// Creates `rel` with a little content and returns its inode number.
+fn create_and_stat(mount: &Path, rel: &str) -> u64 {
+    let p = mount.join(rel);
+    io(&format!("create {rel}"), move || {
+        fs::write(&p, b"new\n").unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
+        fs::symlink_metadata(&p).unwrap().ino()
+    })
+}
+
+#[test]
+fn inode_numbers_survive_copy_up_rename_link_and_restart() {
+    let started = Instant::now();
+    let fx = fixture();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    let mirror = d.mirror(PROJECT);
+    let mirror_before = mirror_digest(&mirror);
+    d.cli_ok(["open", "inodes", "--project", PROJECT]);
+    let mount = d.mount("inodes");
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+
+    let m = mount.clone();
+    let (want, mut seen) = io("inode checks", move || {
+        let ino = |rel: &str| {
+            fs::symlink_metadata(m.join(rel))
+                .unwrap_or_else(|e| panic!("stat {rel}: {e}"))
+                .ino()
+        };
+        let nlink = |rel: &str| fs::symlink_metadata(m.join(rel)).unwrap().nlink();
+        let names = [
+            "src",
+            "src/main.c",
+            "src/lib",
+            "src/lib/util.c",
+            "src/lib/util.h",
+            "README.md",
+            "docs/a",
+            "docs/a/b",
+            "docs/a/b/deep.md",
+            "pkg/m03.txt",
+            "pkg/m04.txt",
+            "solo",
+            "solo/only.txt",
+            "data/blob.bin",
+            "link-readme",
+        ];
+        let base: BTreeMap<&str, u64> = names.iter().map(|p| (*p, ino(p))).collect();
+        let mut seen: BTreeSet<u64> = base.values().copied().collect();
+        assert_eq!(
+            seen.len(),
+            base.len(),
+            "distinct paths share a number: {base:?}"
+        );
+
+        // Copy-up by a write, with no reader open: the number stays (fstat of the writer too).
+        {
+            let mut f = OpenOptions::new()
+                .append(true)
+                .open(m.join("src/main.c"))
+                .unwrap();
+            f.write_all(b"// appended\n").unwrap();
+            assert_eq!(
+                f.metadata().unwrap().ino(),
+                base["src/main.c"],
+                "fstat of the writer after copy-up"
+            );
+        }
+        assert_eq!(ino("src/main.c"), base["src/main.c"], "copy-up by append");
+        // O_TRUNC (copies no data), truncate(2) of a large file, chmod (metadata only).
+        fs::write(m.join("src/lib/util.c"), b"int util(void) { return 7; }\n").unwrap();
+        assert_eq!(
+            ino("src/lib/util.c"),
+            base["src/lib/util.c"],
+            "O_TRUNC copy-up"
+        );
+        OpenOptions::new()
+            .write(true)
+            .open(m.join("data/blob.bin"))
+            .unwrap()
+            .set_len(1000)
+            .unwrap();
+        assert_eq!(
+            ino("data/blob.bin"),
+            base["data/blob.bin"],
+            "truncate copy-up"
+        );
+        fs::set_permissions(m.join("README.md"), fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(ino("README.md"), base["README.md"], "chmod");
+
+        // Rename of the file, then of its directory (which also holds an untouched base file and
+        // a subdirectory), then of a directory two levels above an untouched file.
+        fs::rename(m.join("src/main.c"), m.join("src/main2.c")).unwrap();
+        assert_eq!(ino("src/main2.c"), base["src/main.c"], "file rename");
+        fs::rename(m.join("src"), m.join("source")).unwrap();
+        for (new, old) in [
+            ("source", "src"),
+            ("source/main2.c", "src/main.c"),
+            ("source/lib", "src/lib"),
+            ("source/lib/util.c", "src/lib/util.c"),
+            ("source/lib/util.h", "src/lib/util.h"),
+        ] {
+            assert_eq!(ino(new), base[old], "{new} (was {old}) after renaming src");
+        }
+        fs::rename(m.join("docs/a"), m.join("docs/z")).unwrap();
+        assert_eq!(ino("docs/z"), base["docs/a"], "directory rename");
+        assert_eq!(ino("docs/z/b"), base["docs/a/b"]);
+        assert_eq!(ino("docs/z/b/deep.md"), base["docs/a/b/deep.md"]);
+        fs::rename(m.join("pkg/m03.txt"), m.join("docs/z/m03.txt")).unwrap();
+        assert_eq!(
+            ino("docs/z/m03.txt"),
+            base["pkg/m03.txt"],
+            "move across dirs"
+        );
+        fs::rename(m.join("link-readme"), m.join("docs/link-readme")).unwrap();
+        assert_eq!(
+            ino("docs/link-readme"),
+            base["link-readme"],
+            "symlink rename"
+        );
+
+        // Hardlinks share the number: of a copied-up file and of an untouched base file.
+        fs::hard_link(m.join("source/main2.c"), m.join("hard-main.c")).unwrap();
+        assert_eq!(ino("hard-main.c"), base["src/main.c"]);
+        assert_eq!((nlink("hard-main.c"), nlink("source/main2.c")), (2, 2));
+        fs::hard_link(m.join("source/lib/util.h"), m.join("util-link.h")).unwrap();
+        assert_eq!(ino("util-link.h"), base["src/lib/util.h"]);
+        assert_eq!(ino("source/lib/util.h"), base["src/lib/util.h"]);
+        assert_eq!((nlink("util-link.h"), nlink("source/lib/util.h")), (2, 2));
+
+        // New names get fresh numbers.
+        fs::create_dir(m.join("new")).unwrap();
+        fs::write(m.join("new/new.txt"), b"new\n").unwrap();
+        std::os::unix::fs::symlink("new.txt", m.join("new/new-link")).unwrap();
+        for p in ["new", "new/new.txt", "new/new-link"] {
+            assert!(seen.insert(ino(p)), "{p} got a number already in use");
+        }
+
+        // A deleted and recreated name gets a new number: base file, new file, base directory,
+        // new directory.
+        fs::remove_file(m.join("pkg/m04.txt")).unwrap();
+        fs::write(m.join("pkg/m04.txt"), b"recreated\n").unwrap();
+        let n = ino("pkg/m04.txt");
+        assert!(
+            n != base["pkg/m04.txt"] && seen.insert(n),
+            "recreated base file: {n:#x}"
+        );
+        fs::write(m.join("tmp.txt"), b"one\n").unwrap();
+        let a = ino("tmp.txt");
+        assert!(seen.insert(a));
+        fs::remove_file(m.join("tmp.txt")).unwrap();
+        fs::write(m.join("tmp.txt"), b"two\n").unwrap();
+        let b = ino("tmp.txt");
+        assert!(
+            b != a && seen.insert(b),
+            "recreated new file: {a:#x} then {b:#x}"
+        );
+        fs::remove_file(m.join("solo/only.txt")).unwrap();
+        fs::remove_dir(m.join("solo")).unwrap();
+        fs::create_dir(m.join("solo")).unwrap();
+        fs::write(m.join("solo/only.txt"), b"recreated\n").unwrap();
+        let (s, so) = (ino("solo"), ino("solo/only.txt"));
+        assert!(s != base["solo"] && seen.insert(s), "recreated base dir");
+        assert!(
+            so != base["solo/only.txt"] && seen.insert(so),
+            "recreated base file"
+        );
+        fs::create_dir(m.join("d1")).unwrap();
+        let a = ino("d1");
+        assert!(seen.insert(a));
+        fs::remove_dir(m.join("d1")).unwrap();
+        fs::create_dir(m.join("d1")).unwrap();
+        let b = ino("d1");
+        assert!(b != a && seen.insert(b), "recreated new dir");
+
+        let want: BTreeMap<String, u64> = [
+            "source",
+            "source/main2.c",
+            "hard-main.c",
+            "source/lib",
+            "source/lib/util.c",
+            "source/lib/util.h",
+            "util-link.h",
+            "README.md",
+            "docs/z",
+            "docs/z/b",
+            "docs/z/b/deep.md",
+            "docs/z/m03.txt",
+            "docs/link-readme",
+            "data/blob.bin",
+            "new",
+            "new/new.txt",
+            "new/new-link",
+            "pkg/m04.txt",
+            "tmp.txt",
+            "solo",
+            "solo/only.txt",
+            "d1",
+            // Untouched base entries.
+            "pkg",
+            "pkg/m05.txt",
+            "docs",
+            "cold/c1.bin",
+        ]
+        .iter()
+        .map(|p| (p.to_string(), ino(p)))
+        .collect();
+        (want, seen)
+    });
+    check_inos("after the changes", &mount, &want);
+
+    // A clean restart, then one by SIGKILL: every number stays; new files get numbers never seen.
+    d.stop();
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+    mounted_once(&mount);
+    check_inos("after stop + start", &mount, &want);
+    let n = create_and_stat(&mount, "after-restart.txt");
+    assert!(seen.insert(n), "a new file after a restart reuses {n:#x}");
+    d.kill9();
+    restart_after_kill(&mut d, std::slice::from_ref(&mount), &[]);
+    check_inos("after SIGKILL + start", &mount, &want);
+    let n = create_and_stat(&mount, "after-crash.txt");
+    assert!(seen.insert(n), "a new file after a crash reuses {n:#x}");
+    let m = mount.clone();
+    let links = io("nlink after restarts", move || {
+        [
+            "hard-main.c",
+            "source/main2.c",
+            "util-link.h",
+            "source/lib/util.h",
+        ]
+        .map(|p| fs::symlink_metadata(m.join(p)).unwrap().nlink())
+    });
+    assert_eq!(links, [2, 2, 2, 2], "link counts after restarts");
+    d.stop();
+    assert_same_listing("mirror", &mirror_before, &mirror_digest(&mirror));
+    eprintln!("inode test: {:.2?}", started.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. A reader open across a copy-up
+
+/// Everything from offset 0 to EOF through `f` (pread, so the file offset does not matter).
+fn pread_all(f: &File) -> io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = f.read_at(&mut buf, out.len() as u64)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
+#[derive(Debug)]
+struct ReaderView {
+    reader_ino: u64,
+    writer_ino: u64,
+    path_ino: u64,
+    /// What the descriptor opened before the write reads afterwards.
+    reader_sees: Vec<u8>,
+    /// `fstat` of that descriptor afterwards.
+    reader_fstat: Result<u64, String>,
+    /// What a new open reads.
+    new_open_sees: Vec<u8>,
+}
+
+/// Opens `rel` for reading and reads some of it, then runs `write` (which must append `appended`
+/// through another descriptor or process), then looks through both the old descriptor and a new
+/// one.
+fn reader_across_write(
+    mount: &Path,
+    rel: &str,
+    base: Vec<u8>,
+    write: impl FnOnce(&Path) -> u64 + Send + 'static,
+) -> ReaderView {
+    let path = mount.join(rel);
+    io(&format!("reader across a copy-up of {rel}"), move || {
+        let mut reader = File::open(&path).unwrap();
+        let mut head = vec![0u8; base.len().min(4096)];
+        reader.read_exact(&mut head).unwrap();
+        assert_eq!(head, base[..head.len()], "reader before the write");
+        // The whole file through the old descriptor, so the kernel caches its pages.
+        assert_eq!(pread_all(&reader).unwrap(), base, "reader before the write");
+        let reader_ino = reader.metadata().unwrap().ino();
+        assert_eq!(fs::metadata(&path).unwrap().ino(), reader_ino);
+        let writer_ino = write(&path);
+        ReaderView {
+            reader_ino,
+            writer_ino,
+            path_ino: fs::metadata(&path).unwrap().ino(),
+            reader_sees: pread_all(&reader).unwrap(),
+            reader_fstat: reader
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|e| e.to_string()),
+            new_open_sees: fs::read(&path).unwrap(),
+        }
+    })
+}
+
+fn reader_across_copy_up(passthrough: bool) {
+    let started = Instant::now();
+    let fx = fixture();
+    let base_blob = fs::read(fx.repo.path.join("data/blob.bin")).unwrap();
+    let base_m05 = fs::read(fx.repo.path.join("pkg/m05.txt")).unwrap();
+    let args = serve_args(passthrough);
+    // Passthrough needs CAP_SYS_ADMIN and Linux >= 6.9; elsewhere the daemon falls back.
+    let expect_pt = passthrough && unsafe { libc::geteuid() } == 0 && kernel_at_least(6, 9);
+    if passthrough && !expect_pt {
+        eprintln!("passthrough unavailable here (not root or kernel < 6.9): checking the fallback");
+    }
+
+    let mut d = Daemon::unstarted();
+    d.spawn_with(args);
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    let mirror = d.mirror(PROJECT);
+    let mirror_before = mirror_digest(&mirror);
+    d.cli_ok(["open", "reader", "--project", PROJECT]);
+    let mount = d.mount("reader");
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+
+    // In-process: a second descriptor opened with O_APPEND while the reader is open.
+    let appended = b"appended while a reader was open\n".to_vec();
+    let app = appended.clone();
+    let v1 = reader_across_write(&mount, "data/blob.bin", base_blob.clone(), move |p| {
+        let mut w = OpenOptions::new()
+            .append(true)
+            .open(p)
+            .unwrap_or_else(|e| panic!("open for append while a reader is open: {e}"));
+        w.write_all(&app)
+            .unwrap_or_else(|e| panic!("append while a reader is open: {e}"));
+        w.metadata().unwrap().ino()
+    });
+    // A shell's `echo >>` (open with O_CREAT|O_APPEND in another process).
+    let v2 = reader_across_write(&mount, "pkg/m05.txt", base_m05.clone(), |p| {
+        run(
+            Command::new("sh")
+                .args(["-c", "echo shell-append >> \"$1\"", "sh"])
+                .arg(p),
+            Duration::from_secs(10),
+        )
+        .assert_ok();
+        fs::metadata(p).unwrap().ino()
+    });
+    let status = check_status(&d, "reader", None);
+    assert_eq!(
+        status["passthrough"].as_bool(),
+        Some(expect_pt),
+        "status --json passthrough: {status}"
+    );
+
+    let new_blob = [base_blob.clone(), appended].concat();
+    let new_m05 = [base_m05.clone(), b"shell-append\n".to_vec()].concat();
+    for (v, old, new, what) in [
+        (
+            &v1,
+            &base_blob,
+            &new_blob,
+            "data/blob.bin (in-process append)",
+        ),
+        (&v2, &base_m05, &new_m05, "pkg/m05.txt (shell echo >>)"),
+    ] {
+        eprintln!(
+            "{what}, passthrough {expect_pt}: reader ino {:#x}, writer ino {:#x}, path ino {:#x}; \
+             the old descriptor reads {} bytes ({}), fstat size {:?}; a new open reads {} bytes",
+            v.reader_ino,
+            v.writer_ino,
+            v.path_ino,
+            v.reader_sees.len(),
+            if v.reader_sees == *old {
+                "the base content"
+            } else if v.reader_sees == *new {
+                "the new content"
+            } else {
+                "NEITHER"
+            },
+            v.reader_fstat,
+            v.new_open_sees.len()
+        );
+        // Everyone opening the path from now on sees the write.
+        assert!(
+            v.new_open_sees == *new,
+            "{what}: a new open does not see the append"
+        );
+        assert_eq!(
+            v.writer_ino, v.path_ino,
+            "{what}: the writer's file is the path's"
+        );
+        if expect_pt {
+            // docs/overlay.md: the name moved to a new, copied-up inode; the earlier descriptor
+            // keeps the base content, as after a rename-over, until it is closed.
+            assert!(
+                v.reader_sees == *old,
+                "{what}: with passthrough the earlier reader must keep the base content, \
+                 read {} bytes",
+                v.reader_sees.len()
+            );
+            assert_ne!(
+                v.reader_ino, v.path_ino,
+                "{what}: with passthrough the name moves to a new inode"
+            );
+        } else {
+            // docs/overlay.md: copy-up in place; every descriptor reads the current content.
+            assert!(
+                v.reader_sees == *new,
+                "{what}: without passthrough the earlier reader must see the current content, \
+                 read {} bytes (base is {}, new is {})",
+                v.reader_sees.len(),
+                old.len(),
+                new.len()
+            );
+            assert_eq!(
+                v.reader_ino, v.path_ino,
+                "{what}: without passthrough the copy-up keeps the inode number"
+            );
+        }
+    }
+
+    // With the readers closed: a further append, then a restart; content and numbers persist.
+    let p = mount.join("data/blob.bin");
+    io("second append", move || {
+        let mut w = OpenOptions::new().append(true).open(&p).unwrap();
+        w.write_all(b"second\n").unwrap();
+    });
+    let new_blob = [new_blob, b"second\n".to_vec()].concat();
+    d.stop();
+    d.spawn_with(args);
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+    mounted_once(&mount);
+    let m = mount.clone();
+    let (blob, m05, i1, i2) = io("after restart", move || {
+        (
+            fs::read(m.join("data/blob.bin")).unwrap(),
+            fs::read(m.join("pkg/m05.txt")).unwrap(),
+            fs::metadata(m.join("data/blob.bin")).unwrap().ino(),
+            fs::metadata(m.join("pkg/m05.txt")).unwrap().ino(),
+        )
+    });
+    assert!(blob == new_blob, "data/blob.bin after restart");
+    assert!(m05 == new_m05, "pkg/m05.txt after restart");
+    assert_eq!(
+        (i1, i2),
+        (v1.path_ino, v2.path_ino),
+        "numbers after restart"
+    );
+    d.stop();
+    assert_same_listing("mirror", &mirror_before, &mirror_digest(&mirror));
+    eprintln!(
+        "reader test (passthrough {passthrough}): {:.2?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn reader_across_copy_up_with_passthrough() {
+    reader_across_copy_up(true);
+}
+
+#[test]
+fn reader_across_copy_up_without_passthrough() {
+    reader_across_copy_up(false);
+}
