@@ -46,6 +46,8 @@ struct Fork {
     requested_ref: Option<String>,
     /// The snapshot this workspace resumes (recorded as `refs/octomate/saved`).
     saved: Option<String>,
+    /// Changes applied over the base before the first mount: the diff between these two trees.
+    apply: Option<(gix::ObjectId, gix::ObjectId)>,
     chat: bool,
 }
 
@@ -318,6 +320,7 @@ impl Daemon {
                     branch: Some(branch),
                     requested_ref: git_ref.map(str::to_string),
                     saved: None,
+                    apply: None,
                     chat: false,
                 }
             }
@@ -337,6 +340,7 @@ impl Daemon {
                     branch: Some("main".into()),
                     requested_ref: None,
                     saved: None,
+                    apply: None,
                     chat: true,
                 }
             }
@@ -376,26 +380,31 @@ impl Daemon {
                 branch: b.branch.clone(),
                 requested_ref: None,
                 saved: None,
+                apply: None,
                 chat: false,
             });
         };
-        let (tree, parents, message, time) = snap::commit_info(&repo, s)?;
+        // The workspace comes back as a fork of HEAD (whose index is shared and usually already
+        // built) with the snapshot's changes applied over it: O(changed paths), and every change
+        // reads as uncommitted.
+        let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
         let head = *parents.first().ok_or("the snapshot has no parent")?;
-        let (head_tree, ..) = snap::commit_info(&repo, head)?;
+        let (head_tree, _, _, head_time) = snap::commit_info(&repo, head)?;
         let branch = match snap::head_of(&message) {
             HeadRef::Branch(b) => Some(b),
             HeadRef::Detached => None,
         };
         Ok(Fork {
             project: b.project.clone(),
-            base_commit: s.to_string(),
-            base_tree: tree,
-            base_time: time,
+            base_commit: head.to_string(),
+            base_tree: head_tree,
+            base_time: head_time,
             index_tree: head_tree,
             head_commit: head.to_string(),
             branch,
             requested_ref: None,
             saved: Some(s.to_string()),
+            apply: Some((head_tree, tree)),
             chat: false,
         })
     }
@@ -449,6 +458,9 @@ impl Daemon {
                 )?
             };
             crate::repo::seed(&core, &plan, &index, fork.base_time)?;
+            if let Some((from, to)) = fork.apply {
+                self.apply_diff(&core, &fork.project, from, to)?;
+            }
             let mut bookkeeping = Vec::new();
             if let Some(s) = &fork.saved {
                 bookkeeping.push(
@@ -473,6 +485,75 @@ impl Daemon {
             let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
         }
         made
+    }
+
+    /// Applies the difference between two trees of the mirror to a workspace: removals first
+    /// (deepest first), then additions and changes.
+    fn apply_diff(
+        &self,
+        core: &WorkspaceFs,
+        project: &str,
+        from: gix::ObjectId,
+        to: gix::ObjectId,
+    ) -> Result<(), String> {
+        use crate::fs::core::TreeChange;
+        let mirror = self.layout.mirror(project);
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(&mirror)
+            .args([
+                "diff-tree",
+                "-r",
+                "-z",
+                "--no-renames",
+                &from.to_string(),
+                &to.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run git: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "git diff-tree: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let fields = split_nul(&out.stdout);
+        let mut removals = Vec::new();
+        let mut additions = Vec::new();
+        for pair in fields.chunks(2) {
+            let [meta, path] = pair else { continue };
+            let meta = String::from_utf8_lossy(meta);
+            let f: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+            let [_, new_mode, _, new_id, status] = f[..] else {
+                return Err(format!("unexpected diff-tree output {meta:?}"));
+            };
+            let id = gix::ObjectId::from_hex(new_id.as_bytes()).map_err(|e| e.to_string())?;
+            let change = match (status, new_mode) {
+                ("D", _) => TreeChange::Remove,
+                (_, "100644") => TreeChange::File { id, exec: false },
+                (_, "100755") => TreeChange::File { id, exec: true },
+                (_, "120000") => TreeChange::Symlink { id },
+                (_, "160000") => TreeChange::Gitlink { id },
+                _ => return Err(format!("unexpected diff-tree entry {meta:?}")),
+            };
+            if change == TreeChange::Remove || status == "T" {
+                removals.push(path.clone());
+            }
+            if change != TreeChange::Remove {
+                additions.push((path.clone(), change));
+            }
+        }
+        removals.sort_by(|a, b| b.cmp(a));
+        for p in &removals {
+            core.apply(p, &TreeChange::Remove)
+                .map_err(|e| format!("cannot restore {}: {e:?}", String::from_utf8_lossy(p)))?;
+        }
+        for (p, c) in &additions {
+            core.apply(p, c)
+                .map_err(|e| format!("cannot restore {}: {e:?}", String::from_utf8_lossy(p)))?;
+        }
+        Ok(())
     }
 
     /// Creates the blank repository chat workspaces fork from, once.

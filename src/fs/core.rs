@@ -470,6 +470,17 @@ enum Content<'a> {
     Bytes(&'a [u8]),
     /// An immutable host-wide file, read until the first write copies it up.
     Shared(String),
+    /// An object of the mirror (a blob, or a gitlink's commit), as if it came from the base.
+    Object(BaseRef),
+}
+
+/// One change of a tree, applied by [`WorkspaceFs::apply`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeChange {
+    Remove,
+    File { id: ObjectId, exec: bool },
+    Symlink { id: ObjectId },
+    Gitlink { id: ObjectId },
 }
 
 impl New<'_> {
@@ -1645,7 +1656,7 @@ impl WorkspaceFs {
         }
         p.mtime = now;
         p.ctime = now;
-        let upper = kind == Kind::File && !matches!(content, Content::Shared(_));
+        let upper = kind == Kind::File && matches!(content, Content::Empty | Content::Bytes(_));
         if upper {
             self.upper.create(ino, None, now, now).map_err(io_errno)?;
             if let Content::Bytes(b) = content {
@@ -1657,10 +1668,14 @@ impl WorkspaceFs {
                 }
             }
         }
+        let base = match &content {
+            Content::Object(b) => Some(b.clone()),
+            _ => None,
+        };
         let rec = InodeRecord {
             ino,
             kind,
-            base: None,
+            base,
             upper,
             target,
             mode,
@@ -2130,6 +2145,80 @@ impl WorkspaceFs {
             ..New::plain(Kind::File, 0o644, 0)
         };
         self.seeded(self.make(cur, OsStr::new(name), new, owner))
+    }
+
+    /// Applies one change of a tree diff at `path` (used to bring back a released thread: its
+    /// snapshot's changes from HEAD's tree, in O(changed paths)). Removals prune directories they
+    /// leave empty, as git keeps no empty directories; additions create missing directories.
+    pub fn apply(&self, path: &[u8], change: &TreeChange) -> Result<(), Errno> {
+        let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+        let (name, dirs) = comps.split_last().ok_or(Errno::EINVAL)?;
+        let owner = self.owner();
+        let mut parents = vec![ROOT_INO];
+        for d in dirs {
+            let cur = *parents.last().expect("root");
+            let next = {
+                let mut st = self.lock();
+                self.resolve(&mut st, cur, d)?
+            };
+            let next = match next {
+                Some(i) => i,
+                None if *change == TreeChange::Remove => return Ok(()),
+                None => self.seeded(self.make(
+                    cur,
+                    OsStr::from_bytes(d),
+                    New::plain(Kind::Dir, 0o755, 0),
+                    owner,
+                ))?,
+            };
+            parents.push(next);
+        }
+        let dir = *parents.last().expect("root");
+        let name = OsStr::from_bytes(name);
+        let existing = {
+            let mut st = self.lock();
+            match self.resolve(&mut st, dir, name.as_bytes())? {
+                Some(i) => Some(st.node(i)?.rec.kind),
+                None => None,
+            }
+        };
+        match existing {
+            Some(Kind::Dir) => self.rmdir(dir, name)?,
+            Some(_) => self.unlink(dir, name)?,
+            None => {}
+        }
+        let object = |id: &ObjectId, gitlink: bool| BaseRef {
+            oid: id.to_string(),
+            path: path.to_vec(),
+            gitlink,
+        };
+        let made = match change {
+            TreeChange::Remove => {
+                // Prune the directories the removal emptied (never the root).
+                for (i, d) in parents.iter().enumerate().skip(1).rev() {
+                    let mut st = self.lock();
+                    if !self.is_empty_dir(&mut st, *d)? {
+                        break;
+                    }
+                    drop(st);
+                    self.rmdir(parents[i - 1], OsStr::from_bytes(comps[i - 1]))?;
+                }
+                return Ok(());
+            }
+            TreeChange::File { id, exec } => New {
+                content: Content::Object(object(id, false)),
+                ..New::plain(Kind::File, if *exec { 0o755 } else { 0o644 }, 0)
+            },
+            TreeChange::Symlink { id } => New {
+                target: Some(self.store.blob(*id).map_err(eio)?),
+                ..New::plain(Kind::Symlink, 0o777, 0)
+            },
+            TreeChange::Gitlink { id } => New {
+                content: Content::Object(object(id, true)),
+                ..New::plain(Kind::Dir, 0o755, 0)
+            },
+        };
+        self.seeded(self.make(dir, name, made, owner)).map(|_| ())
     }
 
     fn owner(&self) -> Caller {
