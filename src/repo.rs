@@ -203,12 +203,21 @@ pub fn shared_index(
             entry.stat = gix::index::entry::Stat::default();
         }
     }
+    let mut bytes = Vec::new();
+    index
+        .write_to(
+            &mut bytes,
+            gix::index::write::Options {
+                extensions: gix::index::write::Extensions::None,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| format!("cannot write the shared index: {e}"))?;
+    let bytes = with_fsmonitor_extension(bytes)?;
     let tmp = dir.join(format!(".tmp-{key}-{}", std::process::id()));
     let written = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
-        index
-            .write_to(&mut f, gix::index::write::Options::default())
-            .map_err(std::io::Error::other)?;
+        f.write_all(&bytes)?;
         f.flush()?;
         f.sync_all()?;
         let mut perms = f.metadata()?.permissions();
@@ -221,6 +230,40 @@ pub fn shared_index(
         return Err(format!("cannot write the shared index: {e}"));
     }
     Ok(path)
+}
+
+/// The fsmonitor token that names "the state of the fork's base": the shared index carries it, so
+/// the first `git status` asks the daemon what changed since the fork instead of examining every file.
+pub const BASE_TOKEN: &str = "octofs:base";
+
+/// Appends git's fsmonitor extension (version 2: token, then an EWAH bitmap of entries not known to
+/// be clean — here none) to a serialized index and re-seals it with its trailing SHA-1.
+fn with_fsmonitor_extension(mut index: Vec<u8>) -> Result<Vec<u8>, String> {
+    if index.len() < 32 {
+        return Err("the index is too short".into());
+    }
+    index.truncate(index.len() - 20);
+    let mut payload = Vec::new();
+    payload.extend_from_slice(&2u32.to_be_bytes());
+    payload.extend_from_slice(BASE_TOKEN.as_bytes());
+    payload.push(0);
+    // The bitmap's size, then an empty EWAH bitmap: bit size 0, one run-length word of zeros, and
+    // the position of that word.
+    payload.extend_from_slice(&20u32.to_be_bytes());
+    payload.extend_from_slice(&0u32.to_be_bytes());
+    payload.extend_from_slice(&1u32.to_be_bytes());
+    payload.extend_from_slice(&0u64.to_be_bytes());
+    payload.extend_from_slice(&0u32.to_be_bytes());
+    index.extend_from_slice(b"FSMN");
+    index.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    index.extend_from_slice(&payload);
+    let mut h = gix::hash::hasher(gix::hash::Kind::Sha1);
+    h.update(&index);
+    let digest = h
+        .try_finalize()
+        .map_err(|e| format!("cannot hash the index: {e}"))?;
+    index.extend_from_slice(digest.as_slice());
+    Ok(index)
 }
 
 /// Writes the `.git` of `plan` into a new workspace (before it is mounted).

@@ -108,6 +108,8 @@ pub enum XattrReply {
 pub struct Change {
     pub path: String,
     pub kind: ChangeKind,
+    /// A directory (everything below it may differ too).
+    pub dir: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -1218,6 +1220,35 @@ impl WorkspaceFs {
     /// git's fsmonitor query: the new token and what changed since `token` (paths relative to the
     /// workspace root; directories end in `/`), including files open for writing right now.
     pub fn fsmonitor_query(&self, token: &str) -> (String, Changed) {
+        if token == crate::repo::BASE_TOKEN {
+            // The state the shared index describes: what differs from the base is in the catalog.
+            let new = self.lock().journal.token();
+            return match self.changes() {
+                Ok(changes) => {
+                    let st = self.lock();
+                    let mut paths: Vec<Vec<u8>> = changes
+                        .into_iter()
+                        .map(|c| {
+                            let mut p = c.path.into_bytes();
+                            if c.dir {
+                                p.push(b'/');
+                            }
+                            p
+                        })
+                        .collect();
+                    for n in st.nodes.values().filter(|n| n.writers > 0) {
+                        match Self::path_of(&st, n.rec.ino) {
+                            Some(p) => paths.push(p),
+                            None => return (new, Changed::Everything),
+                        }
+                    }
+                    paths.sort();
+                    paths.dedup();
+                    (new, Changed::Paths(paths))
+                }
+                Err(_) => (new, Changed::Everything),
+            };
+        }
         let st = self.lock();
         let new = st.journal.token();
         let Some(mut paths) = st.journal.since(token) else {
@@ -2397,6 +2428,7 @@ impl WorkspaceFs {
                 out.push(Change {
                     path: shown,
                     kind: ChangeKind::Deleted,
+                    dir: base.is_some_and(|e| e.kind == EntryKind::Tree),
                 });
                 continue;
             };
@@ -2410,11 +2442,13 @@ impl WorkspaceFs {
                     out.push(Change {
                         path: shown.clone(),
                         kind: ChangeKind::Modified,
+                        dir: true,
                     });
                 } else if base.is_none() {
                     out.push(Change {
                         path: shown.clone(),
                         kind: ChangeKind::Added,
+                        dir: true,
                     });
                 }
                 self.changes_in(st, *ino, &p, out)?;
@@ -2435,7 +2469,11 @@ impl WorkspaceFs {
                     ChangeKind::Modified
                 }
             };
-            out.push(Change { path: shown, kind });
+            out.push(Change {
+                path: shown,
+                kind,
+                dir: false,
+            });
         }
         Ok(())
     }
