@@ -48,6 +48,16 @@ pub fn unmount(path: &Path) -> io::Result<()> {
     }
 }
 
+/// Whether a process uses the mount at `path` (cwd, open files, nested mounts), without unmounting
+/// it: `umount2(MNT_EXPIRE)` answers EBUSY then, and otherwise only marks it expired (which any
+/// access clears).
+pub fn is_busy(path: &Path) -> bool {
+    let Ok(c) = cpath(path) else { return false };
+    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_EXPIRE) };
+    rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY)
+}
+
 /// File-system statistics of the file system holding `path`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FsStats {
@@ -137,14 +147,6 @@ pub fn is_stale_mount(path: &Path) -> bool {
     matches!(statvfs(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn unescapes_mountinfo_paths() {
-        assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
-    }
-}
-
 fn check(rc: libc::c_int) -> io::Result<()> {
     if rc == 0 {
         Ok(())
@@ -196,5 +198,13 @@ pub fn copy_file_range(
         Err(io::Error::last_os_error())
     } else {
         Ok(r as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
     }
 }

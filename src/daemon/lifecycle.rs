@@ -74,10 +74,7 @@ fn git_in(mount: &std::path::Path, args: &[&str], input: &[u8]) -> Result<Vec<u8
     });
     let out = child.wait_with_output().map_err(|e| format!("git: {e}"))?;
     let _ = writer.join();
-    // check-ignore exits 1 when nothing matched: that is an answer, not a failure.
-    if out.status.success()
-        || (args.first() == Some(&"check-ignore") && out.status.code() == Some(1))
-    {
+    if out.status.success() {
         Ok(out.stdout)
     } else {
         Err(format!(
@@ -88,15 +85,6 @@ fn git_in(mount: &std::path::Path, args: &[&str], input: &[u8]) -> Result<Vec<u8
     }
 }
 
-fn nul_list(paths: &[&[u8]]) -> Vec<u8> {
-    let mut v = Vec::new();
-    for p in paths {
-        v.extend_from_slice(p);
-        v.push(0);
-    }
-    v
-}
-
 fn split_nul(out: &[u8]) -> Vec<Vec<u8>> {
     out.split(|b| *b == 0)
         .filter(|s| !s.is_empty())
@@ -104,117 +92,156 @@ fn split_nul(out: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// Drops from `edits` what `git add -A` would not add: paths new to the base that the workspace's
-/// ignore rules exclude, unless the index tracks them. Directories are asked first, so an ignored
-/// `node_modules/` costs one question, not one per file.
-fn filter_ignored(mount: &std::path::Path, edits: Vec<ViewEdit>) -> Result<Vec<ViewEdit>, String> {
-    let dirs: Vec<Vec<u8>> = edits
+/// Keeps of `edits` what `git add -A` would add: everything tracked, and of the paths new to the base
+/// only what git lists as tracked or as untracked-and-not-ignored (git's own ignore logic, directory
+/// exclusions and negations included). A directory that moved here whole is kept as one tree only
+/// when git would add every file in it; otherwise it is expanded into the files git would add.
+/// Nothing is asked of git when no path is new (the common case of edits to tracked files).
+fn filter_ignored(
+    core: &WorkspaceFs,
+    mount: &std::path::Path,
+    edits: Vec<ViewEdit>,
+) -> Result<Vec<ViewEdit>, String> {
+    let added_dirs: Vec<Vec<u8>> = edits
         .iter()
         .filter_map(|e| match e {
             ViewEdit::AddedDir { path } => Some(path.clone()),
             _ => None,
         })
         .collect();
-    let mut ignored_dirs: Vec<Vec<u8>> = Vec::new();
-    if !dirs.is_empty() {
-        let asked: Vec<Vec<u8>> = dirs
-            .iter()
-            .map(|d| {
-                let mut d = d.clone();
-                d.push(b'/');
-                d
-            })
-            .collect();
-        let refs: Vec<&[u8]> = asked.iter().map(Vec::as_slice).collect();
-        let out = git_in(
-            mount,
-            &["check-ignore", "--stdin", "-z", "--no-index"],
-            &nul_list(&refs),
-        )?;
-        ignored_dirs = split_nul(&out)
-            .into_iter()
-            .map(|mut p| {
-                if p.last() == Some(&b'/') {
-                    p.pop();
-                }
-                p
-            })
-            .collect();
-    }
-    let under_ignored = |p: &[u8]| {
-        ignored_dirs
-            .iter()
-            .any(|d| p == d.as_slice() || (p.starts_with(d) && p.get(d.len()) == Some(&b'/')))
-    };
-    let files: Vec<&[u8]> = edits
-        .iter()
-        .filter_map(|e| match e {
-            ViewEdit::File {
-                path, added: true, ..
-            }
-            | ViewEdit::Symlink {
-                path, added: true, ..
-            } => Some(path.as_slice()),
-            _ => None,
-        })
-        .filter(|p| !under_ignored(p))
-        .collect();
-    let mut ignored: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
-    if !files.is_empty() {
-        let out = git_in(
-            mount,
-            &["check-ignore", "--stdin", "-z", "--no-index"],
-            &nul_list(&files),
-        )?;
-        ignored.extend(split_nul(&out));
-    }
-    // Tracked files are never ignored: ask the index about the few candidates only.
-    let mut candidates: Vec<Vec<u8>> = ignored.iter().cloned().collect();
+    let under = |p: &[u8], d: &[u8]| p.starts_with(d) && p.get(d.len()) == Some(&b'/');
+    let mut roots: Vec<Vec<u8>> = Vec::new();
     for e in &edits {
-        if let ViewEdit::File {
-            path, added: true, ..
-        }
-        | ViewEdit::Symlink {
-            path, added: true, ..
-        } = e
-            && under_ignored(path)
-        {
-            candidates.push(path.clone());
-        }
-    }
-    let mut tracked: std::collections::HashSet<Vec<u8>> = std::collections::HashSet::new();
-    if !candidates.is_empty() {
-        let refs: Vec<&[u8]> = candidates.iter().map(Vec::as_slice).collect();
-        let mut args = vec!["ls-files", "-z", "--cached", "--full-name", "--"];
-        let as_str: Vec<String> = refs
-            .iter()
-            .map(|p| format!(":(literal){}", String::from_utf8_lossy(p)))
-            .collect();
-        args.extend(as_str.iter().map(String::as_str));
-        tracked.extend(split_nul(&git_in(mount, &args, b"")?));
-    }
-    Ok(edits
-        .into_iter()
-        .filter(|e| match e {
+        let p = match e {
+            ViewEdit::AddedDir { path } => path,
             ViewEdit::File {
                 path, added: true, ..
             }
             | ViewEdit::Symlink {
                 path, added: true, ..
-            } => tracked.contains(path) || (!ignored.contains(path) && !under_ignored(path)),
-            ViewEdit::Tree { path, .. } | ViewEdit::Gitlink { path, .. } => !under_ignored(path),
-            _ => true,
+            } => path,
+            _ => continue,
+        };
+        if !added_dirs.iter().any(|d| under(p, d)) && !roots.contains(p) {
+            roots.push(p.clone());
+        }
+    }
+    if roots.is_empty() {
+        return Ok(edits);
+    }
+    let specs: Vec<String> = roots
+        .iter()
+        .map(|p| format!(":(literal){}", String::from_utf8_lossy(p)))
+        .collect();
+    let mut args = vec![
+        "ls-files",
+        "-z",
+        "--cached",
+        "--others",
+        "--exclude-standard",
+        "--full-name",
+        "--",
+    ];
+    args.extend(specs.iter().map(String::as_str));
+    let kept: std::collections::HashSet<Vec<u8>> =
+        split_nul(&git_in(mount, &args, b"")?).into_iter().collect();
+    let is_new = |p: &[u8]| roots.iter().any(|r| p == r.as_slice() || under(p, r));
+    // git lists an untracked nested repository as its directory, with a trailing '/'.
+    let kept_repo = |p: &[u8]| {
+        let mut d = p.to_vec();
+        d.push(b'/');
+        kept.contains(p) || kept.contains(&d)
+    };
+    let mut out = Vec::with_capacity(edits.len());
+    for e in edits {
+        match &e {
+            ViewEdit::Gitlink { path, .. } if is_new(path) => {
+                if kept_repo(path) {
+                    out.push(e);
+                }
+            }
+            ViewEdit::File { path, .. } | ViewEdit::Symlink { path, .. } if is_new(path) => {
+                if kept.contains(path) {
+                    out.push(e);
+                }
+            }
+            ViewEdit::Tree { path, id } if is_new(path) => {
+                let files = core
+                    .tree_files(*id)
+                    .map_err(|x| format!("cannot list tree {id}: {x:?}"))?;
+                let full = |f: &[u8]| {
+                    let mut p = path.clone();
+                    p.push(b'/');
+                    p.extend_from_slice(f);
+                    p
+                };
+                if files.iter().all(|(f, _)| kept.contains(&full(f))) {
+                    out.push(e);
+                } else {
+                    out.push(ViewEdit::Remove { path: path.clone() });
+                    for (f, edit) in files {
+                        let p = full(&f);
+                        if kept.contains(&p) {
+                            out.push(edit.at(p));
+                        }
+                    }
+                }
+            }
+            _ => out.push(e),
+        }
+    }
+    Ok(out)
+}
+
+/// Nested repositories (a directory holding `.git`) become gitlinks at their HEAD, as `git add -A`
+/// records them; one without a commit is left out.
+fn nested_repositories(core: &WorkspaceFs, edits: Vec<ViewEdit>) -> Vec<ViewEdit> {
+    let mut nested: Vec<Vec<u8>> = Vec::new();
+    for e in &edits {
+        let comps: Vec<&[u8]> = e.path().split(|b| *b == b'/').collect();
+        if let Some(i) = comps.iter().position(|c| *c == b".git")
+            && i > 0
+        {
+            let dir = comps[..i].join(&b'/');
+            if !nested.contains(&dir) {
+                nested.push(dir);
+            }
+        }
+    }
+    if nested.is_empty() {
+        return edits;
+    }
+    let inside = |p: &[u8], d: &[u8]| p == d || (p.starts_with(d) && p.get(d.len()) == Some(&b'/'));
+    let mut out: Vec<ViewEdit> = edits
+        .into_iter()
+        .filter(|e| {
+            matches!(e, ViewEdit::AddedDir { .. }) || !nested.iter().any(|d| inside(e.path(), d))
         })
-        .collect())
+        .collect();
+    for dir in nested {
+        let mut comps: Vec<&[u8]> = dir.split(|b| *b == b'/').collect();
+        comps.push(b".git");
+        if let Ok((id, _)) = read_head_at(core, &comps) {
+            out.push(ViewEdit::Remove { path: dir.clone() });
+            out.push(ViewEdit::Gitlink { path: dir, id });
+        }
+    }
+    out
 }
 
 /// Where HEAD of a workspace is: its commit and its branch (or detached), read through the core.
 fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
-    let read = |p: &[&[u8]]| {
-        core.read_file(p)
+    read_head_at(core, &[b".git"])
+}
+
+/// HEAD of the repository whose git directory is at `git_dir` (path components in the workspace).
+fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId, HeadRef), String> {
+    let read = |rel: &[&[u8]]| {
+        let p: Vec<&[u8]> = git_dir.iter().chain(rel).copied().collect();
+        core.read_file(&p)
             .map_err(|e| format!("cannot read .git: {e:?}"))
     };
-    let head = read(&[b".git", b"HEAD"])?.ok_or("the workspace has no .git/HEAD")?;
+    let head = read(&[b"HEAD"])?.ok_or("the workspace has no .git/HEAD")?;
     let head = String::from_utf8_lossy(&head).trim().to_string();
     let parse = |s: &str| {
         gix::ObjectId::from_hex(s.trim().as_bytes())
@@ -223,15 +250,13 @@ fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
     let Some(name) = head.strip_prefix("ref: ") else {
         return Ok((parse(&head)?, HeadRef::Detached));
     };
-    let comps: Vec<&[u8]> = std::iter::once(&b".git"[..])
-        .chain(name.split('/').map(str::as_bytes))
-        .collect();
+    let comps: Vec<&[u8]> = name.split('/').map(str::as_bytes).collect();
     let branch = name.strip_prefix("refs/heads/").map(str::to_string);
     let head_ref = branch.map(HeadRef::Branch).unwrap_or(HeadRef::Detached);
     if let Some(loose) = read(&comps)? {
         return Ok((parse(&String::from_utf8_lossy(&loose))?, head_ref));
     }
-    let packed = read(&[b".git", b"packed-refs"])?.unwrap_or_default();
+    let packed = read(&[b"packed-refs"])?.unwrap_or_default();
     for line in String::from_utf8_lossy(&packed).lines() {
         if let Some((oid, n)) = line.split_once(' ')
             && n == name
@@ -647,13 +672,39 @@ impl Daemon {
             .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
         let (head, head_ref) = read_head(&core)?;
         // 2. What `git add -A` would leave out.
-        let mut edits = filter_ignored(&mount, view.edits)?;
+        let mut edits = filter_ignored(&core, &mount, nested_repositories(&core, view.edits))?;
         edits.sort_by(|a, b| a.path().cmp(b.path()));
         // 3. Objects, then the ref.
         let mirror = self.layout.mirror(&rec.project);
         let mut repo = snap::open(&mirror)?;
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
+        // The ref must be where this workspace last left it. One exception: a snapshot of this
+        // workspace that moved the ref just before the daemon died, before it was recorded here
+        // (its second parent is what was recorded).
+        let saved = rec
+            .saved
+            .as_ref()
+            .and_then(|m| m.commit.as_deref())
+            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        if prev != saved {
+            let ours = match prev {
+                Some(p) => {
+                    let (_, pp, msg, _) = snap::commit_info(&repo, p)?;
+                    pp.get(1).copied() == saved
+                        && String::from_utf8_lossy(&msg)
+                            .starts_with(&format!("octofs snapshot of thread {thread}\n"))
+                }
+                None => false,
+            };
+            if !ours {
+                return Err(format!(
+                    "{tref} moved underneath (expected {}, found {}); not overwriting it",
+                    saved.map_or("none".into(), |s| s.to_string()),
+                    prev.map_or("none".into(), |s| s.to_string())
+                ));
+            }
+        }
         if !repo.has_object(head) {
             // The agent's own commits: carried into the mirror (and kept reachable there).
             let spec = format!("{head}:refs/octomate/heads/{thread}");
@@ -756,6 +807,16 @@ impl Daemon {
             return Ok((
                 json!({"thread": thread, "released": false, "users": m.users}),
                 vec![],
+            ));
+        }
+        // A busy mount is refused before anything is saved: a refused release changes nothing.
+        if !force
+            && lock(&self.mounts).contains_key(thread)
+            && crate::sys::is_busy(&self.layout.mountpoint(thread))
+        {
+            return Err(format!(
+                "{} is busy (a process still has its working directory or files in it); stop them or use --force",
+                self.layout.mountpoint(thread).display()
             ));
         }
         let saved = if rec.chat {
@@ -879,7 +940,11 @@ impl Daemon {
                 let view = core
                     .view()
                     .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
-                let mut edits = filter_ignored(&self.layout.mountpoint(thread), view.edits)?;
+                let mut edits = filter_ignored(
+                    &core,
+                    &self.layout.mountpoint(thread),
+                    nested_repositories(&core, view.edits),
+                )?;
                 edits.sort_by(|a, b| a.path().cmp(b.path()));
                 snap::build_tree(&repo, view.base_tree, &edits)?
             }

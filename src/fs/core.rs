@@ -271,6 +271,19 @@ pub enum ViewEdit {
 }
 
 impl ViewEdit {
+    /// The same edit at another path.
+    pub fn at(mut self, new: Vec<u8>) -> ViewEdit {
+        match &mut self {
+            ViewEdit::Remove { path }
+            | ViewEdit::Tree { path, .. }
+            | ViewEdit::AddedDir { path }
+            | ViewEdit::Gitlink { path, .. }
+            | ViewEdit::File { path, .. }
+            | ViewEdit::Symlink { path, .. } => *path = new,
+        }
+        self
+    }
+
     pub fn path(&self) -> &[u8] {
         match self {
             ViewEdit::Remove { path }
@@ -896,6 +909,41 @@ impl WorkspaceFs {
             }
         }
         Ok(())
+    }
+
+    /// Every file, symlink and gitlink below tree `id`, with paths relative to it, as the edits that
+    /// would add them (used when a moved directory must be taken apart).
+    pub fn tree_files(&self, id: ObjectId) -> Result<Vec<(Vec<u8>, ViewEdit)>, Errno> {
+        let mut out = Vec::new();
+        let mut stack = vec![(Vec::new(), id)];
+        while let Some((prefix, tree)) = stack.pop() {
+            for e in self.store.tree(tree).map_err(eio)?.iter() {
+                let p = join(&prefix, &e.name);
+                let edit = match e.kind {
+                    EntryKind::Tree => {
+                        stack.push((p, e.id));
+                        continue;
+                    }
+                    EntryKind::Blob | EntryKind::Executable => ViewEdit::File {
+                        path: Vec::new(),
+                        exec: e.kind == EntryKind::Executable,
+                        source: ViewSource::Object(e.id),
+                        added: true,
+                    },
+                    EntryKind::Symlink => ViewEdit::Symlink {
+                        path: Vec::new(),
+                        source: ViewSource::Object(e.id),
+                        added: true,
+                    },
+                    EntryKind::Gitlink => ViewEdit::Gitlink {
+                        path: Vec::new(),
+                        id: e.id,
+                    },
+                };
+                out.push((p, edit));
+            }
+        }
+        Ok(out)
     }
 
     /// The workspace's generation (committed batches since creation).
@@ -2033,8 +2081,8 @@ impl WorkspaceFs {
         r.ctime = now;
         Self::touch_dir(&st, &mut tx, newparent, now)?;
         st.commit(tx)?;
-        // Several names now: the journal cannot name them all, so the next query answers everything.
-        st.journal.note(Vec::new());
+        // The new name appeared; the content did not change, so the other names need no report.
+        self.journal_name(&mut st, newparent, newname, false);
         let n = st.node_mut(ino)?;
         n.lookups += 1;
         let rec = n.rec.clone();

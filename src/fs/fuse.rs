@@ -31,6 +31,9 @@ use super::core::{Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, Xattr
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
 const TTL: Duration = Duration::from_secs(3600);
 
+/// A directory handle's listing, read at most once.
+type Listing = Arc<std::sync::OnceLock<Result<Vec<DirEntry>, Errno>>>;
+
 enum Handle {
     File {
         ino: u64,
@@ -44,10 +47,7 @@ enum Handle {
     },
     /// A directory: its listing is read at the first readdir (when the kernel's cache of it is
     /// valid, it never asks, and the listing is never computed).
-    Dir {
-        ino: u64,
-        listing: Arc<std::sync::OnceLock<Result<Vec<DirEntry>, Errno>>>,
-    },
+    Dir { ino: u64, listing: Listing },
 }
 
 /// The passthrough backing of one inode while any open of it exists.
@@ -156,10 +156,7 @@ impl FuseAdapter {
         }
     }
 
-    fn dir_listing(
-        &self,
-        fh: FileHandle,
-    ) -> Result<Arc<std::sync::OnceLock<Result<Vec<DirEntry>, Errno>>>, Errno> {
+    fn dir_listing(&self, fh: FileHandle) -> Result<Listing, Errno> {
         let (ino, listing) = match self.handles.get(&fh.0).as_deref() {
             Some(Handle::Dir { ino, listing }) => (*ino, listing.clone()),
             _ => return Err(Errno::EBADF),
