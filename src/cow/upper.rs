@@ -79,6 +79,17 @@ impl Upper {
         result
     }
 
+    /// "Now" on the data files' own clock: file times come from the kernel's coarse clock, which can
+    /// lag the precise one by a tick, so a write right after a precise "now" may carry an earlier
+    /// time. Touching a file here and reading its ctime gives a time no later write can precede.
+    pub fn clock(&self) -> io::Result<Ts> {
+        use std::os::unix::fs::MetadataExt;
+        let p = self.dir.join("clock");
+        std::fs::write(&p, b"")?;
+        let m = std::fs::metadata(&p)?;
+        Ok(Ts(m.ctime(), m.ctime_nsec() as u32))
+    }
+
     /// Opens the data file of `ino` read-write.
     pub fn open_data(&self, ino: u64) -> io::Result<File> {
         OpenOptions::new()

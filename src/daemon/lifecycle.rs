@@ -500,7 +500,9 @@ impl Daemon {
             rec.saved = Some(SavedMark {
                 commit: fork.saved.clone(),
                 generation: core.generation(),
-                at: Ts::now(),
+                at: core
+                    .clock()
+                    .map_err(|e| format!("cannot read the upper layer's clock: {e:?}"))?,
                 bookkeeping,
             });
             rec.save(&self.layout)?;

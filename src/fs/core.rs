@@ -758,11 +758,12 @@ impl WorkspaceFs {
             Some(root_tree),
             &mut edits,
         )?;
+        let taken_at = self.upper.clock().map_err(io_errno)?;
         Ok(View {
             base_tree: root_tree,
             edits,
             generation: st.generation,
-            taken_at: Ts::now(),
+            taken_at,
         })
     }
 
@@ -944,6 +945,11 @@ impl WorkspaceFs {
             }
         }
         Ok(out)
+    }
+
+    /// "Now" on the clock of the upper layer's files (see [`Upper::clock`]).
+    pub fn clock(&self) -> Result<Ts, Errno> {
+        self.upper.clock().map_err(io_errno)
     }
 
     /// The workspace's generation (committed batches since creation).
@@ -2061,6 +2067,8 @@ impl WorkspaceFs {
         let newname = check_name(newname)?;
         let mut st = self.lock();
         let rec = st.node(ino)?.rec.clone();
+        // As the kernel orders them: an existing name first, then what the source is.
+        self.parent_for_create(&mut st, newparent, newname)?;
         if rec.kind == Kind::Dir {
             return Err(Errno::EPERM);
         }
@@ -2070,7 +2078,6 @@ impl WorkspaceFs {
         if rec.nlink >= LINK_MAX {
             return Err(Errno::EMLINK);
         }
-        self.parent_for_create(&mut st, newparent, newname)?;
         let now = Ts::now();
         let mut tx = Tx::default();
         st.chain(&mut tx, ino)?;
@@ -2439,91 +2446,71 @@ impl WorkspaceFs {
 
     // ----- what changed -----
 
-    /// Every path that differs from the base, found by walking overlays only.
+    /// Every path that differs from the base commit, from the same consistent view snapshots use
+    /// (so O(changed paths)): a directory that appeared or moved is listed once, as a directory.
     pub fn changes(&self) -> Result<Vec<Change>, Errno> {
-        let st = self.lock();
-        let mut out = Vec::new();
-        if st.nodes.get(&ROOT_INO).is_some_and(|n| n.persisted) {
-            self.changes_in(&st, ROOT_INO, b"", &mut out)?;
-        }
-        Ok(out)
-    }
-
-    fn changes_in(
-        &self,
-        st: &State,
-        dir: u64,
-        path: &[u8],
-        out: &mut Vec<Change>,
-    ) -> Result<(), Errno> {
-        let Some(overlay) = st.dirs.get(&dir) else {
-            return Ok(());
-        };
-        let rec = &st.node(dir)?.rec;
-        let base_entries = match Self::base_tree(rec) {
-            Some((t, _)) => Some(self.store.tree(t).map_err(eio)?),
-            None => None,
-        };
-        for (name, target) in overlay {
-            if dir == ROOT_INO && name == b".git" {
-                // The workspace's own repository is not part of its working state.
-                continue;
-            }
-            let p = join(path, name);
-            let shown = String::from_utf8_lossy(&p).into_owned();
-            let base = base_entries.as_ref().and_then(|e| find_entry(e, name));
-            let Some(ino) = target else {
-                out.push(Change {
-                    path: shown,
-                    kind: ChangeKind::Deleted,
-                    dir: base.is_some_and(|e| e.kind == EntryKind::Tree),
-                });
-                continue;
-            };
-            let n = &st.node(*ino)?.rec;
-            let same_origin = n.base.as_ref().is_some_and(|b| {
-                base.is_some_and(|e| ObjectId::from_hex(b.oid.as_bytes()).ok() == Some(e.id))
-                    && b.path == p
-            });
-            if n.kind == Kind::Dir {
-                if !same_origin && base.is_some() {
-                    out.push(Change {
-                        path: shown.clone(),
-                        kind: ChangeKind::Modified,
-                        dir: true,
-                    });
-                } else if base.is_none() {
-                    out.push(Change {
-                        path: shown.clone(),
-                        kind: ChangeKind::Added,
-                        dir: true,
-                    });
+        let view = self.view()?;
+        let root = view.base_tree;
+        let in_base = |path: &[u8]| -> Result<Option<EntryKind>, Errno> {
+            let mut tree = root;
+            let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+            for (i, c) in comps.iter().enumerate() {
+                let entries = self.store.tree(tree).map_err(eio)?;
+                let Some(e) = find_entry(&entries, c) else {
+                    return Ok(None);
+                };
+                if i + 1 == comps.len() {
+                    return Ok(Some(e.kind));
                 }
-                self.changes_in(st, *ino, &p, out)?;
-                continue;
+                if e.kind != EntryKind::Tree {
+                    return Ok(None);
+                }
+                tree = e.id;
             }
-            let kind = match base {
-                None => ChangeKind::Added,
-                Some(e) => {
-                    let exec_now = n.mode & 0o100 != 0;
-                    let exec_base = e.kind == EntryKind::Executable;
-                    let unchanged = same_origin
-                        && !n.upper
-                        && n.target.is_none()
-                        && (n.kind != Kind::File || exec_now == exec_base);
-                    if unchanged {
-                        continue;
-                    }
+            Ok(None)
+        };
+        let mut out: BTreeMap<Vec<u8>, (ChangeKind, bool)> = BTreeMap::new();
+        for e in &view.edits {
+            let (path, kind, dir) = match e {
+                ViewEdit::Remove { path } => {
+                    let was = in_base(path)?;
+                    (path, ChangeKind::Deleted, was == Some(EntryKind::Tree))
+                }
+                ViewEdit::AddedDir { path } => (path, ChangeKind::Added, true),
+                ViewEdit::Tree { path, .. } => match in_base(path)? {
+                    Some(_) => (path, ChangeKind::Modified, true),
+                    None => (path, ChangeKind::Added, true),
+                },
+                ViewEdit::Gitlink { path, .. } => match in_base(path)? {
+                    Some(_) => (path, ChangeKind::Modified, false),
+                    None => (path, ChangeKind::Added, false),
+                },
+                ViewEdit::File { path, added, .. } | ViewEdit::Symlink { path, added, .. } => {
+                    let kind = if *added {
+                        ChangeKind::Added
+                    } else {
+                        ChangeKind::Modified
+                    };
+                    (path, kind, false)
+                }
+            };
+            // A later edit of the same path (a removal followed by a replacement) says what it is now.
+            let merged = match out.get(path) {
+                Some((ChangeKind::Deleted, _)) if kind != ChangeKind::Deleted => {
                     ChangeKind::Modified
                 }
+                _ => kind,
             };
-            out.push(Change {
-                path: shown,
-                kind,
-                dir: false,
-            });
+            out.insert(path.clone(), (merged, dir));
         }
-        Ok(())
+        Ok(out
+            .into_iter()
+            .map(|(p, (kind, dir))| Change {
+                path: String::from_utf8_lossy(&p).into_owned(),
+                kind,
+                dir,
+            })
+            .collect())
     }
 
     /// Files in the workspace's quarantine.
