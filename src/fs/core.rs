@@ -968,9 +968,12 @@ impl WorkspaceFs {
         if st.generation != generation || st.nodes.values().any(|n| n.writers > 0) {
             return true;
         }
+        // git writes its own files as new files (metadata changes, counted by the generation), so
+        // `.git` is left out here: its files written just before the mark share its clock tick.
         st.nodes
             .values()
             .filter(|n| n.persisted && n.rec.upper && !bookkeeping.contains(&n.rec.ino))
+            .filter(|n| Self::path_of(&st, n.rec.ino).is_none_or(|p| !p.starts_with(b".git/")))
             .any(|n| {
                 std::fs::metadata(self.upper.data_path(n.rec.ino))
                     .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32) >= at)
