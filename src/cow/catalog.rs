@@ -182,8 +182,8 @@ pub struct Catalog {
 }
 
 /// Blocks kept allocated ahead of the log's end, and when to top them up.
-const RESERVE: u64 = 1 << 20;
-const RESERVE_LOW: u64 = 256 << 10;
+const RESERVE: u64 = 256 << 10;
+const RESERVE_LOW: u64 = 64 << 10;
 
 const SNAP: &str = "catalog.snap";
 const LOG: &str = "catalog.log";
