@@ -129,6 +129,9 @@ enum MirrorCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Serve { .. }) {
+        octofs::sys::default_sigpipe();
+    }
     let layout = Layout::resolve(cli.state, cli.root);
     match run(&layout, cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,

@@ -13,6 +13,15 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
+/// Restores the default SIGPIPE action, so that `octofs list | head` ends quietly like any Unix tool
+/// instead of failing to print.
+pub fn default_sigpipe() {
+    // SAFETY: setting a signal's disposition to SIG_DFL has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 pub fn egid() -> u32 {
     // SAFETY: getegid has no preconditions and cannot fail.
     unsafe { libc::getegid() }
