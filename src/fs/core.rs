@@ -535,7 +535,8 @@ impl State {
         let mut cur = ino;
         loop {
             let n = self.node(cur)?;
-            if n.persisted || tx.recs.contains_key(&cur) {
+            // An unlinked inode (still open) has no name to be linked under.
+            if n.persisted || tx.recs.contains_key(&cur) || n.rec.nlink == 0 {
                 return Ok(());
             }
             tx.recs.insert(cur, n.rec.clone());
@@ -560,7 +561,20 @@ impl State {
     /// Appends `tx` to the catalog and applies it. Nothing changes if the append fails.
     fn commit(&mut self, tx: Tx) -> Result<(), Errno> {
         let quiet = tx.quiet;
-        let mut records = tx.into_records();
+        // An unlinked inode that is still open changes in memory only: it has no place in the
+        // catalog (after a restart it is gone, as on any file system).
+        let (volatile, mut records): (Vec<Record>, Vec<Record>) = tx
+            .into_records()
+            .into_iter()
+            .partition(|r| matches!(r, Record::Inode(rec) if rec.nlink == 0));
+        for r in volatile {
+            if let Record::Inode(rec) = r
+                && let Some(n) = self.nodes.get_mut(&rec.ino)
+                && !n.persisted
+            {
+                n.rec = rec;
+            }
+        }
         if !quiet {
             records.push(Record::Generation {
                 n: self.generation + 1,
@@ -1955,15 +1969,13 @@ impl WorkspaceFs {
             return Err(Errno::EINVAL);
         }
         let mut st = self.lock();
+        // As the kernel orders them: both parents are resolved before the source is looked up.
+        if st.node(newparent)?.rec.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
         let src = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
-        {
-            let np = st.node(newparent)?;
-            if np.rec.kind != Kind::Dir {
-                return Err(Errno::ENOTDIR);
-            }
-            if np.rec.nlink == 0 {
-                return Err(Errno::ENOENT);
-            }
+        if st.node(newparent)?.rec.nlink == 0 {
+            return Err(Errno::ENOENT);
         }
         let dst = self.resolve(&mut st, newparent, newname)?;
         let src_dir = st.node(src)?.rec.kind == Kind::Dir;
@@ -2014,6 +2026,10 @@ impl WorkspaceFs {
             }
             if dst == src {
                 return Ok(());
+            }
+            // As the kernel orders them: a directory into itself before the target's type.
+            if src_dir && Self::is_within(&st, newparent, src)? {
+                return Err(Errno::EINVAL);
             }
             let dst_dir = st.node(dst)?.rec.kind == Kind::Dir;
             match (src_dir, dst_dir) {
@@ -2475,10 +2491,11 @@ impl WorkspaceFs {
         let mut out: BTreeMap<Vec<u8>, (ChangeKind, bool)> = BTreeMap::new();
         for e in &view.edits {
             let (path, kind, dir) = match e {
-                ViewEdit::Remove { path } => {
-                    let was = in_base(path)?;
-                    (path, ChangeKind::Deleted, was == Some(EntryKind::Tree))
-                }
+                ViewEdit::Remove { path } => match in_base(path)? {
+                    Some(was) => (path, ChangeKind::Deleted, was == EntryKind::Tree),
+                    // Removed from a directory that moved here: never at this path in the base.
+                    None => continue,
+                },
                 ViewEdit::AddedDir { path } => (path, ChangeKind::Added, true),
                 ViewEdit::Tree { path, .. } => match in_base(path)? {
                     Some(_) => (path, ChangeKind::Modified, true),
