@@ -870,6 +870,13 @@ impl WorkspaceFs {
                     }
                 }
                 Kind::Dir => {
+                    // A directory where the base has a file: the file goes first.
+                    if eff_child
+                        .as_ref()
+                        .is_some_and(|e| e.kind != EntryKind::Tree)
+                    {
+                        out.push(ViewEdit::Remove { path: cp.clone() });
+                    }
                     self.view_dir(st, *ino, &cp, tree_of(&eff_child), tree_of(&rb_child), out)?
                 }
                 Kind::File => {
@@ -2027,11 +2034,15 @@ impl WorkspaceFs {
             if dst == src {
                 return Ok(());
             }
-            // As the kernel orders them: a directory into itself before the target's type.
+            // As the kernel orders them: a directory into itself, then over its own ancestor, before
+            // the target's type.
             if src_dir && Self::is_within(&st, newparent, src)? {
                 return Err(Errno::EINVAL);
             }
             let dst_dir = st.node(dst)?.rec.kind == Kind::Dir;
+            if dst_dir && Self::is_within(&st, parent, dst)? {
+                return Err(Errno::ENOTEMPTY);
+            }
             match (src_dir, dst_dir) {
                 (true, false) => return Err(Errno::ENOTDIR),
                 (false, true) => return Err(Errno::EISDIR),
@@ -2496,7 +2507,10 @@ impl WorkspaceFs {
                     // Removed from a directory that moved here: never at this path in the base.
                     None => continue,
                 },
-                ViewEdit::AddedDir { path } => (path, ChangeKind::Added, true),
+                ViewEdit::AddedDir { path } => match in_base(path)? {
+                    Some(_) => (path, ChangeKind::Modified, true),
+                    None => (path, ChangeKind::Added, true),
+                },
                 ViewEdit::Tree { path, .. } => match in_base(path)? {
                     Some(_) => (path, ChangeKind::Modified, true),
                     None => (path, ChangeKind::Added, true),
@@ -2505,13 +2519,11 @@ impl WorkspaceFs {
                     Some(_) => (path, ChangeKind::Modified, false),
                     None => (path, ChangeKind::Added, false),
                 },
-                ViewEdit::File { path, added, .. } | ViewEdit::Symlink { path, added, .. } => {
-                    let kind = if *added {
-                        ChangeKind::Added
-                    } else {
-                        ChangeKind::Modified
-                    };
-                    (path, kind, false)
+                ViewEdit::File { path, .. } | ViewEdit::Symlink { path, .. } => {
+                    match in_base(path)? {
+                        Some(_) => (path, ChangeKind::Modified, false),
+                        None => (path, ChangeKind::Added, false),
+                    }
                 }
             };
             // A later edit of the same path (a removal followed by a replacement) says what it is now.
