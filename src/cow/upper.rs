@@ -84,10 +84,23 @@ impl Upper {
     /// time. Touching a file here and reading its ctime gives a time no later write can precede.
     pub fn clock(&self) -> io::Result<Ts> {
         use std::os::unix::fs::MetadataExt;
+        // Waits for the next tick of that clock, so that everything written before this call has
+        // an earlier time than the answer and everything written after it a time at least as late.
         let p = self.dir.join("clock");
-        std::fs::write(&p, b"")?;
-        let m = std::fs::metadata(&p)?;
-        Ok(Ts(m.ctime(), m.ctime_nsec() as u32))
+        let touch = || -> io::Result<Ts> {
+            std::fs::write(&p, b"")?;
+            let m = std::fs::metadata(&p)?;
+            Ok(Ts(m.ctime(), m.ctime_nsec() as u32))
+        };
+        let first = touch()?;
+        for _ in 0..100 {
+            std::thread::sleep(std::time::Duration::from_micros(500));
+            let t = touch()?;
+            if t > first {
+                return Ok(t);
+            }
+        }
+        touch()
     }
 
     /// Opens the data file of `ino` read-write.

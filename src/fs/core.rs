@@ -759,6 +759,9 @@ impl WorkspaceFs {
     /// (the workspace's own `.git` excluded). Cost: O(changed paths). Content is not read: copied-up
     /// files are named by their data file, read later without the lock.
     pub fn view(&self) -> Result<View, Errno> {
+        // Taken before the lock: whatever changes after this may or may not be in the view, so it
+        // counts as a change since it (see `changed_since`).
+        let taken_at = self.upper.clock().map_err(io_errno)?;
         let st = self.lock();
         let root = st.node(ROOT_INO)?;
         let (root_tree, _) =
@@ -772,7 +775,6 @@ impl WorkspaceFs {
             Some(root_tree),
             &mut edits,
         )?;
-        let taken_at = self.upper.clock().map_err(io_errno)?;
         Ok(View {
             base_tree: root_tree,
             edits,
@@ -2534,6 +2536,24 @@ impl WorkspaceFs {
                 _ => kind,
             };
             out.insert(path.clone(), (merged, dir));
+        }
+        // A removal with something below it afterwards (a directory replaced by another one that
+        // holds files): the path is still there, modified.
+        let present: Vec<Vec<u8>> = out
+            .iter()
+            .filter(|(_, (kind, _))| *kind != ChangeKind::Deleted)
+            .map(|(p, _)| p.clone())
+            .collect();
+        for p in present {
+            let mut up = &p[..];
+            while let Some(i) = up.iter().rposition(|b| *b == b'/') {
+                up = &up[..i];
+                if let Some(e) = out.get_mut(up)
+                    && e.0 == ChangeKind::Deleted
+                {
+                    *e = (ChangeKind::Modified, true);
+                }
+            }
         }
         Ok(out
             .into_iter()
