@@ -1,7 +1,8 @@
 //! octofs: per-thread copy-on-write git workspaces served as FUSE mounts.
 //!
 //! The layers, each in its own module and depending only on the ones listed before it:
-//! - [`names`], [`layout`] and [`sys`]: validated names, where state lives, and the only `unsafe` code.
+//! - [`names`], [`layout`], [`records`] and [`sys`]: validated names, where state lives, durable JSON
+//!   records, and the only `unsafe` code.
 //! - [`git`]: mirrors (one pristine checkout per project) and read access to their object stores.
 //! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
@@ -17,6 +18,7 @@ pub mod fs;
 pub mod git;
 pub mod layout;
 pub mod names;
+pub mod records;
 pub mod repo;
 pub mod sys;
 pub mod workspace;

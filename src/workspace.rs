@@ -7,12 +7,10 @@
 //!
 //! This module only stores and loads records; mounting is the daemon's job.
 
-use std::io::{self, Write};
-use std::path::Path;
-
 use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
+use crate::records::RecordDir;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkspaceRecord {
@@ -64,119 +62,45 @@ pub struct Binding {
 }
 
 impl Binding {
-    fn path(layout: &Layout, thread: &str) -> std::path::PathBuf {
-        layout.state.join("threads").join(format!("{thread}.json"))
+    /// Bindings live at `<state>/threads/<thread>.json`.
+    fn store(layout: &Layout) -> RecordDir {
+        RecordDir::files(layout.state.join("threads"), "thread", "thread")
     }
 
     pub fn load(layout: &Layout, thread: &str) -> Result<Option<Binding>, String> {
-        let path = Self::path(layout, thread);
-        match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| format!("thread {thread}: corrupt {}: {e}", path.display())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!(
-                "thread {thread}: cannot read {}: {e}",
-                path.display()
-            )),
-        }
+        Self::store(layout).load(thread)
     }
 
     pub fn save(&self, layout: &Layout) -> Result<(), String> {
-        let path = Self::path(layout, &self.thread);
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        write_atomic(&path, &bytes).map_err(|e| format!("cannot save thread {}: {e}", self.thread))
+        Self::store(layout).save(&self.thread, self)
     }
 
     /// Every binding, sorted by thread.
     pub fn list(layout: &Layout) -> Result<Vec<Binding>, String> {
-        let mut out = Vec::new();
-        let dir = match std::fs::read_dir(layout.state.join("threads")) {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(format!("cannot list threads: {e}")),
-        };
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(thread) = name.strip_suffix(".json")
-                && let Some(b) = Self::load(layout, thread)?
-            {
-                out.push(b);
-            }
-        }
+        let mut out: Vec<Binding> = Self::store(layout).list(|_| true)?;
         out.sort_by(|a, b| a.thread.cmp(&b.thread));
         Ok(out)
     }
 }
 
-const RECORD: &str = "workspace.json";
-
-/// Writes `bytes` to `path` durably: temp file, fsync, rename, fsync of the directory.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
-
 impl WorkspaceRecord {
+    /// Records live at `<state>/workspaces/<thread>/workspace.json`.
+    fn store(layout: &Layout) -> RecordDir {
+        RecordDir::in_dirs(layout.workspaces(), "workspace.json", "thread", "workspace")
+    }
+
     pub fn load(layout: &Layout, thread: &str) -> Result<Option<WorkspaceRecord>, String> {
-        let path = layout.workspace(thread).join(RECORD);
-        match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b)
-                .map(Some)
-                .map_err(|e| format!("thread {thread}: corrupt {}: {e}", path.display())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!(
-                "thread {thread}: cannot read {}: {e}",
-                path.display()
-            )),
-        }
+        Self::store(layout).load(thread)
     }
 
     pub fn save(&self, layout: &Layout) -> Result<(), String> {
-        let dir = layout.workspace(&self.thread);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let bytes = serde_json::to_vec_pretty(self).map_err(|e| e.to_string())?;
-        write_atomic(&dir.join(RECORD), &bytes)
-            .map_err(|e| format!("cannot save workspace {}: {e}", self.thread))
+        Self::store(layout).save(&self.thread, self)
     }
 
     /// Every workspace record, sorted by thread.
     pub fn list(layout: &Layout) -> Result<Vec<WorkspaceRecord>, String> {
-        let mut out = Vec::new();
-        let dir = match std::fs::read_dir(layout.workspaces()) {
-            Ok(d) => d,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(format!("cannot list workspaces: {e}")),
-        };
-        for entry in dir.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if crate::names::validate(crate::names::NameKind::Thread, &name).is_err() {
-                continue;
-            }
-            if let Some(r) = Self::load(layout, &name)? {
-                out.push(r);
-            }
-        }
+        let mut out: Vec<WorkspaceRecord> = Self::store(layout)
+            .list(|name| crate::names::validate(crate::names::NameKind::Thread, name).is_ok())?;
         out.sort_by(|a, b| a.thread.cmp(&b.thread));
         Ok(out)
     }

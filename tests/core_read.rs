@@ -10,66 +10,31 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileType};
 use octofs::cow::blobcache::BlobCache;
-use octofs::fs::core::{Presentation, ROOT_INO, WorkspaceFs, path_ino, unix_time};
+use octofs::fs::core::{ROOT_INO, WorkspaceFs, path_ino};
 use octofs::git::objects::ObjectStore;
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .env("GIT_AUTHOR_DATE", "2024-01-02T03:04:05Z")
-        .env("GIT_COMMITTER_DATE", "2024-01-02T03:04:05Z")
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf8")
-}
+mod common;
 
-/// A repository with every kind of entry; returns (repo dir guard, mirror path).
+use common::{CORE_OWNER, DATE1, GitRepo, git, load_core};
+
+/// A repository with every kind of entry; returns its directory guard.
 fn repo() -> tempfile::TempDir {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let r = tmp.path();
-    git(r, &["init", "-q", "-b", "main"]);
-    std::fs::create_dir_all(r.join("a/b/c")).unwrap();
-    std::fs::create_dir_all(r.join("dir with space")).unwrap();
-    std::fs::write(r.join("a/b/c/deep.txt"), b"deep\n").unwrap();
-    std::fs::write(r.join("a/one.txt"), b"one\n").unwrap();
-    std::fs::write(r.join("empty"), b"").unwrap();
-    std::fs::write(r.join("dir with space/naïve café.txt"), "ü\n").unwrap();
+    let r = GitRepo::init(tmp.path());
+    r.write("a/b/c/deep.txt", "deep\n");
+    r.write("a/one.txt", "one\n");
+    r.write("empty", "");
+    r.write("dir with space/naïve café.txt", "ü\n");
     let big: Vec<u8> = (0..300_000u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
         .collect();
-    std::fs::write(r.join("a/big.bin"), &big).unwrap();
-    std::fs::write(r.join("run.sh"), b"#!/bin/sh\necho hi\n").unwrap();
-    std::fs::set_permissions(
-        r.join("run.sh"),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    std::os::unix::fs::symlink("a/one.txt", r.join("link")).unwrap();
-    std::os::unix::fs::symlink("nowhere/at/all", r.join("dangling")).unwrap();
-    git(r, &["add", "-A"]);
-    git(r, &["commit", "-q", "-m", "one"]);
-    let c = git(r, &["rev-parse", "HEAD"]);
-    git(
-        r,
-        &[
-            "update-index",
-            "--add",
-            "--cacheinfo",
-            &format!("160000,{},sub", c.trim()),
-        ],
-    );
-    git(r, &["commit", "-q", "-m", "gitlink"]);
+    r.write("a/big.bin", &big);
+    r.write_exec("run.sh", "#!/bin/sh\necho hi\n");
+    r.symlink("link", "a/one.txt");
+    r.symlink("dangling", "nowhere/at/all");
+    let c = r.commit_all("one", DATE1);
+    r.gitlink("sub", &c);
+    r.commit_all("gitlink", DATE1);
     tmp
 }
 
@@ -81,19 +46,7 @@ fn workspace_at(repo: &Path, cache: &Path, upper: &Path) -> (WorkspaceFs, Arc<Ob
     let store = Arc::new(ObjectStore::open(repo).expect("open store"));
     let base = store.resolve(None).expect("HEAD resolves");
     let blobs = Arc::new(BlobCache::new(cache).expect("cache"));
-    let fs = WorkspaceFs::load(
-        store.clone(),
-        blobs,
-        base.tree,
-        Presentation {
-            uid: 1234,
-            gid: 5678,
-            time: unix_time(base.time),
-        },
-        upper,
-        cache.to_path_buf(),
-    )
-    .expect("load workspace");
+    let fs = load_core(&store, &blobs, base.tree, base.time, upper, cache);
     (fs, store)
 }
 
@@ -122,7 +75,7 @@ fn walk(
             path_ino(path.as_bytes(), 0),
             "inode of {path} is its path hash"
         );
-        assert_eq!((attr.uid, attr.gid), (1234, 5678));
+        assert_eq!((attr.uid, attr.gid), CORE_OWNER);
         let body = match attr.kind {
             FileType::Directory => {
                 walk(fs, attr.ino.0, &path, out);
@@ -150,7 +103,7 @@ fn the_core_presents_exactly_the_base_tree() {
     walk(&fs, ROOT_INO, "", &mut seen);
 
     // Every blob, link and gitlink of `git ls-tree -r` is there with the right mode, size and bytes.
-    let listing = git(r.path(), &["ls-tree", "-r", "-l", "-z", "HEAD"]);
+    let listing = git(r.path(), ["ls-tree", "-r", "-l", "-z", "HEAD"]);
     let mut expected_files = 0;
     for rec in listing.split('\0').filter(|s| !s.is_empty()) {
         let (meta, path) = rec.split_once('\t').unwrap();
@@ -300,7 +253,7 @@ fn opening_reads_content_once_into_the_shared_cache() {
     );
     assert_eq!(stats.hits.load(std::sync::atomic::Ordering::Relaxed), 1);
     // The cache file is read-only and named by the object id.
-    let oid = git(r.path(), &["rev-parse", "HEAD:a/big.bin"]);
+    let oid = git(r.path(), ["rev-parse", "HEAD:a/big.bin"]);
     let p = cache.path().join(&oid.trim()[..2]).join(&oid.trim()[2..]);
     let meta = std::fs::metadata(&p).expect("cache file exists");
     assert_eq!(meta.len(), 300_000);

@@ -41,7 +41,6 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -50,10 +49,14 @@ use fuser::{Errno, FileAttr, FileType};
 use octofs::cow::blobcache::BlobCache;
 use octofs::cow::catalog::Ts;
 use octofs::fs::core::{
-    Caller, ChangeKind, Changed, Presentation, ROOT_INO, SetAttr, ViewEdit, ViewSource,
-    WorkspaceFs, XattrReply, path_ino, unix_time,
+    Caller, ChangeKind, Changed, ROOT_INO, SetAttr, ViewEdit, ViewSource, WorkspaceFs, XattrReply,
+    path_ino,
 };
 use octofs::git::objects::ObjectStore;
+
+mod common;
+
+use common::{CORE_OWNER, DATE1, GitRepo, load_core};
 
 // ----- deterministic randomness -----
 
@@ -122,7 +125,7 @@ fn ename(e: Errno) -> String {
 
 // ----- the base repository -----
 
-const OWNER: (u32, u32) = (1234, 5678);
+const OWNER: (u32, u32) = CORE_OWNER;
 const CALLER: Caller = Caller {
     uid: 1000,
     gid: 100,
@@ -159,29 +162,6 @@ fn base_spec() -> Vec<(&'static str, Vec<u8>, BaseKind)> {
     ]
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .env("GIT_AUTHOR_DATE", "2024-01-02T03:04:05Z")
-        .env("GIT_COMMITTER_DATE", "2024-01-02T03:04:05Z")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("HOME", dir)
-        .output()
-        .expect("git runs");
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf8")
-}
-
 /// A scratch directory for upper layers and the blob cache: on tmpfs when there is one (a clean
 /// stop fsyncs the catalog; the test is about logic, not disks), else in the usual temp dir.
 /// `OCTOFS_MODEL_TMP` chooses another place.
@@ -213,31 +193,18 @@ struct Base {
 impl Base {
     fn new() -> Base {
         let repo = tempfile::tempdir().expect("tempdir");
-        let r = repo.path();
-        git(r, &["init", "-q", "-b", "main"]);
-        git(r, &["config", "core.symlinks", "true"]);
+        let r = GitRepo::init(repo.path());
+        r.git(["config", "core.symlinks", "true"]);
         for (path, data, kind) in base_spec() {
-            let p = r.join(path);
-            std::fs::create_dir_all(p.parent().expect("parent")).unwrap();
             match kind {
-                BaseKind::Link => {
-                    std::os::unix::fs::symlink(std::str::from_utf8(&data).unwrap(), &p).unwrap()
-                }
-                _ => {
-                    std::fs::write(&p, &data).unwrap();
-                    let mode = if kind == BaseKind::Exec { 0o755 } else { 0o644 };
-                    std::fs::set_permissions(
-                        &p,
-                        std::os::unix::fs::PermissionsExt::from_mode(mode),
-                    )
-                    .unwrap();
-                }
+                BaseKind::File => r.write(path, &data),
+                BaseKind::Exec => r.write_exec(path, &data),
+                BaseKind::Link => r.symlink(path, std::str::from_utf8(&data).expect("utf8")),
             }
         }
-        git(r, &["add", "-A"]);
-        git(r, &["commit", "-q", "-m", "base"]);
+        r.commit_all("base", DATE1);
         let cache = scratch_dir();
-        let store = Arc::new(ObjectStore::open(r).expect("open store"));
+        let store = Arc::new(ObjectStore::open(&r.path).expect("open store"));
         let head = store.resolve(None).expect("HEAD resolves");
         let blobs = Arc::new(BlobCache::new(&cache.path().join("blobs")).expect("blob cache"));
         Base {
@@ -251,19 +218,14 @@ impl Base {
     }
 
     fn load(&self, upper: &Path) -> WorkspaceFs {
-        WorkspaceFs::load(
-            self.store.clone(),
-            self.blobs.clone(),
+        load_core(
+            &self.store,
+            &self.blobs,
             self.tree,
-            Presentation {
-                uid: OWNER.0,
-                gid: OWNER.1,
-                time: unix_time(self.time),
-            },
+            self.time,
             upper,
-            self.cache.path().to_path_buf(),
+            self.cache.path(),
         )
-        .expect("load workspace")
     }
 }
 

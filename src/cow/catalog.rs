@@ -130,10 +130,12 @@ pub enum Record {
     Generation { n: u64 },
 }
 
-/// The persisted state: what replaying the snapshot and the log yields.
+/// The persisted state: what replaying the snapshot and the log yields. The filesystem core keeps its
+/// live state in the same shape, with its runtime data beside each record (`I` is then its table of
+/// nodes), so that one [`CatalogState::apply`] serves both replay and live commits.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CatalogState {
-    pub inodes: HashMap<u64, InodeRecord>,
+pub struct CatalogState<I = HashMap<u64, InodeRecord>> {
+    pub inodes: I,
     /// Directory overlays: entries that differ from the directory's base tree.
     #[serde(with = "overlay_map")]
     pub dirs: HashMap<u64, BTreeMap<Vec<u8>, Option<u64>>>,
@@ -143,14 +145,30 @@ pub struct CatalogState {
     pub generation: u64,
 }
 
-impl CatalogState {
+/// Where [`CatalogState::apply`] keeps inode records.
+pub trait InodeTable {
+    /// [`Record::Inode`]: the inode's record is now `rec`.
+    fn set(&mut self, rec: &InodeRecord);
+    /// [`Record::Drop`]: the inode has no record any more.
+    fn drop_record(&mut self, ino: u64);
+}
+
+impl InodeTable for HashMap<u64, InodeRecord> {
+    fn set(&mut self, rec: &InodeRecord) {
+        self.insert(rec.ino, rec.clone());
+    }
+
+    fn drop_record(&mut self, ino: u64) {
+        self.remove(&ino);
+    }
+}
+
+impl<I: InodeTable> CatalogState<I> {
     pub fn apply(&mut self, r: &Record) {
         match r {
-            Record::Inode(rec) => {
-                self.inodes.insert(rec.ino, rec.clone());
-            }
+            Record::Inode(rec) => self.inodes.set(rec),
             Record::Drop { ino } => {
-                self.inodes.remove(ino);
+                self.inodes.drop_record(*ino);
                 self.dirs.remove(ino);
             }
             Record::Entry { dir, name, ino } => {
@@ -301,7 +319,7 @@ impl Catalog {
     /// snapshot alone.
     pub fn compact(&mut self, state: &CatalogState) -> io::Result<()> {
         let bytes = serde_json::to_vec(state).map_err(io::Error::other)?;
-        crate::workspace::write_atomic(&self.dir.join(SNAP), &bytes)?;
+        crate::records::write_atomic(&self.dir.join(SNAP), &bytes)?;
         self.log.set_len(0)?;
         self.log.sync_all()?;
         self.log_len = 0;
@@ -314,7 +332,7 @@ impl Catalog {
     /// Compacts and leaves the clean-stop marker.
     pub fn close_clean(&mut self, state: &CatalogState) -> io::Result<()> {
         self.compact(state)?;
-        crate::workspace::write_atomic(&self.dir.join(CLEAN), b"clean\n")
+        crate::records::write_atomic(&self.dir.join(CLEAN), b"clean\n")
     }
 }
 
@@ -489,7 +507,7 @@ mod tests {
 
     #[test]
     fn replaying_an_old_log_over_a_newer_snapshot_changes_nothing() {
-        let mut s = CatalogState::default();
+        let mut s: CatalogState = CatalogState::default();
         let log = vec![
             Record::Inode(rec(9)),
             Record::Entry {

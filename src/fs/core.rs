@@ -32,7 +32,9 @@ use fuser::{Errno, FileAttr, FileType, INodeNo};
 use gix::ObjectId;
 
 use crate::cow::blobcache::BlobCache;
-use crate::cow::catalog::{BaseRef, Catalog, CatalogState, InodeRecord, Kind, Record, Ts};
+use crate::cow::catalog::{
+    BaseRef, Catalog, CatalogState, InodeRecord, InodeTable, Kind, Record, Ts,
+};
 use crate::cow::upper::{Upper, system_time};
 use crate::git::objects::{EntryKind, ObjectStore, TreeEntry};
 
@@ -132,14 +134,49 @@ struct Node {
     writers: u32,
 }
 
+impl Node {
+    /// A node for a record of the catalog, not yet referenced by the kernel.
+    fn persisted(rec: InodeRecord) -> Node {
+        Node {
+            rec,
+            persisted: true,
+            lookups: 0,
+            opens: 0,
+            writers: 0,
+        }
+    }
+}
+
+/// The live nodes as the catalog's inode table: a dropped record leaves its node (unlinked) for as
+/// long as the kernel or an open file refers to it.
+impl InodeTable for HashMap<u64, Node> {
+    fn set(&mut self, rec: &InodeRecord) {
+        match self.get_mut(&rec.ino) {
+            Some(n) => {
+                n.rec = rec.clone();
+                n.persisted = true;
+            }
+            None => {
+                self.insert(rec.ino, Node::persisted(rec.clone()));
+            }
+        }
+    }
+
+    fn drop_record(&mut self, ino: u64) {
+        if let Some(n) = self.get_mut(&ino) {
+            n.persisted = false;
+            n.rec.nlink = 0;
+        }
+    }
+}
+
 struct State {
     catalog: Catalog,
-    nodes: HashMap<u64, Node>,
-    /// Directory overlays: name -> Some(inode) or None (hides the base entry).
-    dirs: HashMap<u64, BTreeMap<Vec<u8>, Option<u64>>>,
-    next_ino: u64,
-    /// Committed batches since the workspace was created (durable: replay recounts them).
-    generation: u64,
+    /// The catalog's state as replayed and committed, each record held in a [`Node`] with its
+    /// runtime data; `live.inodes` also holds the inodes without a record (derived from the base,
+    /// or unlinked and still referenced). `live.generation` counts committed batches since the
+    /// workspace was created (durable: replay recounts them).
+    live: CatalogState<HashMap<u64, Node>>,
     journal: Journal,
 }
 
@@ -513,11 +550,11 @@ impl New<'_> {
 
 impl State {
     fn node(&self, ino: u64) -> Result<&Node, Errno> {
-        self.nodes.get(&ino).ok_or(Errno::ENOENT)
+        self.live.inodes.get(&ino).ok_or(Errno::ENOENT)
     }
 
     fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
-        self.nodes.get_mut(&ino).ok_or(Errno::ENOENT)
+        self.live.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
     }
 
     /// The working copy of `ino`'s record in `tx`.
@@ -550,10 +587,10 @@ impl State {
     }
 
     fn alloc(&mut self, tx: &mut Tx) -> u64 {
-        let ino = ALLOCATED | self.next_ino;
-        self.next_ino += 1;
+        let ino = ALLOCATED | self.live.next_ino;
+        self.live.next_ino += 1;
         tx.records.push(Record::NextIno {
-            next: self.next_ino,
+            next: self.live.next_ino,
         });
         ino
     }
@@ -569,7 +606,7 @@ impl State {
             .partition(|r| matches!(r, Record::Inode(rec) if rec.nlink == 0));
         for r in volatile {
             if let Record::Inode(rec) = r
-                && let Some(n) = self.nodes.get_mut(&rec.ino)
+                && let Some(n) = self.live.inodes.get_mut(&rec.ino)
                 && !n.persisted
             {
                 n.rec = rec;
@@ -577,7 +614,7 @@ impl State {
         }
         if !quiet {
             records.push(Record::Generation {
-                n: self.generation + 1,
+                n: self.live.generation + 1,
             });
         }
         if let Err(e) = self.catalog.append(&records) {
@@ -585,9 +622,9 @@ impl State {
             return Err(io_errno(e));
         }
         for r in &records {
-            self.apply(r);
+            self.live.apply(r);
         }
-        let nodes = &self.nodes;
+        let nodes = &self.live.inodes;
         if self
             .catalog
             .wants_compaction(|| nodes.values().filter(|n| n.persisted).count())
@@ -600,60 +637,18 @@ impl State {
         Ok(())
     }
 
-    fn apply(&mut self, r: &Record) {
-        match r {
-            Record::Inode(rec) => match self.nodes.get_mut(&rec.ino) {
-                Some(n) => {
-                    n.rec = rec.clone();
-                    n.persisted = true;
-                }
-                None => {
-                    self.nodes.insert(
-                        rec.ino,
-                        Node {
-                            rec: rec.clone(),
-                            persisted: true,
-                            lookups: 0,
-                            opens: 0,
-                            writers: 0,
-                        },
-                    );
-                }
-            },
-            Record::Drop { ino } => {
-                if let Some(n) = self.nodes.get_mut(ino) {
-                    n.persisted = false;
-                    n.rec.nlink = 0;
-                }
-                self.dirs.remove(ino);
-            }
-            Record::Entry { dir, name, ino } => {
-                self.dirs
-                    .entry(*dir)
-                    .or_default()
-                    .insert(name.clone(), *ino);
-            }
-            Record::Unentry { dir, name } => {
-                if let Some(d) = self.dirs.get_mut(dir) {
-                    d.remove(name);
-                }
-            }
-            Record::NextIno { next } => self.next_ino = self.next_ino.max(*next),
-            Record::Generation { n } => self.generation = self.generation.max(*n),
-        }
-    }
-
     fn snapshot(&self) -> CatalogState {
         CatalogState {
             inodes: self
-                .nodes
+                .live
+                .inodes
                 .iter()
                 .filter(|(_, n)| n.persisted)
                 .map(|(i, n)| (*i, n.rec.clone()))
                 .collect(),
-            dirs: self.dirs.clone(),
-            next_ino: self.next_ino,
-            generation: self.generation,
+            dirs: self.live.dirs.clone(),
+            next_ino: self.live.next_ino,
+            generation: self.live.generation,
         }
     }
 }
@@ -674,18 +669,7 @@ impl WorkspaceFs {
         let mut nodes: HashMap<u64, Node> = loaded
             .inodes
             .into_iter()
-            .map(|(ino, rec)| {
-                (
-                    ino,
-                    Node {
-                        rec,
-                        persisted: true,
-                        lookups: 0,
-                        opens: 0,
-                        writers: 0,
-                    },
-                )
-            })
+            .map(|(ino, rec)| (ino, Node::persisted(rec)))
             .collect();
         if let std::collections::hash_map::Entry::Vacant(slot) = nodes.entry(ROOT_INO) {
             let subdirs = store
@@ -735,10 +719,12 @@ impl WorkspaceFs {
             statfs_path,
             state: Mutex::new(State {
                 catalog,
-                nodes,
-                dirs: loaded.dirs,
-                next_ino: loaded.next_ino.max(1),
-                generation: loaded.generation,
+                live: CatalogState {
+                    inodes: nodes,
+                    dirs: loaded.dirs,
+                    next_ino: loaded.next_ino.max(1),
+                    generation: loaded.generation,
+                },
                 journal: Journal::new(),
             }),
             base_content_opens: AtomicU64::new(0),
@@ -778,7 +764,7 @@ impl WorkspaceFs {
         Ok(View {
             base_tree: root_tree,
             edits,
-            generation: st.generation,
+            generation: st.live.generation,
             taken_at,
         })
     }
@@ -815,7 +801,7 @@ impl WorkspaceFs {
             }
             eff = own;
         }
-        let Some(overlay) = st.dirs.get(&dir) else {
+        let Some(overlay) = st.live.dirs.get(&dir) else {
             return Ok(());
         };
         let eff_entries = match eff {
@@ -980,6 +966,7 @@ impl WorkspaceFs {
         self.state
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .live
             .generation
     }
 
@@ -988,12 +975,13 @@ impl WorkspaceFs {
     /// passthrough reach the data file without the daemon).
     pub fn changed_since(&self, generation: u64, at: Ts, bookkeeping: &[u64]) -> bool {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if st.generation != generation || st.nodes.values().any(|n| n.writers > 0) {
+        if st.live.generation != generation || st.live.inodes.values().any(|n| n.writers > 0) {
             return true;
         }
         // git writes its own files as new files (metadata changes, counted by the generation), so
         // `.git` is left out here: its files written just before the mark share its clock tick.
-        st.nodes
+        st.live
+            .inodes
             .values()
             .filter(|n| n.persisted && n.rec.upper && !bookkeeping.contains(&n.rec.ino))
             .filter(|n| Self::path_of(&st, n.rec.ino).is_none_or(|p| !p.starts_with(b".git/")))
@@ -1007,7 +995,7 @@ impl WorkspaceFs {
     /// Unix seconds of the last metadata request, and whether any file is open now.
     pub fn activity(&self) -> (u64, bool) {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let open = st.nodes.values().any(|n| n.opens > 0);
+        let open = st.live.inodes.values().any(|n| n.opens > 0);
         (self.last_activity.load(Ordering::Relaxed), open)
     }
 
@@ -1022,7 +1010,8 @@ impl WorkspaceFs {
         let mut fixed = 0;
         for ino in self.upper.data_inodes()? {
             let known = st
-                .nodes
+                .live
+                .inodes
                 .get(&ino)
                 .is_some_and(|n| n.persisted && n.rec.upper);
             if !known {
@@ -1035,13 +1024,14 @@ impl WorkspaceFs {
             }
         }
         let missing: Vec<u64> = st
-            .nodes
+            .live
+            .inodes
             .values()
             .filter(|n| n.persisted && n.rec.upper && !self.upper.data_path(n.rec.ino).exists())
             .map(|n| n.rec.ino)
             .collect();
         for ino in missing {
-            let t = st.nodes[&ino].rec.mtime;
+            let t = st.live.inodes[&ino].rec.mtime;
             self.upper.create(ino, None, t, t)?;
             let q = self.upper.dir().join("quarantine");
             std::fs::create_dir_all(&q)?;
@@ -1057,12 +1047,13 @@ impl WorkspaceFs {
             fixed += 1;
         }
         let dangling: Vec<(u64, Vec<u8>)> = st
+            .live
             .dirs
             .iter()
             .flat_map(|(d, m)| {
                 m.iter()
                     .filter(|(_, i)| {
-                        i.is_some_and(|i| !st.nodes.get(&i).is_some_and(|n| n.persisted))
+                        i.is_some_and(|i| !st.live.inodes.get(&i).is_some_and(|n| n.persisted))
                     })
                     .map(move |(n, _)| (*d, n.clone()))
             })
@@ -1158,7 +1149,7 @@ impl WorkspaceFs {
         let mut salt = 0;
         loop {
             let ino = path_ino(path, salt);
-            match st.nodes.get(&ino) {
+            match st.live.inodes.get(&ino) {
                 Some(n) if n.rec.base.as_ref().is_some_and(|b| b.path != path) => salt += 1,
                 _ => return ino,
             }
@@ -1174,7 +1165,7 @@ impl WorkspaceFs {
         if p.rec.nlink == 0 {
             return Ok(None);
         }
-        if let Some(e) = st.dirs.get(&parent).and_then(|d| d.get(name)) {
+        if let Some(e) = st.live.dirs.get(&parent).and_then(|d| d.get(name)) {
             return Ok(*e);
         }
         let Some((tree, parent_path)) = Self::base_tree(&p.rec) else {
@@ -1187,7 +1178,7 @@ impl WorkspaceFs {
         };
         let path = join(&parent_path, name);
         let ino = Self::derived_ino(st, &path);
-        if let std::collections::hash_map::Entry::Vacant(slot) = st.nodes.entry(ino) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = st.live.inodes.entry(ino) {
             let rec = self.derived_rec(parent, &parent_path, e, ino)?;
             slot.insert(Node {
                 rec,
@@ -1266,7 +1257,7 @@ impl WorkspaceFs {
                 parts.reverse();
                 return Some(parts.join(&b'/'));
             }
-            let n = st.nodes.get(&cur)?;
+            let n = st.live.inodes.get(&cur)?;
             if n.rec.kind != Kind::Dir && n.rec.nlink > 1 {
                 return None;
             }
@@ -1278,7 +1269,13 @@ impl WorkspaceFs {
 
     fn journal_ino(&self, st: &mut State, ino: u64) {
         let path = Self::path_of(st, ino).map(|mut p| {
-            if st.nodes.get(&ino).is_some_and(|n| n.rec.kind == Kind::Dir) && !p.is_empty() {
+            if st
+                .live
+                .inodes
+                .get(&ino)
+                .is_some_and(|n| n.rec.kind == Kind::Dir)
+                && !p.is_empty()
+            {
                 p.push(b'/');
             }
             p
@@ -1316,7 +1313,7 @@ impl WorkspaceFs {
                             p
                         })
                         .collect();
-                    for n in st.nodes.values().filter(|n| n.writers > 0) {
+                    for n in st.live.inodes.values().filter(|n| n.writers > 0) {
                         match Self::path_of(&st, n.rec.ino) {
                             Some(p) => paths.push(p),
                             None => return (new, Changed::Everything),
@@ -1334,7 +1331,7 @@ impl WorkspaceFs {
         let Some(mut paths) = st.journal.since(token) else {
             return (new, Changed::Everything);
         };
-        for n in st.nodes.values().filter(|n| n.writers > 0) {
+        for n in st.live.inodes.values().filter(|n| n.writers > 0) {
             match Self::path_of(&st, n.rec.ino) {
                 Some(p) => paths.push(p),
                 None => return (new, Changed::Everything),
@@ -1354,10 +1351,12 @@ impl WorkspaceFs {
         if ino == ROOT_INO {
             return;
         }
-        let Some(n) = st.nodes.get(&ino) else { return };
+        let Some(n) = st.live.inodes.get(&ino) else {
+            return;
+        };
         if n.lookups == 0 && n.opens == 0 && !n.persisted {
             let upper = n.rec.upper && n.rec.nlink == 0;
-            st.nodes.remove(&ino);
+            st.live.inodes.remove(&ino);
             if upper {
                 self.upper.remove(ino);
             }
@@ -1380,7 +1379,7 @@ impl WorkspaceFs {
     /// `forget`: the kernel dropped `n` references to `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
         let mut st = self.lock();
-        if let Some(node) = st.nodes.get_mut(&ino) {
+        if let Some(node) = st.live.inodes.get_mut(&ino) {
             node.lookups = node.lookups.saturating_sub(n);
         }
         self.reap(&mut st, ino);
@@ -1393,7 +1392,11 @@ impl WorkspaceFs {
 
     /// Whether the content of `ino` is the workspace's own data file.
     pub fn is_upper(&self, ino: u64) -> bool {
-        self.lock().nodes.get(&ino).is_some_and(|n| n.rec.upper)
+        self.lock()
+            .live
+            .inodes
+            .get(&ino)
+            .is_some_and(|n| n.rec.upper)
     }
 
     /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
@@ -1427,7 +1430,7 @@ impl WorkspaceFs {
         if rec.nlink == 0 {
             return Ok(out);
         }
-        let overlay = st.dirs.get(&ino).cloned().unwrap_or_default();
+        let overlay = st.live.dirs.get(&ino).cloned().unwrap_or_default();
         if let Some((tree, path)) = Self::base_tree(&rec) {
             let path = path.to_vec();
             for e in self.store.tree(tree).map_err(eio)?.iter() {
@@ -1436,7 +1439,7 @@ impl WorkspaceFs {
                 }
                 let child_path = join(&path, &e.name);
                 let child = Self::derived_ino(&st, &child_path);
-                let child_rec = match st.nodes.get(&child) {
+                let child_rec = match st.live.inodes.get(&child) {
                     Some(n) => n.rec.clone(),
                     None => self.derived_rec(ino, &path, e, child)?,
                 };
@@ -1605,7 +1608,7 @@ impl WorkspaceFs {
     /// An open handle of `ino` was closed (`wrote`: it was opened for writing).
     pub fn release(&self, ino: u64, wrote: bool) {
         let mut st = self.lock();
-        if let Some(n) = st.nodes.get_mut(&ino) {
+        if let Some(n) = st.live.inodes.get_mut(&ino) {
             n.opens = n.opens.saturating_sub(1);
             if wrote {
                 n.writers = n.writers.saturating_sub(1);
@@ -1707,7 +1710,7 @@ impl WorkspaceFs {
         if r.parent != dir || r.name != name {
             return Ok(());
         }
-        let other = st.dirs.iter().find_map(|(d, entries)| {
+        let other = st.live.dirs.iter().find_map(|(d, entries)| {
             entries
                 .iter()
                 .find(|(n, i)| **i == Some(ino) && !(*d == dir && n.as_slice() == name))
@@ -1933,7 +1936,7 @@ impl WorkspaceFs {
 
     fn is_empty_dir(&self, st: &mut State, ino: u64) -> Result<bool, Errno> {
         let rec = st.node(ino)?.rec.clone();
-        let overlay = st.dirs.get(&ino);
+        let overlay = st.live.dirs.get(&ino);
         if overlay.is_some_and(|o| o.values().any(|v| v.is_some())) {
             return Ok(false);
         }

@@ -156,15 +156,42 @@ impl FuseAdapter {
         }
     }
 
-    fn dir_listing(&self, fh: FileHandle) -> Result<Listing, Errno> {
+    /// [`Self::file_handle`] for an `f` that can fail too.
+    fn with_file<R>(
+        &self,
+        fh: FileHandle,
+        f: impl FnOnce(&File, bool, u64) -> Result<R, Errno>,
+    ) -> Result<R, Errno> {
+        self.file_handle(fh, f).and_then(|r| r)
+    }
+
+    /// Runs `f` on the workspace's own data file behind `fh`; a handle on base content is not open
+    /// for writing (`EBADF`).
+    fn with_upper_file<R>(
+        &self,
+        fh: FileHandle,
+        f: impl FnOnce(&File) -> Result<R, Errno>,
+    ) -> Result<R, Errno> {
+        self.with_file(
+            fh,
+            |file, upper, _| {
+                if upper { f(file) } else { Err(Errno::EBADF) }
+            },
+        )
+    }
+
+    /// Runs `f` on the listing of directory handle `fh`, read when first asked for.
+    fn with_listing(&self, fh: FileHandle, f: impl FnOnce(&[DirEntry])) -> Result<(), Errno> {
         let (ino, listing) = match self.handles.get(&fh.0).as_deref() {
             Some(Handle::Dir { ino, listing }) => (*ino, listing.clone()),
             _ => return Err(Errno::EBADF),
         };
-        if let Err(e) = listing.get_or_init(|| self.core.readdir(ino)) {
-            return Err(*e);
-        }
-        Ok(listing)
+        let list = listing
+            .get_or_init(|| self.core.readdir(ino))
+            .as_ref()
+            .map_err(|e| *e)?;
+        f(list);
+        Ok(())
     }
 }
 
@@ -193,6 +220,27 @@ fn set_time(t: TimeOrNow) -> SetTime {
 fn entry(reply: ReplyEntry, r: Result<FileAttr, Errno>) {
     match r {
         Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn attr(reply: ReplyAttr, r: Result<FileAttr, Errno>) {
+    match r {
+        Ok(attr) => reply.attr(&TTL, &attr),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn data(reply: ReplyData, r: Result<Vec<u8>, Errno>) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn written(reply: ReplyWrite, r: Result<u32, Errno>) {
+    match r {
+        Ok(n) => reply.written(n),
         Err(e) => reply.error(e),
     }
 }
@@ -250,10 +298,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.core.getattr(ino(i)) {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        attr(reply, self.core.getattr(ino(i)));
     }
 
     fn setattr(
@@ -298,17 +343,11 @@ impl Filesystem for FuseAdapter {
             mtime: mtime.map(set_time),
             ctime,
         };
-        match self.core.setattr(i, set) {
-            Ok(attr) => reply.attr(&TTL, &attr),
-            Err(e) => reply.error(e),
-        }
+        attr(reply, self.core.setattr(i, set));
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
-        match self.core.readlink(ino(i)) {
-            Ok(target) => reply.data(&target),
-            Err(e) => reply.error(e),
-        }
+        data(reply, self.core.readlink(ino(i)));
     }
 
     fn mknod(
@@ -495,7 +534,7 @@ impl Filesystem for FuseAdapter {
             *file = f;
             *upper = true;
         }
-        let r = self.file_handle(fh, |file, _, _| {
+        let r = self.with_file(fh, |file, _, _| {
             let mut buf = vec![0u8; size as usize];
             let mut filled = 0;
             while filled < buf.len() {
@@ -509,10 +548,7 @@ impl Filesystem for FuseAdapter {
             buf.truncate(filled);
             Ok(buf)
         });
-        match r.and_then(|r| r) {
-            Ok(buf) => reply.data(&buf),
-            Err(e) => reply.error(e),
-        }
+        data(reply, r);
     }
 
     fn write(
@@ -527,17 +563,11 @@ impl Filesystem for FuseAdapter {
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let r = self.file_handle(fh, |file, upper, _| {
-            if !upper {
-                return Err(Errno::EBADF);
-            }
+        let r = self.with_upper_file(fh, |file| {
             file.write_all_at(data, offset).map_err(io_errno)?;
             Ok(data.len() as u32)
         });
-        match r.and_then(|r| r) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(e),
-        }
+        written(reply, r);
     }
 
     fn flush(
@@ -580,7 +610,7 @@ impl Filesystem for FuseAdapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let r = self.file_handle(fh, |file, upper, _| {
+        let r = self.with_file(fh, |file, upper, _| {
             if !upper {
                 return Ok(());
             }
@@ -591,10 +621,7 @@ impl Filesystem for FuseAdapter {
             }
             .map_err(io_errno)
         });
-        empty(
-            reply,
-            r.and_then(|r| r).and_then(|()| self.core.sync_catalog()),
-        );
+        empty(reply, r.and_then(|()| self.core.sync_catalog()));
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -621,19 +648,17 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let listing = match self.dir_listing(fh) {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
-        let Some(Ok(list)) = listing.get() else {
-            return reply.error(Errno::EIO);
-        };
-        for (idx, e) in list.iter().enumerate().skip(offset as usize) {
-            if reply.add(e.attr.ino, idx as u64 + 1, e.attr.kind, &e.name) {
-                break;
+        let r = self.with_listing(fh, |list| {
+            for (idx, e) in list.iter().enumerate().skip(offset as usize) {
+                if reply.add(e.attr.ino, idx as u64 + 1, e.attr.kind, &e.name) {
+                    break;
+                }
             }
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -644,30 +669,28 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let listing = match self.dir_listing(fh) {
-            Ok(l) => l,
-            Err(e) => return reply.error(e),
-        };
-        let Some(Ok(list)) = listing.get() else {
-            return reply.error(Errno::EIO);
-        };
-        for (idx, e) in list.iter().enumerate().skip(offset as usize) {
-            if reply.add(
-                e.attr.ino,
-                idx as u64 + 1,
-                &e.name,
-                &TTL,
-                &e.attr,
-                Generation(0),
-            ) {
-                break;
+        let r = self.with_listing(fh, |list| {
+            for (idx, e) in list.iter().enumerate().skip(offset as usize) {
+                if reply.add(
+                    e.attr.ino,
+                    idx as u64 + 1,
+                    &e.name,
+                    &TTL,
+                    &e.attr,
+                    Generation(0),
+                ) {
+                    break;
+                }
+                // The kernel now holds a reference to every entry but "." and "..".
+                if let Err(err) = self.core.note_listed(ino(i), e) {
+                    tracing::debug!("readdirplus: {:?}: {err:?}", e.name);
+                }
             }
-            // The kernel now holds a reference to every entry but "." and "..".
-            if let Err(err) = self.core.note_listed(ino(i), e) {
-                tracing::debug!("readdirplus: {:?}: {err:?}", e.name);
-            }
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn releasedir(
@@ -734,13 +757,10 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = self.file_handle(fh, |file, upper, _| {
-            if !upper {
-                return Err(Errno::EBADF);
-            }
+        let r = self.with_upper_file(fh, |file| {
             crate::sys::fallocate(file, mode, offset, length).map_err(io_errno)
         });
-        empty(reply, r.and_then(|r| r));
+        empty(reply, r);
     }
 
     fn lseek(
@@ -752,10 +772,10 @@ impl Filesystem for FuseAdapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        let r = self.file_handle(fh, |file, _, _| {
+        let r = self.with_file(fh, |file, _, _| {
             crate::sys::lseek(file, offset, whence).map_err(io_errno)
         });
-        match r.and_then(|r| r) {
+        match r {
             Ok(off) => reply.offset(off),
             Err(e) => reply.error(e),
         }
@@ -774,22 +794,15 @@ impl Filesystem for FuseAdapter {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let src = match self.file_handle(fh_in, |f, _, _| f.try_clone()) {
-            Ok(Ok(f)) => f,
-            Ok(Err(e)) => return reply.error(io_errno(e)),
+        let src = match self.with_file(fh_in, |f, _, _| f.try_clone().map_err(io_errno)) {
+            Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        let r = self.file_handle(fh_out, |dst, upper, _| {
-            if !upper {
-                return Err(Errno::EBADF);
-            }
+        let r = self.with_upper_file(fh_out, |dst| {
             let len = len.min(u32::MAX as u64 & !0xfff);
             crate::sys::copy_file_range(&src, off_in, dst, off_out, len).map_err(io_errno)
         });
-        match r.and_then(|r| r) {
-            Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(e),
-        }
+        written(reply, r.map(|n| n as u32));
     }
 }
 

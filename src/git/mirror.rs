@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::git;
 use crate::layout::Layout;
+use crate::records::RecordDir;
 
 /// What an upstream is; decides how the mirror is created and synced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,23 +64,14 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-fn meta_path(layout: &Layout, project: &str) -> PathBuf {
-    layout.projects().join(format!("{project}.json"))
+/// Project descriptions live at `<state>/projects/<project>.json`.
+fn store(layout: &Layout) -> RecordDir {
+    RecordDir::files(layout.projects(), "project", "project")
 }
 
 /// Loads a project's description; `Ok(None)` when the project does not exist.
 pub fn load(layout: &Layout, project: &str) -> Result<Option<Project>, String> {
-    let path = meta_path(layout, project);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| format!("project {project}: corrupt {}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!(
-            "project {project}: cannot read {}: {e}",
-            path.display()
-        )),
-    }
+    store(layout).load(project)
 }
 
 /// Loads a project that must exist.
@@ -92,9 +84,7 @@ pub fn require(layout: &Layout, project: &str) -> Result<Project, String> {
 }
 
 fn save(layout: &Layout, p: &Project) -> Result<(), String> {
-    let bytes = serde_json::to_vec_pretty(p).map_err(|e| e.to_string())?;
-    crate::workspace::write_atomic(&meta_path(layout, &p.project), &bytes)
-        .map_err(|e| format!("cannot save project {}: {e}", p.project))
+    store(layout).save(&p.project, p)
 }
 
 /// Decides what kind of upstream `upstream` names, without creating anything.
@@ -347,22 +337,9 @@ fn info(layout: &Layout, project: Project) -> MirrorInfo {
 
 /// Every project, sorted by name.
 pub fn list(layout: &Layout) -> Result<Vec<MirrorInfo>, String> {
-    let mut out = Vec::new();
-    let dir = match std::fs::read_dir(layout.projects()) {
-        Ok(d) => d,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(format!("cannot list projects: {e}")),
-    };
-    for entry in dir.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        // Names starting with '.' are octofs's own (the blank repository of chat workspaces).
-        if let Some(project) = name.strip_suffix(".json")
-            && !project.starts_with('.')
-            && let Some(p) = load(layout, project)?
-        {
-            out.push(info(layout, p));
-        }
-    }
+    // Names starting with '.' are octofs's own (the blank repository of chat workspaces).
+    let projects: Vec<Project> = store(layout).list(|project| !project.starts_with('.'))?;
+    let mut out: Vec<MirrorInfo> = projects.into_iter().map(|p| info(layout, p)).collect();
     out.sort_by(|a, b| a.project.project.cmp(&b.project.project));
     Ok(out)
 }

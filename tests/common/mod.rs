@@ -16,8 +16,12 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
+
+use octofs::cow::blobcache::BlobCache;
+use octofs::fs::core::{Presentation, WorkspaceFs, unix_time};
+use octofs::git::objects::ObjectStore;
 
 /// Default timeout for one external command.
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(30);
@@ -801,15 +805,51 @@ pub fn write_file(path: &Path, bytes: &[u8], mode: u32) {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*).
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
+/// A deterministic pseudo-random sequence (xorshift64*), the same on every platform.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
         x ^= x >> 27;
-        v.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            (self.next() % n as u64) as usize
+        }
+    }
+
+    /// Inclusive range.
+    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
+        lo + self.below(hi - lo + 1)
+    }
+
+    pub fn percent(&mut self, p: usize) -> bool {
+        self.below(100) < p
+    }
+
+    pub fn pick<T: Clone>(&mut self, v: &[T]) -> T {
+        v[self.below(v.len())].clone()
+    }
+}
+
+/// Deterministic pseudo-random bytes (the sequence of [`Rng`]).
+pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        v.extend_from_slice(&r.next().to_le_bytes());
     }
     v.truncate(len);
     v
@@ -866,4 +906,36 @@ pub fn json_strings(v: &serde_json::Value, out: &mut Vec<String>) {
 #[track_caller]
 pub fn parse_json(what: &str, text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("{what}: not JSON ({e}):\n{text}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The filesystem core without a kernel
+
+/// The owner (uid, gid) a core-level workspace presents for every unmodified entry.
+pub const CORE_OWNER: (u32, u32) = (1234, 5678);
+
+/// A filesystem core over the base tree `tree` committed at `time` (Unix seconds), its upper layer
+/// at `upper`; `statfs` is what `statfs` reports on.
+#[track_caller]
+pub fn load_core(
+    store: &Arc<ObjectStore>,
+    blobs: &Arc<BlobCache>,
+    tree: gix::ObjectId,
+    time: i64,
+    upper: &Path,
+    statfs: &Path,
+) -> WorkspaceFs {
+    WorkspaceFs::load(
+        store.clone(),
+        blobs.clone(),
+        tree,
+        Presentation {
+            uid: CORE_OWNER.0,
+            gid: CORE_OWNER.1,
+            time: unix_time(time),
+        },
+        upper,
+        statfs.to_path_buf(),
+    )
+    .expect("load workspace")
 }

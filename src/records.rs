@@ -1,0 +1,122 @@
+//! Durable JSON records, one a file, each written atomically: the store behind a thread's binding,
+//! its workspace record and a project's description. It knows nothing of what a record holds.
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// A directory of records, each named by a key (a thread or project name): `<dir>/<key>.json`, or
+/// `<dir>/<key>/<file>` when each key has a directory of its own.
+pub struct RecordDir {
+    dir: PathBuf,
+    file: Option<&'static str>,
+    /// What a key names (`thread`), for messages.
+    key: &'static str,
+    /// What a record is (`workspace`), for messages.
+    noun: &'static str,
+}
+
+impl RecordDir {
+    /// Records at `<dir>/<key>.json`.
+    pub fn files(dir: PathBuf, key: &'static str, noun: &'static str) -> RecordDir {
+        RecordDir {
+            dir,
+            file: None,
+            key,
+            noun,
+        }
+    }
+
+    /// Records at `<dir>/<key>/<file>`.
+    pub fn in_dirs(
+        dir: PathBuf,
+        file: &'static str,
+        key: &'static str,
+        noun: &'static str,
+    ) -> RecordDir {
+        RecordDir {
+            dir,
+            file: Some(file),
+            key,
+            noun,
+        }
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        match self.file {
+            None => self.dir.join(format!("{key}.json")),
+            Some(file) => self.dir.join(key).join(file),
+        }
+    }
+
+    /// The record of `key`; `Ok(None)` when there is none.
+    pub fn load<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, String> {
+        let path = self.path(key);
+        let what = self.key;
+        match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b)
+                .map(Some)
+                .map_err(|e| format!("{what} {key}: corrupt {}: {e}", path.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("{what} {key}: cannot read {}: {e}", path.display())),
+        }
+    }
+
+    /// Replaces the record of `key` atomically (see [`write_atomic`]), creating its directory.
+    pub fn save<T: Serialize>(&self, key: &str, record: &T) -> Result<(), String> {
+        let path = self.path(key);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
+        write_atomic(&path, &bytes).map_err(|e| format!("cannot save {} {key}: {e}", self.noun))
+    }
+
+    /// The records of every key that `keep` accepts, in no particular order.
+    pub fn list<T: DeserializeOwned>(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<T>, String> {
+        let mut out = Vec::new();
+        let entries = match std::fs::read_dir(&self.dir) {
+            Ok(d) => d,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(format!("cannot list {}s: {e}", self.noun)),
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let key = match self.file {
+                None => name.strip_suffix(".json"),
+                Some(_) => Some(name.as_str()),
+            };
+            if let Some(key) = key
+                && keep(key)
+                && let Some(r) = self.load(key)?
+            {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Writes `bytes` to `path` durably: temp file, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
