@@ -861,6 +861,46 @@ fn release_drops_the_upper_layer_and_respects_busy_mounts_and_users() {
 // ---------------------------------------------------------------------------------------------
 // 4. Sweep
 
+/// Resident memory of the daemon process, from /proc.
+fn daemon_rss(d: &Daemon) -> u64 {
+    let pid = d.pid().expect("daemon running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("VmRSS");
+    kb * 1024
+}
+
+/// Each mount's session threads own 16 MiB request buffers; they must stay lazily mapped, also
+/// after unmounts freed earlier ones (which made glibc carve later buffers from thread arenas and
+/// zero them by hand: ~20 MiB resident per workspace, 2 GiB for 100).
+#[test]
+fn daemon_memory_stays_small_across_many_mounts_and_unmounts() {
+    let d = Daemon::start();
+    project(&d, "p", FILES);
+    let idle = daemon_rss(&d);
+    for i in 0..12 {
+        let ws = open(&d, &format!("m{i}"), &["--project", "p"]);
+        let w = ws.clone();
+        fsop("read", move || std::fs::read(w.join("a.txt")).unwrap());
+    }
+    for i in 0..6 {
+        d.cli_ok(["release", &format!("m{i}"), "--force"]);
+    }
+    for i in 12..30 {
+        open(&d, &format!("m{i}"), &["--project", "p"]);
+    }
+    let grown = daemon_rss(&d).saturating_sub(idle);
+    // 24 mounts: a few MiB of bookkeeping; 24 resident request buffers would be 400 MiB.
+    assert!(
+        grown < 96 << 20,
+        "daemon RSS grew by {} MiB for 24 mounted workspaces",
+        grown >> 20
+    );
+}
+
 #[test]
 fn sweep_releases_only_clean_idle_workspaces() {
     let d = Daemon::start();

@@ -429,6 +429,7 @@ fn clear_stale_mounts(root: &Path) {
 
 /// Runs the daemon in the foreground until `stop`, SIGTERM or SIGINT.
 pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
+    crate::sys::fix_malloc_mmap_threshold();
     if let Ok(m) = std::fs::metadata(&layout.root)
         && !m.is_dir()
     {
