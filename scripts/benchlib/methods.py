@@ -1,0 +1,294 @@
+"""The ways a user can get a private workspace of a repository, each behind the same interface:
+prepare for a corpus, fork (timed), count the fork's new disk bytes, remove, tear down. A method
+whose tool is missing or cannot work here raises `Skip` with the reason.
+
+Every fork starts from the corpus's template checkout (with its ignored dependency trees); where
+the method itself cannot carry ignored files (clone, worktree, octofs), they are copied in with
+`cp -a` as part of the fork, as a user would have to."""
+
+import os
+import shutil
+import time
+
+from .common import (MIB, BenchError, Skip, disk_bytes, fs_used, inodes_of, log, mounts_under,
+                     out, pids_of_exe, rss, run, unmount)
+
+
+class Fork:
+    def __init__(self, path, **kw):
+        self.path = path
+        self.__dict__.update(kw)
+
+
+class Method:
+    name = "?"
+    label = "?"
+    desc = ""
+    processes = None      # None: no process of its own (kernel or none)
+
+    def __init__(self, ctx):
+        self.ctx = ctx             # the run: work dir, octofs daemon, args
+        self.corpus = None
+        self.dir = None
+        self.n = 0
+
+    def prepare(self, corpus):
+        self.corpus = corpus
+        self.dir = os.path.join(self.ctx.work, f"{corpus.name}-{self.name}")
+        os.makedirs(self.dir, exist_ok=True)
+
+    def next_path(self):
+        self.n += 1
+        return os.path.join(self.dir, f"ws{self.n}")
+
+    def copy_deps(self, dst):
+        for d in self.corpus.deps:
+            run(["cp", "-a", os.path.join(self.corpus.repo, d), os.path.join(dst, d)])
+
+    def fork(self):
+        raise NotImplementedError
+
+    def new_bytes(self, fork):
+        return disk_bytes(fork.path)
+
+    def remove(self, fork):
+        shutil.rmtree(fork.path, ignore_errors=True)
+
+    def teardown(self):
+        for mp in mounts_under(self.dir) if self.dir else []:
+            unmount(mp)
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def snapshot(self, fork, k):
+        """The seed's scratch-index snapshot: copy the index, `add -A`, write-tree, commit-tree
+        with HEAD as parent, push to the mirror. Returns seconds."""
+        scratch = os.path.join(self.ctx.work, "scratch-index")
+        idx = out(run(["git", "rev-parse", "--git-path", "index"], cwd=fork.path))
+        t0 = time.perf_counter()
+        shutil.copyfile(os.path.join(fork.path, idx), scratch)
+        env = dict(self.ctx.genv, GIT_INDEX_FILE=scratch)
+        run(["git", "add", "-A"], cwd=fork.path, env=env)
+        tree = out(run(["git", "write-tree"], cwd=fork.path, env=env))
+        commit = out(run(["git", "commit-tree", tree, "-p", "HEAD", "-m", f"snapshot {k}"],
+                         cwd=fork.path))
+        run(["git", "push", "-q", "--no-verify", self.ctx.seed_mirror(self.corpus),
+             f"+{commit}:refs/octomate/threads/{self.name}-{self.n}"], cwd=fork.path)
+        t = time.perf_counter() - t0
+        os.unlink(scratch)
+        return t
+
+
+class Native(Method):
+    name, label = "native", "native checkout"
+    desc = "`git clone --no-local` of the repository + `cp -a` of the ignored dependencies (the 1.0 reference)"
+
+    def fork(self):
+        p = self.next_path()
+        run(["git", "clone", "-q", "--no-local", self.corpus.repo, p])
+        self.copy_deps(p)
+        return Fork(p)
+
+
+class CloneLocal(Method):
+    name, label = "clone", "git clone --local"
+    desc = "`git clone --local` (objects hard-linked) + `cp -a` of the ignored dependencies"
+
+    def prepare(self, corpus):
+        super().prepare(corpus)
+        self.template_inodes = inodes_of(os.path.join(corpus.repo, ".git"))
+
+    def fork(self):
+        p = self.next_path()
+        run(["git", "clone", "-q", "--local", self.corpus.repo, p])
+        self.copy_deps(p)
+        return Fork(p)
+
+    def new_bytes(self, fork):
+        return disk_bytes(fork.path, seen=set(self.template_inodes))
+
+
+class Worktree(Method):
+    name, label = "worktree", "git worktree add"
+    desc = "`git worktree add --detach` of the template's repository + `cp -a` of the ignored dependencies"
+
+    def fork(self):
+        p = self.next_path()
+        run(["git", "-C", self.corpus.repo, "worktree", "add", "-q", "--detach", p, "main"])
+        self.copy_deps(p)
+        meta = os.path.join(self.corpus.repo, ".git", "worktrees", os.path.basename(p))
+        return Fork(p, meta=meta)
+
+    def new_bytes(self, fork):
+        return disk_bytes(fork.path) + disk_bytes(fork.meta)
+
+    def remove(self, fork):
+        run(["git", "-C", self.corpus.repo, "worktree", "remove", "--force", fork.path], check=False)
+        super().remove(fork)
+
+    def teardown(self):
+        super().teardown()
+        if self.corpus:
+            run(["git", "-C", self.corpus.repo, "worktree", "prune"], check=False)
+
+
+class Copy(Method):
+    name, label = "cp", "cp -a"
+    desc = "`cp -a` of the whole checkout, dependencies included (ext4 here: no reflink)"
+
+    def fork(self):
+        p = self.next_path()
+        run(["cp", "-a", self.corpus.repo, p])
+        return Fork(p)
+
+
+class Reflink(Method):
+    name, label = "reflink", "cp --reflink (XFS)"
+    desc = ("`cp -a --reflink=always` on an XFS file system (loop device, `mkfs.xfs -m reflink=1`) "
+            "holding a copy of the checkout; new disk = the XFS file system's used-bytes change")
+
+    def prepare(self, corpus):
+        super().prepare(corpus)
+        if not shutil.which("mkfs.xfs"):
+            raise Skip("mkfs.xfs not found (xfsprogs could not be installed)")
+        if not shutil.which("losetup"):
+            raise Skip("losetup not found")
+        size = disk_bytes(corpus.repo)
+        img = os.path.join(self.dir, "xfs.img")
+        self.mnt = os.path.join(self.dir, "xfs")
+        os.makedirs(self.mnt)
+        with open(img, "wb") as f:
+            f.truncate(max(8 * 1024 * MIB, 3 * size + self.ctx.args.seq_mib * MIB * 2 + 2048 * MIB))
+        r = run(["mkfs.xfs", "-q", "-f", "-m", "reflink=1", img], check=False)
+        if r.returncode:
+            raise Skip(f"mkfs.xfs failed: {r.stderr.decode(errors='replace').strip()[:200]}")
+        r = run(["mount", "-o", "loop", img, self.mnt], check=False)
+        if r.returncode:
+            raise Skip(f"cannot mount an XFS loop device: {r.stderr.decode(errors='replace').strip()[:200]}")
+        self.template = os.path.join(self.mnt, "template")
+        log("reflink: copying the checkout onto XFS (once, not timed)")
+        run(["cp", "-a", corpus.repo, self.template])
+
+    def fork(self):
+        self.n += 1
+        p = os.path.join(self.mnt, f"ws{self.n}")
+        before = fs_used(self.mnt)
+        run(["cp", "-a", "--reflink=always", self.template, p])
+        return Fork(p, before=before)
+
+    def new_bytes(self, fork):
+        return fs_used(self.mnt) - fork.before
+
+
+class Overlay(Method):
+    name, label = "overlay", "kernel overlayfs"
+    desc = "kernel overlayfs: the checkout as lower directory, a new upper and work directory per fork"
+    fstype = "overlay"
+
+    def prepare(self, corpus):
+        super().prepare(corpus)
+        self.check_tool()
+
+    def check_tool(self):
+        with open("/proc/filesystems") as f:
+            if "overlay" not in f.read():
+                r = run(["modprobe", "overlay"], check=False)
+                if r.returncode:
+                    raise Skip("the kernel has no overlay file system")
+
+    def mount(self, lower, upper, work, merged):
+        run(["mount", "-t", "overlay", "overlay", "-o",
+             f"lowerdir={lower},upperdir={upper},workdir={work}", merged])
+
+    def fork(self):
+        self.n += 1
+        base = os.path.join(self.dir, f"ws{self.n}")
+        up, wk, mp = (os.path.join(base, x) for x in ("upper", "work", "merged"))
+        for d in (up, wk, mp):
+            os.makedirs(d)
+        self.mount(self.corpus.repo, up, wk, mp)
+        return Fork(mp, base=base, upper=up, workdir=wk)
+
+    def new_bytes(self, fork):
+        return disk_bytes(fork.upper) + disk_bytes(fork.workdir)
+
+    def remove(self, fork):
+        unmount(fork.path)
+        shutil.rmtree(fork.base, ignore_errors=True)
+
+
+class FuseOverlay(Overlay):
+    name, label = "fuse-overlayfs", "fuse-overlayfs"
+    desc = "fuse-overlayfs (one FUSE daemon per mount): the checkout as lower directory"
+
+    def check_tool(self):
+        self.bin = shutil.which("fuse-overlayfs")
+        if not self.bin:
+            raise Skip("fuse-overlayfs not found (the package could not be installed)")
+        if not os.path.exists("/dev/fuse"):
+            raise Skip("/dev/fuse does not exist")
+
+    def mount(self, lower, upper, work, merged):
+        run([self.bin, "-o", f"lowerdir={lower},upperdir={upper},workdir={work}", merged])
+        deadline = time.monotonic() + 10
+        while not os.path.ismount(merged):
+            if time.monotonic() > deadline:
+                raise BenchError(f"fuse-overlayfs did not mount {merged}")
+            time.sleep(0.01)
+
+    def processes(self):
+        return pids_of_exe(self.bin)
+
+
+class Octo(Method):
+    name, label = "octofs", "octofs"
+    desc = ("`octofs open` of the repository's mirror (a private daemon and state) + `cp -a` of the "
+            "ignored dependencies into the mount; snapshots with `octofs snapshot`")
+
+    daemon_key = "main"
+
+    def prepare(self, corpus):
+        super().prepare(corpus)
+        if not os.path.exists("/dev/fuse"):
+            raise Skip("/dev/fuse does not exist")
+        self.octo = self.ctx.octofs(self.daemon_key)
+        self.project = f"bench-{corpus.name}"
+        if self.project not in self.octo.mirrored:
+            t0 = time.perf_counter()
+            self.octo.call("mirror", "add", self.project, corpus.repo, timeout=7200)
+            log(f"  octofs: mirror add {time.perf_counter() - t0:.1f} s")
+            self.octo.mirrored.add(self.project)
+
+    def fork(self):
+        self.n += 1
+        thread = f"{self.corpus.name}-{self.daemon_key}-{self.n}"
+        before = disk_bytes(self.octo.state)
+        p = self.octo.open(thread, self.project)
+        self.copy_deps(p)
+        return Fork(p, thread=thread, before=before)
+
+    def new_bytes(self, fork):
+        return disk_bytes(self.octo.state) - fork.before
+
+    def remove(self, fork):
+        self.octo.call("release", fork.thread, "--force", check=False)
+
+    def teardown(self):
+        pass
+
+    def snapshot(self, fork, k):
+        t0 = time.perf_counter()
+        self.octo.call("snapshot", fork.thread)
+        return time.perf_counter() - t0
+
+    def processes(self):
+        return [self.octo.proc.pid]
+
+
+ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo]
+NAMES = [m.name for m in ALL]
+
+
+def process_rss(pids):
+    vals = [rss(p) for p in pids]
+    return sum(v for v in vals if v is not None)

@@ -1,0 +1,145 @@
+"""The markdown report: the machine, the methods, then per corpus a table of ratios against the
+native checkout (median, min–max over the runs) and a table of absolute numbers, the
+corpus-independent workloads, daemon memory, and every figure where octofs is behind an
+alternative."""
+
+import types
+
+from .common import MIB, fmt_b, fmt_ratio, fmt_stat, fmt_t, med
+from .figures import CORPUS_FREE, FIGURES
+
+UNITS = {k: u for k, _, u in FIGURES}
+LABELS = {k: l for k, l, _ in FIGURES}
+
+
+def fmt_abs(key, xs):
+    return fmt_stat(xs, fmt_b if UNITS[key] == "B" else fmt_t)
+
+
+def ratio_cell(xs, ref):
+    xs = [x for x in xs or [] if x is not None]
+    r = med(ref or [])
+    if not xs or not r:
+        return "—"
+    lo, hi = min(xs) / r, max(xs) / r
+    m = med(xs) / r
+    if len(xs) == 1 or abs(hi - lo) < 0.005:
+        return fmt_ratio(m)
+    return f"{fmt_ratio(m)} ({fmt_ratio(lo)}–{fmt_ratio(hi)})"
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def figure_label(key, corpus, args, res):
+    label = LABELS[key]
+    if key == "build":
+        return f"build: {corpus['build']}"
+    if key == "small":
+        return f"{label} ({args.small_files:,} files in 100 dirs)"
+    if key.startswith("seq"):
+        return f"{label} ({args.seq_mib:,} MiB)"
+    if key == "pagecache":
+        n = next((m.get("pagecache_n") for m in res.values() if isinstance(m, dict) and m.get("pagecache_n")), "N")
+        return f"page cache after {n} workspaces read every file"
+    return label
+
+
+def grid(keys, corpus, methods, args, absolute):
+    res = corpus["methods"]
+    ref = res.get("native", {})
+    names = [m for m in methods if m in res and "skipped" not in res[m]]
+    rows = []
+    for k in keys:
+        if not any(res[m].get(k) for m in names):
+            continue
+        row = [figure_label(k, corpus, args, res)]
+        for m in names:
+            xs = res[m].get(k)
+            row.append(fmt_abs(k, xs) if absolute else
+                       ("1.00×" if m == "native" and xs else ratio_cell(xs, ref.get(k))))
+        rows.append(row)
+    return table(["figure"] + names, rows)
+
+
+def behind(corpora, methods):
+    """Figures where octofs's median is more than 10 % above the best alternative's."""
+    found = []
+    for cname, corpus in corpora.items():
+        res = corpus["methods"]
+        o = res.get("octofs", {})
+        if "skipped" in o:
+            continue
+        for k, _, _ in FIGURES:
+            mo = med(o.get(k) or [])
+            if mo is None:
+                continue
+            alts = [(med(res[m].get(k) or []), m) for m in methods
+                    if m != "octofs" and m in res and "skipped" not in res[m]]
+            alts = [(v, m) for v, m in alts if v is not None]
+            if not alts:
+                continue
+            best, who = min(alts)
+            if mo > best * 1.1 and mo - best > (4096 if UNITS[k] == "B" else 0.002):
+                f = fmt_b if UNITS[k] == "B" else fmt_t
+                found.append(f"{cname}: {LABELS[k]}: octofs {f(mo)} vs {who} {f(best)} "
+                             f"({fmt_ratio(mo / best) if best else '∞'})")
+    return found
+
+
+def render(doc):
+    args = types.SimpleNamespace(**doc["args"])
+    methods = doc["method_names"]
+    out = [f"# octofs benchmark: {doc['started']}", ""]
+    out.append(f"`{doc['command']}` — {doc['elapsed'] / 60:.0f} min. Every figure is the median of the "
+               f"runs, with min–max in brackets; ratios are against the native checkout (1.00×, lower "
+               f"is better for every figure). Forks per method: {args.forks}; runs of quick figures "
+               f"{args.runs}, of slow ones {args.slow_runs}, builds {args.build_runs}.")
+    out += ["", "## Machine", "", table(["", ""], [[k, v] for k, v in doc["machine"]]), ""]
+    out += ["## Methods", ""]
+    rows = []
+    for name, label, desc in doc["methods"]:
+        why = doc["skipped"].get(name)
+        rows.append([f"`{name}`", label, desc + (f" — **skipped: {why}**" if why else "")])
+    out += [table(["method", "", "what a fork is"], rows), ""]
+    keys = [k for k, _, _ in FIGURES if k not in CORPUS_FREE]
+    first = None
+    for cname, corpus in doc["corpora"].items():
+        first = first or corpus
+        out += [f"## Corpus `{cname}`", "", corpus["desc"], ""]
+        for m, r in corpus["methods"].items():
+            if r.get("error"):
+                out.append(f"- **{m} stopped early: {r['error']}** (figures before it are kept)")
+            for f in r.get("failed", []):
+                out.append(f"- **{m} failed a stage**, its figures are missing or partial: {f}")
+        out += ["", "Ratios against the native checkout:", "",
+                grid(keys, corpus, methods, args, False), "", "Absolute:", "",
+                grid(keys, corpus, methods, args, True), ""]
+    if first:
+        out += ["## Workloads in the tree (corpus-independent; in the first corpus's workspace)", "",
+                grid(CORPUS_FREE, first, methods, args, False), "",
+                grid(CORPUS_FREE, first, methods, args, True), ""]
+    mem = doc.get("memory") or {}
+    if mem:
+        out += ["## Daemon memory (RSS) with k workspaces mounted", "",
+                "Kernel overlayfs and the copies have no process of their own (0 MiB). fuse-overlayfs runs "
+                "one daemon per mount (the sum is shown); octofs one daemon for all.", ""]
+        for cname, per in mem.items():
+            labels = ["0", "1", "10", "100", "10+status"]
+            rows = []
+            for m, vals in per.items():
+                if "skipped" in vals:
+                    rows.append([m] + [f"skipped: {vals['skipped']}"] + [""] * (len(labels) - 1))
+                else:
+                    rows.append([m] + [f"{vals[l] / MIB:.1f} MiB" if l in vals else "—" for l in labels])
+            out += [f"Corpus `{cname}`:", "",
+                    table(["method", "no workspace", "1", "10", "100", "10, after `git status` in each"], rows), ""]
+    b = behind(doc["corpora"], methods)
+    out += ["## Where octofs is behind an alternative", ""]
+    out += [f"- {x}" for x in b] if b else ["- nowhere by more than 10 %"]
+    if doc["errors"]:
+        out += ["", "## Errors", ""] + [f"- {e}" for e in doc["errors"]]
+    return "\n".join(out) + "\n"
