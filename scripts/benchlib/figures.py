@@ -95,6 +95,8 @@ class Runner:
                 stages.append(("small files and sequential I/O", lambda: self.io_figures(w, add)))
             stages.append(("build", lambda: self.build(corpus, w, add)))
             for name, fn in stages:
+                if self.args.stages and name.split()[0] not in self.args.stages:
+                    continue
                 try:
                     fn()
                 except (BenchError, OSError, subprocess.SubprocessError) as e:
@@ -107,6 +109,7 @@ class Runner:
     def forks(self, m, res, add):
         forks = []
         for i in range(self.args.forks):
+            m.pre_fork()
             os.sync()
             self.quiet()
             t, f = timed(m.fork)
@@ -121,6 +124,10 @@ class Runner:
                                  f"{len(st.splitlines())} paths, e.g. {st.splitlines()[0]!r}")
             log(f"  {m.name}: fork {i + 1} {fmt_t(res['fork'][-1])}, "
                 f"{res['disk'][-1] / MIB:.1f} MiB, first status {fmt_t(t)}")
+        if self.args.stages and "pagecache" not in self.args.stages:
+            for f in forks[:-1]:
+                m.remove(f)
+            return forks[-1]
         # N workspaces read every file, caches dropped: the page cache they use
         drop_caches()
         c0 = meminfo("Cached")

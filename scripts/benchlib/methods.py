@@ -45,6 +45,9 @@ class Method:
         for d in self.corpus.deps:
             run(["cp", "-a", os.path.join(self.corpus.repo, d), os.path.join(dst, d)])
 
+    def pre_fork(self):
+        """Untimed work before a timed fork (a baseline of the disk usage)."""
+
     def fork(self):
         raise NotImplementedError
 
@@ -169,12 +172,14 @@ class Reflink(Method):
         log("reflink: copying the checkout onto XFS (once, not timed)")
         run(["cp", "-a", corpus.repo, self.template])
 
+    def pre_fork(self):
+        self.before = fs_used(self.mnt)
+
     def fork(self):
         self.n += 1
         p = os.path.join(self.mnt, f"ws{self.n}")
-        before = fs_used(self.mnt)
         run(["cp", "-a", "--reflink=always", self.template, p])
-        return Fork(p, before=before)
+        return Fork(p, before=self.before)
 
     def new_bytes(self, fork):
         return fs_used(self.mnt) - fork.before
@@ -259,16 +264,23 @@ class Octo(Method):
             log(f"  octofs: mirror add {time.perf_counter() - t0:.1f} s")
             self.octo.mirrored.add(self.project)
 
+    def state_bytes(self):
+        """Bytes under the state directory but its mirrors (which a fork never writes)."""
+        st = self.octo.state
+        return disk_bytes(*[os.path.join(st, e) for e in sorted(os.listdir(st)) if e != "mirrors"])
+
+    def pre_fork(self):
+        self.before = self.state_bytes()
+
     def fork(self):
         self.n += 1
         thread = f"{self.corpus.name}-{self.daemon_key}-{self.n}"
-        before = disk_bytes(self.octo.state)
         p = self.octo.open(thread, self.project)
         self.copy_deps(p)
-        return Fork(p, thread=thread, before=before)
+        return Fork(p, thread=thread, before=self.before)
 
     def new_bytes(self, fork):
-        return disk_bytes(self.octo.state) - fork.before
+        return self.state_bytes() - fork.before
 
     def remove(self, fork):
         self.octo.call("release", fork.thread, "--force", check=False)

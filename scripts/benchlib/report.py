@@ -97,7 +97,10 @@ def render(doc):
     out.append(f"`{doc['command']}` — {doc['elapsed'] / 60:.0f} min. Every figure is the median of the "
                f"runs, with min–max in brackets; ratios are against the native checkout (1.00×, lower "
                f"is better for every figure). Forks per method: {args.forks}; runs of quick figures "
-               f"{args.runs}, of slow ones {args.slow_runs}, builds {args.build_runs}.")
+               f"{args.runs}, of slow ones {args.slow_runs}, builds {args.build_runs}."
+               + (f" Only the forks and these stages ran: {', '.join(args.stages)}."
+                  if getattr(args, "stages", None) else ""))
+    out += [f"\n**Note:** {n}" for n in doc.get("notes", [])]
     out += ["", "## Machine", "", table(["", ""], [[k, v] for k, v in doc["machine"]]), ""]
     out += ["## Methods", ""]
     rows = []
@@ -118,7 +121,7 @@ def render(doc):
         out += ["", "Ratios against the native checkout:", "",
                 grid(keys, corpus, methods, args, False), "", "Absolute:", "",
                 grid(keys, corpus, methods, args, True), ""]
-    if first:
+    if first and any(first["methods"].get(m, {}).get(k) for m in methods for k in CORPUS_FREE):
         out += ["## Workloads in the tree (corpus-independent; in the first corpus's workspace)", "",
                 grid(CORPUS_FREE, first, methods, args, False), "",
                 grid(CORPUS_FREE, first, methods, args, True), ""]
