@@ -93,7 +93,8 @@ class Runner:
                       ("snapshots", lambda: self.snapshots(corpus, m, w, res, add))]
             if first_corpus:
                 stages.append(("small files and sequential I/O", lambda: self.io_figures(w, add)))
-            stages.append(("build", lambda: self.build(corpus, w, add)))
+            if not (self.args.quick and corpus.name == "real"):     # --quick: one build, not two
+                stages.append(("build", lambda: self.build(corpus, w, add)))
             for name, fn in stages:
                 if self.args.stages and name.split()[0] not in self.args.stages:
                     continue

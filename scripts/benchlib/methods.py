@@ -31,6 +31,7 @@ class Method:
         self.corpus = None
         self.dir = None
         self.n = 0
+        self.before = None         # a disk baseline taken by pre_fork, where a method needs one
 
     def prepare(self, corpus):
         self.corpus = corpus
