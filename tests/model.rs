@@ -1613,6 +1613,22 @@ impl<'b> Case<'b> {
         self.fs.as_ref().expect("loaded")
     }
 
+    /// Sends `set` to the core for the inode the model calls `id`, whose own outcome is `model`;
+    /// when both succeed, the attributes the core answers must match the model.
+    fn setattr_checked(
+        &mut self,
+        id: Id,
+        ino: u64,
+        model: Result<(), Errno>,
+        set: SetAttr,
+        what: &str,
+    ) {
+        let c = self.fs().setattr(ino, set);
+        if let Some(((), a)) = outcome(what, model, c) {
+            check_attr(&self.model, &mut self.ids, id, &a, what);
+        }
+    }
+
     fn add_ref(&mut self, ino: u64) {
         *self.refs.entry(ino).or_default() += 1;
     }
@@ -1860,16 +1876,16 @@ impl<'b> Case<'b> {
                     return;
                 };
                 let m = self.model.truncate(id, *size);
-                let c = self.fs().setattr(
+                self.setattr_checked(
+                    id,
                     ino,
+                    m,
                     SetAttr {
                         size: Some(*size),
                         ..SetAttr::default()
                     },
+                    what,
                 );
-                if let Some(((), a)) = outcome(what, m, c) {
-                    check_attr(&self.model, &mut self.ids, id, &a, what);
-                }
             }
             Op::Chmod { path, mode } => {
                 let Some((id, ino)) = self.resolve(path, what) else {
@@ -1879,16 +1895,16 @@ impl<'b> Case<'b> {
                     return; // chmod follows symlinks; lchmod is refused by the kernel
                 }
                 self.model.node_mut(id).mode = mode & 0o7777;
-                let c = self.fs().setattr(
+                self.setattr_checked(
+                    id,
                     ino,
+                    Ok(()),
                     SetAttr {
                         mode: Some(*mode),
                         ..SetAttr::default()
                     },
+                    what,
                 );
-                if let Some(((), a)) = outcome(what, Ok(()), c) {
-                    check_attr(&self.model, &mut self.ids, id, &a, what);
-                }
             }
             Op::Chown { path, uid, gid } => {
                 let Some((id, ino)) = self.resolve(path, what) else {
@@ -1897,17 +1913,17 @@ impl<'b> Case<'b> {
                 let n = self.model.node_mut(id);
                 n.uid = uid.unwrap_or(n.uid);
                 n.gid = gid.unwrap_or(n.gid);
-                let c = self.fs().setattr(
+                self.setattr_checked(
+                    id,
                     ino,
+                    Ok(()),
                     SetAttr {
                         uid: *uid,
                         gid: *gid,
                         ..SetAttr::default()
                     },
+                    what,
                 );
-                if let Some(((), a)) = outcome(what, Ok(()), c) {
-                    check_attr(&self.model, &mut self.ids, id, &a, what);
-                }
             }
             Op::SetXattr {
                 path,
@@ -2008,16 +2024,16 @@ impl<'b> Case<'b> {
                     return; // ftruncate needs a writable descriptor
                 }
                 let m = self.model.truncate(id, *size);
-                let c = self.fs().setattr(
+                self.setattr_checked(
+                    id,
                     ino,
+                    m,
                     SetAttr {
                         size: Some(*size),
                         ..SetAttr::default()
                     },
+                    what,
                 );
-                if let Some(((), a)) = outcome(what, m, c) {
-                    check_attr(&self.model, &mut self.ids, id, &a, what);
-                }
             }
             Op::HeldChmod { k, mode } => {
                 let Some(h) = self.held_at(*k) else { return };
@@ -2026,16 +2042,16 @@ impl<'b> Case<'b> {
                     tally(what, "on an unlinked inode");
                 }
                 self.model.node_mut(id).mode = mode & 0o7777;
-                let c = self.fs().setattr(
+                self.setattr_checked(
+                    id,
                     ino,
+                    Ok(()),
                     SetAttr {
                         mode: Some(*mode),
                         ..SetAttr::default()
                     },
+                    what,
                 );
-                if let Some(((), a)) = outcome(what, Ok(()), c) {
-                    check_attr(&self.model, &mut self.ids, id, &a, what);
-                }
             }
             Op::HeldSetXattr { k, name, len, seed } => {
                 let Some(h) = self.held_at(*k) else { return };
