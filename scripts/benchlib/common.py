@@ -136,15 +136,6 @@ def fmt_ratio(r):
     return f"{r:.2g}×" if r < 0.1 else (f"{r:.2f}×" if r < 100 else f"{r:.0f}×")
 
 
-def ratio_range(xs, ref):
-    """(median ratio, min ratio, max ratio) of samples xs against the reference samples' median."""
-    xs = [x for x in xs if x is not None]
-    r = med(ref)
-    if not xs or not r:
-        return None
-    return med(xs) / r, min(xs) / r, max(xs) / r
-
-
 # --- the machine ------------------------------------------------------------------------------
 
 def mounts_under(prefix):
