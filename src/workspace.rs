@@ -35,6 +35,17 @@ pub struct WorkspaceRecord {
     /// What the mirror has seen of this workspace: the state at its last snapshot (or at fork).
     #[serde(default)]
     pub saved: Option<SavedMark>,
+    /// The workspace's owner: the user who opened it. Its files are presented as this user's, and only
+    /// this user or root may act on it. Records written before owners existed belong to root.
+    #[serde(default)]
+    pub owner: Owner,
+}
+
+/// A local user (and primary group) that owns a workspace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// The workspace state the mirror has seen.

@@ -453,6 +453,10 @@ impl Daemon {
             mounted: true,
             chat: fork.chat,
             saved: None,
+            owner: crate::workspace::Owner {
+                uid: crate::sys::euid(),
+                gid: crate::sys::egid(),
+            },
         };
         rec.save(&self.layout)?;
         let made = (|| {
@@ -478,8 +482,8 @@ impl Daemon {
                     fork.index_tree,
                     fork.base_tree,
                     fork.base_time,
-                    crate::sys::euid(),
-                    crate::sys::egid(),
+                    rec.owner.uid,
+                    rec.owner.gid,
                 )?
             };
             crate::repo::seed(&core, &plan, &index, fork.base_time)?;

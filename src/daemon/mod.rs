@@ -172,8 +172,8 @@ impl Daemon {
         let tree = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
             .map_err(|e| format!("thread {}: bad base tree: {e}", rec.thread))?;
         let pres = Presentation {
-            uid: crate::sys::euid(),
-            gid: crate::sys::egid(),
+            uid: rec.owner.uid,
+            gid: rec.owner.gid,
             time: unix_time(rec.base_time),
         };
         let core = WorkspaceFs::load(
