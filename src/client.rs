@@ -53,11 +53,21 @@ fn start_daemon(layout: &Layout) -> Result<UnixStream, String> {
     {
         return Err(format!("root {} is not a directory", layout.root.display()));
     }
-    std::fs::create_dir_all(&layout.state)
+    // The daemon makes its state private at start; what is made here before it runs is already.
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(parent) = layout.state.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(crate::layout::STATE_DIR_MODE)
+        .create(&layout.state)
         .map_err(|e| format!("cannot create state dir {}: {e}", layout.state.display()))?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(crate::layout::PRIVATE_FILE_MODE)
         .open(layout.log_file())
         .map_err(|e| format!("cannot open {}: {e}", layout.log_file().display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the octofs binary: {e}"))?;

@@ -1,8 +1,22 @@
 //! Where octofs keeps things: the state directory and the mount root (DESIGN.md "State layout").
 //!
 //! Tools and tests rely on these paths; nothing else in the code builds a state path by hand.
+//!
+//! Everything under `<state>` is private to the daemon's user: directories 0700, files 0600 (blob
+//! cache files 0400), whatever the umask. Two deliberate exceptions: `<state>` itself is 0711, so
+//! that any local user can reach the control socket in it (which authenticates its callers), and the
+//! sockets keep the mode their owner gives them. Mount points live under the root, not here.
 
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+
+/// The mode of `<state>` itself: searchable by all (to reach the socket), listable by none.
+pub const STATE_DIR_MODE: u32 = 0o711;
+/// The mode of every directory under `<state>`.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// The mode of every file under `<state>` (blob cache files: 0400).
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
 
 /// The resolved state directory and mount root of one octofs installation.
 #[derive(Debug, Clone)]
@@ -67,9 +81,82 @@ impl Layout {
     pub fn blobs(&self) -> PathBuf {
         self.state.join("blobs")
     }
+    /// `<state>/credentials/<project>`: the upstream credentials of a project (`user:password`),
+    /// readable by the daemon only, never copied into a record, a mirror or a workspace.
+    pub fn credentials(&self) -> PathBuf {
+        self.state.join("credentials")
+    }
+    pub fn credential(&self, project: &str) -> PathBuf {
+        self.credentials().join(project)
+    }
     pub fn mountpoint(&self, thread: &str) -> PathBuf {
         self.root.join(thread)
     }
+}
+
+/// Creates `dir` and its missing parents with mode 0700 (whatever the umask); an existing `dir` is
+/// left as it is (see [`make_private`] for the state directory's own repair at start).
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PRIVATE_DIR_MODE)
+        .create(dir)
+}
+
+/// Creates `<state>` (mode 0711) if needed and narrows every mode under it that is wider than
+/// private: directories to 0700, files to 0600 or less (blob cache files keep 0400). Symlinks and
+/// sockets are left alone (a symlink's mode means nothing; sockets belong to their server), and so
+/// are other file systems mounted below. Returns how many modes were narrowed.
+pub fn make_private(state: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(STATE_DIR_MODE)
+        .create(state)?;
+    let top = std::fs::symlink_metadata(state)?;
+    let mut fixed = 0;
+    if top.mode() & 0o7777 != STATE_DIR_MODE {
+        std::fs::set_permissions(state, std::fs::Permissions::from_mode(STATE_DIR_MODE))?;
+        fixed += 1;
+    }
+    let mut stack = vec![state.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let path = entry?.path();
+            let Ok(m) = std::fs::symlink_metadata(&path) else {
+                continue; // gone meanwhile
+            };
+            let mode = m.mode() & 0o7777;
+            let mut want = if m.is_dir() {
+                if m.dev() != top.dev() {
+                    continue;
+                }
+                stack.push(path.clone());
+                PRIVATE_DIR_MODE
+            } else if m.is_file() {
+                // Keep what is narrower (0400 blobs, read-only git objects); drop group, other and
+                // the set-id bits.
+                mode & 0o700
+            } else {
+                continue;
+            };
+            // An ACL is a deliberate grant (mirrors' object stores, for workspace owners): its
+            // mask lives in the group bits, which stay; "other" never gets anything.
+            if mode & 0o070 != 0 && crate::sys::has_acl(&path)? {
+                want |= mode & 0o070;
+            }
+            if mode != want {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(want))?;
+                fixed += 1;
+            }
+        }
+    }
+    Ok(fixed)
 }
 
 fn xdg(var: &str, fallback: &str) -> PathBuf {

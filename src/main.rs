@@ -47,6 +47,9 @@ enum Cmd {
         /// How often the sweep timer runs
         #[arg(long, default_value = "5m", value_parser = parse_duration)]
         sweep_every: u64,
+        /// Clone and fetch give up after this long without progress (e.g. 300, 5m)
+        #[arg(long, default_value = "5m", value_parser = parse_duration, env = "OCTOFS_FETCH_TIMEOUT")]
+        fetch_timeout: u64,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -117,7 +120,14 @@ enum Cmd {
 #[derive(Subcommand)]
 enum MirrorCmd {
     /// Create a project's mirror from a git URL, a git repository path or a plain directory
-    Add { project: String, upstream: String },
+    Add {
+        project: String,
+        upstream: String,
+        /// A file holding the http(s) upstream's credentials (a token, or user:token), copied into
+        /// the daemon's private state; keeps them off the command line
+        #[arg(long, value_name = "FILE")]
+        credential_file: Option<PathBuf>,
+    },
     /// Fetch (or re-commit a directory upstream) unless synced within the freshness window
     Sync { project: String },
     /// List mirrors
@@ -181,6 +191,24 @@ fn parse_duration(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("duration {s:?} is too long"))
 }
 
+/// An upstream as the daemon must see it: a path is made absolute against the caller's working
+/// directory (the daemon's is another); a URL is sent as given. Refused up front: anything git could
+/// read as an option.
+fn resolve_upstream(upstream: &str) -> Result<String, String> {
+    if upstream.starts_with('-') {
+        // The daemon refuses it too; checked here so that it is not made a path below.
+        return octofs::git::mirror::check_upstream(upstream).map(|()| upstream.to_string());
+    }
+    if upstream.is_empty() || octofs::git::mirror::is_url(upstream) || upstream.contains("::") {
+        return Ok(upstream.to_string());
+    }
+    // Canonical when it exists; a missing path is left for the daemon to report.
+    std::fs::canonicalize(upstream)
+        .or_else(|_| std::path::absolute(upstream))
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|e| format!("upstream {upstream}: {e}"))
+}
+
 fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }
@@ -192,6 +220,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             passthrough,
             sweep_idle,
             sweep_every,
+            fetch_timeout,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -207,6 +236,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     passthrough,
                     sweep_idle,
                     sweep_every,
+                    fetch_timeout_secs: fetch_timeout,
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -220,10 +250,28 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Mirror { cmd } => match cmd {
-            MirrorCmd::Add { project, upstream } => {
+            MirrorCmd::Add {
+                project,
+                upstream,
+                credential_file,
+            } => {
                 validate(NameKind::Project, &project)?;
-                let info: MirrorInfo =
-                    parse(request(layout, Request::MirrorAdd { project, upstream })?)?;
+                let upstream = resolve_upstream(&upstream)?;
+                // Read here, as the caller: the daemon never opens a path on a caller's behalf.
+                let credential = credential_file
+                    .map(|f| {
+                        std::fs::read_to_string(&f)
+                            .map_err(|e| format!("cannot read {}: {e}", f.display()))
+                    })
+                    .transpose()?;
+                let info: MirrorInfo = parse(request(
+                    layout,
+                    Request::MirrorAdd {
+                        project,
+                        upstream,
+                        credential,
+                    },
+                )?)?;
                 println!(
                     "{} {} {}",
                     info.project.project,

@@ -2,7 +2,9 @@
 //! its workspace record and a project's description. It knows nothing of what a record holds.
 
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -68,7 +70,7 @@ impl RecordDir {
     pub fn save<T: Serialize>(&self, key: &str, record: &T) -> Result<(), String> {
         let path = self.path(key);
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
+            crate::layout::create_private_dir(dir)
                 .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
         let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
@@ -100,16 +102,25 @@ impl RecordDir {
     }
 }
 
-/// Writes `bytes` to `path` durably: temp file, fsync, rename, fsync of the directory.
+/// Writes `bytes` to `path` durably: temp file, fsync, rename, fsync of the directory. The file is
+/// private (0600) whatever the umask; two writers of one path (threads of the daemon) each use a
+/// temp file of their own, and the last rename wins.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
-        ".{}.tmp{}",
+        ".{}.tmp{}.{}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
     ));
     let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(crate::layout::PRIVATE_FILE_MODE)
+            .open(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, path)?;

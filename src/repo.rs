@@ -152,7 +152,8 @@ pub fn shared_index(
     if path.exists() {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    crate::layout::create_private_dir(&dir)
+        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let repo = gix::open(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
     let mut index = repo
         .index_from_tree(&index_tree)
@@ -221,7 +222,8 @@ pub fn shared_index(
         f.flush()?;
         f.sync_all()?;
         let mut perms = f.metadata()?.permissions();
-        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o444);
+        // Read-only, and the daemon's only: it lists every path of the project.
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o400);
         std::fs::set_permissions(&tmp, perms)?;
         std::fs::rename(&tmp, &path)
     })();

@@ -224,6 +224,45 @@ pub fn copy_file_range(
     }
 }
 
+/// `umask(mask)`: sets the process's file mode creation mask; returns the previous one.
+pub fn set_umask(mask: u32) -> u32 {
+    // SAFETY: umask cannot fail and touches no memory.
+    unsafe { libc::umask(mask as libc::mode_t) as u32 }
+}
+
+/// `kill(-pgid, SIGKILL)`: kills every process of the process group led by our child `pgid` (a
+/// child spawned with `process_group(0)`, not yet reaped, so that the id cannot have been reused).
+pub fn kill_process_group(pgid: u32) -> io::Result<()> {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    if pgid <= 1 {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: kill(2) touches no memory; a negative pid names a process group.
+    check(unsafe { libc::kill(-pgid, libc::SIGKILL) })
+}
+
+/// Whether `path` (not followed if a symlink) carries a POSIX ACL, access or default: its group
+/// mode bits are then the ACL's mask and must not be narrowed blindly.
+pub fn has_acl(path: &Path) -> io::Result<bool> {
+    let c = cpath(path)?;
+    for name in [c"system.posix_acl_access", c"system.posix_acl_default"] {
+        // SAFETY: both strings are NUL-terminated and outlive the call; a null buffer of size 0
+        // only asks for the attribute's size.
+        let r = unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+        if r >= 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENODATA) | Some(libc::ENOTSUP) => {}
+            _ => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

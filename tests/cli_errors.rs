@@ -398,3 +398,209 @@ fn mirror_list_json_lists_projects() {
     let plain = d.cli_ok(["mirror", "list"]);
     assert!(plain.contains("alpha") && plain.contains("beta"), "{plain}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 10, "Upstream and path handling"
+
+#[test]
+fn relative_upstream_is_resolved_against_the_callers_cwd() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let folder = src.path().join("sub/folder");
+    write_file(&folder.join("a.txt"), b"a\n", 0o644);
+    let d = Daemon::start();
+    // The daemon's cwd is not `src`: only the caller's cwd makes these paths name anything.
+    let out = run(
+        d.command()
+            .current_dir(src.path())
+            .args(["mirror", "add", "rel", "repo"]),
+        CMD_TIMEOUT,
+    );
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    assert_eq!(rev_parse(&d.mirror("rel"), "HEAD"), repo.head());
+    let out = run(
+        d.command().current_dir(src.path().join("sub")).args([
+            "mirror",
+            "add",
+            "dir",
+            "./folder/../folder",
+        ]),
+        CMD_TIMEOUT,
+    );
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let list = d.cli_ok(["mirror", "list"]);
+    let src_abs = src.path().canonicalize().unwrap();
+    assert!(
+        list.contains(&src_abs.join("repo").display().to_string()),
+        "the project records the absolute path: {list}"
+    );
+}
+
+/// Sends one raw request line to the daemon and returns its answer line.
+fn raw_request(d: &Daemon, line: &str) -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let mut answer = String::new();
+    BufReader::new(s).read_line(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn option_like_upstreams_never_reach_git() {
+    let d = Daemon::start();
+    let marker = d.base.join("pwned");
+    let m = marker.display().to_string();
+    let upstreams = [
+        format!("-oProxyCommand=touch {m}"),
+        format!("--upload-pack=touch {m};x@y:z"),
+        format!("--config=core.sshCommand=touch {m}"),
+        "-".to_string(),
+    ];
+    for up in &upstreams {
+        assert_refused(&d, &["mirror", "add", "--", "q", up], Some("'-'"));
+        // A client that does not check: the daemon refuses too.
+        let req = serde_json::json!({"cmd": "mirror-add", "project": "q", "upstream": up});
+        let before = tree_listing(&d.state);
+        let answer = raw_request(&d, &req.to_string());
+        assert!(
+            answer.contains("\"ok\":false") && answer.contains("'-'"),
+            "{up}: {answer}"
+        );
+        assert_same_listing(
+            "state after a raw refused add",
+            &before,
+            &tree_listing(&d.state),
+        );
+    }
+    assert!(!marker.exists(), "an upstream ran a command");
+}
+
+#[test]
+fn remote_helpers_and_other_transports_are_refused_fast() {
+    let d = Daemon::start();
+    let marker = d.base.join("pwned");
+    let m = marker.display().to_string();
+    for up in [
+        "fd::17".to_string(),
+        "fd::0@x".to_string(),
+        format!("ext::sh -c touch% {m}"),
+        format!("ext::sh -c touch% {m}@x:y"),
+        "foo::bar://x".to_string(),
+        "ftp://127.0.0.1/x.git".to_string(),
+    ] {
+        let t = std::time::Instant::now();
+        let line = assert_refused(&d, &["mirror", "add", "q", &up], None);
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{up}: {:?}",
+            t.elapsed()
+        );
+        assert!(
+            line.contains("not allowed") || line.contains("remote helper"),
+            "{up}: {line}"
+        );
+    }
+    assert!(!marker.exists(), "an upstream ran a command");
+}
+
+/// A TCP listener on 127.0.0.1 that accepts connections and never answers, for at most 60 s.
+struct StalledServer {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl StalledServer {
+    fn start() -> StalledServer {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !s.load(Ordering::Relaxed) && std::time::Instant::now() < deadline {
+                if let Ok((c, _)) = listener.accept() {
+                    held.push(c);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        StalledServer {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for StalledServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_stalled_upstream_times_out_and_leaves_nothing() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--fetch-timeout", "3"]);
+    let server = StalledServer::start();
+    for up in [
+        format!("git://127.0.0.1:{}/x.git", server.port),
+        format!("http://127.0.0.1:{}/x.git", server.port),
+    ] {
+        let t = std::time::Instant::now();
+        let line = assert_refused(&d, &["mirror", "add", "q", &up], Some("no progress"));
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "{up}: took {:?}: {line}",
+            t.elapsed()
+        );
+    }
+    // A sync from an upstream that stalls: a warning within the timeout, the mirror as it was.
+    d.cli_ok(["mirror", "add", "q", &repo.path.display().to_string()]);
+    let before = tree_listing(&d.mirror("q"));
+    git(
+        &d.mirror("q"),
+        [
+            "remote",
+            "set-url",
+            "origin",
+            &format!("git://127.0.0.1:{}/x.git", server.port),
+        ],
+    );
+    let t = std::time::Instant::now();
+    let out = d.cli(["mirror", "sync", "q"]);
+    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
+    assert!(
+        out.stdout_str().contains("stale") && out.stderr_str().contains("no progress"),
+        "{}",
+        out.describe()
+    );
+    git(
+        &d.mirror("q"),
+        [
+            "remote",
+            "set-url",
+            "origin",
+            &repo.path.display().to_string(),
+        ],
+    );
+    let mut after = tree_listing(&d.mirror("q"));
+    // FETCH_HEAD and the config's own churn aside, nothing changed.
+    after.retain(|k, _| !k.ends_with("FETCH_HEAD"));
+    let mut before = before;
+    before.retain(|k, _| !k.ends_with("FETCH_HEAD"));
+    assert_same_listing("mirror after a stalled sync", &before, &after);
+    // The project's lock is free again.
+    d.cli_ok(["mirror", "sync", "q"]);
+}

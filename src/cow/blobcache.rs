@@ -1,6 +1,7 @@
 //! The content-addressed, read-only blob cache shared by every workspace of the host.
 //!
-//! A blob that is opened is written once to `<state>/blobs/<2 hex>/<38 hex>` (mode 0444) and served
+//! A blob that is opened is written once to `<state>/blobs/<2 hex>/<38 hex>` (mode 0400, in 0700
+//! directories: the cache holds every project's files, so only the daemon may read it) and served
 //! from there to every workspace of every mirror: N workspaces reading one file share one copy on disk
 //! and one in the page cache. Files appear by rename from `<state>/blobs/tmp/`, so a cache file that
 //! exists is complete; one whose size disagrees with the object header (a torn write after a power loss)
@@ -34,9 +35,12 @@ pub struct BlobCache {
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Read-only for the daemon, nothing for anyone else.
+const BLOB_MODE: u32 = 0o400;
+
 impl BlobCache {
     pub fn new(dir: &Path) -> io::Result<BlobCache> {
-        std::fs::create_dir_all(dir.join("tmp"))?;
+        crate::layout::create_private_dir(&dir.join("tmp"))?;
         Ok(BlobCache {
             dir: dir.to_path_buf(),
             stats: CacheStats::default(),
@@ -74,12 +78,12 @@ impl BlobCache {
             let mut f = OpenOptions::new()
                 .write(true)
                 .create_new(true)
-                .mode(0o444)
+                .mode(BLOB_MODE)
                 .open(&tmp)?;
             f.write_all(&data)?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o444))?;
+            f.set_permissions(std::fs::Permissions::from_mode(BLOB_MODE))?;
             if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)?;
+                crate::layout::create_private_dir(parent)?;
             }
             std::fs::rename(&tmp, path)
         })();

@@ -212,7 +212,7 @@ impl Catalog {
     /// previous run stopped cleanly. The clean marker is removed: until [`Catalog::close_clean`], a
     /// stop is unclean.
     pub fn open(dir: &Path) -> io::Result<(Catalog, CatalogState, bool)> {
-        std::fs::create_dir_all(dir)?;
+        crate::layout::create_private_dir(dir)?;
         let mut state = match std::fs::read(dir.join(SNAP)) {
             Ok(b) => serde_json::from_slice::<CatalogState>(&b)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{SNAP}: {e}")))?,
@@ -248,11 +248,13 @@ impl Catalog {
                 }
             }
         }
+        use std::os::unix::fs::OpenOptionsExt;
         let log = OpenOptions::new()
             .create(true)
             .read(true)
             .write(true)
             .truncate(false)
+            .mode(0o600)
             .open(&log_path)?;
         if log.metadata()?.len() != good_len {
             log.set_len(good_len)?;

@@ -28,7 +28,7 @@ pub fn system_time(t: Ts) -> std::time::SystemTime {
 
 impl Upper {
     pub fn open(dir: &Path) -> io::Result<Upper> {
-        std::fs::create_dir_all(dir.join("data"))?;
+        crate::layout::create_private_dir(&dir.join("data"))?;
         Ok(Upper {
             dir: dir.to_path_buf(),
         })
@@ -88,7 +88,12 @@ impl Upper {
         // an earlier time than the answer and everything written after it a time at least as late.
         let p = self.dir.join("clock");
         let touch = || -> io::Result<Ts> {
-            std::fs::write(&p, b"")?;
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&p)?;
             let m = std::fs::metadata(&p)?;
             Ok(Ts(m.ctime(), m.ctime_nsec() as u32))
         };
@@ -139,13 +144,14 @@ impl Upper {
     /// Moves the data file of `ino` into `<upper>/quarantine/` and records why.
     pub fn quarantine(&self, ino: u64, why: &str) -> io::Result<PathBuf> {
         let q = self.dir.join("quarantine");
-        std::fs::create_dir_all(&q)?;
+        crate::layout::create_private_dir(&q)?;
         let dest = q.join(format!("{ino:016x}"));
         std::fs::rename(self.data_path(ino), &dest)?;
         use std::io::Write;
         let mut notes = OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(q.join("README"))?;
         writeln!(notes, "{ino:016x}: {why}")?;
         Ok(dest)

@@ -38,6 +38,8 @@ pub struct Settings {
     /// seconds; 0 turns the timer off.
     pub sweep_idle: u64,
     pub sweep_every: u64,
+    /// Clone and fetch give up after this many seconds without progress.
+    pub fetch_timeout_secs: u64,
 }
 
 struct Mounted {
@@ -91,7 +93,11 @@ impl Daemon {
     fn handle(&self, req: Request) -> Response {
         let r = match req {
             Request::Ping => Ok((json!("pong"), vec![])),
-            Request::MirrorAdd { project, upstream } => self.mirror_add(&project, &upstream),
+            Request::MirrorAdd {
+                project,
+                upstream,
+                credential,
+            } => self.mirror_add(&project, &upstream, credential.as_deref()),
             Request::MirrorSync { project } => self.mirror_sync(&project),
             Request::MirrorList => mirror::list(&self.layout).map(|l| (json!(l), vec![])),
             Request::Open {
@@ -132,11 +138,11 @@ impl Daemon {
         Ok(s)
     }
 
-    fn mirror_add(&self, project: &str, upstream: &str) -> Reply {
+    fn mirror_add(&self, project: &str, upstream: &str, credential: Option<&str>) -> Reply {
         validate(NameKind::Project, project)?;
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
-        let info = mirror::add(&self.layout, project, upstream)?;
+        let info = mirror::add(&self.layout, project, upstream, credential)?;
         Ok((json!(info), vec![]))
     }
 
@@ -429,18 +435,27 @@ fn clear_stale_mounts(root: &Path) {
 
 /// Runs the daemon in the foreground until `stop`, SIGTERM or SIGINT.
 pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
     crate::sys::fix_malloc_mmap_threshold();
+    // Everything the daemon (and git under it) creates is private, whatever umask it was started
+    // with; modes are also set explicitly where files are made (layout.rs: "State modes").
+    crate::sys::set_umask(0o077);
     if let Ok(m) = std::fs::metadata(&layout.root)
         && !m.is_dir()
     {
         bail!("root {} is not a directory", layout.root.display());
     }
-    std::fs::create_dir_all(&layout.state)
-        .with_context(|| format!("cannot create state dir {}", layout.state.display()))?;
+    crate::layout::make_private(&layout.state).with_context(|| {
+        format!(
+            "cannot create or make private the state dir {}",
+            layout.state.display()
+        )
+    })?;
     let lock_file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(crate::layout::PRIVATE_FILE_MODE)
         .open(layout.daemon_lock())
         .with_context(|| format!("cannot open {}", layout.daemon_lock().display()))?;
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -464,6 +479,16 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     std::fs::create_dir_all(&layout.root)
         .with_context(|| format!("cannot create root {}", layout.root.display()))?;
     clear_stale_mounts(&layout.root);
+    mirror::set_fetch_timeout(settings.fetch_timeout_secs);
+    // Made once here, so that a refused or failed `mirror add` leaves the state as it found it.
+    for dir in [layout.mirrors(), layout.projects()] {
+        crate::layout::create_private_dir(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    // Loading every project moves credentials out of records written by an older octofs.
+    if let Err(e) = mirror::list(&layout) {
+        tracing::error!("cannot load the projects: {e}");
+    }
 
     let daemon = Arc::new(Daemon::new(layout.clone(), settings)?);
     daemon.remount_all();

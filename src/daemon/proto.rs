@@ -10,6 +10,9 @@ pub enum Request {
     MirrorAdd {
         project: String,
         upstream: String,
+        /// The content of the caller's credential file (read by the CLI, as the caller).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credential: Option<String>,
     },
     MirrorSync {
         project: String,
