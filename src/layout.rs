@@ -103,10 +103,16 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
+/// Written once every mode under `<state>` was made private: later starts check only the top level
+/// (a daemon creates everything private, so only a state from an older octofs needs the walk, which
+/// costs a stat per file of every mirror and of the blob cache).
+const PRIVATE_MARKER: &str = "private-modes";
+
 /// Creates `<state>` (mode 0711) if needed and narrows every mode under it that is wider than
 /// private: directories to 0700, files to 0600 or less (blob cache files keep 0400). Symlinks and
 /// sockets are left alone (a symlink's mode means nothing; sockets belong to their server), and so
-/// are other file systems mounted below. Returns how many modes were narrowed.
+/// are other file systems mounted below. Once done, later calls only check `<state>` and what is
+/// directly in it. Returns how many modes were narrowed.
 pub fn make_private(state: &Path) -> io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
     std::fs::DirBuilder::new()
@@ -119,6 +125,8 @@ pub fn make_private(state: &Path) -> io::Result<u64> {
         std::fs::set_permissions(state, std::fs::Permissions::from_mode(STATE_DIR_MODE))?;
         fixed += 1;
     }
+    let marker = state.join(PRIVATE_MARKER);
+    let whole = !marker.exists();
     let mut stack = vec![state.to_path_buf()];
     while let Some(dir) = stack.pop() {
         let entries = match std::fs::read_dir(&dir) {
@@ -136,7 +144,9 @@ pub fn make_private(state: &Path) -> io::Result<u64> {
                 if m.dev() != top.dev() {
                     continue;
                 }
-                stack.push(path.clone());
+                if whole {
+                    stack.push(path.clone());
+                }
                 PRIVATE_DIR_MODE
             } else if m.is_file() {
                 // Keep what is narrower (0400 blobs, read-only git objects); drop group, other and
@@ -155,6 +165,12 @@ pub fn make_private(state: &Path) -> io::Result<u64> {
                 fixed += 1;
             }
         }
+    }
+    if whole {
+        crate::records::write_atomic(
+            &marker,
+            b"every mode under this directory was made private once\n",
+        )?;
     }
     Ok(fixed)
 }

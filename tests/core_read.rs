@@ -259,6 +259,6 @@ fn opening_reads_content_once_into_the_shared_cache() {
     assert_eq!(meta.len(), 300_000);
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
-        0o444
+        0o400
     );
 }

@@ -340,6 +340,41 @@ fn walk(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
     out
 }
 
+/// Modes: 0700 dirs, 0600 files (0400 blobs), `<state>` itself 0711; the control socket is left
+/// out (another part of the daemon decides its mode).
+#[track_caller]
+fn assert_private(state: &Path) {
+    let mut wide = Vec::new();
+    let mut blobs = 0;
+    for (p, m) in walk(&state) {
+        let mode = m.mode() & 0o7777;
+        let ft = m.file_type();
+        use std::os::unix::fs::FileTypeExt;
+        if p == state {
+            if mode != 0o711 {
+                wide.push(format!("{} {mode:o} (want 711)", p.display()));
+            }
+        } else if ft.is_socket() || ft.is_symlink() {
+        } else if p.starts_with(state.join("blobs"))
+            && ft.is_file()
+            && !p.starts_with(state.join("blobs/tmp"))
+        {
+            blobs += 1;
+            if mode != 0o400 {
+                wide.push(format!("{} {mode:o} (a blob: want 400)", p.display()));
+            }
+        } else if mode & 0o077 != 0 {
+            wide.push(format!("{} {mode:o}", p.display()));
+        }
+    }
+    assert!(blobs > 0, "no blob was materialized");
+    assert!(
+        wide.is_empty(),
+        "state wider than private:\n{}",
+        wide.join("\n")
+    );
+}
+
 #[test]
 fn state_is_private_whatever_the_umask() {
     umask_000();
@@ -378,37 +413,7 @@ fn state_is_private_whatever_the_umask() {
     });
     d.cli_ok(["snapshot", "w"]);
 
-    // Modes: 0700 dirs, 0600 files (0400 blobs), `<state>` itself 0711 and the control socket
-    // (another part of the daemon decides its mode).
-    let mut wide = Vec::new();
-    let mut blobs = 0;
-    for (p, m) in walk(&d.state) {
-        let mode = m.mode() & 0o7777;
-        let ft = m.file_type();
-        use std::os::unix::fs::FileTypeExt;
-        if p == d.state {
-            if mode != 0o711 {
-                wide.push(format!("{} {mode:o} (want 711)", p.display()));
-            }
-        } else if ft.is_socket() || ft.is_symlink() {
-        } else if p.starts_with(d.state.join("blobs"))
-            && ft.is_file()
-            && !p.starts_with(d.state.join("blobs/tmp"))
-        {
-            blobs += 1;
-            if mode != 0o400 {
-                wide.push(format!("{} {mode:o} (a blob: want 400)", p.display()));
-            }
-        } else if mode & 0o077 != 0 {
-            wide.push(format!("{} {mode:o}", p.display()));
-        }
-    }
-    assert!(blobs > 0, "no blob was materialized");
-    assert!(
-        wide.is_empty(),
-        "state wider than private:\n{}",
-        wide.join("\n")
-    );
+    assert_private(&d.state);
 
     // A second local user reads nothing: blobs, catalogs, upper data, records, mirror config and
     // objects, the log. Run as that user: one line per path it could open or list.
@@ -457,5 +462,24 @@ fn state_is_private_whatever_the_umask() {
         out.stdout_str()
     );
     d.cli_ok(["release", "w"]);
+    d.stop();
+
+    // A state left by an older octofs (world-readable modes): made private at the next start.
+    let widen =
+        |p: PathBuf, mode: u32| fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    widen(d.state.clone(), 0o755);
+    widen(d.state.join("projects"), 0o755);
+    widen(d.state.join("projects/proj.json"), 0o644);
+    widen(d.mirror("proj").join(".git"), 0o755);
+    widen(d.mirror("proj").join(".git/config"), 0o644);
+    let blob = walk(&d.state.join("blobs"))
+        .into_iter()
+        .find(|(p, m)| m.is_file() && !p.starts_with(d.state.join("blobs/tmp")))
+        .unwrap()
+        .0;
+    widen(blob, 0o444);
+    fs::remove_file(d.state.join("private-modes")).unwrap();
+    d.spawn();
+    assert_private(&d.state);
     d.stop();
 }

@@ -236,20 +236,19 @@ pub fn add(
         return Err(format!("project {project:?} already exists"));
     }
     check_upstream(upstream)?;
-    let (upstream, credential) = match split_credentials(upstream)? {
-        (_, Some(_)) if credential.is_some() => {
-            return Err(format!(
-                "upstream {} carries credentials and a credential file was given: use one",
-                redact(upstream)
-            ));
-        }
-        (clean, Some(cred)) => (clean, Some(cred)),
-        (clean, None) => match credential {
-            Some(c) => {
-                let c = credential_from_file(&clean, c)?;
-                (redact_url(&clean), Some(c))
+    let (upstream, url_credential) = split_credentials(upstream)?;
+    let credential = match (url_credential, credential) {
+        (None, None) => None,
+        (Some(c), None) => Some(c),
+        (None, Some(file)) => Some(credential_from_file(None, file)?),
+        // `https://user@host/…` plus a file holding the token.
+        (Some(c), Some(file)) => match c.strip_suffix(':') {
+            Some(user) if !user.contains(':') => Some(credential_from_file(Some(user), file)?),
+            _ => {
+                return Err(format!(
+                    "upstream {upstream} carries a password and a credential file was given: use one"
+                ));
             }
-            None => (clean, None),
         },
     };
     let (kind, upstream) = classify(&upstream)?;
@@ -609,9 +608,9 @@ fn split_credentials(upstream: &str) -> Result<(String, Option<String>), String>
 /// expects, and any name does for GitLab and most servers.
 const TOKEN_USER: &str = "x-access-token";
 
-/// The credentials of a credential file (`user:token`, or a bare token sent as the URL's user, or
-/// as [`TOKEN_USER`]), for the upstream `url`.
-fn credential_from_file(url: &str, content: &str) -> Result<String, String> {
+/// The credentials of a credential file: `user:token`, or a bare token sent as `user` (the URL's),
+/// else as [`TOKEN_USER`].
+fn credential_from_file(user: Option<&str>, content: &str) -> Result<String, String> {
     let c = content.trim_end_matches(['\n', '\r']);
     if c.is_empty() {
         return Err("the credential file is empty".into());
@@ -622,10 +621,7 @@ fn credential_from_file(url: &str, content: &str) -> Result<String, String> {
     if c.contains(':') {
         return Ok(c.to_string());
     }
-    let user = userinfo(url)
-        .map(|(_, info, _)| percent_decode(info))
-        .unwrap_or_else(|| TOKEN_USER.to_string());
-    Ok(format!("{user}:{c}"))
+    Ok(format!("{}:{c}", user.unwrap_or(TOKEN_USER)))
 }
 
 fn save_credential(layout: &Layout, project: &str, credential: &str) -> Result<(), String> {
@@ -854,13 +850,14 @@ mod tests {
         );
         assert!(split_credentials("ssh://git:pw@h/x").is_err());
         assert_eq!(
-            credential_from_file("https://oauth2@h/x", "tok\n").unwrap(),
+            credential_from_file(Some("oauth2"), "tok\n").unwrap(),
             "oauth2:tok"
         );
         assert_eq!(
-            credential_from_file("https://h/x", "tok").unwrap(),
+            credential_from_file(None, "tok").unwrap(),
             "x-access-token:tok"
         );
+        assert_eq!(credential_from_file(Some("u"), "v:tok").unwrap(), "v:tok");
     }
 
     #[test]
