@@ -346,7 +346,7 @@ fn walk(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
 fn assert_private(state: &Path) {
     let mut wide = Vec::new();
     let mut blobs = 0;
-    for (p, m) in walk(&state) {
+    for (p, m) in walk(state) {
         let mode = m.mode() & 0o7777;
         let ft = m.file_type();
         use std::os::unix::fs::FileTypeExt;
