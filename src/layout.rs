@@ -103,6 +103,35 @@ pub fn create_private_dir(dir: &Path) -> io::Result<()> {
         .create(dir)
 }
 
+/// Creates `dir` and its missing parents with mode 0755 whatever the umask (the daemon's is 077),
+/// for directories that are not state: the mount root. Existing directories are left as they are.
+pub fn create_public_dir(dir: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut p = dir;
+    while std::fs::symlink_metadata(p).is_err() {
+        missing.push(p.to_path_buf());
+        match p.parent() {
+            Some(parent) => p = parent,
+            None => break,
+        }
+    }
+    for d in missing.iter().rev() {
+        match std::fs::create_dir(d) {
+            Ok(()) => std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    // A path that exists but is no directory is reported as such.
+    if !std::fs::metadata(dir)?.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            "exists and is not a directory",
+        ));
+    }
+    Ok(())
+}
+
 /// Written once every mode under `<state>` was made private: later starts check only the top level
 /// (a daemon creates everything private, so only a state from an older octofs needs the walk, which
 /// costs a stat per file of every mirror and of the blob cache).
@@ -115,6 +144,10 @@ const PRIVATE_MARKER: &str = "private-modes";
 /// directly in it. Returns how many modes were narrowed.
 pub fn make_private(state: &Path) -> io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
+    // Its parents must stay reachable (the control socket is in it): not made private.
+    if let Some(parent) = state.parent() {
+        create_public_dir(parent)?;
+    }
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(STATE_DIR_MODE)

@@ -476,7 +476,8 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
             }
         }
     }
-    std::fs::create_dir_all(&layout.root)
+    // Not state: every workspace owner must reach its mount point under it.
+    crate::layout::create_public_dir(&layout.root)
         .with_context(|| format!("cannot create root {}", layout.root.display()))?;
     clear_stale_mounts(&layout.root);
     mirror::set_fetch_timeout(settings.fetch_timeout_secs);
