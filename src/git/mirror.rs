@@ -34,6 +34,25 @@ pub struct Project {
     pub default_branch: String,
     /// Unix seconds of the last successful sync (or of the add).
     pub last_sync: u64,
+    /// Who may bind the project (open a thread of it).
+    #[serde(default, skip_serializing_if = "Access::is_open")]
+    pub access: Access,
+}
+
+/// Who may bind a project: these users and the members of these groups; both lists empty means any
+/// local user.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Access {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
+}
+
+impl Access {
+    pub fn is_open(&self) -> bool {
+        self.users.is_empty() && self.groups.is_empty()
+    }
 }
 
 /// One row of `mirror list`.
@@ -87,6 +106,14 @@ fn save(layout: &Layout, p: &Project) -> Result<(), String> {
     store(layout).save(&p.project, p)
 }
 
+/// Replaces who may bind `project`. The caller holds the project's lock.
+pub fn set_access(layout: &Layout, project: &str, access: Access) -> Result<Project, String> {
+    let mut p = require(layout, project)?;
+    p.access = access;
+    save(layout, &p)?;
+    Ok(p)
+}
+
 /// Decides what kind of upstream `upstream` names, without creating anything.
 pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), String> {
     if upstream.is_empty() {
@@ -127,7 +154,12 @@ pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), String> {
 }
 
 /// Creates the mirror of `project` from `upstream`. The caller holds the project's lock.
-pub fn add(layout: &Layout, project: &str, upstream: &str) -> Result<MirrorInfo, String> {
+pub fn add(
+    layout: &Layout,
+    project: &str,
+    upstream: &str,
+    access: Access,
+) -> Result<MirrorInfo, String> {
     if load(layout, project)?.is_some() || layout.mirror(project).exists() {
         return Err(format!("project {project:?} already exists"));
     }
@@ -159,6 +191,7 @@ pub fn add(layout: &Layout, project: &str, upstream: &str) -> Result<MirrorInfo,
         kind,
         default_branch,
         last_sync: now(),
+        access,
     };
     if let Err(e) = save(layout, &p) {
         let _ = std::fs::remove_dir_all(&dest);
