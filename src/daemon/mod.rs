@@ -26,6 +26,7 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::access::{Caller, describe_uid};
 use crate::cow::blobcache::BlobCache;
 use crate::fs::core::{Presentation, WorkspaceFs, unix_time};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
@@ -33,9 +34,8 @@ use crate::git::mirror;
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::names::{NameKind, validate};
-use crate::workspace::WorkspaceRecord;
-use crate::access::{Caller, describe_uid};
 use crate::workspace::Owner;
+use crate::workspace::WorkspaceRecord;
 use proto::{Access, Request, Response, WorkspaceStatus};
 
 /// Blocking threads for requests that may take time (clone, sync, open, snapshot, list, ...).
@@ -95,7 +95,9 @@ type Reply = Result<(serde_json::Value, Vec<String>), String>;
 
 /// Whether `c` is among who may bind a project (an open project: anyone).
 fn may_bind(c: &Caller, access: &Access) -> bool {
-    access.is_open() || access.users.contains(&c.uid) || access.groups.iter().any(|g| c.in_group(*g))
+    access.is_open()
+        || access.users.contains(&c.uid)
+        || access.groups.iter().any(|g| c.in_group(*g))
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
