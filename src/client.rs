@@ -22,10 +22,16 @@ pub fn call(layout: &Layout, req: &Request, autostart: bool) -> Result<Response,
         // Only when no daemon listens: a socket the caller may not reach is not a reason to start
         // a second daemon (which could not take the state directory anyway).
         Err(e) if autostart && no_daemon(&e) => start_daemon(layout)?,
-        Err(e) => {
+        Err(e) if no_daemon(&e) => {
             return Err(format!(
                 "no octofs daemon is running for {} ({e})",
                 layout.state.display()
+            ));
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot reach the octofs daemon at {}: {e}",
+                layout.socket().display()
             ));
         }
     };
