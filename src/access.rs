@@ -150,10 +150,29 @@ fn grant(path: &Path, mode: u32, uid: u32, perm: u16, default: bool) -> io::Resu
     Ok(())
 }
 
+/// Whether both ACLs of `dir` already give `uid` read and search effectively. A chmod of `dir`
+/// (which narrows the access ACL's mask) makes this false, so it also tells whether something
+/// changed modes below it.
+fn inherits(dir: &Path, uid: u32) -> io::Result<bool> {
+    for name in [ACCESS, DEFAULT] {
+        let granted = crate::sys::get_xattr(dir, name)?
+            .and_then(|b| decode(&b))
+            .is_some_and(|acl| with_user(acl, uid, R | X).is_none());
+        if !granted {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Lets user `uid` read the objects of the mirror at `mirror` (inside `mirrors`): search on
 /// `mirrors`, `mirror` and `mirror/.git`; read and search on `.git/objects` and everything below
 /// it, with default ACLs on its directories. Idempotent: entries already there are not rewritten.
-pub fn grant_objects(mirrors: &Path, mirror: &Path, uid: u32) -> io::Result<()> {
+///
+/// Once `.git/objects` carries the default entry, everything written below it since inherits it,
+/// so the walk over every object file is skipped unless `recheck` (after a restart, when modes may
+/// have been changed while the daemon was away): an open stays O(1) in the mirror's size.
+pub fn grant_objects(mirrors: &Path, mirror: &Path, uid: u32, recheck: bool) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let git = mirror.join(".git");
     for dir in [mirrors, mirror, git.as_path()] {
@@ -166,7 +185,11 @@ pub fn grant_objects(mirrors: &Path, mirror: &Path, uid: u32) -> io::Result<()> 
         }
         grant(dir, m.mode(), uid, X, false)?;
     }
-    let mut stack = vec![git.join("objects")];
+    let objects = git.join("objects");
+    if !recheck && inherits(&objects, uid)? {
+        return Ok(());
+    }
+    let mut stack = vec![objects];
     while let Some(dir) = stack.pop() {
         let m = std::fs::symlink_metadata(&dir)?;
         grant(&dir, m.mode(), uid, R | X, true)?;

@@ -115,6 +115,12 @@ fn open_the_way(d: &Daemon) {
 /// Takes every permission of group and others off everything in `<state>` but the socket (as a
 /// daemon with private state keeps it), leaving `<state>` itself searchable.
 fn make_state_private(d: &Daemon) {
+    make_private(&d.state, &d.socket());
+    fs_chmod(&d.state, 0o711);
+}
+
+/// `chmod -R go-rwx dir`, sparing `sock`.
+fn make_private(dir: &Path, sock: &Path) {
     fn walk(p: &Path, sock: &Path) {
         let m = std::fs::symlink_metadata(p).expect("stat");
         if m.file_type().is_symlink() || p == sock {
@@ -127,8 +133,7 @@ fn make_state_private(d: &Daemon) {
             }
         }
     }
-    walk(&d.state, &d.socket());
-    fs_chmod(&d.state, 0o711);
+    walk(dir, sock);
 }
 
 fn fs_chmod(p: &Path, mode: u32) {
@@ -288,6 +293,15 @@ fn owner_works_in_own_workspace_with_git_and_fsmonitor() {
         &["cat-file", "-p", &format!("{root_snap}:a.txt")],
     );
     assert_eq!(cat.stdout_str(), "root's change\n", "{}", cat.describe());
+    // Modes tightened under the mirror (chmod narrows every ACL's mask): the next open grants
+    // again.
+    make_private(&d.state.join("mirrors"), &d.socket());
+    let out = cli_as(&d, a, &["open", "t2", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    for m in [mount.clone(), d.mount("t2")] {
+        let log = git_as(a, &m, &["log", "-1", "--format=%s", "HEAD~1"]);
+        assert!(log.success(), "{}", log.describe());
+    }
 }
 
 #[test]

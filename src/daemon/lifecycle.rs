@@ -351,7 +351,7 @@ impl Daemon {
                 let _ = before.save(&self.layout);
                 return Err(e);
             }
-            let warnings = self.grant_owner(&rec.project, rec.owner);
+            let warnings = self.grant_owner(&rec.project, rec.owner, false);
             return Ok((path, warnings.into_iter().collect()));
         }
         self.check_root()?;
@@ -423,7 +423,7 @@ impl Daemon {
                 return Err(e);
             }
         }
-        let warnings = self.grant_owner(&forked_project, owner);
+        let warnings = self.grant_owner(&forked_project, owner, false);
         Ok((path, warnings.into_iter().collect()))
     }
 

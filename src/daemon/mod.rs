@@ -240,14 +240,14 @@ impl Daemon {
     }
 
     /// Lets a workspace's owner read the objects of its project's mirror (its `.git`'s alternates
-    /// point there, and the daemon's state is private). A failure is a warning: the workspace
-    /// works, but git in it may not find the project's history.
-    fn grant_owner(&self, project: &str, owner: Owner) -> Option<String> {
+    /// point there, and the daemon's state is private); `recheck` walks every object file again.
+    /// A failure is a warning: the workspace works, but git in it may not find the history.
+    fn grant_owner(&self, project: &str, owner: Owner, recheck: bool) -> Option<String> {
         if owner.uid == 0 || owner.uid == crate::sys::euid() {
             return None;
         }
         let mirror = self.layout.mirror(project);
-        match crate::access::grant_objects(&self.layout.mirrors(), &mirror, owner.uid) {
+        match crate::access::grant_objects(&self.layout.mirrors(), &mirror, owner.uid, recheck) {
             Ok(()) => None,
             Err(e) => {
                 let w = format!(
@@ -556,7 +556,7 @@ impl Daemon {
             }
             // Whatever changed the mirror's modes while the daemon was away, the owner keeps
             // reading its objects (a failure is logged).
-            self.grant_owner(&rec.project, rec.owner);
+            self.grant_owner(&rec.project, rec.owner, true);
         }
     }
 
