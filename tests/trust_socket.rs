@@ -65,11 +65,21 @@ fn user_b() -> User {
 
 /// `cmd` with its arguments, run as `u` (no supplementary groups) with a neutral environment.
 fn as_user(u: User, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    as_user_in(u, &[], program)
+}
+
+/// [`as_user`] with the supplementary groups `groups`.
+fn as_user_in(u: User, groups: &[u32], program: impl AsRef<std::ffi::OsStr>) -> Command {
     let mut c = Command::new("setpriv");
     c.arg(format!("--reuid={}", u.uid))
-        .arg(format!("--regid={}", u.gid))
-        .arg("--clear-groups")
-        .arg("--")
+        .arg(format!("--regid={}", u.gid));
+    if groups.is_empty() {
+        c.arg("--clear-groups");
+    } else {
+        let list: Vec<String> = groups.iter().map(u32::to_string).collect();
+        c.arg(format!("--groups={}", list.join(",")));
+    }
+    c.arg("--")
         .arg(program)
         .env("HOME", "/nonexistent")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
@@ -87,7 +97,12 @@ fn as_user(u: User, program: impl AsRef<std::ffi::OsStr>) -> Command {
 
 /// The octofs CLI as `u`.
 fn cli_as(d: &Daemon, u: User, args: &[&str]) -> Out {
-    let mut c = as_user(u, bin());
+    cli_as_in(d, u, &[], args)
+}
+
+/// The octofs CLI as `u` with the supplementary groups `groups`.
+fn cli_as_in(d: &Daemon, u: User, groups: &[u32], args: &[&str]) -> Out {
+    let mut c = as_user_in(u, groups, bin());
     c.arg("--state")
         .arg(&d.state)
         .arg("--root")
@@ -391,6 +406,15 @@ fn a_project_restricts_who_binds_it() {
     assert!(ok.success(), "{}\n{}", ok.describe(), d.log_tail());
     cli_as(&d, b, &["release", "tb"]).assert_ok();
     cli_as(&d, a, &["release", "ta"]).assert_ok();
+    // A group counts as the caller's supplementary group too (the kernel's record of the peer).
+    project(&d, "q", &["--allow-group", &a.gid.to_string()]);
+    assert_denied(
+        &cli_as(&d, b, &["open", "tq", "--project", "q"]),
+        &["project q"],
+    );
+    let ok = cli_as_in(&d, b, &[a.gid], &["open", "tq", "--project", "q"]);
+    assert!(ok.success(), "{}\n{}", ok.describe(), d.log_tail());
+    cli_as(&d, b, &["release", "tq"]).assert_ok();
 }
 
 #[test]

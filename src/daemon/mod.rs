@@ -34,8 +34,7 @@ use crate::git::mirror;
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::names::{NameKind, validate};
-use crate::workspace::Owner;
-use crate::workspace::WorkspaceRecord;
+use crate::workspace::{Owner, WorkspaceRecord};
 use proto::{Access, Request, Response, WorkspaceStatus};
 
 /// Blocking threads for requests that may take time (clone, sync, open, snapshot, list, ...).
