@@ -4,7 +4,8 @@
 //!
 //! Policy only: the mechanisms are the filesystem core (the view of what changed), `git::snapshot`
 //! (objects and refs in the mirror), `repo` (the workspace's `.git`) and the records of
-//! `workspace`. Every operation on a thread holds that thread's lock.
+//! `workspace`. Every operation on a thread holds that thread's lock, and under it refuses a caller
+//! who neither owns the thread nor is root.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
