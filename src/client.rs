@@ -19,15 +19,31 @@ fn connect(layout: &Layout) -> std::io::Result<UnixStream> {
 pub fn call(layout: &Layout, req: &Request, autostart: bool) -> Result<Response, String> {
     let stream = match connect(layout) {
         Ok(s) => s,
-        Err(_) if autostart => start_daemon(layout)?,
-        Err(e) => {
+        // Only when no daemon listens: a socket the caller may not reach is not a reason to start
+        // a second daemon (which could not take the state directory anyway).
+        Err(e) if autostart && no_daemon(&e) => start_daemon(layout)?,
+        Err(e) if no_daemon(&e) => {
             return Err(format!(
                 "no octofs daemon is running for {} ({e})",
                 layout.state.display()
             ));
         }
+        Err(e) => {
+            return Err(format!(
+                "cannot reach the octofs daemon at {}: {e}",
+                layout.socket().display()
+            ));
+        }
     };
     exchange(stream, req)
+}
+
+/// Whether a failed connect means that no daemon is listening (no socket, or a stale one).
+fn no_daemon(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+    )
 }
 
 fn exchange(mut stream: UnixStream, req: &Request) -> Result<Response, String> {

@@ -8,9 +8,12 @@
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
 //! - [`workspace`]: a thread's durable workspace record (project, base commit, mounted or not).
 //! - [`repo`]: the `.git` each workspace gets at fork, and its shared index.
+//! - [`access`]: who is calling (peer credentials) and the read grant on a mirror's objects that a
+//!   workspace's owner gets.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 
+pub mod access;
 pub mod client;
 pub mod cow;
 pub mod daemon;

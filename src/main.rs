@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use serde_json::Value;
 
 use octofs::client;
-use octofs::daemon::proto::{Request, WorkspaceStatus};
+use octofs::daemon::proto::{Access, Request, WorkspaceStatus};
 use octofs::git::mirror::{MirrorInfo, SyncOutcome};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
@@ -127,6 +127,17 @@ enum MirrorCmd {
         /// the daemon's private state; keeps them off the command line
         #[arg(long, value_name = "FILE")]
         credential_file: Option<PathBuf>,
+        #[command(flatten)]
+        allow: AllowArgs,
+    },
+    /// Show or change who may bind a project (open threads of it); root only
+    Access {
+        project: String,
+        #[command(flatten)]
+        allow: AllowArgs,
+        /// Let any local user bind it again
+        #[arg(long, conflicts_with_all = ["allow_user", "allow_group"])]
+        anyone: bool,
     },
     /// Fetch (or re-commit a directory upstream) unless synced within the freshness window
     Sync { project: String },
@@ -135,6 +146,51 @@ enum MirrorCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Who may bind a project; without any, every local user may.
+#[derive(clap::Args)]
+struct AllowArgs {
+    /// A user (name or uid) allowed to bind the project (repeatable)
+    #[arg(long = "allow-user", value_name = "USER")]
+    allow_user: Vec<String>,
+    /// A group (name or gid) whose members may bind the project (repeatable)
+    #[arg(long = "allow-group", value_name = "GROUP")]
+    allow_group: Vec<String>,
+}
+
+impl AllowArgs {
+    fn is_empty(&self) -> bool {
+        self.allow_user.is_empty() && self.allow_group.is_empty()
+    }
+
+    /// Resolves names to ids here, where the caller's user database is.
+    fn resolve(&self) -> Result<Access, String> {
+        let user = |u: &String| match u.parse::<u32>() {
+            Ok(id) => Ok(id),
+            Err(_) => match octofs::sys::user_by_name(u) {
+                Ok(Some((uid, _))) => Ok(uid),
+                Ok(None) => Err(format!("no such user {u:?}")),
+                Err(e) => Err(format!("cannot look up user {u:?}: {e}")),
+            },
+        };
+        let group = |g: &String| match g.parse::<u32>() {
+            Ok(id) => Ok(id),
+            Err(_) => match octofs::sys::group_by_name(g) {
+                Ok(Some(gid)) => Ok(gid),
+                Ok(None) => Err(format!("no such group {g:?}")),
+                Err(e) => Err(format!("cannot look up group {g:?}: {e}")),
+            },
+        };
+        Ok(Access {
+            users: self.allow_user.iter().map(user).collect::<Result<_, _>>()?,
+            groups: self
+                .allow_group
+                .iter()
+                .map(group)
+                .collect::<Result<_, _>>()?,
+        })
+    }
 }
 
 fn main() -> ExitCode {
@@ -254,9 +310,11 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 project,
                 upstream,
                 credential_file,
+                allow,
             } => {
                 validate(NameKind::Project, &project)?;
                 let upstream = resolve_upstream(&upstream)?;
+                let access = allow.resolve()?;
                 // Read here, as the caller: the daemon never opens a path on a caller's behalf.
                 let credential = credential_file
                     .map(|f| {
@@ -270,6 +328,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                         project,
                         upstream,
                         credential,
+                        access,
                     },
                 )?)?;
                 println!(
@@ -278,6 +337,31 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     info.project.default_branch,
                     info.head.as_deref().unwrap_or("(empty)")
                 );
+                Ok(())
+            }
+            MirrorCmd::Access {
+                project,
+                allow,
+                anyone,
+            } => {
+                validate(NameKind::Project, &project)?;
+                let access = if anyone {
+                    Some(Access::default())
+                } else if allow.is_empty() {
+                    None
+                } else {
+                    Some(allow.resolve()?)
+                };
+                let a: Access = parse(request(layout, Request::MirrorAccess { project, access })?)?;
+                if a.is_open() {
+                    println!("any local user");
+                }
+                for uid in a.users {
+                    println!("user {}", octofs::access::describe_uid(uid));
+                }
+                for gid in a.groups {
+                    println!("group {gid}");
+                }
                 Ok(())
             }
             MirrorCmd::Sync { project } => {

@@ -263,6 +263,146 @@ pub fn has_acl(path: &Path) -> io::Result<bool> {
     Ok(false)
 }
 
+/// The supplementary groups of the process at the other end of a Unix socket, as the kernel
+/// recorded them when it connected (`SO_PEERGROUPS`, Linux ≥ 4.13).
+pub fn peer_groups(sock: &impl std::os::fd::AsRawFd) -> io::Result<Vec<u32>> {
+    // The generic Linux value (asm-generic/socket.h); the libc crate does not export it.
+    const SO_PEERGROUPS: libc::c_int = 59;
+    let mut groups = vec![0u32; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<u32>()) as libc::socklen_t;
+        // SAFETY: the fd is valid while `sock` is borrowed; `groups` is a writable buffer of `len`
+        // bytes and `len` a valid in/out length.
+        let rc = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let n = len as usize / std::mem::size_of::<u32>();
+        if rc == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        // ERANGE: the buffer was too small; `len` now says how large it must be.
+        if e.raw_os_error() == Some(libc::ERANGE) && n > groups.len() {
+            groups.resize(n, 0);
+            continue;
+        }
+        return Err(e);
+    }
+}
+
+/// A local user's uid and primary gid by name (`getpwnam_r`); `None` when there is no such user.
+pub fn user_by_name(name: &str) -> io::Result<Option<(u32, u32)>> {
+    let c = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    loop {
+        // SAFETY: an all-zero passwd is a valid value for this plain C struct.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call; `buf` outlives the use of `pw`'s strings
+        // (none are kept).
+        let rc = unsafe {
+            libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut found)
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        return Ok((!found.is_null()).then_some((pw.pw_uid, pw.pw_gid)));
+    }
+}
+
+/// A local user's name by uid (`getpwuid_r`); `None` when the uid has no entry.
+pub fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: an all-zero passwd is a valid value for this plain C struct.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the name is copied out before `buf` is dropped.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 || found.is_null() || pw.pw_name.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_name points at a NUL-terminated string inside `buf`.
+    let name = unsafe { std::ffi::CStr::from_ptr(pw.pw_name) };
+    Some(name.to_string_lossy().into_owned())
+}
+
+/// A local group's gid by name (`getgrnam_r`); `None` when there is no such group.
+pub fn group_by_name(name: &str) -> io::Result<Option<u32>> {
+    let c = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    loop {
+        // SAFETY: an all-zero group is a valid value for this plain C struct.
+        let mut gr: libc::group = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: every pointer is valid for the call; nothing of `gr` but the gid is kept.
+        let rc = unsafe {
+            libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut found)
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 4, 0);
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        return Ok((!found.is_null()).then_some(gr.gr_gid));
+    }
+}
+
+/// An extended attribute of `path` itself (never a symlink's target); `None` when it has none by
+/// that name.
+pub fn get_xattr(path: &Path, name: &str) -> io::Result<Option<Vec<u8>>> {
+    let c = cpath(path)?;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))?;
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: `c` and `n` are NUL-terminated; `buf` is writable for `buf.len()` bytes.
+        let r =
+            unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if r >= 0 {
+            buf.truncate(r as usize);
+            return Ok(Some(buf));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ENODATA) => return Ok(None),
+            Some(libc::ERANGE) if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// Sets an extended attribute of `path` itself (never a symlink's target).
+pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
+    let c = cpath(path)?;
+    let n = CString::new(name)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))?;
+    // SAFETY: `c` and `n` are NUL-terminated; `value` is readable for its length.
+    check(unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

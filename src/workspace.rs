@@ -39,6 +39,11 @@ pub struct WorkspaceRecord {
     /// this user or root may act on it. Records written before owners existed belong to root.
     #[serde(default)]
     pub owner: Owner,
+    /// Overlapping users of the thread: `open` adds one, `release` removes one, and the last one
+    /// releases. Kept here so that a daemon restart does not forget who still holds the workspace
+    /// (records written before it was kept count as one).
+    #[serde(default)]
+    pub users: u32,
 }
 
 /// A local user (and primary group) that owns a workspace.
@@ -70,6 +75,10 @@ pub struct Binding {
     pub base_commit: String,
     pub branch: Option<String>,
     pub created: u64,
+    /// Who owns the thread, for good: the user who first opened it (bindings written before
+    /// owners existed belong to root).
+    #[serde(default)]
+    pub owner: Owner,
 }
 
 impl Binding {

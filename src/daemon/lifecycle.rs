@@ -4,7 +4,8 @@
 //!
 //! Policy only: the mechanisms are the filesystem core (the view of what changed), `git::snapshot`
 //! (objects and refs in the mirror), `repo` (the workspace's `.git`) and the records of
-//! `workspace`. Every operation on a thread holds that thread's lock.
+//! `workspace`. Every operation on a thread holds that thread's lock, and under it refuses a caller
+//! who neither owns the thread nor is root.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -14,6 +15,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::json;
 
 use super::{Daemon, Reply, lock};
+use crate::access::Caller;
 use crate::cow::catalog::Ts;
 use crate::fs::core::{ViewEdit, WorkspaceFs};
 use crate::git::mirror::{self, Project, UpstreamKind};
@@ -272,7 +274,14 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
 impl Daemon {
     /// `octofs open`: the thread's one workspace, mounted — the live mount (counted), a remount,
     /// a resume of its last snapshot, a new fork, or a chat workspace.
-    pub(super) fn open(&self, thread: &str, project: Option<&str>, git_ref: Option<&str>) -> Reply {
+    /// A thread that exists is its owner's (root may join it); a new one becomes the caller's.
+    pub(super) fn open(
+        &self,
+        thread: &str,
+        project: Option<&str>,
+        git_ref: Option<&str>,
+        c: &Caller,
+    ) -> Reply {
         validate(NameKind::Thread, thread)?;
         if let Some(p) = project {
             validate(NameKind::Project, p)?;
@@ -281,6 +290,27 @@ impl Daemon {
         let _g = lock(&l);
         let binding = Binding::load(&self.layout, thread)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
+        let owner = match (&live, &binding) {
+            (Some(r), _) => Some(r.owner),
+            (None, Some(b)) => Some(b.owner),
+            (None, None) => None,
+        };
+        if let Some(o) = owner {
+            self.require_owner(c, thread, o)?;
+        }
+        let owner = owner.unwrap_or(crate::workspace::Owner {
+            uid: c.uid,
+            gid: c.gid,
+        });
+        let bound = match (&live, &binding) {
+            (Some(r), _) if r.chat => None,
+            (Some(r), _) => Some(r.project.as_str()),
+            (None, Some(b)) => Some(b.project.as_str()),
+            (None, None) => project,
+        };
+        if let Some(p) = bound {
+            self.check_bind(c, p)?;
+        }
         if let (Some(b), Some(p)) = (&binding, project)
             && b.project != p
         {
@@ -305,18 +335,25 @@ impl Daemon {
                 ));
             }
         }
-        if let Some(m) = lock(&self.mounts).get_mut(thread) {
-            m.users += 1;
-            return Ok((json!(m.path), vec![]));
-        }
         let path = json!(self.layout.mountpoint(thread));
         if let Some(mut rec) = live {
-            if !rec.mounted {
-                rec.mounted = true;
-                rec.save(&self.layout)?;
+            // One more user of the live workspace, counted in its record so that a restart keeps
+            // the count. A record the daemon serves (or should: its remount failed) keeps its users.
+            let served = lock(&self.mounts).contains_key(thread);
+            let before = rec.clone();
+            rec.users = if served || rec.mounted {
+                rec.users.max(1) + 1
+            } else {
+                1
+            };
+            rec.mounted = true;
+            rec.save(&self.layout)?;
+            if !served && let Err(e) = self.mount(&rec) {
+                let _ = before.save(&self.layout);
+                return Err(e);
             }
-            self.mount(&rec)?;
-            return Ok((path, vec![]));
+            let warnings = self.grant_owner(&rec.project, rec.owner, false);
+            return Ok((path, warnings.into_iter().collect()));
         }
         self.check_root()?;
         let fork = match (&binding, project) {
@@ -370,7 +407,8 @@ impl Daemon {
                 }
             }
         };
-        self.create(thread, fork)?;
+        let forked_project = fork.project.clone();
+        self.create(thread, fork, owner)?;
         if binding.is_none() && project.is_some() {
             let rec = WorkspaceRecord::load(&self.layout, thread)?.ok_or("workspace vanished")?;
             let b = Binding {
@@ -379,13 +417,15 @@ impl Daemon {
                 base_commit: rec.base_commit.clone(),
                 branch: rec.branch.clone(),
                 created: now(),
+                owner,
             };
             if let Err(e) = b.save(&self.layout) {
                 self.discard(thread);
                 return Err(e);
             }
         }
-        Ok((path, vec![]))
+        let warnings = self.grant_owner(&forked_project, owner, false);
+        Ok((path, warnings.into_iter().collect()))
     }
 
     /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
@@ -435,7 +475,12 @@ impl Daemon {
     }
 
     /// Creates, seeds and mounts a new workspace. On failure nothing of it remains.
-    fn create(&self, thread: &str, fork: Fork) -> Result<(), String> {
+    fn create(
+        &self,
+        thread: &str,
+        fork: Fork,
+        owner: crate::workspace::Owner,
+    ) -> Result<(), String> {
         let proj = if fork.chat {
             blank_project()
         } else {
@@ -453,10 +498,8 @@ impl Daemon {
             mounted: true,
             chat: fork.chat,
             saved: None,
-            owner: crate::workspace::Owner {
-                uid: crate::sys::euid(),
-                gid: crate::sys::egid(),
-            },
+            owner,
+            users: 1,
         };
         rec.save(&self.layout)?;
         let made = (|| {
@@ -633,10 +676,11 @@ impl Daemon {
     }
 
     /// `octofs snapshot`: saves the working state; returns the snapshot commit.
-    pub(super) fn snapshot(&self, thread: &str) -> Reply {
+    pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply {
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
+        self.check_thread(c, thread)?;
         let id = self.snapshot_locked(thread)?;
         Ok((json!(id), vec![]))
     }
@@ -791,11 +835,12 @@ impl Daemon {
 
     /// `octofs release`: one user fewer; the last one saves (if anything changed), unmounts and drops
     /// the upper layer. A busy mount is refused unless `force`.
-    pub(super) fn release(&self, thread: &str, force: bool) -> Reply {
+    pub(super) fn release(&self, thread: &str, force: bool, c: &Caller) -> Reply {
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
-        let rec = match WorkspaceRecord::load(&self.layout, thread)? {
+        self.check_thread(c, thread)?;
+        let mut rec = match WorkspaceRecord::load(&self.layout, thread)? {
             Some(r) => r,
             None if Binding::load(&self.layout, thread)?.is_some() => {
                 return Ok((
@@ -805,13 +850,11 @@ impl Daemon {
             }
             None => return Err(format!("unknown thread {thread:?}")),
         };
-        if let Some(m) = lock(&self.mounts).get_mut(thread)
-            && m.users > 1
-            && !force
-        {
-            m.users -= 1;
+        if rec.users > 1 && !force {
+            rec.users -= 1;
+            rec.save(&self.layout)?;
             return Ok((
-                json!({"thread": thread, "released": false, "users": m.users}),
+                json!({"thread": thread, "released": false, "users": rec.users}),
                 vec![],
             ));
         }
@@ -902,10 +945,12 @@ impl Daemon {
         from: Option<&str>,
         to: Option<&str>,
         patch: bool,
+        c: &Caller,
     ) -> Reply {
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
+        self.check_thread(c, thread)?;
         let binding = Binding::load(&self.layout, thread)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
         let project = match (&live, &binding) {
@@ -974,5 +1019,6 @@ fn blank_project() -> Project {
         kind: UpstreamKind::Directory,
         default_branch: "main".into(),
         last_sync: 0,
+        access: Default::default(),
     }
 }

@@ -1,9 +1,17 @@
 //! The daemon: one process serving every workspace mount of the host and the control socket.
 //!
 //! Policy lives here (which mirror a thread is bound to, when to mount, remount after a restart);
-//! mechanism lives below it (`git`, `cow`, `fs`). Every request runs on a blocking thread so that a slow
-//! clone never stalls the socket, and each mount is served by its own fuser session threads, so one busy
-//! workspace never stalls another. Operations on one project or one thread serialize on a keyed lock.
+//! mechanism lives below it (`git`, `cow`, `fs`). Each mount is served by its own fuser session
+//! threads, so one busy workspace never stalls another. Operations on one project or one thread
+//! serialize on a keyed lock.
+//!
+//! The control socket (DESIGN.md "Trust model"): every request is authenticated by the socket's peer
+//! credentials. A thread belongs to the user who first opened it; only its owner or root (or the
+//! daemon's own user) acts on it, and root alone manages mirrors and the daemon. Requests run on
+//! bounded pools of blocking threads: at most `HEAVY_WORKERS` for everything that may take time
+//! (clones, snapshots, listings), `FAST_WORKERS` of their own for git's fsmonitor queries, and
+//! `ping` inline, so that git's hook never queues behind a flood of heavy requests and no flood
+//! grows the daemon's threads. Connections past `MAX_CONNECTIONS` wait in the listen backlog.
 
 mod lifecycle;
 pub mod proto;
@@ -16,7 +24,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::access::{Caller, describe_uid};
 use crate::cow::blobcache::BlobCache;
 use crate::fs::core::{Presentation, WorkspaceFs, unix_time};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
@@ -24,8 +34,19 @@ use crate::git::mirror;
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::names::{NameKind, validate};
-use crate::workspace::WorkspaceRecord;
-use proto::{Request, Response, WorkspaceStatus};
+use crate::workspace::{Owner, WorkspaceRecord};
+use proto::{Access, Request, Response, WorkspaceStatus};
+
+/// Blocking threads for requests that may take time (clone, sync, open, snapshot, list, ...).
+const HEAVY_WORKERS: usize = 8;
+/// Blocking threads of their own for fsmonitor queries, which git waits on.
+const FAST_WORKERS: usize = 4;
+/// Connections served at once; more wait in the listen backlog, costing the daemon nothing.
+const MAX_CONNECTIONS: usize = 2048;
+/// A request line longer than this is not one of ours.
+const MAX_REQUEST: usize = 64 << 10;
+/// How long a client may take to send its request line, and to take its answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Settings of one daemon.
 #[derive(Debug, Clone)]
@@ -47,8 +68,8 @@ struct Mounted {
     session: fuser::BackgroundSession,
     info: Arc<MountInfo>,
     core: Arc<WorkspaceFs>,
-    /// Overlapping users of the thread (`open` adds one, `release` removes one).
-    users: u32,
+    /// The workspace's owner (fsmonitor answers go to them or root only).
+    owner: Owner,
 }
 
 /// Named mutexes: one per project and one per thread.
@@ -73,6 +94,13 @@ pub struct Daemon {
 
 type Reply = Result<(serde_json::Value, Vec<String>), String>;
 
+/// Whether `c` is among who may bind a project (an open project: anyone).
+fn may_bind(c: &Caller, access: &Access) -> bool {
+    access.is_open()
+        || access.users.contains(&c.uid)
+        || access.groups.iter().any(|g| c.in_group(*g))
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -90,38 +118,147 @@ impl Daemon {
         })
     }
 
-    fn handle(&self, req: Request) -> Response {
-        let r = match req {
+    fn handle(&self, req: Request, c: &Caller) -> Response {
+        match self.dispatch(req, c) {
+            Ok((v, w)) => Response::ok(v, w),
+            Err(e) => Response::err(e),
+        }
+    }
+
+    fn dispatch(&self, req: Request, c: &Caller) -> Reply {
+        match req {
             Request::Ping => Ok((json!("pong"), vec![])),
             Request::MirrorAdd {
                 project,
                 upstream,
                 credential,
-            } => self.mirror_add(&project, &upstream, credential.as_deref()),
-            Request::MirrorSync { project } => self.mirror_sync(&project),
-            Request::MirrorList => mirror::list(&self.layout).map(|l| (json!(l), vec![])),
+                access,
+            } => {
+                self.require_admin(c, "add mirrors")?;
+                self.mirror_add(&project, &upstream, credential.as_deref(), access)
+            }
+            Request::MirrorAccess { project, access } => {
+                self.require_admin(c, "see or change who may bind a project")?;
+                self.mirror_access(&project, access)
+            }
+            Request::MirrorSync { project } => {
+                self.require_admin(c, "sync mirrors")?;
+                self.mirror_sync(&project)
+            }
+            Request::MirrorList => {
+                let mut l = mirror::list(&self.layout)?;
+                if !self.is_admin(c) {
+                    l.retain(|m| may_bind(c, &m.project.access));
+                }
+                Ok((json!(l), vec![]))
+            }
             Request::Open {
                 thread,
                 project,
                 git_ref,
-            } => self.open(&thread, project.as_deref(), git_ref.as_deref()),
-            Request::List => self.list(),
-            Request::Status { thread } => self.status(&thread),
-            Request::Fsmonitor { thread, token } => self.fsmonitor(&thread, &token),
-            Request::Snapshot { thread } => self.snapshot(&thread),
-            Request::Release { thread, force } => self.release(&thread, force),
-            Request::Sweep { idle_secs } => self.sweep(idle_secs),
+            } => self.open(&thread, project.as_deref(), git_ref.as_deref(), c),
+            Request::List => self.list(c),
+            Request::Status { thread } => self.status(&thread, c),
+            Request::Fsmonitor { thread, token } => self.fsmonitor(&thread, &token, c),
+            Request::Snapshot { thread } => self.snapshot(&thread, c),
+            Request::Release { thread, force } => self.release(&thread, force, c),
+            Request::Sweep { idle_secs } => {
+                self.require_admin(c, "sweep every user's workspaces")?;
+                self.sweep(idle_secs)
+            }
             Request::Diff {
                 thread,
                 from,
                 to,
                 patch,
-            } => self.diff(&thread, from.as_deref(), to.as_deref(), patch),
-            Request::Stop => Ok((json!("stopping"), vec![])),
+            } => self.diff(&thread, from.as_deref(), to.as_deref(), patch, c),
+            Request::Stop => {
+                self.require_admin(c, "stop the daemon")?;
+                Ok((json!("stopping"), vec![]))
+            }
+        }
+    }
+
+    /// Root and the daemon's own user may do anything.
+    fn is_admin(&self, c: &Caller) -> bool {
+        c.uid == 0 || c.uid == crate::sys::euid()
+    }
+
+    fn require_admin(&self, c: &Caller, what: &str) -> Result<(), String> {
+        if self.is_admin(c) {
+            Ok(())
+        } else {
+            Err(format!(
+                "permission denied: only root may {what} ({} is not root)",
+                describe_uid(c.uid)
+            ))
+        }
+    }
+
+    /// Refuses `c` acting on `thread`, owned by `owner`, unless it is theirs or `c` is root.
+    fn require_owner(&self, c: &Caller, thread: &str, owner: Owner) -> Result<(), String> {
+        if self.is_admin(c) || c.uid == owner.uid {
+            Ok(())
+        } else {
+            Err(format!(
+                "permission denied: thread {thread} belongs to {}, not to {}",
+                describe_uid(owner.uid),
+                describe_uid(c.uid)
+            ))
+        }
+    }
+
+    /// Refuses `c` acting on `thread` unless it owns it or is root. An unknown thread passes: the
+    /// operation itself reports it. The caller holds the thread's lock (ownership cannot change
+    /// between this check and the operation).
+    fn check_thread(&self, c: &Caller, thread: &str) -> Result<(), String> {
+        if self.is_admin(c) {
+            return Ok(());
+        }
+        let owner = match WorkspaceRecord::load(&self.layout, thread)? {
+            Some(r) => Some(r.owner),
+            None => crate::workspace::Binding::load(&self.layout, thread)?.map(|b| b.owner),
         };
-        match r {
-            Ok((v, w)) => Response::ok(v, w),
-            Err(e) => Response::err(e),
+        match owner {
+            Some(o) => self.require_owner(c, thread, o),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses `c` binding (opening a thread of) `project` when the project limits who may.
+    fn check_bind(&self, c: &Caller, project: &str) -> Result<(), String> {
+        if self.is_admin(c) || project == lifecycle::BLANK {
+            return Ok(());
+        }
+        let p = mirror::require(&self.layout, project)?;
+        if may_bind(c, &p.access) {
+            Ok(())
+        } else {
+            Err(format!(
+                "permission denied: project {project} may be bound only by the users and groups root allowed, and {} is not among them",
+                describe_uid(c.uid)
+            ))
+        }
+    }
+
+    /// Lets a workspace's owner read the objects of its project's mirror (its `.git`'s alternates
+    /// point there, and the daemon's state is private); `recheck` walks every object file again.
+    /// A failure is a warning: the workspace works, but git in it may not find the history.
+    fn grant_owner(&self, project: &str, owner: Owner, recheck: bool) -> Option<String> {
+        if owner.uid == 0 || owner.uid == crate::sys::euid() {
+            return None;
+        }
+        let mirror = self.layout.mirror(project);
+        match crate::access::grant_objects(&self.layout.mirrors(), &mirror, owner.uid, recheck) {
+            Ok(()) => None,
+            Err(e) => {
+                let w = format!(
+                    "cannot let {} read the objects of project {project} ({e}); git in the workspace may not find its history",
+                    describe_uid(owner.uid)
+                );
+                tracing::warn!("{w}");
+                Some(w)
+            }
         }
     }
 
@@ -138,12 +275,30 @@ impl Daemon {
         Ok(s)
     }
 
-    fn mirror_add(&self, project: &str, upstream: &str, credential: Option<&str>) -> Reply {
+    fn mirror_add(
+        &self,
+        project: &str,
+        upstream: &str,
+        credential: Option<&str>,
+        access: Access,
+    ) -> Reply {
         validate(NameKind::Project, project)?;
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
-        let info = mirror::add(&self.layout, project, upstream, credential)?;
+        let info = mirror::add(&self.layout, project, upstream, credential, access)?;
         Ok((json!(info), vec![]))
+    }
+
+    /// Who may bind `project`; replaced first when `access` is given.
+    fn mirror_access(&self, project: &str, access: Option<Access>) -> Reply {
+        validate(NameKind::Project, project)?;
+        let l = self.locks.get(&format!("project:{project}"));
+        let _g = lock(&l);
+        let p = match access {
+            Some(a) => mirror::set_access(&self.layout, project, a)?,
+            None => mirror::require(&self.layout, project)?,
+        };
+        Ok((json!(p.access), vec![]))
     }
 
     fn mirror_sync(&self, project: &str) -> Reply {
@@ -230,7 +385,7 @@ impl Daemon {
                 session,
                 info,
                 core,
-                users: 1,
+                owner: rec.owner,
             },
         );
         Ok(())
@@ -272,8 +427,16 @@ impl Daemon {
     }
 
     fn status_of(&self, rec: &WorkspaceRecord) -> WorkspaceStatus {
-        let mounts = lock(&self.mounts);
-        let m = mounts.get(&rec.thread);
+        #[derive(Clone, Copy)]
+        struct Served<'a> {
+            core: &'a WorkspaceFs,
+            info: &'a MountInfo,
+        }
+        // Only the Arcs are taken under the global lock: counting changes may take a while.
+        let taken = lock(&self.mounts)
+            .get(&rec.thread)
+            .map(|m| (m.core.clone(), m.info.clone()));
+        let m = taken.as_ref().map(|(core, info)| Served { core, info });
         WorkspaceStatus {
             thread: rec.thread.clone(),
             project: rec.project.clone(),
@@ -295,7 +458,7 @@ impl Daemon {
             base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
             last_snapshot: rec.saved.as_ref().and_then(|s| s.commit.clone()),
             state: if m.is_some() { "mounted" } else { "unmounted" }.into(),
-            users: m.map(|m| m.users).unwrap_or(0),
+            users: if m.is_some() { rec.users.max(1) } else { 0 },
             chat: rec.chat,
         }
     }
@@ -327,12 +490,14 @@ impl Daemon {
         }
     }
 
-    fn fsmonitor(&self, thread: &str, token: &str) -> Reply {
+    fn fsmonitor(&self, thread: &str, token: &str, c: &Caller) -> Reply {
         validate(NameKind::Thread, thread)?;
-        let core = lock(&self.mounts)
+        let (core, owner) = lock(&self.mounts)
             .get(thread)
-            .map(|m| m.core.clone())
+            .map(|m| (m.core.clone(), m.owner))
             .ok_or_else(|| format!("thread {thread} is not mounted"))?;
+        // What changed in a workspace is its owner's business.
+        self.require_owner(c, thread, owner)?;
         let (token, changed) = core.fsmonitor_query(token);
         let mut answer = proto::FsmonitorAnswer {
             token,
@@ -357,11 +522,17 @@ impl Daemon {
         Ok((json!(answer), vec![]))
     }
 
-    fn list(&self) -> Reply {
+    /// Every thread of the caller (of everyone, for root).
+    fn list(&self, c: &Caller) -> Reply {
+        let mine = |owner: Owner| self.is_admin(c) || owner.uid == c.uid;
         let live = WorkspaceRecord::list(&self.layout)?;
-        let mut all: Vec<_> = live.iter().map(|r| self.status_of(r)).collect();
+        let mut all: Vec<_> = live
+            .iter()
+            .filter(|r| mine(r.owner))
+            .map(|r| self.status_of(r))
+            .collect();
         for b in crate::workspace::Binding::list(&self.layout)? {
-            if !live.iter().any(|r| r.thread == b.thread) {
+            if mine(b.owner) && !live.iter().any(|r| r.thread == b.thread) {
                 all.push(self.status_of_released(&b));
             }
         }
@@ -369,13 +540,15 @@ impl Daemon {
         Ok((json!(all), vec![]))
     }
 
-    fn status(&self, thread: &str) -> Reply {
+    fn status(&self, thread: &str, c: &Caller) -> Reply {
         validate(NameKind::Thread, thread)?;
         if let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? {
+            self.require_owner(c, thread, rec.owner)?;
             return Ok((json!(self.status_of(&rec)), vec![]));
         }
         let b = crate::workspace::Binding::load(&self.layout, thread)?
             .ok_or_else(|| format!("unknown thread {thread:?}"))?;
+        self.require_owner(c, thread, b.owner)?;
         Ok((json!(self.status_of_released(&b)), vec![]))
     }
 
@@ -389,6 +562,9 @@ impl Daemon {
             if let Err(e) = self.mount(&rec) {
                 tracing::error!(thread = %rec.thread, "cannot remount: {e}");
             }
+            // Whatever changed the mirror's modes while the daemon was away, the owner keeps
+            // reading its objects (a failure is logged).
+            self.grant_owner(&rec.project, rec.owner, true);
         }
     }
 
@@ -496,6 +672,9 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // The request pools, the sweep timer, and a little slack: a flood of requests queues, it
+        // never grows the daemon's threads.
+        .max_blocking_threads(HEAVY_WORKERS + FAST_WORKERS + 4)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
@@ -511,6 +690,13 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&sock);
     let listener = tokio::net::UnixListener::bind(&sock)
         .with_context(|| format!("cannot listen on {}", sock.display()))?;
+    // Every local user must reach the socket (agents run the fsmonitor hook and `octofs open` as
+    // themselves), whatever the umask: each request is authorized by its peer credentials instead.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
+            .with_context(|| format!("cannot set the mode of {}", sock.display()))?;
+    }
     tracing::info!(socket = %sock.display(), "octofs daemon ready");
     let stop = Arc::new(tokio::sync::Notify::new());
     if daemon.settings.sweep_idle > 0 && daemon.settings.sweep_every > 0 {
@@ -532,19 +718,34 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let pools = Arc::new(Pools {
+        heavy: Semaphore::new(HEAVY_WORKERS),
+        fast: Semaphore::new(FAST_WORKERS),
+    });
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             _ = stop.notified() => break,
-            conn = listener.accept() => {
-                let Ok((stream, _)) = conn else { continue };
+            conn = accept(&listener, &slots) => {
+                let (stream, slot) = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of file descriptors, most likely: let connections finish.
+                        tracing::warn!("control socket: accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
                 let d = daemon.clone();
                 let stop = stop.clone();
+                let pools = pools.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = connection(d, stream, stop).await {
-                        tracing::warn!("control connection: {e}");
+                    if let Err(e) = connection(d, pools, stream, stop).await {
+                        tracing::debug!("control connection: {e}");
                     }
+                    drop(slot);
                 });
             }
         }
@@ -553,32 +754,104 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The bounded pools of blocking threads that serve requests.
+struct Pools {
+    heavy: Semaphore,
+    fast: Semaphore,
+}
+
+/// The next connection, once fewer than `MAX_CONNECTIONS` are being served.
+async fn accept(
+    listener: &tokio::net::UnixListener,
+    slots: &Arc<Semaphore>,
+) -> std::io::Result<(tokio::net::UnixStream, OwnedSemaphorePermit)> {
+    let slot = slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(std::io::Error::other)?;
+    let (stream, _) = listener.accept().await?;
+    Ok((stream, slot))
+}
+
+/// Reads one request line: at most `MAX_REQUEST` bytes of UTF-8 JSON.
+async fn read_request(r: tokio::net::unix::OwnedReadHalf) -> Result<Request, String> {
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::new();
+    BufReader::new(r.take(MAX_REQUEST as u64 + 1))
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|e| format!("bad request: {e}"))?;
+    if line.len() > MAX_REQUEST {
+        return Err(format!(
+            "bad request: longer than {} KiB",
+            MAX_REQUEST >> 10
+        ));
+    }
+    let text = std::str::from_utf8(&line).map_err(|e| {
+        format!(
+            "bad request: not UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        )
+    })?;
+    serde_json::from_str(text).map_err(|e| format!("bad request: {e}"))
+}
+
 async fn connection(
     daemon: Arc<Daemon>,
+    pools: Arc<Pools>,
     stream: tokio::net::UnixStream,
     stop: Arc<tokio::sync::Notify>,
 ) -> anyhow::Result<()> {
-    use tokio::io::AsyncReadExt;
+    // Who is asking is what the kernel says about the peer, never what the request says.
+    let caller = stream.peer_cred().map(|cred| Caller {
+        uid: cred.uid(),
+        gid: cred.gid(),
+        groups: crate::sys::peer_groups(&stream).unwrap_or_default(),
+    });
     let (r, mut w) = stream.into_split();
-    let mut line = String::new();
-    // One request line; anything past 1 MiB is not a request of ours.
-    BufReader::new(r.take(1 << 20)).read_line(&mut line).await?;
-    let resp = match serde_json::from_str::<Request>(&line) {
-        Err(e) => Response::err(format!("bad request: {e}")),
-        Ok(req) => {
-            let is_stop = matches!(req, Request::Stop);
-            let d = daemon.clone();
-            let resp = tokio::task::spawn_blocking(move || d.handle(req))
-                .await
-                .unwrap_or_else(|e| Response::err(format!("internal error: {e}")));
-            if is_stop {
-                stop.notify_one();
-            }
-            resp
-        }
+    let request = match tokio::time::timeout(IO_TIMEOUT, read_request(r)).await {
+        Ok(req) => req,
+        Err(_) => Err(format!(
+            "bad request: no request line within {} s",
+            IO_TIMEOUT.as_secs()
+        )),
+    };
+    let resp = match (request, caller) {
+        (Err(e), _) => Response::err(e),
+        (Ok(_), Err(e)) => Response::err(format!("cannot tell who is asking: {e}")),
+        (Ok(req), Ok(caller)) => serve_request(daemon, &pools, req, caller, &stop).await,
     };
     let mut out = serde_json::to_vec(&resp)?;
     out.push(b'\n');
-    w.write_all(&out).await?;
+    tokio::time::timeout(IO_TIMEOUT, w.write_all(&out))
+        .await
+        .context("the client did not take its answer")??;
     Ok(())
+}
+
+/// Answers `ping` at once, fsmonitor queries on their own pool, everything else on the heavy pool.
+async fn serve_request(
+    daemon: Arc<Daemon>,
+    pools: &Pools,
+    req: Request,
+    caller: Caller,
+    stop: &tokio::sync::Notify,
+) -> Response {
+    let pool = match req {
+        Request::Ping => return daemon.handle(req, &caller),
+        Request::Fsmonitor { .. } | Request::Stop => &pools.fast,
+        _ => &pools.heavy,
+    };
+    let is_stop = matches!(req, Request::Stop);
+    let Ok(_worker) = pool.acquire().await else {
+        return Response::err("the daemon is stopping");
+    };
+    let resp = tokio::task::spawn_blocking(move || daemon.handle(req, &caller))
+        .await
+        .unwrap_or_else(|e| Response::err(format!("internal error: {e}")));
+    if is_stop && resp.ok {
+        stop.notify_one();
+    }
+    resp
 }

@@ -1,7 +1,10 @@
 //! The control protocol between the CLI and the daemon: one JSON request line, one JSON response line,
-//! over the Unix socket `<state>/octofs.sock`.
+//! over the Unix socket `<state>/octofs.sock`. Who is asking is never part of a request: the daemon
+//! takes it from the socket's peer credentials.
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::git::mirror::Access;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
@@ -13,6 +16,14 @@ pub enum Request {
         /// The content of the caller's credential file (read by the CLI, as the caller).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         credential: Option<String>,
+        /// Who may bind the project (empty: any local user).
+        #[serde(default)]
+        access: Access,
+    },
+    /// Replaces who may bind a project (`access: None` only reads it).
+    MirrorAccess {
+        project: String,
+        access: Option<Access>,
     },
     MirrorSync {
         project: String,

@@ -51,6 +51,25 @@ pub struct Project {
     pub default_branch: String,
     /// Unix seconds of the last successful sync (or of the add).
     pub last_sync: u64,
+    /// Who may bind the project (open a thread of it).
+    #[serde(default, skip_serializing_if = "Access::is_open")]
+    pub access: Access,
+}
+
+/// Who may bind a project: these users and the members of these groups; both lists empty means any
+/// local user.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Access {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<u32>,
+}
+
+impl Access {
+    pub fn is_open(&self) -> bool {
+        self.users.is_empty() && self.groups.is_empty()
+    }
 }
 
 /// One row of `mirror list`.
@@ -134,6 +153,14 @@ pub fn require(layout: &Layout, project: &str) -> Result<Project, String> {
 
 fn save(layout: &Layout, p: &Project) -> Result<(), String> {
     store(layout).save(&p.project, p)
+}
+
+/// Replaces who may bind `project`. The caller holds the project's lock.
+pub fn set_access(layout: &Layout, project: &str, access: Access) -> Result<Project, String> {
+    let mut p = require(layout, project)?;
+    p.access = access;
+    save(layout, &p)?;
+    Ok(p)
 }
 
 /// Whether `upstream` is a URL (`scheme://…` or scp-like `user@host:path`) rather than a path.
@@ -231,6 +258,7 @@ pub fn add(
     project: &str,
     upstream: &str,
     credential: Option<&str>,
+    access: Access,
 ) -> Result<MirrorInfo, String> {
     if load(layout, project)?.is_some() || layout.mirror(project).exists() {
         return Err(format!("project {project:?} already exists"));
@@ -284,6 +312,7 @@ pub fn add(
         kind,
         default_branch,
         last_sync: now(),
+        access,
     };
     let saved = match &credential {
         Some(c) => save_credential(layout, project, c),
