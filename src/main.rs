@@ -449,6 +449,15 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     w.quarantined
                 );
             }
+            if !w.damaged.is_empty() {
+                println!(
+                    "damaged:       {} catalog record(s) lost (see the quarantine README)",
+                    w.damaged.len()
+                );
+                for d in &w.damaged {
+                    println!("  {d}");
+                }
+            }
             println!(
                 "last snapshot: {}",
                 w.last_snapshot.as_deref().unwrap_or("none")

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 
 use super::catalog::Ts;
 
+/// How a note about a damaged catalog batch starts in `quarantine/README`.
+const DAMAGE_NOTE: &str = "catalog: ";
+
 #[derive(Debug)]
 pub struct Upper {
     dir: PathBuf,
@@ -149,6 +152,30 @@ impl Upper {
             .open(q.join("README"))?;
         writeln!(notes, "{ino:016x}: {why}")?;
         Ok(dest)
+    }
+
+    /// Records in `quarantine/README` that a damaged catalog batch was skipped.
+    pub fn note_damage(&self, what: &str) -> io::Result<()> {
+        let q = self.dir.join("quarantine");
+        std::fs::create_dir_all(&q)?;
+        use std::io::Write;
+        let mut notes = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(q.join("README"))?;
+        writeln!(notes, "{DAMAGE_NOTE}{what}")
+    }
+
+    /// The notes [`Upper::note_damage`] left.
+    pub fn damage_notes(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("quarantine").join("README"))
+            .map(|t| {
+                t.lines()
+                    .filter_map(|l| l.strip_prefix(DAMAGE_NOTE))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Files currently in quarantine.

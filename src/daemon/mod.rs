@@ -286,6 +286,7 @@ impl Daemon {
                 .map(|c| c.len() as u64)
                 .unwrap_or(0),
             quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
+            damaged: m.map(|m| m.core.damaged().to_vec()).unwrap_or_default(),
             base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
             last_snapshot: rec.saved.as_ref().and_then(|s| s.commit.clone()),
             state: if m.is_some() { "mounted" } else { "unmounted" }.into(),
@@ -313,6 +314,7 @@ impl Daemon {
             passthrough: None,
             changed_paths: 0,
             quarantined: 0,
+            damaged: Vec::new(),
             base_content_opens: 0,
             last_snapshot: last,
             state: "released".into(),

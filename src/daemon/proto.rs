@@ -94,6 +94,9 @@ pub struct WorkspaceStatus {
     /// Files moved to `<state>/workspaces/<thread>/upper/quarantine` after an unclean stop.
     #[serde(default)]
     pub quarantined: u64,
+    /// Catalog batches lost to damage (what each concerned), from `quarantine/README`.
+    #[serde(default)]
+    pub damaged: Vec<String>,
     pub last_snapshot: Option<String>,
     /// Opens of base content since the mount (content read from the blob cache).
     #[serde(default)]
