@@ -96,13 +96,7 @@ pub fn build_tree(
     let blob = |source: &ViewSource| -> Result<ObjectId, String> {
         Ok(match source {
             ViewSource::Object(id) => *id,
-            ViewSource::File(p) => {
-                let f = std::fs::File::open(p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-                repo.write_blob_stream(f)
-                    .map_err(|e| format!("cannot write a blob from {}: {e}", p.display()))?
-                    .detach()
-            }
+            ViewSource::File(p) => write_file_blob(repo, p)?,
             ViewSource::Bytes(b) => repo
                 .write_blob(b)
                 .map_err(err("cannot write a blob"))?
@@ -136,6 +130,55 @@ pub fn build_tree(
         .write()
         .map_err(err("cannot write the snapshot tree"))?
         .detach())
+}
+
+/// Writes the content of file `p` as a loose blob, streaming: gix's `write_blob_stream` reads the
+/// whole file into memory first (5 GiB of daemon memory for a 5 GiB file), while the object store's
+/// `write_stream` hashes and compresses it in passing, so memory stays bounded whatever the size.
+fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<ObjectId, String> {
+    use gix::objs::Write as _;
+    let cannot =
+        |e: &dyn std::fmt::Display| format!("cannot write a blob from {}: {e}", p.display());
+    let f = std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+    let size = f
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+        .len();
+    // The object's header states its size before the content follows: a file that shrinks while it
+    // is read must fail the write, never leave an object whose content disagrees with its header.
+    let mut exact = ExactSize {
+        inner: std::io::BufReader::with_capacity(1 << 20, f),
+        left: size,
+    };
+    repo.objects
+        .write_stream(gix::objs::Kind::Blob, size, &mut exact)
+        .map_err(|e| cannot(&e))
+}
+
+/// Reads exactly `left` bytes of `inner`, and fails if it ends sooner.
+struct ExactSize<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for ExactSize<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file shrank while it was saved",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 fn signature() -> gix::actor::Signature {
