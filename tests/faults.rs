@@ -2850,3 +2850,135 @@ fn a_damaged_catalog_record_costs_that_record_alone() {
     assert_eq!(again.as_deref(), Some("content 6\n"));
     d.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 10: a mirror or the blob cache deleted under a live daemon
+
+/// `git -C <mirror> ...` as the test sees it.
+fn mirror_git(mirror: &Path, args: &[&str]) -> Out {
+    run(
+        Command::new("git").arg("-C").arg(mirror).args(args),
+        Duration::from_secs(30),
+    )
+}
+
+/// A mirror deleted under live workspaces used to leave them stuck: `mirror sync` "succeeded"
+/// without a mirror, and no snapshot or release was possible. Now `mirror sync` re-creates it from the
+/// project's upstream, the workspaces read and save again (a new snapshot chain: the old one went with
+/// the mirror), and `release --discard` can always drop a workspace, mirror or not.
+#[test]
+fn a_deleted_mirror_heals_and_a_workspace_can_always_be_saved_or_discarded() {
+    let fx = fixture();
+    let upstream_head = fx.repo.head();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    let mirror = d.mirror(PROJECT);
+    d.cli_ok(["open", "keep", "--project", PROJECT]);
+    d.cli_ok(["open", "drop", "--project", PROJECT]);
+    let keep = d.mount("keep");
+    let drop_mount = d.mount("drop");
+    let m = keep.clone();
+    io("work before the mirror goes", move || {
+        fs::write(m.join("work.txt"), b"before\n").unwrap();
+    });
+    d.cli_ok(["snapshot", "keep"]);
+
+    fs::remove_dir_all(&mirror).unwrap();
+    // Saving needs the mirror: refused with a clear line that says how to get out.
+    let out = d.cli(["release", "keep"]);
+    assert!(!out.success(), "{}", out.describe());
+    let err = out.stderr_str();
+    assert!(
+        err.contains("mirror sync") && err.contains("--discard"),
+        "{}",
+        out.describe()
+    );
+    assert!(mounts_under(&d.root).contains(&keep));
+
+    let out = d.cli_ok(["mirror", "sync", PROJECT]);
+    assert!(
+        mirror.join(".git").is_dir(),
+        "`mirror sync` must re-create a missing mirror (said {out:?})"
+    );
+    assert_eq!(
+        mirror_git(&mirror, &["rev-parse", "HEAD"])
+            .stdout_str()
+            .trim(),
+        upstream_head
+    );
+    assert!(out.contains("re-created"), "{out}");
+
+    // The live workspace reads base content it had not read yet, and saves again.
+    let m = keep.clone();
+    let (cold, more) = io("reads after the re-clone", move || {
+        fs::write(m.join("more.txt"), b"after\n").unwrap();
+        (
+            fs::read(m.join("cold/c2.bin")),
+            fs::read(m.join("work.txt")),
+        )
+    });
+    assert_eq!(cold.expect("cold/c2.bin"), pseudo_random(64 * 1024, 14));
+    assert_eq!(more.expect("work.txt"), b"before\n");
+    let snap = d.cli_ok(["snapshot", "keep"]);
+    let snap = snap.trim();
+    let tree = mirror_git(&mirror, &["ls-tree", "--name-only", snap]).stdout_str();
+    assert!(
+        tree.contains("work.txt") && tree.contains("more.txt"),
+        "{tree}"
+    );
+    d.cli_ok(["release", "keep"]);
+    let m = PathBuf::from(d.cli_ok(["open", "keep", "--project", PROJECT]).trim());
+    let back = io("resume after the re-clone", move || {
+        (fs::read(m.join("work.txt")), fs::read(m.join("more.txt")))
+    });
+    assert_eq!(back.0.expect("work.txt"), b"before\n");
+    assert_eq!(back.1.expect("more.txt"), b"after\n");
+
+    // Discarding needs no mirror at all.
+    fs::remove_dir_all(&mirror).unwrap();
+    let m = drop_mount.clone();
+    io("unsaved work", move || {
+        fs::write(m.join("scratch.txt"), b"thrown away\n").unwrap();
+    });
+    d.cli_ok(["release", "drop", "--discard"]);
+    assert!(!mounts_under(&d.root).contains(&drop_mount));
+    assert!(!d.state.join("workspaces").join("drop").exists());
+    d.cli_ok(["mirror", "sync", PROJECT]);
+    d.stop();
+}
+
+/// The blob cache emptied under a live daemon (its `tmp/` with it) used to make every base file
+/// that was not open ENOENT. Now a vanished cache file is written again on the next open.
+#[test]
+fn an_emptied_blob_cache_is_filled_again() {
+    let fx = fixture();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    d.cli_ok(["open", "cache", "--project", PROJECT]);
+    let mount = d.mount("cache");
+    let m = mount.clone();
+    let first = io("first reads", move || {
+        fs::read(m.join("data/blob.bin")).unwrap()
+    });
+    assert_eq!(first, pseudo_random(256 * 1024, 11));
+    let blobs = d.state.join("blobs");
+    for e in fs::read_dir(&blobs).unwrap().flatten() {
+        fs::remove_dir_all(e.path()).unwrap();
+    }
+    let m = mount.clone();
+    let (again, cold) = io("reads after the cache was emptied", move || {
+        (
+            fs::read(m.join("data/blob.bin")),
+            fs::read(m.join("cold/c1.bin")),
+        )
+    });
+    assert_eq!(
+        again.expect("data/blob.bin after the cache was emptied"),
+        pseudo_random(256 * 1024, 11)
+    );
+    assert_eq!(
+        cold.expect("cold/c1.bin after the cache was emptied"),
+        pseudo_random(64 * 1024, 13)
+    );
+    d.stop();
+}

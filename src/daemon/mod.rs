@@ -103,7 +103,11 @@ impl Daemon {
             Request::Status { thread } => self.status(&thread),
             Request::Fsmonitor { thread, token } => self.fsmonitor(&thread, &token),
             Request::Snapshot { thread } => self.snapshot(&thread),
-            Request::Release { thread, force } => self.release(&thread, force),
+            Request::Release {
+                thread,
+                force,
+                discard,
+            } => self.release(&thread, force, discard),
             Request::Sweep { idle_secs } => self.sweep(idle_secs),
             Request::Diff {
                 thread,

@@ -35,6 +35,9 @@ pub enum Request {
     Release {
         thread: String,
         force: bool,
+        /// Drop the workspace without saving it.
+        #[serde(default)]
+        discard: bool,
     },
     Sweep {
         idle_secs: u64,
