@@ -2944,6 +2944,24 @@ fn a_deleted_mirror_heals_and_a_workspace_can_always_be_saved_or_discarded() {
     assert!(!mounts_under(&d.root).contains(&drop_mount));
     assert!(!d.state.join("workspaces").join("drop").exists());
     d.cli_ok(["mirror", "sync", PROJECT]);
+
+    // A mirror that is there but broken (its objects gone) is cloned again too; the broken one is
+    // kept aside, never deleted.
+    fs::remove_dir_all(mirror.join(".git/objects")).unwrap();
+    let out = d.cli_ok(["mirror", "sync", PROJECT]);
+    assert!(out.contains("re-created"), "{out}");
+    assert_eq!(
+        mirror_git(&mirror, &["rev-parse", "HEAD^{commit}"])
+            .stdout_str()
+            .trim(),
+        upstream_head
+    );
+    let aside: Vec<_> = fs::read_dir(d.state.join("mirrors"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".broken-proj-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the broken mirror kept aside");
     d.stop();
 }
 

@@ -271,7 +271,9 @@ pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcom
     let head_before = head(&mirror);
     // A mirror deleted or broken under the daemon is built again, whatever the freshness window.
     // (`.git` first: git would otherwise look for a repository in the directories above.)
-    let usable = mirror.join(".git").is_dir() && (head_before.is_some() || has_no_commits(&mirror));
+    let usable = mirror.join(".git").is_dir()
+        && (git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "HEAD^{commit}").is_ok()
+            || has_no_commits(&mirror));
     if !usable {
         recreate(layout, &mut p)?;
         p.last_sync = now();
@@ -352,8 +354,9 @@ fn has_no_commits(mirror: &Path) -> bool {
 }
 
 /// Builds the mirror of `p` again from its upstream, the way `add` does (staging, then a rename), after
-/// it was deleted or broken under the daemon. A broken leftover is moved aside first and removed once
-/// the new mirror is in place. Snapshots that only the old mirror held are gone with it.
+/// it was deleted or broken under the daemon. A broken leftover is moved aside to
+/// `mirrors/.broken-<project>-<time>` and kept (it may still hold snapshot objects worth recovering by
+/// hand); snapshots that only the old mirror held are not in the new one.
 fn recreate(layout: &Layout, p: &mut Project) -> Result<(), String> {
     let project = p.project.clone();
     let dest = layout.mirror(&project);
@@ -373,7 +376,7 @@ fn recreate(layout: &Layout, p: &mut Project) -> Result<(), String> {
     };
     let aside = layout
         .mirrors()
-        .join(format!(".broken-{project}-{}", std::process::id()));
+        .join(format!(".broken-{project}-{}", now()));
     let moved = std::fs::symlink_metadata(&dest).is_ok();
     if moved && let Err(e) = std::fs::rename(&dest, &aside) {
         let _ = std::fs::remove_dir_all(&staging);
@@ -387,7 +390,7 @@ fn recreate(layout: &Layout, p: &mut Project) -> Result<(), String> {
         return Err(format!("cannot publish mirror {}: {e}", dest.display()));
     }
     if moved {
-        let _ = std::fs::remove_dir_all(&aside);
+        tracing::warn!(%project, kept = %aside.display(), "the broken mirror is kept aside");
     }
     p.default_branch = branch;
     Ok(())
