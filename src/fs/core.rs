@@ -745,22 +745,25 @@ impl WorkspaceFs {
     }
 
     /// A damaged catalog batch was skipped: its note goes to `quarantine/README` (and so into
-    /// `status`), and inode numbers it may have used are never handed out again (its data file, if
-    /// any, is quarantined by the check that follows, under its number).
+    /// `status`). The batch may have held the last `NextIno`: the counter moves past every allocated
+    /// number still in use (records, entries, data files, which the check that follows quarantines
+    /// under their number), so none is handed out twice. A number only the lost batch used may be
+    /// reused: nothing refers to it any more, and the kernel has not seen it since the remount.
     fn note_catalog_damage(&self, damage: &[crate::cow::catalog::Damage]) -> std::io::Result<()> {
         let mut st = self.lock();
         let data = self.upper.data_inodes()?;
-        let highest = damage
-            .iter()
-            .flat_map(|d| d.inodes.iter().copied())
-            .chain(data)
+        let highest = data
+            .into_iter()
             .chain(st.live.inodes.keys().copied())
+            .chain(st.live.dirs.keys().copied())
             .chain(
                 st.live
                     .dirs
                     .values()
                     .flat_map(|m| m.values().flatten().copied()),
             )
+            .filter(|ino| ino & ALLOCATED != 0)
+            .map(|ino| ino & !ALLOCATED)
             .max()
             .unwrap_or(0);
         if highest >= st.live.next_ino {
