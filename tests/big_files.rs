@@ -133,6 +133,43 @@ fn a_large_sparse_file_streams_in_bounded_memory_and_stays_sparse() {
     assert!(back.2.iter().all(|b| *b == 0));
 
     assert_bounded(pid, start_rss, "the release and the resume");
+
+    // A write copies the file up: streamed, and still sparse in the upper layer.
+    fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    let start_rss = vm(pid, "VmRSS");
+    let m = mount.clone();
+    let after = with_timeout("copy-up", Duration::from_secs(120), move || {
+        let f = OpenOptions::new()
+            .write(true)
+            .open(m.join("sparse.bin"))
+            .unwrap();
+        f.write_all_at(b"written after the resume", 7).unwrap();
+        drop(f);
+        let f = fs::File::open(m.join("sparse.bin")).unwrap();
+        let mut b = vec![0u8; 40];
+        f.read_exact_at(&mut b, GIB - 5).unwrap();
+        let mut t = vec![0u8; 5];
+        f.read_exact_at(&mut t, size - 5).unwrap();
+        (f.metadata().unwrap().len(), b, t)
+    });
+    eprintln!("copied up after {:.1?}", started.elapsed());
+    assert_eq!(after.0, size);
+    assert_eq!(&after.1[..26], b"across the first gibibyte\n");
+    assert_eq!(after.2, b"tail\n");
+    assert_bounded(pid, start_rss, "the copy-up");
+    let mut data = Vec::new();
+    files_under(&d.state.join("workspaces/big/upper/data"), &mut data);
+    let upper: Vec<_> = data
+        .iter()
+        .filter_map(|p| fs::metadata(p).ok())
+        .filter(|m| m.len() == size)
+        .collect();
+    assert_eq!(upper.len(), 1, "the copied-up file: {data:?}");
+    assert!(
+        upper[0].blocks() * 512 < 4 * MIB,
+        "the copied-up file takes {} MiB on disk",
+        upper[0].blocks() * 512 / MIB
+    );
     // The blob cache holds the file sparse.
     let mut cached = Vec::new();
     files_under(&blobs, &mut cached);
