@@ -87,6 +87,9 @@ enum Cmd {
         /// Release even while processes use the mount (they lose it)
         #[arg(long)]
         force: bool,
+        /// Drop the workspace without saving it: its unsaved changes are lost (works without a mirror)
+        #[arg(long)]
+        discard: bool,
     },
     /// Release every workspace idle past the window whose state the mirror has seen
     Sweep {
@@ -367,7 +370,9 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             MirrorCmd::Sync { project } => {
                 validate(NameKind::Project, &project)?;
                 let out: SyncOutcome = parse(request(layout, Request::MirrorSync { project })?)?;
-                let what = if out.fresh {
+                let what = if out.recreated {
+                    "re-created"
+                } else if out.fresh {
                     "fresh"
                 } else if out.warning.is_some() {
                     "stale"
@@ -449,18 +454,24 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             println!("{}", v.as_str().unwrap_or_default());
             Ok(())
         }
-        Cmd::Release { thread, force } => {
+        Cmd::Release {
+            thread,
+            force,
+            discard,
+        } => {
             validate(NameKind::Thread, &thread)?;
             let v = request(
                 layout,
                 Request::Release {
                     thread: thread.clone(),
                     force,
+                    discard,
                 },
             )?;
             if v["released"].as_bool() == Some(true) {
                 match v["snapshot"].as_str() {
                     Some(s) => println!("released {thread} (snapshot {s})"),
+                    None if discard => println!("released {thread} (discarded, not saved)"),
                     None => println!("released {thread}"),
                 }
             } else {
@@ -580,6 +591,15 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     "quarantined:   {} (see <state>/workspaces/<thread>/upper/quarantine)",
                     w.quarantined
                 );
+            }
+            if !w.damaged.is_empty() {
+                println!(
+                    "damaged:       {} catalog record(s) lost (see the quarantine README)",
+                    w.damaged.len()
+                );
+                for d in &w.damaged {
+                    println!("  {d}");
+                }
             }
             println!(
                 "last snapshot: {}",

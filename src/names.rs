@@ -19,7 +19,9 @@ impl std::fmt::Display for NameKind {
     }
 }
 
-/// Accepts 1–128 characters of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
+/// Accepts 1–128 characters of `[A-Za-z0-9._-]`, not starting with `.` or `-`, that are also a valid
+/// last component of a git ref: a thread's snapshots live under `refs/octomate/threads/<thread>`, so a
+/// name git refuses there (`a..b`, `x.lock`, `z.`) could be opened but never saved or released.
 pub fn validate(kind: NameKind, name: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("invalid {kind} name {name:?}: {why}"));
     if name.is_empty() {
@@ -39,6 +41,18 @@ pub fn validate(kind: NameKind, name: &str) -> Result<(), String> {
             "character {c:?} is not allowed (use A-Z a-z 0-9 . _ -)"
         ));
     }
+    // git's own rules (through gix), on the ref the name becomes; the charset above leaves only the
+    // rules about dots, which are named here so the error says what to change.
+    let full = format!("refs/octomate/threads/{name}");
+    if let Err(e) = gix::validate::reference::name(full.as_bytes().into()) {
+        use gix::validate::reference::name::Error as E;
+        return bad(match e {
+            E::RepeatedDot => "must not contain '..' (not a valid git ref name)",
+            E::LockFileSuffix => "must not end with '.lock' (not a valid git ref name)",
+            E::EndsWithDot => "must not end with '.' (not a valid git ref name)",
+            _ => "not a valid git ref name",
+        });
+    }
     Ok(())
 }
 
@@ -48,7 +62,19 @@ mod tests {
 
     #[test]
     fn accepts_the_documented_alphabet() {
-        for ok in ["a", "T-1", "fix_bug.2", "0", &"x".repeat(128)] {
+        for ok in [
+            "a",
+            "T-1",
+            "fix_bug.2",
+            "0",
+            &"x".repeat(128),
+            "a.b",
+            "a-",
+            "x_lock",
+            "x.locked",
+            "lock",
+            "a.b.c",
+        ] {
             assert!(validate(NameKind::Thread, ok).is_ok(), "{ok}");
         }
     }
@@ -65,6 +91,11 @@ mod tests {
             "..",
             &"x".repeat(129),
             "a\0b",
+            "a..b",
+            "x.lock",
+            "z.",
+            "a.b.",
+            "x..",
         ] {
             let err = validate(NameKind::Project, bad).unwrap_err();
             assert!(err.starts_with("invalid project name"), "{err}");

@@ -604,3 +604,51 @@ fn a_stalled_upstream_times_out_and_leaves_nothing() {
     // The project's lock is free again.
     d.cli_ok(["mirror", "sync", "q"]);
 }
+
+/// Issue 10: names git refuses as the last component of a ref (`refs/octomate/threads/<name>`) used
+/// to be opened and then could never be snapshotted or released. They are refused up front by every
+/// command; names at the edge of git's rules work end to end.
+#[test]
+fn names_that_are_not_valid_ref_components_are_refused() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = small_repo(&src.path().join("repo"));
+    let upstream = repo.path.display().to_string();
+    let d = Daemon::start();
+    d.cli_ok(["mirror", "add", "proj", &upstream]);
+
+    for name in ["a..b", "x.lock", "z.", "a.b.lock", "end..", "q.."] {
+        let what = Some("not a valid git ref name");
+        assert_refused(&d, &["mirror", "add", "--", name, &upstream], what);
+        assert_refused(&d, &["open", "--project", "proj", "--", name], what);
+        assert_refused(&d, &["open", "--", name], what);
+        assert_refused(
+            &d,
+            &["open", &format!("--project={name}"), "--", "t1"],
+            what,
+        );
+        assert_refused(&d, &["snapshot", "--", name], what);
+        assert_refused(&d, &["release", "--", name], what);
+        assert_refused(&d, &["mirror", "sync", "--", name], what);
+    }
+
+    // Names at the edge of the rules: open, change, snapshot, release, and back.
+    for thread in ["a.b", "a-", "x_lock", "x.locked", "lock"] {
+        let mount = d.cli_ok(["open", "--project", "proj", "--", thread]);
+        let mount = Path::new(mount.trim());
+        fs::write(mount.join("edge.txt"), thread).unwrap();
+        let snap = d.cli_ok(["snapshot", "--", thread]);
+        assert_eq!(
+            rev_parse(
+                &d.mirror("proj"),
+                &format!("refs/octomate/threads/{thread}")
+            ),
+            snap.trim()
+        );
+        d.cli_ok(["release", "--", thread]);
+        assert!(!d.state.join("workspaces").join(thread).exists());
+        let mount = d.cli_ok(["open", "--project", "proj", "--", thread]);
+        let back = fs::read_to_string(Path::new(mount.trim()).join("edge.txt")).unwrap();
+        assert_eq!(back, thread);
+        d.cli_ok(["release", "--", thread]);
+    }
+}

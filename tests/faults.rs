@@ -2756,3 +2756,247 @@ fn reader_across_copy_up_with_passthrough() {
 fn reader_across_copy_up_without_passthrough() {
     reader_across_copy_up(false);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Issue 10: a damaged catalog record
+
+/// One flipped byte in a middle record of `catalog.log` (the daemon killed, so the log is what the
+/// next daemon replays) used to cut off every record after it: files created later vanished. Now
+/// it costs that record alone, every other file is intact, and `status` and the log name what the
+/// damaged record concerned.
+#[test]
+fn a_damaged_catalog_record_costs_that_record_alone() {
+    let fx = fixture();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    d.cli_ok(["open", "dmg", "--project", PROJECT]);
+    let mount = d.mount("dmg");
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    let m = mount.clone();
+    io("creating files", move || {
+        for i in 1..=6 {
+            fs::write(m.join(format!("new{i}.txt")), format!("content {i}\n")).unwrap();
+        }
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(m.join("README.md"))
+            .unwrap();
+        f.write_all(b"appended\n").unwrap();
+    });
+    d.kill9();
+    let log_path = d
+        .state
+        .join("workspaces/dmg/upper/catalog.log")
+        .to_path_buf();
+    let mut log = fs::read(&log_path).unwrap();
+    // The ':' of the directory entry that names new3.txt: the record no longer parses.
+    let needle = b"\"name\":\"new3.txt\",\"ino\"";
+    let at = log
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .unwrap_or_else(|| panic!("no entry for new3.txt in {}", String::from_utf8_lossy(&log)));
+    log[at + 6] = b';';
+    fs::write(&log_path, &log).unwrap();
+    restart_after_kill(&mut d, std::slice::from_ref(&mount), &[]);
+
+    let m = mount.clone();
+    let (files, readme) = io("reads after the restart", move || {
+        let files: Vec<_> = (1..=6)
+            .map(|i| fs::read_to_string(m.join(format!("new{i}.txt"))).ok())
+            .collect();
+        (files, fs::read_to_string(m.join("README.md")).unwrap())
+    });
+    for (i, got) in files.iter().enumerate() {
+        let i = i + 1;
+        if i == 3 {
+            continue;
+        }
+        assert_eq!(
+            got.as_deref(),
+            Some(format!("content {i}\n").as_str()),
+            "new{i}.txt after one damaged record\n--- daemon log ---\n{}",
+            d.log_tail()
+        );
+    }
+    assert_eq!(
+        readme, "octofs fault-injection fixture\nappended\n",
+        "README.md after one damaged record"
+    );
+    let v = check_status(&d, "dmg", None);
+    let damaged = v["damaged"].to_string();
+    assert!(
+        damaged.contains("new3.txt"),
+        "status must name what the damaged record concerned: {v}"
+    );
+    let text = d.cli_ok(["status", "dmg"]);
+    assert!(
+        text.contains("damaged:") && text.contains("new3.txt"),
+        "{text}"
+    );
+    assert!(
+        d.log_text().contains("new3.txt"),
+        "the daemon log must report the damage\n{}",
+        d.log_tail()
+    );
+    // A later restart still reports it, and nothing more is lost.
+    d.stop();
+    d.spawn();
+    let v = parse_json("status --json", &d.cli_ok(["status", "dmg", "--json"]));
+    assert!(v["damaged"].to_string().contains("new3.txt"), "{v}");
+    let m = mount.clone();
+    let again = io("reads after a second restart", move || {
+        fs::read_to_string(m.join("new6.txt")).ok()
+    });
+    assert_eq!(again.as_deref(), Some("content 6\n"));
+    d.stop();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 10: a mirror or the blob cache deleted under a live daemon
+
+/// `git -C <mirror> ...` as the test sees it.
+fn mirror_git(mirror: &Path, args: &[&str]) -> Out {
+    run(
+        Command::new("git").arg("-C").arg(mirror).args(args),
+        Duration::from_secs(30),
+    )
+}
+
+/// A mirror deleted under live workspaces used to leave them stuck: `mirror sync` "succeeded"
+/// without a mirror, and no snapshot or release was possible. Now `mirror sync` re-creates it from the
+/// project's upstream, the workspaces read and save again (a new snapshot chain: the old one went with
+/// the mirror), and `release --discard` can always drop a workspace, mirror or not.
+#[test]
+fn a_deleted_mirror_heals_and_a_workspace_can_always_be_saved_or_discarded() {
+    let fx = fixture();
+    let upstream_head = fx.repo.head();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    let mirror = d.mirror(PROJECT);
+    d.cli_ok(["open", "keep", "--project", PROJECT]);
+    d.cli_ok(["open", "drop", "--project", PROJECT]);
+    let keep = d.mount("keep");
+    let drop_mount = d.mount("drop");
+    let m = keep.clone();
+    io("work before the mirror goes", move || {
+        fs::write(m.join("work.txt"), b"before\n").unwrap();
+    });
+    d.cli_ok(["snapshot", "keep"]);
+
+    fs::remove_dir_all(&mirror).unwrap();
+    // Saving needs the mirror: refused with a clear line that says how to get out.
+    let out = d.cli(["release", "keep"]);
+    assert!(!out.success(), "{}", out.describe());
+    let err = out.stderr_str();
+    assert!(
+        err.contains("mirror sync") && err.contains("--discard"),
+        "{}",
+        out.describe()
+    );
+    assert!(mounts_under(&d.root).contains(&keep));
+
+    let out = d.cli_ok(["mirror", "sync", PROJECT]);
+    assert!(
+        mirror.join(".git").is_dir(),
+        "`mirror sync` must re-create a missing mirror (said {out:?})"
+    );
+    assert_eq!(
+        mirror_git(&mirror, &["rev-parse", "HEAD"])
+            .stdout_str()
+            .trim(),
+        upstream_head
+    );
+    assert!(out.contains("re-created"), "{out}");
+
+    // The live workspace reads base content it had not read yet, and saves again.
+    let m = keep.clone();
+    let (cold, more) = io("reads after the re-clone", move || {
+        fs::write(m.join("more.txt"), b"after\n").unwrap();
+        (
+            fs::read(m.join("cold/c2.bin")),
+            fs::read(m.join("work.txt")),
+        )
+    });
+    assert_eq!(cold.expect("cold/c2.bin"), pseudo_random(64 * 1024, 14));
+    assert_eq!(more.expect("work.txt"), b"before\n");
+    let snap = d.cli_ok(["snapshot", "keep"]);
+    let snap = snap.trim();
+    let tree = mirror_git(&mirror, &["ls-tree", "--name-only", snap]).stdout_str();
+    assert!(
+        tree.contains("work.txt") && tree.contains("more.txt"),
+        "{tree}"
+    );
+    d.cli_ok(["release", "keep"]);
+    let m = PathBuf::from(d.cli_ok(["open", "keep", "--project", PROJECT]).trim());
+    let back = io("resume after the re-clone", move || {
+        (fs::read(m.join("work.txt")), fs::read(m.join("more.txt")))
+    });
+    assert_eq!(back.0.expect("work.txt"), b"before\n");
+    assert_eq!(back.1.expect("more.txt"), b"after\n");
+
+    // Discarding needs no mirror at all.
+    fs::remove_dir_all(&mirror).unwrap();
+    let m = drop_mount.clone();
+    io("unsaved work", move || {
+        fs::write(m.join("scratch.txt"), b"thrown away\n").unwrap();
+    });
+    d.cli_ok(["release", "drop", "--discard"]);
+    assert!(!mounts_under(&d.root).contains(&drop_mount));
+    assert!(!d.state.join("workspaces").join("drop").exists());
+    d.cli_ok(["mirror", "sync", PROJECT]);
+
+    // A mirror that is there but broken (its objects gone) is cloned again too; the broken one is
+    // kept aside, never deleted.
+    fs::remove_dir_all(mirror.join(".git/objects")).unwrap();
+    let out = d.cli_ok(["mirror", "sync", PROJECT]);
+    assert!(out.contains("re-created"), "{out}");
+    assert_eq!(
+        mirror_git(&mirror, &["rev-parse", "HEAD^{commit}"])
+            .stdout_str()
+            .trim(),
+        upstream_head
+    );
+    let aside: Vec<_> = fs::read_dir(d.state.join("mirrors"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".broken-proj-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the broken mirror kept aside");
+    d.stop();
+}
+
+/// The blob cache emptied under a live daemon (its `tmp/` with it) used to make every base file
+/// that was not open ENOENT. Now a vanished cache file is written again on the next open.
+#[test]
+fn an_emptied_blob_cache_is_filled_again() {
+    let fx = fixture();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    d.cli_ok(["open", "cache", "--project", PROJECT]);
+    let mount = d.mount("cache");
+    let m = mount.clone();
+    let first = io("first reads", move || {
+        fs::read(m.join("data/blob.bin")).unwrap()
+    });
+    assert_eq!(first, pseudo_random(256 * 1024, 11));
+    let blobs = d.state.join("blobs");
+    for e in fs::read_dir(&blobs).unwrap().flatten() {
+        fs::remove_dir_all(e.path()).unwrap();
+    }
+    let m = mount.clone();
+    let (again, cold) = io("reads after the cache was emptied", move || {
+        (
+            fs::read(m.join("data/blob.bin")),
+            fs::read(m.join("cold/c1.bin")),
+        )
+    });
+    assert_eq!(
+        again.expect("data/blob.bin after the cache was emptied"),
+        pseudo_random(256 * 1024, 11)
+    );
+    assert_eq!(
+        cold.expect("cold/c1.bin after the cache was emptied"),
+        pseudo_random(64 * 1024, 13)
+    );
+    d.stop();
+}

@@ -2,20 +2,25 @@
 //! directory entry that differs from the base tree.
 //!
 //! Storage is `<upper>/catalog.snap` (the whole state at some moment) plus `<upper>/catalog.log` (one
-//! line per committed batch of [`Record`]s since then). Every record is an absolute "set", so replaying
+//! frame per committed batch of [`Record`]s since then). Every record is an absolute "set", so replaying
 //! any suffix of the log over a newer state changes nothing: compaction may crash at any point.
 //!
 //! Ordering (see `docs/crash-safety.md`): a batch is appended to the log with one `write` *before* the
 //! in-memory state changes and before the request is answered, so a SIGKILL after the answer loses
 //! nothing; a batch that fails to append (ENOSPC) is cut off again and the operation fails unapplied. A
-//! torn last line (power loss) is ignored on load. Data files are written before a record points at
+//! torn last frame (power loss) is ignored on load. Data files are written before a record points at
 //! them, and removed only after the record that pointed at them is gone.
+//!
+//! Framing (see `docs/crash-safety.md` "Damaged log"): each batch is `RS len sum JSON LF`, with RS the
+//! byte 0x1e (which JSON never holds unescaped), so that one damaged frame costs that batch alone: the
+//! replay skips it, finds the next RS and goes on, and reports what the damaged batch concerned (a
+//! [`Damage`]). Logs of older versions (one bare JSON line per batch) still replay.
 //!
 //! This module knows nothing about FUSE or git objects beyond their ids as strings.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead};
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -197,6 +202,8 @@ pub struct Catalog {
     /// The log has disk blocks allocated (beyond its size) up to here: a reserve so that metadata
     /// changes — above all deleting files — still succeed when the disk is full.
     reserved_to: u64,
+    /// Batches found damaged when the log was replayed (they were skipped).
+    damage: Vec<Damage>,
 }
 
 /// Blocks kept allocated ahead of the log's end, and when to top them up.
@@ -220,32 +227,23 @@ impl Catalog {
             Err(e) => return Err(e),
         };
         let log_path = dir.join(LOG);
-        let mut good_len = 0u64;
-        let mut batches = 0u64;
-        if let Ok(f) = File::open(&log_path) {
-            let mut reader = io::BufReader::new(f);
-            let mut line = Vec::new();
-            loop {
-                line.clear();
-                let n = reader.read_until(b'\n', &mut line)?;
-                if n == 0 || line.last() != Some(&b'\n') {
-                    break; // end, or a torn last line
-                }
-                match serde_json::from_slice::<Vec<Record>>(&line) {
-                    Ok(batch) => {
-                        for r in &batch {
-                            state.apply(r);
-                        }
-                        good_len += n as u64;
-                        batches += 1;
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "catalog: ignoring a damaged log tail at byte {good_len}: {e}"
-                        );
-                        break;
-                    }
-                }
+        let Replayed {
+            good_len,
+            batches,
+            damage,
+        } = match File::open(&log_path) {
+            Ok(f) => replay(f, &mut state)?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Replayed::default(),
+            Err(e) => return Err(e),
+        };
+        if !damage.is_empty() {
+            // The damaged bytes are kept for whoever wants to look (the log itself is compacted
+            // below, so that the damage is reported once and new batches never follow it).
+            let q = dir.join("quarantine");
+            std::fs::create_dir_all(&q)?;
+            std::fs::copy(&log_path, q.join(format!("{LOG}.damaged-{}", Ts::now().0)))?;
+            for d in &damage {
+                tracing::warn!("catalog {}: {d}", dir.display());
             }
         }
         use std::os::unix::fs::OpenOptionsExt;
@@ -270,9 +268,18 @@ impl Catalog {
             log_len: good_len,
             log_batches: batches,
             reserved_to: good_len,
+            damage,
         };
         catalog.top_up_reserve();
+        if !catalog.damage.is_empty() {
+            catalog.compact(&state)?;
+        }
         Ok((catalog, state, was_clean))
+    }
+
+    /// The batches that were found damaged (and skipped) when the log was replayed at open.
+    pub fn damage(&self) -> &[Damage] {
+        &self.damage
     }
 
     /// Appends one batch. On failure nothing of it remains in the log and the caller must not apply it.
@@ -280,8 +287,7 @@ impl Catalog {
         if batch.is_empty() {
             return Ok(());
         }
-        let mut line = serde_json::to_vec(batch).map_err(io::Error::other)?;
-        line.push(b'\n');
+        let line = frame(batch)?;
         if let Err(e) = self.log.write_all_at(&line, self.log_len) {
             let _ = self.log.set_len(self.log_len);
             return Err(e);
@@ -336,6 +342,334 @@ impl Catalog {
         self.compact(state)?;
         crate::records::write_atomic(&self.dir.join(CLEAN), b"clean\n")
     }
+}
+
+/// Start of a frame: ASCII "record separator" (as in RFC 7464); JSON escapes it inside strings.
+const RS: u8 = 0x1e;
+/// `RS`, the payload length as 8 hex digits, a space, its checksum as 16 hex digits, a space.
+const HEADER: usize = 27;
+/// Larger frames are refused on append and taken as damage on replay.
+const MAX_PAYLOAD: u64 = 1 << 30;
+
+fn checksum(payload: &[u8]) -> u64 {
+    let h = blake3::hash(payload);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.as_bytes()[..8]);
+    u64::from_le_bytes(b)
+}
+
+/// One batch as it is appended to the log.
+fn frame(batch: &[Record]) -> io::Result<Vec<u8>> {
+    let payload = serde_json::to_vec(batch).map_err(io::Error::other)?;
+    if payload.len() as u64 > MAX_PAYLOAD {
+        return Err(io::Error::other("a catalog batch of more than 1 GiB"));
+    }
+    let mut out = Vec::with_capacity(HEADER + payload.len() + 1);
+    out.push(RS);
+    write!(out, "{:08x} {:016x} ", payload.len(), checksum(&payload))?;
+    out.extend_from_slice(&payload);
+    out.push(b'\n');
+    Ok(out)
+}
+
+/// A stretch of `catalog.log` that did not replay: the batch (or batches) there were skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    /// Byte offset and length of the damaged stretch in the log.
+    pub offset: u64,
+    pub len: u64,
+    /// Inodes and names the damaged bytes mention, as far as they can still be read.
+    pub inodes: Vec<u64>,
+    pub names: Vec<String>,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "damaged log record at bytes {}..{} skipped",
+            self.offset,
+            self.offset + self.len
+        )?;
+        if self.names.is_empty() && self.inodes.is_empty() {
+            return f.write_str(" (nothing in it could be read)");
+        }
+        if !self.names.is_empty() {
+            write!(f, "; names {:?}", self.names)?;
+        }
+        if !self.inodes.is_empty() {
+            write!(f, "; inodes {:?}", self.inodes)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct Replayed {
+    /// The log up to the end of its last good frame: what follows is a torn or damaged tail.
+    good_len: u64,
+    batches: u64,
+    damage: Vec<Damage>,
+}
+
+/// Positional reads of the log through a window, so a long log replays in bounded memory.
+struct LogReader {
+    file: File,
+    len: u64,
+    start: u64,
+    buf: Vec<u8>,
+}
+
+const WINDOW: usize = 1 << 20;
+
+impl LogReader {
+    /// Bytes `pos..pos + n`, or `None` past the end of the log.
+    fn get(&mut self, pos: u64, n: usize) -> io::Result<Option<&[u8]>> {
+        if pos + n as u64 > self.len {
+            return Ok(None);
+        }
+        let in_window = pos >= self.start && pos + n as u64 <= self.start + self.buf.len() as u64;
+        if !in_window {
+            let want = n.max(WINDOW).min((self.len - pos) as usize);
+            self.buf.resize(want, 0);
+            self.file.read_exact_at(&mut self.buf, pos)?;
+            self.start = pos;
+        }
+        let at = (pos - self.start) as usize;
+        Ok(Some(&self.buf[at..at + n]))
+    }
+
+    fn byte(&mut self, pos: u64) -> io::Result<Option<u8>> {
+        Ok(self.get(pos, 1)?.map(|b| b[0]))
+    }
+
+    /// The first position at or after `from` whose byte satisfies `hit`.
+    fn find(&mut self, from: u64, hit: impl Fn(u8) -> bool) -> io::Result<Option<u64>> {
+        let mut pos = from;
+        while pos < self.len {
+            let n = (WINDOW as u64).min(self.len - pos) as usize;
+            let Some(chunk) = self.get(pos, n)? else {
+                break;
+            };
+            if let Some(i) = chunk.iter().position(|b| hit(*b)) {
+                return Ok(Some(pos + i as u64));
+            }
+            pos += n as u64;
+        }
+        Ok(None)
+    }
+
+    /// Where the next batch can start after a damaged one at `from`: the next RS, or the start of
+    /// a line of the old unframed format.
+    fn resync(&mut self, from: u64) -> io::Result<Option<u64>> {
+        let mut pos = from;
+        loop {
+            let Some(q) = self.find(pos, |b| b == RS || b == b'\n')? else {
+                return Ok(None);
+            };
+            if self.byte(q)? == Some(RS) {
+                return Ok(Some(q));
+            }
+            if self.byte(q + 1)? == Some(b'[') {
+                return Ok(Some(q + 1));
+            }
+            pos = q + 1;
+        }
+    }
+}
+
+enum Parsed {
+    Good {
+        batch: Vec<Record>,
+        next: u64,
+    },
+    /// Not a valid batch; `payload` is where its JSON would be, when the header could be read.
+    Bad {
+        payload: Option<(u64, usize)>,
+    },
+}
+
+fn parse_hex(b: &[u8]) -> Option<u64> {
+    u64::from_str_radix(std::str::from_utf8(b).ok()?, 16).ok()
+}
+
+/// Reads the batch starting at `p`.
+fn parse_at(r: &mut LogReader, p: u64) -> io::Result<Parsed> {
+    if r.byte(p)? == Some(b'[') {
+        // A line of the old format: the JSON up to the newline.
+        let Some(nl) = r.find(p, |b| b == b'\n')? else {
+            return Ok(Parsed::Bad { payload: None });
+        };
+        let n = (nl - p) as usize;
+        let Some(line) = r.get(p, n)? else {
+            return Ok(Parsed::Bad { payload: None });
+        };
+        return Ok(match serde_json::from_slice::<Vec<Record>>(line) {
+            Ok(batch) => Parsed::Good {
+                batch,
+                next: nl + 1,
+            },
+            Err(_) => Parsed::Bad {
+                payload: Some((p, n)),
+            },
+        });
+    }
+    // The first byte should be RS; a frame whose RS alone was hit still proves itself by its sum.
+    let Some(h) = r.get(p, HEADER)? else {
+        return Ok(Parsed::Bad { payload: None });
+    };
+    let (len, sum) = match (parse_hex(&h[1..9]), h[9], parse_hex(&h[10..26]), h[26]) {
+        (Some(len), b' ', Some(sum), b' ') if len <= MAX_PAYLOAD => (len, sum),
+        _ => return Ok(Parsed::Bad { payload: None }),
+    };
+    let at = p + HEADER as u64;
+    let Some(payload) = r.get(at, len as usize)? else {
+        return Ok(Parsed::Bad { payload: None });
+    };
+    let bad = Parsed::Bad {
+        payload: Some((at, len as usize)),
+    };
+    if checksum(payload) != sum {
+        return Ok(bad);
+    }
+    Ok(match serde_json::from_slice::<Vec<Record>>(payload) {
+        // The frame's last byte should be LF; the sum already proved the payload.
+        Ok(batch) => Parsed::Good {
+            batch,
+            next: at + len + 1,
+        },
+        Err(_) => bad,
+    })
+}
+
+/// Replays the log in `f` over `state`, skipping damaged batches.
+fn replay(f: File, state: &mut CatalogState) -> io::Result<Replayed> {
+    let len = f.metadata()?.len();
+    let mut r = LogReader {
+        file: f,
+        len,
+        start: 0,
+        buf: Vec::new(),
+    };
+    let mut out = Replayed::default();
+    let mut p = 0u64;
+    while p < len {
+        let payload = match parse_at(&mut r, p)? {
+            Parsed::Good { batch, next } => {
+                for rec in &batch {
+                    state.apply(rec);
+                }
+                out.batches += 1;
+                out.good_len = next.min(len);
+                p = next;
+                continue;
+            }
+            Parsed::Bad { payload } => payload,
+        };
+        let (end, tail) = match r.resync(p + 1)? {
+            Some(q) => (q, false),
+            None => (len, true),
+        };
+        if tail && is_torn(&mut r, p, len)? {
+            // The last batch was being written when the system went down: it was never complete,
+            // so no request had its answer; drop it as before.
+            tracing::info!("catalog: ignoring a torn log tail at byte {p}");
+            break;
+        }
+        let d = describe(&mut r, p, end, payload)?;
+        match out.damage.last_mut() {
+            Some(prev) if prev.offset + prev.len == p => {
+                prev.len += d.len;
+                prev.inodes.extend(d.inodes);
+                prev.names.extend(d.names);
+            }
+            _ => out.damage.push(d),
+        }
+        p = end;
+    }
+    for d in &mut out.damage {
+        d.inodes.sort_unstable();
+        d.inodes.dedup();
+        d.names.sort();
+        d.names.dedup();
+    }
+    Ok(out)
+}
+
+/// Whether the bad tail `p..len` is a batch cut short (power loss: a prefix of a frame, possibly
+/// followed by zeros) rather than a complete frame that was damaged later: every complete frame ends
+/// with LF and holds no NUL.
+fn is_torn(r: &mut LogReader, p: u64, len: u64) -> io::Result<bool> {
+    if r.byte(len - 1)? != Some(b'\n') {
+        return Ok(true);
+    }
+    Ok(r.find(p, |b| b == 0)?.is_some())
+}
+
+/// What the damaged stretch `p..end` concerned, as far as it can be read.
+fn describe(
+    r: &mut LogReader,
+    p: u64,
+    end: u64,
+    payload: Option<(u64, usize)>,
+) -> io::Result<Damage> {
+    let mut d = Damage {
+        offset: p,
+        len: end - p,
+        inodes: Vec::new(),
+        names: Vec::new(),
+    };
+    // A damaged checksum leaves JSON that still parses: then the records say exactly what was lost.
+    if let Some((at, n)) = payload
+        && at + n as u64 <= end
+        && let Some(bytes) = r.get(at, n)?
+        && let Ok(batch) = serde_json::from_slice::<Vec<Record>>(bytes)
+    {
+        for rec in &batch {
+            let (ino, name) = match rec {
+                Record::Inode(i) => (Some(i.ino), Some(&i.name)),
+                Record::Drop { ino } => (Some(*ino), None),
+                Record::Entry { name, ino, .. } => (*ino, Some(name)),
+                Record::Unentry { name, .. } => (None, Some(name)),
+                Record::NextIno { .. } | Record::Generation { .. } => (None, None),
+            };
+            d.inodes.extend(ino);
+            // The root's record has no name.
+            d.names.extend(
+                name.filter(|n| !n.is_empty())
+                    .map(|n| String::from_utf8_lossy(n).into_owned()),
+            );
+        }
+        return Ok(d);
+    }
+    // Otherwise pick out what looks like `"ino":N` and `"name":"…"` (names of directory entries
+    // and inodes), reading at most a window of the stretch.
+    let n = ((end - p) as usize).min(WINDOW);
+    let bytes = r.get(p, n)?.unwrap_or_default().to_vec();
+    for (key, number) in [(&b"\"ino\":"[..], true), (&b"\"name\":\""[..], false)] {
+        let mut i = 0;
+        while let Some(k) = bytes[i..].windows(key.len()).position(|w| w == key) {
+            let start = i + k + key.len();
+            let rest = &bytes[start..];
+            if number {
+                let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+                if let Some(v) = std::str::from_utf8(&rest[..digits])
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                {
+                    d.inodes.push(v);
+                }
+            } else if let Some(q) = rest.iter().position(|b| *b == b'"')
+                && q > 0
+            {
+                // An escaped quote in a name cuts it short; good enough for a report.
+                d.names
+                    .push(String::from_utf8_lossy(&rest[..q]).into_owned());
+            }
+            i = start;
+        }
+    }
+    Ok(d)
 }
 
 mod bytes_as_string {
@@ -532,5 +866,183 @@ mod tests {
             s.apply(r);
         }
         assert_eq!(s, snap);
+    }
+
+    /// A log of six batches, each creating file `f<i>` as inode `i`, and the log's bytes.
+    fn six_batches(dir: &Path) -> Vec<u8> {
+        let (mut c, _, _) = Catalog::open(dir).unwrap();
+        for i in 1..=6u64 {
+            let mut r = rec(i);
+            r.name = format!("f{i}").into_bytes();
+            c.append(&[
+                Record::Inode(r),
+                Record::Entry {
+                    dir: 1,
+                    name: format!("f{i}").into_bytes(),
+                    ino: Some(i),
+                },
+                Record::NextIno { next: i + 1 },
+            ])
+            .unwrap();
+        }
+        drop(c);
+        std::fs::read(dir.join(LOG)).unwrap()
+    }
+
+    /// Where each frame of `log` starts.
+    fn frame_starts(log: &[u8]) -> Vec<usize> {
+        log.iter()
+            .enumerate()
+            .filter(|(_, b)| **b == RS)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
+    #[test]
+    fn one_damaged_batch_costs_that_batch_alone_and_is_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let pristine = six_batches(d.path());
+        let starts = frame_starts(&pristine);
+        assert_eq!(starts.len(), 6);
+        let third = starts[2];
+        let payload_end = starts[3] - 1;
+        // (byte to flip, whether batch 3 is lost): in its JSON, length, checksum, separator, RS
+        // and LF. A hit RS or LF alone costs nothing: the checksum still proves the batch.
+        let cases = [
+            (third + HEADER + 20, true),
+            (third + 3, true),
+            (third + 15, true),
+            (third + 9, true),
+            (third, false),
+            (payload_end, false),
+        ];
+        for (at, lost) in cases {
+            let ws = tempfile::tempdir().unwrap();
+            let mut log = pristine.clone();
+            log[at] ^= 0x04;
+            std::fs::write(ws.path().join(LOG), &log).unwrap();
+            let (c, s, _) = Catalog::open(ws.path()).unwrap();
+            for i in [1u64, 2, 4, 5, 6] {
+                assert_eq!(
+                    s.inodes[&i].name,
+                    format!("f{i}").into_bytes(),
+                    "flip at {at}"
+                );
+                assert_eq!(s.dirs[&1][format!("f{i}").as_bytes()], Some(i));
+            }
+            assert_eq!(s.next_ino, 7);
+            if !lost {
+                assert!(s.inodes.contains_key(&3), "flip at {at}");
+                assert!(c.damage().is_empty(), "flip at {at}: {:?}", c.damage());
+                continue;
+            }
+            assert!(!s.inodes.contains_key(&3), "flip at {at}");
+            assert!(!s.dirs[&1].contains_key(&b"f3"[..]), "flip at {at}");
+            let damage = c.damage();
+            assert_eq!(damage.len(), 1, "flip at {at}: {damage:?}");
+            assert_eq!(damage[0].offset, third as u64);
+            assert_eq!(damage[0].len, (starts[3] - third) as u64);
+            assert!(damage[0].names.contains(&"f3".to_string()), "{damage:?}");
+            assert!(damage[0].to_string().contains("f3"), "{}", damage[0]);
+            if at != third + HEADER + 20 {
+                assert_eq!(damage[0].inodes, vec![3], "flip at {at}");
+            }
+            // The damaged log is kept aside and the live log compacted: the damage is reported
+            // once, and what was replayed stays.
+            let kept: Vec<_> = std::fs::read_dir(ws.path().join("quarantine"))
+                .unwrap()
+                .flatten()
+                .map(|e| std::fs::read(e.path()).unwrap())
+                .collect();
+            assert_eq!(kept, vec![log.clone()]);
+            assert_eq!(std::fs::metadata(ws.path().join(LOG)).unwrap().len(), 0);
+            drop(c);
+            let (c, s2, _) = Catalog::open(ws.path()).unwrap();
+            assert!(c.damage().is_empty());
+            assert_eq!(s, s2);
+        }
+    }
+
+    #[test]
+    fn damaged_last_batch_is_reported_but_a_torn_one_is_not() {
+        let d = tempfile::tempdir().unwrap();
+        let pristine = six_batches(d.path());
+        let last = *frame_starts(&pristine).last().unwrap();
+        // Complete but damaged: reported.
+        let ws = tempfile::tempdir().unwrap();
+        let mut log = pristine.clone();
+        log[last + HEADER + 5] ^= 0x01;
+        std::fs::write(ws.path().join(LOG), &log).unwrap();
+        let (c, s, _) = Catalog::open(ws.path()).unwrap();
+        assert!(!s.inodes.contains_key(&6));
+        assert!(s.inodes.contains_key(&5));
+        assert_eq!(c.damage().len(), 1);
+        assert!(c.damage()[0].names.contains(&"f6".to_string()));
+        // Torn (cut short, or cut short and padded with zeros by the file system): silently cut.
+        let cut = last + (pristine.len() - last) / 2;
+        let mut zeros = pristine[..cut].to_vec();
+        zeros.resize(pristine.len() + 100, 0);
+        for log in [
+            pristine[..cut].to_vec(),
+            pristine[..last + 4].to_vec(),
+            zeros,
+        ] {
+            let ws = tempfile::tempdir().unwrap();
+            std::fs::write(ws.path().join(LOG), &log).unwrap();
+            let (c, s, _) = Catalog::open(ws.path()).unwrap();
+            assert!(c.damage().is_empty(), "{:?}", c.damage());
+            assert!(!s.inodes.contains_key(&6));
+            assert!(s.inodes.contains_key(&5));
+            assert_eq!(
+                std::fs::metadata(ws.path().join(LOG)).unwrap().len(),
+                last as u64
+            );
+            assert!(!ws.path().join("quarantine").exists());
+        }
+    }
+
+    #[test]
+    fn logs_of_the_old_format_replay_and_resynchronize() {
+        let d = tempfile::tempdir().unwrap();
+        let mut log = Vec::new();
+        for i in 1..=4u64 {
+            let mut line = serde_json::to_vec(&vec![
+                Record::Inode(rec(i)),
+                Record::Entry {
+                    dir: 1,
+                    name: format!("old{i}").into_bytes(),
+                    ino: Some(i),
+                },
+            ])
+            .unwrap();
+            if i == 2 {
+                line[3] = b'#';
+            }
+            line.push(b'\n');
+            log.extend(line);
+        }
+        std::fs::write(d.path().join(LOG), &log).unwrap();
+        let (mut c, s, _) = Catalog::open(d.path()).unwrap();
+        assert_eq!(s.dirs[&1].len(), 3);
+        assert!(!s.inodes.contains_key(&2));
+        assert_eq!(c.damage().len(), 1);
+        assert!(c.damage()[0].names.contains(&"old2".to_string()));
+        // Names holding RS and LF are escaped in the JSON, so they cannot fake a frame.
+        let odd = vec![b'a', RS, b'\n', b'b'];
+        c.append(&[Record::Entry {
+            dir: 1,
+            name: odd.clone(),
+            ino: None,
+        }])
+        .unwrap();
+        drop(c);
+        assert_eq!(
+            frame_starts(&std::fs::read(d.path().join(LOG)).unwrap()).len(),
+            1
+        );
+        let (c, s, _) = Catalog::open(d.path()).unwrap();
+        assert!(c.damage().is_empty());
+        assert_eq!(s.dirs[&1][&odd], None);
+        assert_eq!(s.dirs[&1].len(), 4);
     }
 }

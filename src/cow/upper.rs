@@ -1,8 +1,9 @@
 //! The data files of one workspace's upper layer: `<upper>/data/<inode as 16 hex digits>`.
 //!
 //! A data file appears complete or not at all (written under `data/.tmp-*`, then renamed), and before
-//! any catalog record points at it. Copy-up streams from the blob cache with `copy_file_range` (through
-//! `std::io::copy`), never holding a file in memory. Files the catalog does not know after an unclean
+//! any catalog record points at it. Copy-up streams from the blob cache with `copy_file_range`, never
+//! holding a file in memory, and copies only the data ranges (`SEEK_DATA`/`SEEK_HOLE`): a sparse file
+//! stays sparse. Files the catalog does not know after an unclean
 //! stop are moved to `<upper>/quarantine/`, never deleted.
 
 use std::fs::{File, FileTimes, OpenOptions};
@@ -11,6 +12,67 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::catalog::Ts;
+
+/// How a note about a damaged catalog batch starts in `quarantine/README`.
+const DAMAGE_NOTE: &str = "catalog: ";
+
+/// Copies all of `src` into the empty file `dst`, leaving `src`'s holes as holes (a 5 GiB sparse base
+/// file must not become 5 GiB of zeros on disk when one byte of it is written).
+fn copy_sparse(src: &File, dst: &mut File) -> io::Result<()> {
+    let len = src.metadata()?.len();
+    let mut off = 0u64;
+    while off < len {
+        let at = i64::try_from(off).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+        let start = match crate::sys::lseek(src, at, libc::SEEK_DATA) {
+            Ok(s) => s as u64,
+            // Only a hole from here to the end.
+            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
+            // A file system without SEEK_DATA: everything is data.
+            Err(_) => off,
+        };
+        let end = match crate::sys::lseek(src, start as i64, libc::SEEK_HOLE) {
+            Ok(h) => (h as u64).min(len),
+            Err(_) => len,
+        };
+        copy_range(src, dst, start, end)?;
+        off = end.max(start + 1);
+    }
+    dst.set_len(len)
+}
+
+/// Copies bytes `at..end` of `src` to the same offsets of `dst`.
+fn copy_range(src: &File, dst: &File, mut at: u64, end: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    while at < end {
+        match crate::sys::copy_file_range(src, at, dst, at, end - at) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file being copied up shrank",
+                ));
+            }
+            Ok(n) => at += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                ) =>
+            {
+                // No copy_file_range between these files: through a bounded buffer.
+                let mut buf = vec![0u8; (end - at).min(1 << 20) as usize];
+                while at < end {
+                    let n = buf.len().min((end - at) as usize);
+                    src.read_exact_at(&mut buf[..n], at)?;
+                    dst.write_all_at(&buf[..n], at)?;
+                    at += n as u64;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
 
 #[derive(Debug)]
 pub struct Upper {
@@ -64,7 +126,7 @@ impl Upper {
                 .mode(0o600)
                 .open(&tmp)?;
             if let Some(src) = from {
-                io::copy(src, &mut f)?;
+                copy_sparse(src, &mut f)?;
             }
             f.set_times(
                 FileTimes::new()
@@ -155,6 +217,30 @@ impl Upper {
             .open(q.join("README"))?;
         writeln!(notes, "{ino:016x}: {why}")?;
         Ok(dest)
+    }
+
+    /// Records in `quarantine/README` that a damaged catalog batch was skipped.
+    pub fn note_damage(&self, what: &str) -> io::Result<()> {
+        let q = self.dir.join("quarantine");
+        std::fs::create_dir_all(&q)?;
+        use std::io::Write;
+        let mut notes = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(q.join("README"))?;
+        writeln!(notes, "{DAMAGE_NOTE}{what}")
+    }
+
+    /// The notes [`Upper::note_damage`] left.
+    pub fn damage_notes(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join("quarantine").join("README"))
+            .map(|t| {
+                t.lines()
+                    .filter_map(|l| l.strip_prefix(DAMAGE_NOTE))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// Files currently in quarantine.

@@ -726,17 +726,38 @@ impl Daemon {
         edits.sort_by(|a, b| a.path().cmp(b.path()));
         // 3. Objects, then the ref.
         let mirror = self.layout.mirror(&rec.project);
-        let mut repo = snap::open(&mirror)?;
+        let project = &rec.project;
+        let gone = || {
+            format!(
+                "the mirror of project {project} is missing or broken: `octofs mirror sync {project}` clones it again; `octofs release {thread} --discard` drops the workspace without saving"
+            )
+        };
+        let mut repo = snap::open(&mirror).map_err(|e| format!("{}: {e}", gone()))?;
+        if !repo.has_object(view.base_tree) {
+            return Err(format!(
+                "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
+                view.base_tree
+            ));
+        }
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
         // The ref must be where this workspace last left it. One exception: a snapshot of this
         // workspace that moved the ref just before the daemon died, before it was recorded here
         // (its second parent is what was recorded).
-        let saved = rec
+        let mut saved = rec
             .saved
             .as_ref()
             .and_then(|m| m.commit.as_deref())
             .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        // A mirror re-created from its upstream has neither the ref nor the snapshot: nobody moved
+        // it, the chain starts again (the old snapshots went with the old mirror).
+        if prev.is_none()
+            && let Some(s) = saved
+            && !repo.has_object(s)
+        {
+            tracing::warn!(%thread, last = %s, "the mirror lost the thread's snapshots; starting a new chain");
+            saved = None;
+        }
         if prev != saved {
             let ours = match prev {
                 Some(p) => {
@@ -834,8 +855,11 @@ impl Daemon {
     }
 
     /// `octofs release`: one user fewer; the last one saves (if anything changed), unmounts and drops
-    /// the upper layer. A busy mount is refused unless `force`.
-    pub(super) fn release(&self, thread: &str, force: bool, c: &Caller) -> Reply {
+    /// the upper layer. A busy mount is refused unless `force`. `discard` drops the workspace at once
+    /// without saving (every user's, busy or not): the way out when it cannot be saved, e.g. its mirror
+    /// is gone; the thread's last snapshot stays where it was.
+    pub(super) fn release(&self, thread: &str, force: bool, discard: bool, c: &Caller) -> Reply {
+        let force = force || discard;
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
@@ -868,11 +892,14 @@ impl Daemon {
                 self.layout.mountpoint(thread).display()
             ));
         }
-        let saved = if rec.chat {
+        let saved = if rec.chat || discard {
             None
         } else {
             Some(self.snapshot_locked(thread)?)
         };
+        if discard {
+            tracing::warn!(%thread, "discarding the workspace without saving it");
+        }
         self.unmount_thread(thread, force)?;
         let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
         let _ = std::fs::remove_dir(self.layout.mountpoint(thread));

@@ -161,7 +161,11 @@ impl Daemon {
             Request::Status { thread } => self.status(&thread, c),
             Request::Fsmonitor { thread, token } => self.fsmonitor(&thread, &token, c),
             Request::Snapshot { thread } => self.snapshot(&thread, c),
-            Request::Release { thread, force } => self.release(&thread, force, c),
+            Request::Release {
+                thread,
+                force,
+                discard,
+            } => self.release(&thread, force, discard, c),
             Request::Sweep { idle_secs } => {
                 self.require_admin(c, "sweep every user's workspaces")?;
                 self.sweep(idle_secs)
@@ -455,6 +459,7 @@ impl Daemon {
                 .map(|c| c.len() as u64)
                 .unwrap_or(0),
             quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
+            damaged: m.map(|m| m.core.damaged().to_vec()).unwrap_or_default(),
             base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
             last_snapshot: rec.saved.as_ref().and_then(|s| s.commit.clone()),
             state: if m.is_some() { "mounted" } else { "unmounted" }.into(),
@@ -482,6 +487,7 @@ impl Daemon {
             passthrough: None,
             changed_paths: 0,
             quarantined: 0,
+            damaged: Vec::new(),
             base_content_opens: 0,
             last_snapshot: last,
             state: "released".into(),

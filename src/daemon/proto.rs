@@ -49,6 +49,9 @@ pub enum Request {
     Release {
         thread: String,
         force: bool,
+        /// Drop the workspace without saving it.
+        #[serde(default)]
+        discard: bool,
     },
     Sweep {
         idle_secs: u64,
@@ -108,6 +111,9 @@ pub struct WorkspaceStatus {
     /// Files moved to `<state>/workspaces/<thread>/upper/quarantine` after an unclean stop.
     #[serde(default)]
     pub quarantined: u64,
+    /// Catalog batches lost to damage (what each concerned), from `quarantine/README`.
+    #[serde(default)]
+    pub damaged: Vec<String>,
     pub last_snapshot: Option<String>,
     /// Opens of base content since the mount (content read from the blob cache).
     #[serde(default)]

@@ -270,6 +270,8 @@ pub struct WorkspaceFs {
     base_content_opens: AtomicU64,
     /// Unix seconds of the last request that touched the workspace's metadata.
     last_activity: AtomicU64,
+    /// Catalog batches lost to damage, as reported in `quarantine/README` (kept across restarts).
+    damaged: Vec<String>,
 }
 
 /// One edit that turns the base tree into the workspace's working state (see [`WorkspaceFs::view`]).
@@ -665,6 +667,7 @@ impl WorkspaceFs {
     ) -> std::io::Result<WorkspaceFs> {
         let upper = Upper::open(upper_dir)?;
         let (catalog, loaded, was_clean) = Catalog::open(upper_dir)?;
+        let damage = catalog.damage().to_vec();
         let base_time = ts(pres.time);
         let mut nodes: HashMap<u64, Node> = loaded
             .inodes
@@ -711,7 +714,7 @@ impl WorkspaceFs {
         if let Some(root) = nodes.get_mut(&ROOT_INO) {
             root.lookups = 1;
         }
-        let fs = WorkspaceFs {
+        let mut fs = WorkspaceFs {
             store,
             blobs,
             upper,
@@ -729,11 +732,51 @@ impl WorkspaceFs {
             }),
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),
+            damaged: Vec::new(),
         };
-        if !was_clean {
+        if !damage.is_empty() {
+            fs.note_catalog_damage(&damage)?;
+        }
+        if !was_clean || !damage.is_empty() {
             fs.check_after_unclean_stop()?;
         }
+        fs.damaged = fs.upper.damage_notes();
         Ok(fs)
+    }
+
+    /// A damaged catalog batch was skipped: its note goes to `quarantine/README` (and so into
+    /// `status`). The batch may have held the last `NextIno`: the counter moves past every allocated
+    /// number still in use (records, entries, data files, which the check that follows quarantines
+    /// under their number), so none is handed out twice. A number only the lost batch used may be
+    /// reused: nothing refers to it any more, and the kernel has not seen it since the remount.
+    fn note_catalog_damage(&self, damage: &[crate::cow::catalog::Damage]) -> std::io::Result<()> {
+        let mut st = self.lock();
+        let data = self.upper.data_inodes()?;
+        let highest = data
+            .into_iter()
+            .chain(st.live.inodes.keys().copied())
+            .chain(st.live.dirs.keys().copied())
+            .chain(
+                st.live
+                    .dirs
+                    .values()
+                    .flat_map(|m| m.values().flatten().copied()),
+            )
+            .filter(|ino| ino & ALLOCATED != 0)
+            .map(|ino| ino & !ALLOCATED)
+            .max()
+            .unwrap_or(0);
+        if highest >= st.live.next_ino {
+            let mut tx = Tx::default();
+            tx.records.push(Record::NextIno { next: highest + 1 });
+            st.commit(tx)
+                .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
+        }
+        for d in damage {
+            tracing::warn!("workspace {}: {d}", self.upper.dir().display());
+            self.upper.note_damage(&d.to_string())?;
+        }
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -2571,6 +2614,11 @@ impl WorkspaceFs {
     /// Files in the workspace's quarantine.
     pub fn quarantined(&self) -> usize {
         self.upper.quarantined()
+    }
+
+    /// What damaged catalog batches cost this workspace (one line each).
+    pub fn damaged(&self) -> &[String] {
+        &self.damaged
     }
 }
 

@@ -91,6 +91,9 @@ pub struct SyncOutcome {
     pub fresh: bool,
     /// Set when the upstream could not be reached and the stale mirror is kept.
     pub warning: Option<String>,
+    /// The mirror was missing or broken and was cloned again from the upstream.
+    #[serde(default)]
+    pub recreated: bool,
 }
 
 fn now() -> u64 {
@@ -446,6 +449,24 @@ pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcom
     let mut p = require(layout, project)?;
     let mirror = layout.mirror(project);
     let head_before = head(&mirror);
+    // A mirror deleted or broken under the daemon is built again, whatever the freshness window.
+    // (`.git` first: git would otherwise look for a repository in the directories above.)
+    let usable = mirror.join(".git").is_dir()
+        && (git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "HEAD^{commit}").is_ok()
+            || has_no_commits(&mirror));
+    if !usable {
+        recreate(layout, &mut p)?;
+        p.last_sync = now();
+        save(layout, &p)?;
+        return Ok(SyncOutcome {
+            project: project.into(),
+            head: head(&mirror),
+            changed: true,
+            fresh: false,
+            warning: None,
+            recreated: true,
+        });
+    }
     if freshness > 0 && now().saturating_sub(p.last_sync) < freshness {
         return Ok(SyncOutcome {
             project: project.into(),
@@ -453,6 +474,7 @@ pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcom
             changed: false,
             fresh: true,
             warning: None,
+            recreated: false,
         });
     }
     let mut warning = None;
@@ -512,7 +534,60 @@ pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcom
         head: head_after,
         fresh: false,
         warning,
+        recreated: false,
     })
+}
+
+/// A usable mirror whose branch has no commit yet (its HEAD is unborn): nothing to re-create.
+fn has_no_commits(mirror: &Path) -> bool {
+    git!(Some(mirror); "rev-parse", "--git-dir").is_ok()
+        && git!(Some(mirror); "rev-parse", "--verify", "--quiet", "HEAD").is_err()
+        && git!(Some(mirror); "symbolic-ref", "--quiet", "HEAD").is_ok()
+        && git!(Some(mirror); "for-each-ref", "--count=1").is_ok_and(|o| o.is_empty())
+}
+
+/// Builds the mirror of `p` again from its upstream, the way `add` does (staging, then a rename), after
+/// it was deleted or broken under the daemon. A broken leftover is moved aside to
+/// `mirrors/.broken-<project>-<time>` and kept (it may still hold snapshot objects worth recovering by
+/// hand); snapshots that only the old mirror held are not in the new one.
+fn recreate(layout: &Layout, p: &mut Project) -> Result<(), String> {
+    let project = p.project.clone();
+    let dest = layout.mirror(&project);
+    tracing::warn!(%project, "the mirror is missing or broken; cloning it again from its upstream");
+    std::fs::create_dir_all(layout.mirrors())
+        .map_err(|e| format!("cannot create mirrors dir: {e}"))?;
+    let staging = layout
+        .mirrors()
+        .join(format!(".staging-{project}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    let credential = load_credential(layout, &project)?;
+    let branch = match build_mirror(&staging, p.kind, &p.upstream, credential.as_deref()) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(format!("cannot re-create the mirror of {project}: {e}"));
+        }
+    };
+    let aside = layout
+        .mirrors()
+        .join(format!(".broken-{project}-{}", now()));
+    let moved = std::fs::symlink_metadata(&dest).is_ok();
+    if moved && let Err(e) = std::fs::rename(&dest, &aside) {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(format!(
+            "cannot move the broken mirror {} aside: {e}",
+            dest.display()
+        ));
+    }
+    if let Err(e) = std::fs::rename(&staging, &dest) {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(format!("cannot publish mirror {}: {e}", dest.display()));
+    }
+    if moved {
+        tracing::warn!(%project, kept = %aside.display(), "the broken mirror is kept aside");
+    }
+    p.default_branch = branch;
+    Ok(())
 }
 
 fn head(mirror: &Path) -> Option<String> {

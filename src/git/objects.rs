@@ -203,4 +203,77 @@ impl ObjectStore {
     pub fn blob(&self, id: ObjectId) -> io::Result<Vec<u8>> {
         self.with_repo(|repo| repo.find_blob(id).map(|mut b| b.take_data()).map_err(other))
     }
+
+    /// The content of blob `id` as a stream, for blobs too large to hold in memory: gix decodes an
+    /// object whole, while `git cat-file blob` streams loose and undeltified packed objects (git
+    /// never deltifies objects above `core.bigFileThreshold`). Git runs in the mirror with no system
+    /// or user configuration, so only the daemon's own mirror config is read.
+    pub fn blob_stream(&self, id: ObjectId) -> io::Result<BlobStream> {
+        let mut child = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&self.path)
+            .args(["cat-file", "blob"])
+            .arg(id.to_string())
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_OBJECT_DIRECTORY")
+            .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| other(format!("cannot run git cat-file: {e}")))?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| other("git cat-file has no stdout"))?;
+        Ok(BlobStream {
+            id,
+            child: Some(child),
+            out,
+        })
+    }
+}
+
+/// The content of one blob, read from a `git cat-file` child ([`ObjectStore::blob_stream`]).
+pub struct BlobStream {
+    id: ObjectId,
+    child: Option<std::process::Child>,
+    out: std::process::ChildStdout,
+}
+
+impl io::Read for BlobStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.out.read(buf)
+    }
+}
+
+impl BlobStream {
+    /// Waits for git: the stream was complete only if it succeeded.
+    pub fn finish(mut self) -> io::Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        let status = child.wait()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(other(format!(
+                "git cat-file blob {} failed ({status})",
+                self.id
+            )))
+        }
+    }
+}
+
+impl Drop for BlobStream {
+    fn drop(&mut self) {
+        // Abandoned half-way (an error while writing the cache file): no git left running.
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

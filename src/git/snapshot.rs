@@ -96,13 +96,7 @@ pub fn build_tree(
     let blob = |source: &ViewSource| -> Result<ObjectId, String> {
         Ok(match source {
             ViewSource::Object(id) => *id,
-            ViewSource::File(p) => {
-                let f = std::fs::File::open(p)
-                    .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-                repo.write_blob_stream(f)
-                    .map_err(|e| format!("cannot write a blob from {}: {e}", p.display()))?
-                    .detach()
-            }
+            ViewSource::File(p) => write_file_blob(repo, p)?,
             ViewSource::Bytes(b) => repo
                 .write_blob(b)
                 .map_err(err("cannot write a blob"))?
@@ -136,6 +130,84 @@ pub fn build_tree(
         .write()
         .map_err(err("cannot write the snapshot tree"))?
         .detach())
+}
+
+/// Files up to this size are read whole to be saved; larger ones stream.
+const IN_MEMORY_UP_TO: u64 = 8 << 20;
+
+/// Writes the content of file `p` as a blob. gix's `write_blob_stream` reads the whole file into
+/// memory first (5 GiB of daemon memory for a 5 GiB file), so a large file streams instead: one pass
+/// hashes it (a blob the mirror already has, e.g. from the last snapshot, is not written again), a
+/// second one hashes and compresses it into a loose object. Memory stays bounded whatever the size.
+fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<ObjectId, String> {
+    use gix::objs::Write as _;
+    use std::io::Read as _;
+    let cannot =
+        |e: &dyn std::fmt::Display| format!("cannot write a blob from {}: {e}", p.display());
+    let open = || -> Result<(std::fs::File, u64), String> {
+        let f = std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        let size = f
+            .metadata()
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+            .len();
+        Ok((f, size))
+    };
+    // The object's header states its size before the content follows: a file that shrinks while
+    // it is read must fail the write, never leave an object whose content disagrees with its header.
+    let exact = |f: std::fs::File, size: u64| ExactSize {
+        inner: std::io::BufReader::with_capacity(1 << 20, f),
+        left: size,
+    };
+    let (f, size) = open()?;
+    if size <= IN_MEMORY_UP_TO {
+        let mut buf = Vec::with_capacity(size as usize);
+        exact(f, size)
+            .read_to_end(&mut buf)
+            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+        return Ok(repo.write_blob(&buf).map_err(|e| cannot(&e))?.detach());
+    }
+    let id = gix::objs::compute_stream_hash(
+        repo.object_hash(),
+        gix::objs::Kind::Blob,
+        &mut exact(f, size),
+        size,
+        &mut gix::utils::progress::Discard,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .map_err(|e| cannot(&e))?;
+    if repo.has_object(id) {
+        return Ok(id);
+    }
+    let (f, size) = open()?;
+    repo.objects
+        .write_stream(gix::objs::Kind::Blob, size, &mut exact(f, size))
+        .map_err(|e| cannot(&e))
+}
+
+/// Reads exactly `left` bytes of `inner`, and fails if it ends sooner.
+struct ExactSize<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for ExactSize<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file shrank while it was saved",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 fn signature() -> gix::actor::Signature {
