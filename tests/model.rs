@@ -1576,7 +1576,7 @@ struct Case<'b> {
     token: String,
     /// The generation and time of the last `view()` (what a snapshot records).
     last_view: Option<(u64, Ts)>,
-    /// This step's walk also answers as readdirplus does (`note_listed`: one more reference).
+    /// This step's walk also answers as readdirplus does (`listed`: one more reference).
     plus: bool,
     /// Data files an unclean stop may have quarantined (unlinked files still held open).
     may_quarantine: usize,
@@ -2224,9 +2224,12 @@ impl<'b> Case<'b> {
             let cpath = join(path, name);
             let id = self.model.node(dir).children[name];
             if self.plus {
-                fs.note_listed(ino, e)
-                    .unwrap_or_else(|err| panic!("readdirplus {cpath}: {}", ename(err)));
-                *self.refs.entry(e.attr.ino.0).or_default() += 1;
+                let a = fs
+                    .listed(ino, &e.name)
+                    .unwrap_or_else(|err| panic!("readdirplus {cpath}: {}", ename(err)))
+                    .unwrap_or_else(|| panic!("readdirplus {cpath}: the name is gone"));
+                same_attr(&format!("{cpath}: readdir vs readdirplus"), &e.attr, &a);
+                *self.refs.entry(a.ino.0).or_default() += 1;
             }
             let a = fs
                 .lookup(ino, &e.name)

@@ -1443,7 +1443,7 @@ impl WorkspaceFs {
     }
 
     /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
-    /// references; readdirplus calls [`Self::note_listed`] for each one it returns.
+    /// references; readdirplus calls [`Self::listed`] for each one it returns.
     pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, Errno> {
         let st = self.lock();
         let n = st.node(ino)?;
@@ -1504,19 +1504,22 @@ impl WorkspaceFs {
         Ok(out)
     }
 
-    /// readdirplus handed `entry` of `parent` to the kernel, which now holds a reference to it.
-    pub fn note_listed(&self, parent: u64, entry: &DirEntry) -> Result<(), Errno> {
-        if entry.name == "." || entry.name == ".." {
-            return Ok(());
-        }
+    /// readdirplus hands the entry `name` of `parent` to the kernel: the current attributes of the
+    /// inode the name has now (`None`: the name is gone), counting the kernel's reference to it.
+    ///
+    /// The listing a readdirplus serves was read at the first readdir of its handle, and the kernel
+    /// applies the attributes of every entry to its cached inode as if they were current: served
+    /// from the listing, a file written since then would read as its old size (see
+    /// docs/caching.md). So they are read again here, when the request is answered.
+    pub fn listed(&self, parent: u64, name: &OsStr) -> Result<Option<FileAttr>, Errno> {
         let mut st = self.lock();
-        match self.resolve(&mut st, parent, entry.name.as_bytes())? {
-            Some(ino) => {
-                st.node_mut(ino)?.lookups += 1;
-                Ok(())
-            }
-            None => Err(Errno::ENOENT),
-        }
+        let Some(ino) = self.resolve(&mut st, parent, name.as_bytes())? else {
+            return Ok(None);
+        };
+        let rec = st.node(ino)?.rec.clone();
+        let attr = self.attr(&rec)?;
+        st.node_mut(ino)?.lookups += 1;
+        Ok(Some(attr))
     }
 
     pub fn opendir(&self, ino: u64) -> Result<(), Errno> {

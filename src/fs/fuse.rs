@@ -671,19 +671,35 @@ impl Filesystem for FuseAdapter {
     ) {
         let r = self.with_listing(fh, |list| {
             for (idx, e) in list.iter().enumerate().skip(offset as usize) {
+                // The kernel ignores the attributes of "." and ".."; every other entry's are read
+                // now (the listing's may be older than this request) and counted as a reference.
+                let dots = e.name == "." || e.name == "..";
+                let attr = if dots {
+                    e.attr
+                } else {
+                    match self.core.listed(ino(i), &e.name) {
+                        Ok(Some(attr)) => attr,
+                        // Gone since the listing was read: not listed.
+                        Ok(None) => continue,
+                        Err(err) => {
+                            tracing::debug!("readdirplus: {:?}: {err:?}", e.name);
+                            continue;
+                        }
+                    }
+                };
                 if reply.add(
-                    e.attr.ino,
+                    attr.ino,
                     idx as u64 + 1,
                     &e.name,
                     &TTL,
-                    &e.attr,
+                    &attr,
                     Generation(0),
                 ) {
+                    // Not sent (the reply is full): the kernel holds no reference to it.
+                    if !dots {
+                        self.core.forget(attr.ino.0, 1);
+                    }
                     break;
-                }
-                // The kernel now holds a reference to every entry but "." and "..".
-                if let Err(err) = self.core.note_listed(ino(i), e) {
-                    tracing::debug!("readdirplus: {:?}: {err:?}", e.name);
                 }
             }
         });
