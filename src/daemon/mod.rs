@@ -6,6 +6,7 @@
 //! workspace never stalls another. Operations on one project or one thread serialize on a keyed lock.
 
 mod lifecycle;
+mod posix;
 pub mod proto;
 
 use std::collections::HashMap;
