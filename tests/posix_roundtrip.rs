@@ -90,14 +90,7 @@ fn getxattr(p: &Path, name: &str) -> Option<Vec<u8>> {
     let n = std::ffi::CString::new(name).ok()?;
     let mut buf = vec![0u8; 256];
     // SAFETY: both strings are NUL-terminated; buf is writable for its length.
-    let r = unsafe {
-        libc::lgetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
     (r >= 0).then(|| {
         buf.truncate(r as usize);
         buf
@@ -281,7 +274,11 @@ fn make_posix_state(m: &Path) {
     std::os::unix::fs::chown(m.join("other.txt"), Some(4321), Some(8765)).unwrap();
     std::os::unix::fs::symlink("a.txt", m.join("their-link")).unwrap();
     std::os::unix::fs::lchown(m.join("their-link"), Some(4321), Some(8765)).unwrap();
-    run_ok(Command::new("mkfifo").args(["-m", "640"]).arg(m.join("pipe")));
+    run_ok(
+        Command::new("mkfifo")
+            .args(["-m", "640"])
+            .arg(m.join("pipe")),
+    );
     drop(std::os::unix::net::UnixListener::bind(m.join("sock")).expect("bind a socket"));
     run_ok(
         Command::new("mknod")
@@ -468,8 +465,7 @@ fn new_files_with_odd_names_and_deep_paths_round_trip() {
                 dir = File::open(at(&dir, &c)).expect("open deep");
             }
             fs::write(at(&dir, b"deep.txt"), "deep\n").unwrap();
-            fs::set_permissions(at(&dir, b"deep.txt"), fs::Permissions::from_mode(0o600))
-                .unwrap();
+            fs::set_permissions(at(&dir, b"deep.txt"), fs::Permissions::from_mode(0o600)).unwrap();
             lstat_listing(&m)
         }
     });
@@ -478,7 +474,10 @@ fn new_files_with_odd_names_and_deep_paths_round_trip() {
         .into_iter()
         .map(|(_, p)| p)
         .collect();
-    assert!(names.contains(&b"caf\xe9".to_vec()), "caf\\xe9 not in the snapshot");
+    assert!(
+        names.contains(&b"caf\xe9".to_vec()),
+        "caf\\xe9 not in the snapshot"
+    );
     assert!(
         names.contains(&[deep_path().as_slice(), b"/deep.txt"].concat()),
         "the deep file is not in the snapshot"

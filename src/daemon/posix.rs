@@ -63,6 +63,28 @@ fn under(p: &[u8], d: &[u8]) -> bool {
     p.starts_with(d) && p.get(d.len()) == Some(&b'/')
 }
 
+/// What the tree has at `path`, looked up once per path, and not at all below a path the tree
+/// does not hold as a directory (an ignored subtree costs one lookup).
+fn kind_at(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    memo: &mut HashMap<Vec<u8>, Option<EntryKind>>,
+    path: &[u8],
+) -> Result<Option<EntryKind>, String> {
+    if let Some(k) = memo.get(path) {
+        return Ok(*k);
+    }
+    let k = match path.iter().rposition(|b| *b == b'/') {
+        Some(i) => match kind_at(repo, tree, memo, &path[..i])? {
+            Some(EntryKind::Tree) => tree_kind(repo, tree, path)?,
+            _ => None,
+        },
+        None => tree_kind(repo, tree, path)?,
+    };
+    memo.insert(path.to_vec(), k);
+    Ok(k)
+}
+
 /// The record of a snapshot whose tree is `tree`, from the metadata of the workspace's changed
 /// nodes; `None` when the tree restores everything.
 pub fn record_of(
@@ -71,7 +93,7 @@ pub fn record_of(
     meta: &[NodeMeta],
     owner: &Owner,
 ) -> Result<Option<PosixRecord>, String> {
-    let mut in_tree: HashMap<&[u8], Option<EntryKind>> = HashMap::with_capacity(meta.len());
+    let mut memo: HashMap<Vec<u8>, Option<EntryKind>> = HashMap::new();
     let mut skip: Vec<&[u8]> = Vec::new();
     let mut entries: Vec<PosixEntry> = Vec::new();
     let mut linked: HashMap<u64, Vec<u8>> = HashMap::new();
@@ -86,9 +108,16 @@ pub fn record_of(
             skip.push(p);
             continue;
         }
-        let kind = tree_kind(repo, tree, p)?;
-        in_tree.insert(p, kind);
         let foreign_owner = m.uid != owner.uid || m.gid != owner.gid;
+        let plain = !foreign_owner && m.xattrs.is_empty() && m.nlink <= 1;
+        // The common case, decided without reading the tree: a file or symlink whose mode git
+        // restores (the exec bit of the tree is the file's own).
+        match m.kind {
+            PosixKind::File if plain && (m.mode == 0o644 || m.mode == 0o755) => continue,
+            PosixKind::Symlink if plain => continue,
+            _ => {}
+        }
+        let kind = kind_at(repo, tree, &mut memo, p)?;
         let e = match (m.kind, kind) {
             (_, Some(EntryKind::Commit)) => {
                 skip.push(p);
@@ -138,7 +167,7 @@ pub fn record_of(
     let mut have: std::collections::HashSet<Vec<u8>> =
         entries.iter().map(|e| e.path.clone()).collect();
     while let Some(d) = wanted_parents.pop() {
-        if have.contains(d) || in_tree.get(d).is_some_and(Option::is_some) {
+        if have.contains(d) || kind_at(repo, tree, &mut memo, d)?.is_some() {
             continue;
         }
         if let Some(m) = by_path.get(d) {
@@ -172,7 +201,7 @@ pub fn restore(
         format!("the POSIX record {blob} of snapshot {snapshot} is missing from the mirror: {e}")
     })?;
     let record = PosixRecord::decode(&obj.data).map_err(|e| format!("{e} (blob {blob})"))?;
-    if record.tree != tree.to_string() {
+    if record.tree != tree {
         tracing::warn!(%snapshot, %blob, record_tree = %record.tree, %tree,
             "the POSIX record describes another tree; not applied");
         return Ok(());

@@ -62,7 +62,7 @@ pub struct PosixEntry {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub rdev: u32,
     #[serde(default, skip_serializing_if = "Vec::is_empty", with = "hex_pairs")]
-    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    pub xattrs: Vec<Xattr>,
     /// Another path of the record's tree that is the same file (a hard link), listed earlier.
     #[serde(
         default,
@@ -71,6 +71,9 @@ pub struct PosixEntry {
     )]
     pub link: Option<Vec<u8>>,
 }
+
+/// An extended attribute: name and value.
+pub type Xattr = (Vec<u8>, Vec<u8>);
 
 fn is_zero(v: &u32) -> bool {
     *v == 0
@@ -211,13 +214,11 @@ mod hex_bytes_opt {
 mod hex_pairs {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(v: &[(Vec<u8>, Vec<u8>)], s: S) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(v: &[super::Xattr], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(v.iter().map(|(k, v)| [super::hex(k), super::hex(v)]))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<super::Xattr>, D::Error> {
         Vec::<[String; 2]>::deserialize(d)?
             .into_iter()
             .map(|[k, v]| {
@@ -235,7 +236,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Result<Vec<u8>, String> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!("odd-length hex {s:?}"));
     }
     (0..s.len())

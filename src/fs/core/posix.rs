@@ -29,6 +29,7 @@ pub struct NodeMeta {
     pub rdev: u32,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     pub ino: u64,
+    pub nlink: u32,
     /// A directory without any entry (git keeps no empty directories).
     pub empty: bool,
     /// A submodule's commit, presented as a directory.
@@ -95,6 +96,7 @@ impl WorkspaceFs {
                         .map(|(k, v)| (k.clone(), v.clone()))
                         .collect(),
                     ino: *ino,
+                    nlink: rec.nlink,
                     empty,
                     gitlink,
                 });
