@@ -13,6 +13,7 @@
 //!
 //! Nothing under a `.git` directory or a submodule (the tree holds the submodule's commit) is
 //! recorded. Regular files the ignore rules leave out of the tree stay out of the record too.
+//! Ordering and format: `docs/posix-record.md`.
 
 use std::collections::HashMap;
 

@@ -11,7 +11,8 @@
 //! never applied to another one; the record also names the tree it describes, checked on use. The
 //! blob is kept reachable by `refs/octomate/posix/<thread>`: a commit whose tree holds one blob per
 //! snapshot, named by the snapshot's commit id, moved by compare-and-swap *before* the thread's ref
-//! moves, so a snapshot ref never points at a commit whose record is missing.
+//! moves, so a snapshot ref never points at a commit whose record is missing. See
+//! `docs/posix-record.md`.
 
 use gix::ObjectId;
 use gix::bstr::ByteSlice;
