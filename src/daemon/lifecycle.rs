@@ -19,6 +19,7 @@ use crate::access::Caller;
 use crate::cow::catalog::Ts;
 use crate::fs::core::{ViewEdit, WorkspaceFs};
 use crate::git::mirror::{self, Project, UpstreamKind};
+use crate::git::posix_record;
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
 use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
@@ -533,6 +534,13 @@ impl Daemon {
             if let Some((from, to)) = fork.apply {
                 self.apply_diff(&core, &fork.project, from, to)?;
             }
+            // What git dropped (modes, owners, special files, empty directories) comes back
+            // before the mount exists: no moment where a file is wider than it was.
+            if let Some(s) = &fork.saved {
+                let id = gix::ObjectId::from_hex(s.as_bytes()).map_err(|e| e.to_string())?;
+                let repo = snap::open(&self.layout.mirror(&fork.project))?;
+                super::posix::restore(&core, &repo, id)?;
+            }
             let mut bookkeeping = Vec::new();
             if let Some(s) = &fork.saved {
                 bookkeeping.push(
@@ -794,10 +802,21 @@ impl Daemon {
             repo = snap::open(&mirror)?;
         }
         let tree = snap::build_tree(&repo, view.base_tree, &edits)?;
-        let message = snap::message(thread, &head_ref);
+        // What the tree cannot hold goes into the POSIX record, named by the commit's message.
+        let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
+            Some(r) => Some(posix_record::write_blob(&repo, &r)?),
+            None => None,
+        };
+        let mut message = snap::message(thread, &head_ref);
+        if let Some(b) = posix {
+            message.push_str(&posix_record::trailer(b));
+        }
         if let Some(p) = prev {
             let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
-            if ptree == tree && pparents.first() == Some(&head) && snap::head_of(&pmsg) == head_ref
+            if ptree == tree
+                && pparents.first() == Some(&head)
+                && snap::head_of(&pmsg) == head_ref
+                && posix_record::blob_of(&pmsg) == posix
             {
                 self.mark_saved(
                     &mut rec,
@@ -812,6 +831,10 @@ impl Daemon {
         let mut parents = vec![head];
         parents.extend(prev);
         let commit = snap::write_commit(&repo, tree, parents, &message)?;
+        // The record is reachable before the snapshot's ref names the commit that needs it.
+        if let Some(b) = posix {
+            posix_record::keep(&repo, thread, commit, b)?;
+        }
         snap::cas_ref(
             &repo,
             &tref,

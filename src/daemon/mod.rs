@@ -14,6 +14,7 @@
 //! grows the daemon's threads. Connections past `MAX_CONNECTIONS` wait in the listen backlog.
 
 mod lifecycle;
+mod posix;
 pub mod proto;
 
 use std::collections::HashMap;

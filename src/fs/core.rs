@@ -38,6 +38,9 @@ use crate::cow::catalog::{
 use crate::cow::upper::{Upper, system_time};
 use crate::git::objects::{EntryKind, ObjectStore, TreeEntry};
 
+mod posix;
+pub use posix::NodeMeta;
+
 pub const ROOT_INO: u64 = 1;
 /// Longest file name a directory entry may have (as on ext4).
 pub const NAME_MAX: usize = 255;
@@ -350,6 +353,9 @@ pub enum ViewSource {
 pub struct View {
     pub base_tree: ObjectId,
     pub edits: Vec<ViewEdit>,
+    /// The metadata of every changed node, by path (what git drops of it goes into the
+    /// snapshot's POSIX record).
+    pub meta: Vec<NodeMeta>,
     /// The workspace's generation when the view was read.
     pub generation: u64,
     /// When the view was read.
@@ -804,9 +810,11 @@ impl WorkspaceFs {
             Some(root_tree),
             &mut edits,
         )?;
+        let meta = self.view_meta(&st)?;
         Ok(View {
             base_tree: root_tree,
             edits,
+            meta,
             generation: st.live.generation,
             taken_at,
         })

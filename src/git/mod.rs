@@ -6,6 +6,7 @@
 
 pub mod mirror;
 pub mod objects;
+pub mod posix_record;
 pub mod snapshot;
 
 use std::process::{Command, Stdio};

@@ -288,4 +288,30 @@ mod tests {
         );
         assert_eq!(head_of(b"some other commit"), HeadRef::Detached);
     }
+
+    #[test]
+    fn trees_hold_paths_longer_than_path_max_and_names_that_are_not_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path()).unwrap();
+        let comps: Vec<Vec<u8>> = (0..24).map(|i| vec![b'a' + i as u8; 200]).collect();
+        let mut deep = comps.join(&b'/');
+        deep.extend_from_slice(b"/caf\xe9");
+        assert!(deep.len() > 4096);
+        let edits = [ViewEdit::File {
+            path: deep.clone(),
+            exec: false,
+            source: ViewSource::Bytes(b"deep\n".to_vec()),
+            added: true,
+        }];
+        let empty = ObjectId::empty_tree(repo.object_hash());
+        let tree = build_tree(&repo, empty, &edits).unwrap();
+        let entry = repo
+            .find_tree(tree)
+            .unwrap()
+            .lookup_entry(deep.split(|b| *b == b'/'))
+            .unwrap()
+            .expect("the deep file is in the tree");
+        assert_eq!(entry.mode().kind(), EntryKind::Blob);
+        assert_eq!(repo.find_object(entry.object_id()).unwrap().data, b"deep\n");
+    }
 }
