@@ -8,6 +8,8 @@
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
 //! - [`workspace`]: a thread's durable workspace record (project, base commit, mounted or not).
 //! - [`repo`]: the `.git` each workspace gets at fork, and its shared index.
+//! - [`own_repo`]: a workspace's `.git` read in process (never with git, never through the mount):
+//!   what `git add -A` would add, and the agent's own commits carried into the mirror.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 
@@ -18,6 +20,7 @@ pub mod fs;
 pub mod git;
 pub mod layout;
 pub mod names;
+pub mod own_repo;
 pub mod records;
 pub mod repo;
 pub mod sys;
