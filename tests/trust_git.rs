@@ -390,8 +390,10 @@ fn hostile_scenario(via: Via) {
     assert_no_marker(&m, "setting up", &d);
 
     // snapshot
-    let s = snapshot(&d, t);
+    let out = d.cli(["snapshot", t]);
     assert_no_marker(&m, "`octofs snapshot`", &d);
+    assert!(out.success(), "snapshot failed: {}", out.describe());
+    let s = out.stdout_str().trim().to_string();
     let native = native_tree(&ws, &d.base, Some(&benign_config));
     let ours = tree_of(&mirror, &s);
     assert_eq!(
@@ -467,6 +469,41 @@ fn hostile_scenario(via: Via) {
         CMD_TIMEOUT,
     );
     fsck.assert_ok();
+}
+
+#[test]
+fn a_workspace_fsmonitor_never_runs() {
+    // The report of issue 10: `git config core.fsmonitor '<cmd>'` in a workspace, then `octofs
+    // snapshot` ran <cmd> as root.
+    let d = Daemon::start();
+    project(&d, "p", "*.log\n");
+    let t = "fsm";
+    let ws = open(&d, t, &["--project", "p"]);
+    let m = d.base.join("markers");
+    fs::create_dir(&m).unwrap();
+    let marker = m.join("pwned-fsmonitor");
+    g(
+        &ws,
+        &[
+            "config",
+            "core.fsmonitor",
+            &format!("touch {}", marker.display()),
+        ],
+    );
+    let w = ws.clone();
+    fsop("a new file", move || {
+        write_file(&w.join("new.txt"), b"new\n", 0o644)
+    });
+    let out = d.cli(["snapshot", t]);
+    assert_no_marker(&m, "`octofs snapshot`", &d);
+    assert!(out.success(), "snapshot failed: {}", out.describe());
+    let s = out.stdout_str().trim().to_string();
+    assert_eq!(g(&d.mirror("p"), &["show", &format!("{s}:new.txt")]), "new");
+    let out = d.cli(["diff", t]);
+    assert_no_marker(&m, "`octofs diff`", &d);
+    assert!(out.success(), "diff failed: {}", out.describe());
+    d.cli_ok(["release", t]);
+    assert_no_marker(&m, "`octofs release`", &d);
 }
 
 #[test]
