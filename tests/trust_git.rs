@@ -667,7 +667,29 @@ fn snapshot_keeps_non_utf8_names_and_paths_longer_than_path_max() {
         ],
     );
     assert_eq!(g(&mirror, &["cat-file", "-p", &blob]), "deep");
-    d.cli_ok(["release", t, "--force"]);
+    // And they come back after release + open.
+    d.cli_ok(["release", t]);
+    let ws = open(&d, t, &[]);
+    let w = ws.clone();
+    let names = fsop("read the resumed names", move || {
+        (
+            fs::read(w.join(OsStr::from_bytes(b"caf\xe9.txt"))).ok(),
+            fs::read(w.join(OsStr::from_bytes(b"dir-\xff/x\xfe.bin"))).ok(),
+        )
+    });
+    assert_eq!(names.0.as_deref(), Some(&b"latin-1 name\n"[..]));
+    assert_eq!(names.1.as_deref(), Some(&b"in a non-UTF-8 directory\n"[..]));
+    let read_deep = "
+        name=$(printf 'd%.0s' $(seq 1 100)); n=0
+        while [ $n -lt 45 ]; do cd -P $name || exit 1; n=$((n+1)); done
+        cat file.txt";
+    let out = run(
+        Command::new("sh").arg("-c").arg(read_deep).current_dir(&ws),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    assert_eq!(out.stdout_str(), "deep\n");
+    d.cli_ok(["release", t]);
 }
 
 #[test]
