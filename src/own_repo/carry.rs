@@ -60,24 +60,18 @@ pub fn carry(
             &[b".git", b"objects", dir.as_bytes(), file.as_bytes()],
             &Path::new("objects").join(dir).join(file),
         )?;
-        let mut find = || -> Result<Option<(Kind, Vec<u8>)>, String> {
-            Ok(odb
-                .try_find(&id, &mut buf)
-                .map_err(|e| format!("cannot read object {id} of the workspace: {e}"))?
-                .map(|d| (d.kind, d.data.to_vec())))
-        };
-        let mut found = find()?;
-        if found.is_none() && !packs_copied {
+        let mut kind = find(&odb, &id, &mut buf)?;
+        if kind.is_none() && !packs_copied {
             copy_packs(core, &scratch)?;
             packs_copied = true;
-            found = find()?;
+            kind = find(&odb, &id, &mut buf)?;
         }
-        let Some((kind, data)) = found else {
+        let Some(kind) = kind else {
             return Err(format!(
                 "object {id}, reachable from the workspace's HEAD, is not in its .git/objects"
             ));
         };
-        let data = data.as_slice();
+        let data = buf.as_slice();
         let actual = gix::objs::compute_hash(gix::hash::Kind::Sha1, kind, data)
             .map_err(|e| format!("cannot hash object {id} of the workspace: {e}"))?;
         if actual != id {
@@ -108,6 +102,31 @@ pub fn carry(
     }
     set_ref(repo, &heads_ref(thread), head)?;
     Ok(written)
+}
+
+/// Reads object `id` of the private store into `buf` (exactly its content); its kind, or `None`
+/// when the store does not have it.
+fn find(odb: &gix::odb::Handle, id: &ObjectId, buf: &mut Vec<u8>) -> Result<Option<Kind>, String> {
+    let err = |e: gix::Error| format!("cannot read object {id} of the workspace: {e}");
+    let hit = odb
+        .try_find(id, buf)
+        .map_err(err)?
+        .map(|d| (d.kind, d.data.as_ptr() as usize, d.data.len()));
+    let Some((kind, at, len)) = hit else {
+        return Ok(None);
+    };
+    if at == buf.as_ptr() as usize && len <= buf.len() {
+        // The usual case: the object was decoded into `buf` itself, so it is not copied.
+        buf.truncate(len);
+    } else {
+        let copy = odb
+            .try_find(id, buf)
+            .map_err(err)?
+            .map(|d| d.data.to_vec())
+            .unwrap_or_default();
+        *buf = copy;
+    }
+    Ok(Some(kind))
 }
 
 /// Copies the workspace's packs (`.git/objects/pack/pack-*.{idx,pack}`) into the scratch store.
