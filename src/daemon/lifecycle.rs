@@ -3,8 +3,9 @@
 //! sweep, and diff.
 //!
 //! Policy only: the mechanisms are the filesystem core (the view of what changed), `git::snapshot`
-//! (objects and refs in the mirror), `repo` (the workspace's `.git`) and the records of
-//! `workspace`. Every operation on a thread holds that thread's lock.
+//! (objects and refs in the mirror), `repo` (the workspace's `.git`), `own_repo` (that `.git` read
+//! in process: what `git add -A` keeps, the agent's own commits) and the records of `workspace`.
+//! Nothing here runs git in a workspace or reads one through its mount. Every operation on a thread holds that thread's lock.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
