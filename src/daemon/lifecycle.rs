@@ -777,7 +777,7 @@ impl Daemon {
             } else {
                 spec.to_string()
             };
-            let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", &format!("{spec}^{{tree}}"))
+            let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{spec}^{{tree}}"))
                 .map_err(|_| format!("{spec:?} does not name a commit or tree in the mirror"))?;
             gix::ObjectId::from_hex(out.as_bytes()).map_err(|e| e.to_string())
         };

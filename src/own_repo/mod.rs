@@ -45,6 +45,8 @@ impl Scratch {
                 .recursive(true)
                 .mode(0o700)
                 .create(&base)?;
+            static SWEPT: std::sync::Once = std::sync::Once::new();
+            SWEPT.call_once(|| sweep_stale(&base));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::DirBuilder::new().mode(0o700).create(&dir)
         })();
@@ -82,6 +84,17 @@ impl Scratch {
         })();
         copied.map_err(|e| format!("cannot copy {} out of the workspace: {e}", shown()))?;
         Ok(true)
+    }
+}
+
+/// Removes what a daemon that died left in `<state>/tmp/` (only one daemon serves a state
+/// directory: every entry not named with this process's id is stale).
+fn sweep_stale(base: &Path) {
+    let mine = format!("-{}-", std::process::id());
+    for e in std::fs::read_dir(base).into_iter().flatten().flatten() {
+        if !e.file_name().to_string_lossy().contains(&mine) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
     }
 }
 
