@@ -563,9 +563,37 @@ fn add_all_edge_cases_match_git() {
         // A directory-only pattern does not match a file.
         write_file(&w.join("a/cache"), b"a file named cache\n", 0o644);
         write_file(&w.join("b/cache/x"), b"in an excluded directory\n", 0o644);
-        // Escapes and odd names.
+        // Escapes and odd names, `**`, CRLF lines, trailing spaces, a directory pattern and a
+        // symlink to a directory (not a directory for git).
         write_file(&w.join("#hash"), b"kept\n", 0o644);
         write_file(&w.join("sp ace.txt"), b"kept\n", 0o644);
+        write_file(
+            &w.join("globs/.gitignore"),
+            b"**/gen/**\r\nx/**/y.txt\n\\!bang\ntrail \nesc\\ \nlinkdir/\n",
+            0o644,
+        );
+        write_file(&w.join("globs/a/gen/b/c.txt"), b"ignored\n", 0o644);
+        write_file(&w.join("globs/gen.txt"), b"kept\n", 0o644);
+        write_file(&w.join("globs/x/1/2/y.txt"), b"ignored\n", 0o644);
+        write_file(&w.join("globs/x/y.txt"), b"ignored\n", 0o644);
+        write_file(&w.join("globs/!bang"), b"ignored\n", 0o644);
+        write_file(
+            &w.join("globs/trail"),
+            b"ignored (trailing space dropped)\n",
+            0o644,
+        );
+        write_file(
+            &w.join("globs/esc "),
+            b"ignored (escaped space kept)\n",
+            0o644,
+        );
+        write_file(&w.join("globs/esc"), b"kept\n", 0o644);
+        std::os::unix::fs::symlink("../src", w.join("globs/linkdir")).unwrap();
+        write_file(
+            &w.join(OsStr::from_bytes(b"globs/\xe9t\xe9.txt")),
+            b"kept\n",
+            0o644,
+        );
         // Intent to add, in an ignored place.
         write_file(&w.join("logs/intent.txt"), b"intent to add\n", 0o644);
         fs::create_dir_all(w.join("nested")).unwrap();
@@ -583,6 +611,29 @@ fn add_all_edge_cases_match_git() {
         g(&dir, &["add", "f.txt"]);
         g(&dir, &["commit", "-q", "-m", "nested"]);
     }
+    let expect = |p: &str, kept: bool| (p.to_string(), kept);
+    let expected = [
+        expect("newdir/tracked.log", true),
+        expect("newdir/untracked.log", false),
+        expect("sym/kept.txt", true),
+        expect("logs/keep.txt", false),
+        expect("logs/intent.txt", true),
+        expect("logs2/keep.txt", true),
+        expect("logs2/other.txt", false),
+        expect("sub/deeper/b.tmp", true),
+        expect("sub/deeper/local-only", false),
+        expect("secret-ok", true),
+        expect("secret-no", false),
+        expect("a/cache", true),
+        expect("b/cache/x", false),
+        expect("globs/a/gen/b/c.txt", false),
+        expect("globs/gen.txt", true),
+        expect("globs/esc", true),
+        expect("globs/esc ", false),
+        expect("globs/linkdir", true),
+        expect("nested", true),
+        expect("vendor-repos/r", false),
+    ];
     let shared = fs::read_dir(ws.join(".git"))
         .unwrap()
         .filter_map(|e| e.ok())
@@ -597,6 +648,15 @@ fn add_all_edge_cases_match_git() {
         "snapshot tree != `git add -A` of a native copy; diff native → snapshot:\n{}",
         tree_diff(&d.base.join("copy"), &native, &ours)
     );
+    let listing = g(&mirror, &["ls-tree", "-r", "--name-only", &s]);
+    for (p, kept) in expected {
+        assert_eq!(
+            listing.lines().any(|l| l == p),
+            kept,
+            "{p} should {}be in the snapshot",
+            if kept { "" } else { "not " }
+        );
+    }
     d.cli_ok(["release", t]);
 }
 
