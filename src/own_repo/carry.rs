@@ -8,11 +8,15 @@
 //! mirror. Each one is checked against its id first: an agent must not plant an object under
 //! another object's id in a mirror that every workspace of the project reads.
 //!
+//! Loose blobs stream from the workspace into the mirror (memory stays bounded whatever their
+//! size); commits, trees, tags and packed objects are read whole from the private copy.
+//!
 //! The walk stops at what the mirror has (a commit it has brings its history, as for a push). The
 //! workspace's `objects/info/alternates` is not followed (its one legitimate alternate is the
 //! mirror itself): an object only reachable through another is an error.
 
 use std::collections::HashSet;
+use std::io::Read as _;
 use std::path::Path;
 
 use gix::ObjectId;
@@ -55,11 +59,12 @@ pub fn carry(
         }
         let hex = id.to_string();
         let (dir, file) = hex.split_at(2);
-        scratch.copy_in(
-            core,
-            &[b".git", b"objects", dir.as_bytes(), file.as_bytes()],
-            &Path::new("objects").join(dir).join(file),
-        )?;
+        let loose: [&[u8]; 4] = [b".git", b"objects", dir.as_bytes(), file.as_bytes()];
+        if stream_loose_blob(core, repo, id, &loose)? {
+            written += 1;
+            continue;
+        }
+        scratch.copy_in(core, &loose, &Path::new("objects").join(dir).join(file))?;
         let mut kind = find(&odb, &id, &mut buf)?;
         if kind.is_none() && !packs_copied {
             copy_packs(core, &scratch)?;
@@ -102,6 +107,154 @@ pub fn carry(
     }
     set_ref(repo, &heads_ref(thread), head)?;
     Ok(written)
+}
+
+/// Streams the workspace's loose object `id` (at `loose`) into the mirror when it is a blob, so
+/// that memory stays bounded whatever its size; false when there is no such loose object or it is
+/// not a blob (commits, trees and tags are small, and are parsed). The stream must hold exactly
+/// the size its header gives, or nothing is written; an object whose content is not `id` is an
+/// error (what was written is an object under its own id, which harms nothing).
+fn stream_loose_blob(
+    core: &WorkspaceFs,
+    repo: &gix::Repository,
+    id: ObjectId,
+    loose: &[&[u8]],
+) -> Result<bool, String> {
+    let bad = |e: std::io::Error| format!("cannot read object {id} of the workspace: {e}");
+    let Some(f) = core.open_file(loose).map_err(|e| bad(errno(e)))? else {
+        return Ok(false);
+    };
+    let mut rd = Inflate {
+        rd: std::io::BufReader::new(f),
+        z: gix::zlib::Decompress::new(),
+        done: false,
+    };
+    let mut header = Vec::new();
+    let mut byte = [0u8];
+    loop {
+        if rd.read(&mut byte).map_err(bad)? == 0 || header.len() > 64 {
+            return Err(format!("object {id} of the workspace has no valid header"));
+        }
+        if byte[0] == 0 {
+            break;
+        }
+        header.push(byte[0]);
+    }
+    let parsed = header.split(|b| *b == b' ').collect::<Vec<_>>();
+    let (kind, size) = match parsed[..] {
+        [kind, size] => (
+            Kind::from_bytes(kind).ok(),
+            std::str::from_utf8(size)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok()),
+        ),
+        _ => (None, None),
+    };
+    let (Some(kind), Some(size)) = (kind, size) else {
+        return Err(format!("object {id} of the workspace has no valid header"));
+    };
+    if kind != Kind::Blob {
+        return Ok(false);
+    }
+    let mut exact = Exact {
+        rd,
+        left: size,
+        what: id,
+    };
+    let got = repo
+        .objects
+        .write_stream(Kind::Blob, size, &mut exact)
+        .map_err(|e| format!("cannot copy object {id} of the workspace into the mirror: {e}"))?;
+    if got != id {
+        return Err(format!(
+            "the workspace's object {id} holds an object whose id is {got}: not carried"
+        ));
+    }
+    Ok(true)
+}
+
+fn errno(e: fuser::Errno) -> std::io::Error {
+    std::io::Error::from_raw_os_error(e.code())
+}
+
+/// A zlib stream, inflated as it is read.
+struct Inflate<R> {
+    rd: R,
+    z: gix::zlib::Decompress,
+    done: bool,
+}
+
+impl<R: std::io::BufRead> std::io::Read for Inflate<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::{Error, ErrorKind};
+        if self.done || out.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            let input = self.rd.fill_buf()?;
+            let eof = input.is_empty();
+            let (in0, out0) = (self.z.total_in(), self.z.total_out());
+            let flush = if eof {
+                gix::zlib::FlushDecompress::Finish
+            } else {
+                gix::zlib::FlushDecompress::None
+            };
+            let status = self
+                .z
+                .decompress(input, out, flush)
+                .map_err(|e| Error::new(ErrorKind::InvalidData, format!("corrupt object: {e}")))?;
+            let consumed = (self.z.total_in() - in0) as usize;
+            let written = (self.z.total_out() - out0) as usize;
+            self.rd.consume(consumed);
+            if status == gix::zlib::Status::StreamEnd {
+                self.done = true;
+                return Ok(written);
+            }
+            if written > 0 {
+                return Ok(written);
+            }
+            if eof {
+                return Err(Error::new(ErrorKind::UnexpectedEof, "truncated object"));
+            }
+            if consumed == 0 {
+                return Err(Error::new(ErrorKind::InvalidData, "corrupt object"));
+            }
+        }
+    }
+}
+
+/// Exactly `left` bytes of `rd`: shorter or longer is an error (an object's size is in its header,
+/// written before its content).
+struct Exact<R> {
+    rd: R,
+    left: u64,
+    what: ObjectId,
+}
+
+impl<R: std::io::Read> std::io::Read for Exact<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::{Error, ErrorKind};
+        if self.left == 0 {
+            let mut more = [0u8];
+            return match self.rd.read(&mut more)? {
+                0 => Ok(0),
+                _ => Err(Error::new(
+                    ErrorKind::InvalidData,
+                    format!("object {} is longer than its header says", self.what),
+                )),
+            };
+        }
+        let want = out.len().min(self.left.min(usize::MAX as u64) as usize);
+        let n = self.rd.read(&mut out[..want])?;
+        if n == 0 && want > 0 {
+            return Err(Error::new(
+                ErrorKind::UnexpectedEof,
+                format!("object {} is shorter than its header says", self.what),
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Reads object `id` of the private store into `buf` (exactly its content); its kind, or `None`
