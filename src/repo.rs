@@ -153,7 +153,8 @@ pub fn shared_index(
         return Ok(path);
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let repo = gix::open(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
+    let repo =
+        crate::git::open_owned(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
     let mut index = repo
         .index_from_tree(&index_tree)
         .map_err(|e| format!("cannot build the index of {index_tree}: {e}"))?;

@@ -574,7 +574,8 @@ impl Daemon {
         }
         if !repo.has_object(head) {
             // The agent's own commits: carried into the mirror (and kept reachable there).
-            carry::carry(&core, &self.layout.state, &repo, thread, head)?;
+            let n = carry::carry(&core, &self.layout.state, &repo, thread, head)?;
+            tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
         let tree = snap::build_tree(&repo, view.base_tree, &edits)?;

@@ -112,6 +112,13 @@ fn run(mut cmd: Command) -> Result<Vec<u8>, String> {
     }
 }
 
+/// Opens a repository the daemon owns (a mirror) with gix, reading only that repository's own
+/// configuration: no system or global files, no environment overrides (and so no `git config`
+/// subprocess to find the system configuration).
+pub(crate) fn open_owned(path: &std::path::Path) -> gix::Result<gix::Repository> {
+    gix::open_opts(path, gix::open::Options::isolated())
+}
+
 /// `git(...)` with `&str` arguments.
 #[macro_export]
 macro_rules! git {
