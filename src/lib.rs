@@ -10,6 +10,8 @@
 //! - [`repo`]: the `.git` each workspace gets at fork, and its shared index.
 //! - [`access`]: who is calling (peer credentials) and the read grant on a mirror's objects that a
 //!   workspace's owner gets.
+//! - [`own_repo`]: a workspace's `.git` read in process (never with git, never through the mount):
+//!   what `git add -A` would add, and the agent's own commits carried into the mirror.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 
@@ -21,6 +23,7 @@ pub mod fs;
 pub mod git;
 pub mod layout;
 pub mod names;
+pub mod own_repo;
 pub mod records;
 pub mod repo;
 pub mod sys;

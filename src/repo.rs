@@ -154,7 +154,8 @@ pub fn shared_index(
     }
     crate::layout::create_private_dir(&dir)
         .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let repo = gix::open(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
+    let repo =
+        crate::git::open_owned(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
     let mut index = repo
         .index_from_tree(&index_tree)
         .map_err(|e| format!("cannot build the index of {index_tree}: {e}"))?;

@@ -449,7 +449,6 @@ fn a_missing_record_fails_the_resume_loudly() {
 }
 
 #[test]
-#[ignore = "needs the in-process ignore evaluation (issue 10, helper A): git ls-files drops these"]
 fn new_files_with_odd_names_and_deep_paths_round_trip() {
     let d = Daemon::start();
     let _repo = project(&d);

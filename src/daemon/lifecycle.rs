@@ -3,12 +3,11 @@
 //! sweep, and diff.
 //!
 //! Policy only: the mechanisms are the filesystem core (the view of what changed), `git::snapshot`
-//! (objects and refs in the mirror), `repo` (the workspace's `.git`) and the records of
-//! `workspace`. Every operation on a thread holds that thread's lock, and under it refuses a caller
-//! who neither owns the thread nor is root.
+//! (objects and refs in the mirror), `repo` (the workspace's `.git`), `own_repo` (that `.git` read
+//! in process: what `git add -A` keeps, the agent's own commits) and the records of `workspace`.
+//! Nothing here runs git in a workspace or reads one through its mount. Every operation on a thread
+//! holds that thread's lock, and under it refuses a caller who neither owns the thread nor is root.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,6 +21,7 @@ use crate::git::mirror::{self, Project, UpstreamKind};
 use crate::git::posix_record;
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
+use crate::own_repo::{add_all, carry};
 use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
 
 /// The internal project every chat workspace forks from (a name users cannot pick).
@@ -54,146 +54,11 @@ struct Fork {
     chat: bool,
 }
 
-/// Runs git in a workspace (through its mount), feeding `input`; returns stdout.
-fn git_in(mount: &std::path::Path, args: &[&str], input: &[u8]) -> Result<Vec<u8>, String> {
-    let mut child = Command::new("git")
-        .arg("-C")
-        .arg(mount)
-        .args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("LC_ALL", "C")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_INDEX_FILE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run git: {e}"))?;
-    let mut stdin = child.stdin.take().expect("piped");
-    let input = input.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let out = child.wait_with_output().map_err(|e| format!("git: {e}"))?;
-    let _ = writer.join();
-    if out.status.success() {
-        Ok(out.stdout)
-    } else {
-        Err(format!(
-            "git {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
 fn split_nul(out: &[u8]) -> Vec<Vec<u8>> {
     out.split(|b| *b == 0)
         .filter(|s| !s.is_empty())
         .map(<[u8]>::to_vec)
         .collect()
-}
-
-/// Keeps of `edits` what `git add -A` would add: everything tracked, and of the paths new to the base
-/// only what git lists as tracked or as untracked-and-not-ignored (git's own ignore logic, directory
-/// exclusions and negations included). A directory that moved here whole is kept as one tree only
-/// when git would add every file in it; otherwise it is expanded into the files git would add.
-/// Nothing is asked of git when no path is new (the common case of edits to tracked files).
-fn filter_ignored(
-    core: &WorkspaceFs,
-    mount: &std::path::Path,
-    edits: Vec<ViewEdit>,
-) -> Result<Vec<ViewEdit>, String> {
-    let added_dirs: Vec<Vec<u8>> = edits
-        .iter()
-        .filter_map(|e| match e {
-            ViewEdit::AddedDir { path } => Some(path.clone()),
-            _ => None,
-        })
-        .collect();
-    let under = |p: &[u8], d: &[u8]| p.starts_with(d) && p.get(d.len()) == Some(&b'/');
-    let mut roots: Vec<Vec<u8>> = Vec::new();
-    for e in &edits {
-        let p = match e {
-            ViewEdit::AddedDir { path } => path,
-            ViewEdit::File {
-                path, added: true, ..
-            }
-            | ViewEdit::Symlink {
-                path, added: true, ..
-            } => path,
-            _ => continue,
-        };
-        if !added_dirs.iter().any(|d| under(p, d)) && !roots.contains(p) {
-            roots.push(p.clone());
-        }
-    }
-    if roots.is_empty() {
-        return Ok(edits);
-    }
-    let specs: Vec<String> = roots
-        .iter()
-        .map(|p| format!(":(literal){}", String::from_utf8_lossy(p)))
-        .collect();
-    let mut args = vec![
-        "ls-files",
-        "-z",
-        "--cached",
-        "--others",
-        "--exclude-standard",
-        "--full-name",
-        "--",
-    ];
-    args.extend(specs.iter().map(String::as_str));
-    let kept: std::collections::HashSet<Vec<u8>> =
-        split_nul(&git_in(mount, &args, b"")?).into_iter().collect();
-    let is_new = |p: &[u8]| roots.iter().any(|r| p == r.as_slice() || under(p, r));
-    // git lists an untracked nested repository as its directory, with a trailing '/'.
-    let kept_repo = |p: &[u8]| {
-        let mut d = p.to_vec();
-        d.push(b'/');
-        kept.contains(p) || kept.contains(&d)
-    };
-    let mut out = Vec::with_capacity(edits.len());
-    for e in edits {
-        match &e {
-            ViewEdit::Gitlink { path, .. } if is_new(path) => {
-                if kept_repo(path) {
-                    out.push(e);
-                }
-            }
-            ViewEdit::File { path, .. } | ViewEdit::Symlink { path, .. } if is_new(path) => {
-                if kept.contains(path) {
-                    out.push(e);
-                }
-            }
-            ViewEdit::Tree { path, id } if is_new(path) => {
-                let files = core
-                    .tree_files(*id)
-                    .map_err(|x| format!("cannot list tree {id}: {x:?}"))?;
-                let full = |f: &[u8]| {
-                    let mut p = path.clone();
-                    p.push(b'/');
-                    p.extend_from_slice(f);
-                    p
-                };
-                if files.iter().all(|(f, _)| kept.contains(&full(f))) {
-                    out.push(e);
-                } else {
-                    out.push(ViewEdit::Remove { path: path.clone() });
-                    for (f, edit) in files {
-                        let p = full(&f);
-                        if kept.contains(&p) {
-                            out.push(edit.at(p));
-                        }
-                    }
-                }
-            }
-            _ => out.push(e),
-        }
-    }
-    Ok(out)
 }
 
 /// Nested repositories (a directory holding `.git`) become gitlinks at their HEAD, as `git add -A`
@@ -580,27 +445,20 @@ impl Daemon {
     ) -> Result<(), String> {
         use crate::fs::core::TreeChange;
         let mirror = self.layout.mirror(project);
-        let out = Command::new("git")
-            .arg("-C")
-            .arg(&mirror)
-            .args([
+        let out = crate::git::git_bytes(
+            Some(&mirror),
+            &[
                 "diff-tree",
                 "-r",
                 "-z",
                 "--no-renames",
                 &from.to_string(),
                 &to.to_string(),
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| format!("cannot run git: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "git diff-tree: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        let fields = split_nul(&out.stdout);
+            ]
+            .map(std::ffi::OsStr::new),
+        )
+        .map_err(|e| format!("git diff-tree: {e}"))?;
+        let fields = split_nul(&out);
         let mut removals = Vec::new();
         let mut additions = Vec::new();
         for pair in fields.chunks(2) {
@@ -723,14 +581,17 @@ impl Daemon {
             ));
         }
         let core = self.core_of(&rec)?;
-        let mount = self.layout.mountpoint(thread);
         // 1. A consistent view of what changed (the only step that holds the workspace's lock).
         let view = core
             .view()
             .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
         let (head, head_ref) = read_head(&core)?;
         // 2. What `git add -A` would leave out.
-        let mut edits = filter_ignored(&core, &mount, nested_repositories(&core, view.edits))?;
+        let mut edits = add_all::keep(
+            &core,
+            &self.layout.state,
+            nested_repositories(&core, view.edits),
+        )?;
         edits.sort_by(|a, b| a.path().cmp(b.path()));
         // 3. Objects, then the ref.
         let mirror = self.layout.mirror(&rec.project);
@@ -786,19 +647,8 @@ impl Daemon {
         }
         if !repo.has_object(head) {
             // The agent's own commits: carried into the mirror (and kept reachable there).
-            let spec = format!("{head}:refs/octomate/heads/{thread}");
-            git_in(
-                &mount,
-                &[
-                    "push",
-                    "--quiet",
-                    "--no-verify",
-                    "--force",
-                    &mirror.to_string_lossy(),
-                    &spec,
-                ],
-                b"",
-            )?;
+            let n = carry::carry(&core, &self.layout.state, &repo, thread, head)?;
+            tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
         let tree = snap::build_tree(&repo, view.base_tree, &edits)?;
@@ -1023,7 +873,7 @@ impl Daemon {
             } else {
                 spec.to_string()
             };
-            let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", &format!("{spec}^{{tree}}"))
+            let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{spec}^{{tree}}"))
                 .map_err(|_| format!("{spec:?} does not name a commit or tree in the mirror"))?;
             gix::ObjectId::from_hex(out.as_bytes()).map_err(|e| e.to_string())
         };
@@ -1041,9 +891,9 @@ impl Daemon {
                 let view = core
                     .view()
                     .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
-                let mut edits = filter_ignored(
+                let mut edits = add_all::keep(
                     &core,
-                    &self.layout.mountpoint(thread),
+                    &self.layout.state,
                     nested_repositories(&core, view.edits),
                 )?;
                 edits.sort_by(|a, b| a.path().cmp(b.path()));
@@ -1053,7 +903,7 @@ impl Daemon {
         };
         let (a, b) = (from_tree.to_string(), to_tree.to_string());
         let out = if patch {
-            crate::git!(Some(&mirror); "diff", "--no-color", "--no-ext-diff", &a, &b)
+            crate::git!(Some(&mirror); "diff", "--no-color", "--no-ext-diff", "--no-textconv", &a, &b)
         } else {
             crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
         }?;

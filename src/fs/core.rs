@@ -74,6 +74,9 @@ pub struct DirEntry {
     pub attr: FileAttr,
 }
 
+/// The names in a directory (as bytes) and their kinds.
+pub type Listing = Vec<(Vec<u8>, FileType)>;
+
 /// A time to set: now, or a given time.
 #[derive(Debug, Clone, Copy)]
 pub enum SetTime {
@@ -2258,24 +2261,68 @@ impl WorkspaceFs {
 
     /// The content of the regular file at `path` (components from the root), without the kernel.
     pub fn read_file(&self, path: &[&[u8]]) -> Result<Option<Vec<u8>>, Errno> {
+        let Some(mut f) = self.open_file(path)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut out).map_err(io_errno)?;
+        Ok(Some(out))
+    }
+
+    /// The regular file at `path` (components from the root) opened for reading, without the
+    /// kernel. `None` when nothing is there, or something other than a regular file: a symlink on
+    /// the way or at the end is never followed (the daemon must not reach outside the workspace).
+    pub fn open_file(&self, path: &[&[u8]]) -> Result<Option<File>, Errno> {
         let rec = {
             let mut st = self.lock();
-            let Some(ino) = self.walk(&mut st, path)? else {
-                return Ok(None);
+            let ino = match self.walk(&mut st, path) {
+                Ok(Some(ino)) => ino,
+                Ok(None) | Err(Errno::ENOTDIR) => return Ok(None),
+                Err(e) => return Err(e),
             };
             st.node(ino)?.rec.clone()
         };
         if rec.kind != Kind::File {
             return Ok(None);
         }
-        let mut f = if rec.upper {
+        Ok(Some(if rec.upper {
             self.upper.open_data(rec.ino).map_err(io_errno)?
         } else {
             self.source_file(&rec)?
+        }))
+    }
+
+    /// What is at `path` (components from the root), without following symlinks.
+    pub fn kind_at(&self, path: &[&[u8]]) -> Result<Option<FileType>, Errno> {
+        let mut st = self.lock();
+        let ino = match self.walk(&mut st, path) {
+            Ok(Some(ino)) => ino,
+            Ok(None) | Err(Errno::ENOTDIR) => return Ok(None),
+            Err(e) => return Err(e),
         };
-        let mut out = Vec::new();
-        std::io::Read::read_to_end(&mut f, &mut out).map_err(io_errno)?;
-        Ok(Some(out))
+        let rec = st.node(ino)?.rec.clone();
+        drop(st);
+        Ok(Some(self.attr(&rec)?.kind))
+    }
+
+    /// The names in the directory at `path` (components from the root) with their kinds, without
+    /// `.` and `..`; `None` when it is not a directory (symlinks are not followed).
+    pub fn list_dir(&self, path: &[&[u8]]) -> Result<Option<Listing>, Errno> {
+        let ino = {
+            let mut st = self.lock();
+            match self.walk(&mut st, path) {
+                Ok(Some(ino)) if st.node(ino)?.rec.kind == Kind::Dir => ino,
+                Ok(_) | Err(Errno::ENOTDIR) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        };
+        Ok(Some(
+            self.readdir(ino)?
+                .into_iter()
+                .filter(|e| e.name != "." && e.name != "..")
+                .map(|e| (e.name.into_vec(), e.attr.kind))
+                .collect(),
+        ))
     }
 
     /// Writes octofs's own bookkeeping file `dirs/name` (e.g. `.git/refs/octomate/saved`), creating

@@ -75,7 +75,8 @@ fn other(e: impl std::fmt::Display) -> io::Error {
 
 impl ObjectStore {
     pub fn open(path: &Path) -> io::Result<ObjectStore> {
-        let repo = gix::open(path).map_err(|e| other(format!("{}: {e}", path.display())))?;
+        let repo =
+            super::open_owned(path).map_err(|e| other(format!("{}: {e}", path.display())))?;
         Ok(ObjectStore {
             id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
             path: path.to_path_buf(),

@@ -58,7 +58,8 @@ fn err(what: &str) -> impl Fn(gix::Error) -> String + '_ {
 }
 
 pub fn open(mirror: &Path) -> Result<gix::Repository, String> {
-    gix::open(mirror).map_err(|e| format!("cannot open the mirror {}: {e}", mirror.display()))
+    super::open_owned(mirror)
+        .map_err(|e| format!("cannot open the mirror {}: {e}", mirror.display()))
 }
 
 /// The commit a ref points at, if it exists.
