@@ -1,0 +1,130 @@
+//! Issue 10, tried as the adversary (DESIGN.md "Trust model"): a hostile agent writing its own
+//! workspace, against the root daemon. Each test is a hole that was found and fixed, or a cheap
+//! guard on a probe that held.
+//!
+//! 1. [`an_oversized_head_or_packed_refs_cannot_exhaust_the_daemon`]: a sparse `.git/HEAD` of
+//!    many MiB (cheap for the agent) was read whole by `snapshot` and echoed into the error
+//!    reply: a 2 GiB one got the daemon OOM-killed, every mount of every user with it.
+//! 2. [`symlinks_and_lies_in_the_workspace_reach_nothing_outside`]: `.gitignore`, `.git/index`,
+//!    `.git/HEAD`, `.git/info/exclude` as symlinks to a host file, `HEAD` naming `../` paths, a
+//!    hard link to a host file: nothing of the host file lands in a snapshot, a diff or an error.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Timeout for one in-process batch of file operations on a mount.
+const FS_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[track_caller]
+fn fsop<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    with_timeout(what, FS_TIMEOUT, f)
+}
+
+#[track_caller]
+fn open(d: &Daemon, thread: &str, args: &[&str]) -> PathBuf {
+    let mut all = vec!["open", thread];
+    all.extend_from_slice(args);
+    let path = PathBuf::from(d.cli_ok(all).trim());
+    assert_eq!(path, d.mount(thread), "open printed an unexpected path");
+    path
+}
+
+#[track_caller]
+fn project(d: &Daemon, name: &str) -> GitRepo {
+    let up = GitRepo::init(&d.base.join(format!("up-{name}")));
+    up.write("README.md", "# demo\n");
+    up.write("src/lib.rs", "pub fn f() {}\n");
+    up.commit_all("initial", DATE1);
+    d.cli_ok(["mirror", "add", name, up.path.to_str().unwrap()]);
+    up
+}
+
+/// Peak resident memory of the daemon (VmHWM), from /proc.
+fn daemon_peak_rss(d: &Daemon) -> u64 {
+    let pid = d.pid().expect("daemon running");
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .expect("VmHWM")
+        * 1024
+}
+
+/// Sets the length of `path` (sparse: costs the agent nothing).
+fn set_len(path: &Path, len: u64) {
+    let p = path.to_path_buf();
+    fsop("truncate", move || {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .and_then(|f| f.set_len(len))
+            .expect("set_len")
+    });
+}
+
+#[test]
+fn an_oversized_head_or_packed_refs_cannot_exhaust_the_daemon() {
+    // Small enough that the old code costs this test a few hundred MiB, not the machine.
+    const BIG: u64 = 48 << 20;
+    let d = Daemon::start();
+    project(&d, "p");
+    let m = open(&d, "t", &["--project", "p"]);
+    let head = m.join(".git/HEAD");
+    let original = fs::read(&head).expect("HEAD");
+    let head_id = git(&m, ["rev-parse", "HEAD"]).trim().to_string();
+    fs::write(m.join("new.txt"), "x\n").expect("write");
+    let before = daemon_peak_rss(&d);
+
+    // 1. HEAD itself: a sparse file of zeros.
+    set_len(&head, BIG);
+    let started = Instant::now();
+    let out = d.cli(["snapshot", "t"]);
+    out.assert_failed();
+    let err = out.stderr_str();
+    assert!(
+        err.len() < 1000 && err.contains("HEAD"),
+        "the refusal is one short line naming HEAD, got {} bytes: {:?}",
+        err.len(),
+        &err[..err.len().min(300)]
+    );
+    assert!(started.elapsed() < Duration::from_secs(20), "slow refusal");
+
+    // 2. HEAD names a branch that only packed-refs could hold, and packed-refs is one huge line.
+    fs::write(&head, "ref: refs/heads/nowhere\n").expect("HEAD");
+    let packed = m.join(".git/packed-refs");
+    let packed_before = fs::read_to_string(&packed).expect("packed-refs");
+    set_len(&packed, BIG);
+    let out = d.cli(["snapshot", "t"]);
+    out.assert_failed();
+    assert!(
+        out.stderr_str().len() < 1000,
+        "long refusal: {} bytes",
+        out.stderr_str().len()
+    );
+
+    let grown = daemon_peak_rss(&d).saturating_sub(before);
+    assert!(
+        grown < BIG / 2,
+        "the daemon's peak memory grew by {grown} bytes reading a {BIG}-byte HEAD/packed-refs"
+    );
+
+    // A legitimately long packed-refs (many refs, the one sought last) still resolves.
+    set_len(&packed, 0);
+    let mut text = packed_before.clone();
+    for i in 0..20_000 {
+        text.push_str(&format!("{head_id} refs/tags/filler-{i:05}\n"));
+    }
+    text.push_str(&format!("{head_id} refs/heads/nowhere\n"));
+    fs::write(&packed, text).expect("packed-refs");
+    let id = d.cli_ok(["snapshot", "t"]);
+    assert_eq!(id.trim().len(), 40, "snapshot printed {id:?}");
+
+    fs::write(&head, &original).expect("HEAD back");
+    fs::write(&packed, &packed_before).expect("packed-refs back");
+    d.cli_ok(["release", "t"]);
+}
