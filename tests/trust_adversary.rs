@@ -14,6 +14,7 @@ mod common;
 use common::*;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Timeout for one in-process batch of file operations on a mount.
@@ -127,4 +128,102 @@ fn an_oversized_head_or_packed_refs_cannot_exhaust_the_daemon() {
     fs::write(&head, &original).expect("HEAD back");
     fs::write(&packed, &packed_before).expect("packed-refs back");
     d.cli_ok(["release", "t"]);
+}
+
+/// A local user's uid and primary gid (the test users are created when missing).
+fn ensure_user(name: &str) -> (u32, u32) {
+    let id = |flag: &str| -> Option<u32> {
+        let out = try_run(Command::new("id").args([flag, name]), CMD_TIMEOUT).ok()?;
+        out.success()
+            .then(|| out.stdout_str().trim().parse().ok())
+            .flatten()
+    };
+    for attempt in 0..20 {
+        if let (Some(uid), Some(gid)) = (id("-u"), id("-g")) {
+            return (uid, gid);
+        }
+        // useradd fails while another useradd holds the passwd lock: retry.
+        let _ = try_run(
+            Command::new("useradd").args([
+                "--system",
+                "--no-create-home",
+                "--user-group",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ]),
+            CMD_TIMEOUT,
+        );
+        std::thread::sleep(Duration::from_millis(50 * attempt));
+    }
+    panic!("cannot create local user {name}");
+}
+
+/// Kills the holder process when the test ends, however it ends.
+struct Holder(std::process::Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn one_user_holding_idle_connections_does_not_lock_out_the_others() {
+    use std::io::BufRead as _;
+    // The holder needs more descriptors than the usual soft limit (it inherits ours).
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a valid, local rlimit value.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < 4096 {
+            lim.rlim_cur = lim.rlim_max.min(4096);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+    let (uid, gid) = ensure_user("octofs-test-other");
+    let d = Daemon::start();
+    // An unprivileged user opens more connections than the daemon serves at once and sends
+    // nothing on them.
+    let script = "import socket,sys,time\n\
+        ss=[]\n\
+        for i in range(int(sys.argv[2])):\n\
+        \x20   s=socket.socket(socket.AF_UNIX)\n\
+        \x20   try: s.connect(sys.argv[1])\n\
+        \x20   except Exception: break\n\
+        \x20   ss.append(s)\n\
+        print('held', len(ss), flush=True)\n\
+        time.sleep(60)\n";
+    let mut child = Command::new("setpriv")
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg("--clear-groups")
+        .args(["/usr/bin/python3", "-c", script])
+        .arg(d.socket())
+        .arg("2100")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the holder");
+    let stdout = child.stdout.take().expect("stdout");
+    let _holder = Holder(child);
+    let held = with_timeout("the holder connects", Duration::from_secs(30), move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("holder output");
+        line
+    });
+    assert!(held.starts_with("held "), "holder said {held:?}");
+    // Everyone else is still answered promptly.
+    let started = Instant::now();
+    let out = try_run(d.command().arg("list"), Duration::from_secs(10));
+    let took = started.elapsed();
+    assert!(
+        out.as_ref().is_ok_and(|o| o.success()) && took < Duration::from_secs(5),
+        "list took {took:?} while another user held idle connections: {:?}",
+        out.map(|o| o.describe())
+    );
 }
