@@ -227,3 +227,30 @@ fn one_user_holding_idle_connections_does_not_lock_out_the_others() {
         out.map(|o| o.describe())
     );
 }
+
+#[test]
+fn a_symlink_at_the_mount_point_is_not_followed() {
+    let d = Daemon::start();
+    project(&d, "p");
+    // Whoever can write in the root directory must not get a mount (its content chosen by the
+    // workspace's owner) over an empty directory elsewhere, such as /etc/cron.d.
+    let victim = d.base.join("victim");
+    fs::create_dir(&victim).expect("mkdir victim");
+    std::os::unix::fs::symlink(&victim, d.mount("evil")).expect("symlink");
+    let out = d.cli(["open", "evil", "--project", "p"]);
+    let mounted = mount_points().iter().any(|m| m == &victim);
+    if mounted {
+        umount_all_under(&victim);
+    }
+    assert!(
+        !mounted,
+        "the daemon mounted a workspace over {}",
+        victim.display()
+    );
+    out.assert_failed();
+    assert!(
+        out.stderr_str().contains("symlink"),
+        "refusal: {}",
+        out.stderr_str()
+    );
+}

@@ -363,6 +363,14 @@ impl Daemon {
         if crate::sys::is_stale_mount(&path) {
             let _ = crate::sys::lazy_unmount(&path);
         }
+        // Whoever can write in the root must not redirect the mount (root's, content chosen by
+        // the workspace's owner) onto a directory elsewhere.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(format!(
+                "mount point {} is a symlink: not followed",
+                path.display()
+            ));
+        }
         match std::fs::read_dir(&path) {
             Ok(mut d) => {
                 if d.next().is_some() {
