@@ -254,3 +254,60 @@ fn a_symlink_at_the_mount_point_is_not_followed() {
         out.stderr_str()
     );
 }
+
+/// Bytes allocated on disk under `dir` (st_blocks), following nothing.
+fn allocated(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn a_sparse_index_costs_the_daemon_no_disk() {
+    const BIG: u64 = 3 << 30;
+    let d = Daemon::start();
+    project(&d, "p");
+    let m = open(&d, "t", &["--project", "p"]);
+    let index = m.join(".git/index");
+    let original = fs::read(&index).expect("index");
+    // A new file, so that the snapshot reads the index; the index, 3 GiB of nothing.
+    fs::write(m.join("new.txt"), "x\n").expect("write");
+    set_len(&index, BIG);
+    let tmp = d.state.join("tmp");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(allocated(&tmp));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            peak
+        })
+    };
+    let started = Instant::now();
+    let out = d.cli(["snapshot", "t"]);
+    let took = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = watcher.join().expect("watcher");
+    out.assert_failed();
+    assert!(
+        peak < BIG / 8,
+        "the daemon wrote {peak} bytes of copies for a sparse {BIG}-byte index (in {took:?})"
+    );
+    fs::write(&index, &original).expect("index back");
+    let id = d.cli_ok(["snapshot", "t"]);
+    assert_eq!(id.trim().len(), 40, "snapshot printed {id:?}");
+    d.cli_ok(["release", "t"]);
+}
