@@ -311,3 +311,50 @@ fn a_sparse_index_costs_the_daemon_no_disk() {
     assert_eq!(id.trim().len(), 40, "snapshot printed {id:?}");
     d.cli_ok(["release", "t"]);
 }
+
+/// `program` run as `(uid, gid)` without supplementary groups.
+fn as_user(u: (u32, u32), program: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.arg(format!("--reuid={}", u.0))
+        .arg(format!("--regid={}", u.1))
+        .arg("--clear-groups")
+        .arg(program)
+        .env_remove("OCTOFS_STATE")
+        .env_remove("OCTOFS_ROOT")
+        .env("HOME", "/");
+    c
+}
+
+#[test]
+fn another_user_cannot_read_a_workspace_through_its_mount() {
+    let a = ensure_user("octofs-test-user");
+    let b = ensure_user("octofs-test-other");
+    let d = Daemon::start();
+    // The test's temp dir is root's 0700: let both users reach the socket and the mounts.
+    for p in [&d.base, &d.root] {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(p, fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    project(&d, "p");
+    d.cli_ok(["mirror", "access", "p", "--allow-user", &a.0.to_string()]);
+    let cli = |u: (u32, u32), args: &[&str]| {
+        let mut c = as_user(u, bin());
+        c.arg("--state").arg(&d.state).arg("--root").arg(&d.root);
+        c.args(args);
+        run(&mut c, CMD_TIMEOUT)
+    };
+    cli(a, &["open", "t", "--project", "p"]).assert_ok();
+    let m = d.mount("t");
+    // B may not bind the project...
+    cli(b, &["open", "tb", "--project", "p"]).assert_failed();
+    // ...so must not read it, nor A's work in progress, through A's mount either.
+    let read = |u, rel: &str| run(as_user(u, "cat").arg(m.join(rel)), CMD_TIMEOUT);
+    assert!(read(a, "README.md").success(), "the owner reads its workspace");
+    let out = read(b, "README.md");
+    assert!(
+        !out.success(),
+        "user B read A's workspace of a project B may not bind: {}",
+        out.describe()
+    );
+    cli(a, &["release", "t"]).assert_ok();
+}
