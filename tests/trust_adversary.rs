@@ -349,7 +349,10 @@ fn another_user_cannot_read_a_workspace_through_its_mount() {
     cli(b, &["open", "tb", "--project", "p"]).assert_failed();
     // ...so must not read it, nor A's work in progress, through A's mount either.
     let read = |u, rel: &str| run(as_user(u, "cat").arg(m.join(rel)), CMD_TIMEOUT);
-    assert!(read(a, "README.md").success(), "the owner reads its workspace");
+    assert!(
+        read(a, "README.md").success(),
+        "the owner reads its workspace"
+    );
     let out = read(b, "README.md");
     assert!(
         !out.success(),
