@@ -361,3 +361,81 @@ fn another_user_cannot_read_a_workspace_through_its_mount() {
     );
     cli(a, &["release", "t"]).assert_ok();
 }
+
+#[test]
+fn symlinks_and_lies_in_the_workspace_reach_nothing_outside() {
+    const MARK: &str = "host-secret-4b1d";
+    let d = Daemon::start();
+    project(&d, "p");
+    let m = open(&d, "t", &["--project", "p"]);
+    let host = d.base.join("host-file");
+    fs::write(&host, format!("{MARK}\n*\n")).expect("host file");
+    let original_head = fs::read(m.join(".git/HEAD")).expect("HEAD");
+    // A hard link to a host file cannot be made in the mount.
+    let err = fs::hard_link(&host, m.join("hl")).expect_err("hard link across the mount");
+    assert_eq!(err.raw_os_error(), Some(libc::EXDEV), "{err}");
+    // The ignore files and the index as symlinks to the host file (its "*" would ignore all).
+    let link = |rel: &str| {
+        let p = m.join(rel);
+        let _ = fs::remove_file(&p);
+        std::os::unix::fs::symlink(&host, &p).expect("symlink");
+    };
+    link(".gitignore");
+    fs::create_dir_all(m.join(".git/info")).expect("mkdir");
+    link(".git/info/exclude");
+    fs::rename(m.join(".git/index"), m.join(".git/index.real")).expect("index aside");
+    link(".git/index");
+    fs::write(m.join("new.txt"), "x\n").expect("write");
+    let mut errors = String::new();
+    let snap = d.cli(["snapshot", "t"]);
+    errors.push_str(&snap.stderr_str());
+    // HEAD as a symlink, and naming refs outside .git.
+    for head in [
+        None,
+        Some("ref: ../../../../../../etc/passwd\n"),
+        Some("ref: refs/heads/../../../x\n"),
+    ] {
+        let p = m.join(".git/HEAD");
+        fs::remove_file(&p).expect("rm HEAD");
+        match head {
+            None => std::os::unix::fs::symlink(&host, &p).expect("symlink"),
+            Some(text) => fs::write(&p, text).expect("HEAD"),
+        }
+        fs::write(m.join("new.txt"), format!("{head:?}\n")).expect("write");
+        let out = d.cli(["snapshot", "t"]);
+        out.assert_failed();
+        errors.push_str(&out.stderr_str());
+        errors.push_str(&d.cli(["diff", "t", "--patch"]).stderr_str());
+    }
+    assert!(
+        !errors.contains(MARK),
+        "a host file reached a message: {errors}"
+    );
+    // The symlinks were saved as symlinks (the new file was not ignored by the host's "*").
+    snap.assert_ok();
+    let id = snap.stdout_str().trim().to_string();
+    let mirror = d.mirror("p");
+    let tree = git(&mirror, ["ls-tree", "-r", &id]);
+    assert!(tree.contains("new.txt"), "{tree}");
+    assert!(
+        tree.contains("120000 blob") && tree.contains(".gitignore"),
+        "{tree}"
+    );
+    let all = run(
+        Command::new("git").arg("-C").arg(&mirror).args([
+            "cat-file",
+            "--batch-all-objects",
+            "--batch",
+        ]),
+        CMD_TIMEOUT,
+    );
+    assert!(
+        !all.stdout_str().contains(MARK),
+        "a host file's content is in the mirror"
+    );
+    fs::remove_file(m.join(".git/HEAD")).expect("rm HEAD");
+    fs::write(m.join(".git/HEAD"), &original_head).expect("HEAD back");
+    fs::remove_file(m.join(".git/index")).expect("rm index");
+    fs::rename(m.join(".git/index.real"), m.join(".git/index")).expect("index back");
+    d.cli_ok(["release", "t"]);
+}
