@@ -1,13 +1,22 @@
 //! Issue 10, tried as the adversary (DESIGN.md "Trust model"): a hostile agent writing its own
-//! workspace, against the root daemon. Each test is a hole that was found and fixed, or a cheap
-//! guard on a probe that held.
+//! workspace, and a second unprivileged local user, against the root daemon. Each test is a hole
+//! that was found and fixed, or a cheap guard on probes that held.
 //!
 //! 1. [`an_oversized_head_or_packed_refs_cannot_exhaust_the_daemon`]: a sparse `.git/HEAD` of
-//!    many MiB (cheap for the agent) was read whole by `snapshot` and echoed into the error
-//!    reply: a 2 GiB one got the daemon OOM-killed, every mount of every user with it.
-//! 2. [`symlinks_and_lies_in_the_workspace_reach_nothing_outside`]: `.gitignore`, `.git/index`,
-//!    `.git/HEAD`, `.git/info/exclude` as symlinks to a host file, `HEAD` naming `../` paths, a
-//!    hard link to a host file: nothing of the host file lands in a snapshot, a diff or an error.
+//!    many MiB (free for the agent) was read whole by `snapshot` and echoed into the error reply: a
+//!    2 GiB one got the daemon OOM-killed, and every mount of every user with it.
+//! 2. [`one_user_holding_idle_connections_does_not_lock_out_the_others`]: 2,048 idle connections
+//!    from one user took every slot of the control socket; nobody else was answered.
+//! 3. [`a_symlink_at_the_mount_point_is_not_followed`]: root mounted the workspace over the
+//!    symlink's target.
+//! 4. [`a_sparse_index_costs_the_daemon_no_disk`]: a sparse 3 GiB `.git/index` became 3 GiB of
+//!    private copy (and as long under the thread's lock).
+//! 5. [`another_user_cannot_read_a_workspace_through_its_mount`]: the `allow_other` mount's root
+//!    was 0755, so any local user read any workspace, even of a project it may not bind.
+//! 6. [`symlinks_and_lies_in_the_workspace_reach_nothing_outside`] (held): `.gitignore`,
+//!    `.git/info/exclude`, `.git/index`, `.git/HEAD` as symlinks to a host file, `HEAD` naming
+//!    `../` paths, a hard link to a host file: nothing of the host file lands in a snapshot, the
+//!    mirror or a message.
 
 mod common;
 
