@@ -106,6 +106,11 @@ fn fixture() -> Fixture {
     build_project(&repo);
     let archive = base.join("archive");
     extract_archive(&repo.path, "HEAD", &archive);
+    // A workspace's root is its owner's only (the trust model).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&archive, fs::Permissions::from_mode(0o700)).expect("chmod archive");
+    }
     Fixture {
         _dir: dir,
         repo,

@@ -376,6 +376,12 @@ fn same_git_session_as_a_native_clone() {
         &native,
         &["switch", "-q", "--no-track", "-c", DIFF_BRANCH, &base],
     );
+    // A workspace's root is its owner's only (the trust model), as a private checkout's is.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&native, std::fs::Permissions::from_mode(0o700))
+            .expect("chmod native");
+    }
 
     let ws = open(&d, DIFF_THREAD, &["--project", "proj"]);
     let mut p = Pair {

@@ -346,7 +346,8 @@ impl Model {
             next: 1,
         };
         m.nodes
-            .insert(ROOT, Model::new_node(Kind::Dir, 0o755, OWNER, Vec::new()));
+            // The workspace's root is its owner's only (the trust model).
+            .insert(ROOT, Model::new_node(Kind::Dir, 0o700, OWNER, Vec::new()));
         for (path, data, kind) in base_spec() {
             let mut dir = ROOT;
             let comps: Vec<&str> = components(path).collect();

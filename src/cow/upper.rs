@@ -18,7 +18,7 @@ const DAMAGE_NOTE: &str = "catalog: ";
 
 /// Copies all of `src` into the empty file `dst`, leaving `src`'s holes as holes (a 5 GiB sparse base
 /// file must not become 5 GiB of zeros on disk when one byte of it is written).
-fn copy_sparse(src: &File, dst: &mut File) -> io::Result<()> {
+pub(crate) fn copy_sparse(src: &File, dst: &mut File) -> io::Result<()> {
     let len = src.metadata()?.len();
     let mut off = 0u64;
     while off < len {

@@ -102,14 +102,35 @@ fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
     read_head_at(core, &[b".git"])
 }
 
+/// The most a ref file (`HEAD`, a loose ref) or one line of `packed-refs` may hold. Real ones are
+/// one short line; the agent controls these files, and a sparse one of gigabytes costs it nothing,
+/// so nothing larger is read into the daemon's memory or shown in a message.
+const REF_LINE_MAX: u64 = 4096;
+
 /// HEAD of the repository whose git directory is at `git_dir` (path components in the workspace).
 fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId, HeadRef), String> {
-    let read = |rel: &[&[u8]]| {
+    use std::io::{BufRead as _, Read as _};
+    let open = |rel: &[&[u8]]| {
         let p: Vec<&[u8]> = git_dir.iter().chain(rel).copied().collect();
-        core.read_file(&p)
+        core.open_file(&p)
             .map_err(|e| format!("cannot read .git: {e:?}"))
     };
-    let head = read(&[b"HEAD"])?.ok_or("the workspace has no .git/HEAD")?;
+    let read = |rel: &[&[u8]], shown: &str| -> Result<Option<Vec<u8>>, String> {
+        let Some(f) = open(rel)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        f.take(REF_LINE_MAX + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| format!("cannot read .git/{shown}: {e}"))?;
+        if out.len() as u64 > REF_LINE_MAX {
+            return Err(format!(
+                ".git/{shown} is larger than {REF_LINE_MAX} bytes: not a ref"
+            ));
+        }
+        Ok(Some(out))
+    };
+    let head = read(&[b"HEAD"], "HEAD")?.ok_or("the workspace has no .git/HEAD")?;
     let head = String::from_utf8_lossy(&head).trim().to_string();
     let parse = |s: &str| {
         gix::ObjectId::from_hex(s.trim().as_bytes())
@@ -121,15 +142,34 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
     let comps: Vec<&[u8]> = name.split('/').map(str::as_bytes).collect();
     let branch = name.strip_prefix("refs/heads/").map(str::to_string);
     let head_ref = branch.map(HeadRef::Branch).unwrap_or(HeadRef::Detached);
-    if let Some(loose) = read(&comps)? {
+    if let Some(loose) = read(&comps, name)? {
         return Ok((parse(&String::from_utf8_lossy(&loose))?, head_ref));
     }
-    let packed = read(&[b"packed-refs"])?.unwrap_or_default();
-    for line in String::from_utf8_lossy(&packed).lines() {
-        if let Some((oid, n)) = line.split_once(' ')
-            && n == name
-        {
-            return Ok((parse(oid)?, head_ref));
+    // packed-refs may be long (every branch and tag of the mirror): read line by line, each
+    // bounded.
+    if let Some(f) = open(&[b"packed-refs"])? {
+        let mut rd = std::io::BufReader::new(f);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = (&mut rd)
+                .take(REF_LINE_MAX + 1)
+                .read_until(b'\n', &mut line)
+                .map_err(|e| format!("cannot read .git/packed-refs: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            if n as u64 > REF_LINE_MAX {
+                return Err(format!(
+                    ".git/packed-refs has a line longer than {REF_LINE_MAX} bytes: not refs"
+                ));
+            }
+            let line = String::from_utf8_lossy(&line);
+            if let Some((oid, n)) = line.trim_end_matches(['\n', '\r']).split_once(' ')
+                && n == name
+            {
+                return Ok((parse(oid)?, head_ref));
+            }
         }
     }
     Err(format!(

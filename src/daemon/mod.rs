@@ -44,6 +44,9 @@ const HEAVY_WORKERS: usize = 8;
 const FAST_WORKERS: usize = 4;
 /// Connections served at once; more wait in the listen backlog, costing the daemon nothing.
 const MAX_CONNECTIONS: usize = 2048;
+/// Connections one user other than root may have open at once: one user holding idle connections
+/// must not take every slot from the others (and their fsmonitor queries).
+const USER_CONNECTIONS: usize = 128;
 /// A request line longer than this is not one of ours.
 const MAX_REQUEST: usize = 64 << 10;
 /// How long a client may take to send its request line, and to take its answer.
@@ -359,6 +362,14 @@ impl Daemon {
         let path = self.layout.mountpoint(&rec.thread);
         if crate::sys::is_stale_mount(&path) {
             let _ = crate::sys::lazy_unmount(&path);
+        }
+        // Whoever can write in the root must not redirect the mount (root's, content chosen by
+        // the workspace's owner) onto a directory elsewhere.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(format!(
+                "mount point {} is a symlink: not followed",
+                path.display()
+            ));
         }
         match std::fs::read_dir(&path) {
             Ok(mut d) => {
@@ -730,6 +741,7 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
         fast: Semaphore::new(FAST_WORKERS),
     });
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_user: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
     loop {
         tokio::select! {
             _ = term.recv() => break,
@@ -745,6 +757,20 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
                         continue;
                     }
                 };
+                let uid = stream.peer_cred().map(|c| c.uid()).ok();
+                let share = match uid {
+                    Some(uid) if !daemon.is_admin(&Caller { uid, ..Caller::default() }) => {
+                        match UserShare::take(&per_user, uid) {
+                            Some(s) => Some(s),
+                            None => {
+                                tokio::spawn(refuse(stream, uid));
+                                drop(slot);
+                                continue;
+                            }
+                        }
+                    }
+                    _ => None,
+                };
                 let d = daemon.clone();
                 let stop = stop.clone();
                 let pools = pools.clone();
@@ -752,6 +778,7 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
                     if let Err(e) = connection(d, pools, stream, stop).await {
                         tracing::debug!("control connection: {e}");
                     }
+                    drop(share);
                     drop(slot);
                 });
             }
@@ -759,6 +786,52 @@ async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
     }
     tracing::info!("stopping");
     Ok(())
+}
+
+/// One of the `USER_CONNECTIONS` connections a user may have open; given back on drop.
+struct UserShare {
+    counts: Arc<Mutex<HashMap<u32, usize>>>,
+    uid: u32,
+}
+
+impl UserShare {
+    /// A share for `uid`, or `None` when it has all of its connections open already.
+    fn take(counts: &Arc<Mutex<HashMap<u32, usize>>>, uid: u32) -> Option<UserShare> {
+        let mut map = lock(counts);
+        let n = map.entry(uid).or_insert(0);
+        if *n >= USER_CONNECTIONS {
+            return None;
+        }
+        *n += 1;
+        Some(UserShare {
+            counts: counts.clone(),
+            uid,
+        })
+    }
+}
+
+impl Drop for UserShare {
+    fn drop(&mut self) {
+        let mut map = lock(&self.counts);
+        if let Some(n) = map.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Answers a connection over its user's share with an error, without reading it.
+async fn refuse(mut stream: tokio::net::UnixStream, uid: u32) {
+    let resp = Response::err(format!(
+        // Not `describe_uid`: a user lookup may block, and this runs on the accept path.
+        "uid {uid} has {USER_CONNECTIONS} connections to the daemon open already; close some"
+    ));
+    if let Ok(mut out) = serde_json::to_vec(&resp) {
+        out.push(b'\n');
+        let _ = tokio::time::timeout(IO_TIMEOUT, stream.write_all(&out)).await;
+    }
 }
 
 /// The bounded pools of blocking threads that serve requests.

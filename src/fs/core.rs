@@ -700,7 +700,10 @@ impl WorkspaceFs {
                     }),
                     upper: false,
                     target: None,
-                    mode: 0o755,
+                    // The workspace is its owner's (the mount is `allow_other`): other local users,
+                    // who may not even be allowed to bind the project, do not enter it unless the
+                    // owner opens it up with chmod.
+                    mode: 0o700,
                     uid: pres.uid,
                     gid: pres.gid,
                     rdev: 0,

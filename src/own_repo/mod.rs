@@ -62,7 +62,7 @@ impl Scratch {
     /// `to` (relative to this directory, parents created). False when there is no such file.
     pub fn copy_in(&self, core: &WorkspaceFs, from: &[&[u8]], to: &Path) -> Result<bool, String> {
         let shown = || String::from_utf8_lossy(&from.join(&b'/')).into_owned();
-        let Some(mut src) = core
+        let Some(src) = core
             .open_file(from)
             .map_err(|e| format!("cannot read {}: {e:?}", shown()))?
         else {
@@ -80,7 +80,9 @@ impl Scratch {
                 .truncate(true)
                 .mode(0o600)
                 .open(&dest)?;
-            std::io::copy(&mut src, &mut out)
+            // Holes stay holes: a sparse file of terabytes costs the agent nothing, and must not
+            // cost the daemon its disk either.
+            crate::cow::upper::copy_sparse(&src, &mut out)
         })();
         copied.map_err(|e| format!("cannot copy {} out of the workspace: {e}", shown()))?;
         Ok(true)
