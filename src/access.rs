@@ -215,6 +215,77 @@ pub fn grant_objects(mirrors: &Path, mirror: &Path, uid: u32, recheck: bool) -> 
     Ok(())
 }
 
+/// `acl` without the named-user entries of the users `keep` refuses, mask recomputed; `None` when
+/// nothing changes. The uids removed are added to `gone`.
+fn without_users(
+    mut acl: Vec<Entry>,
+    keep: &dyn Fn(u32) -> bool,
+    gone: &mut Vec<u32>,
+) -> Option<Vec<Entry>> {
+    let before = acl.len();
+    acl.retain(|e| {
+        let drop = e.tag == USER && !keep(e.id);
+        if drop && !gone.contains(&e.id) {
+            gone.push(e.id);
+        }
+        !drop
+    });
+    if acl.len() == before {
+        return None;
+    }
+    let mask = acl
+        .iter()
+        .filter(|e| matches!(e.tag, GROUP_OBJ | USER | GROUP))
+        .fold(0, |m, e| m | e.perm);
+    if let Some(m) = acl.iter_mut().find(|e| e.tag == MASK) {
+        m.perm = mask;
+    }
+    Some(acl)
+}
+
+/// Takes back the objects grant of [`grant_objects`] from every user `keep` refuses, on the mirror,
+/// its `.git` and everything under `.git/objects` (access and default ACLs). Returns the uids whose
+/// grant was removed. `<state>/mirrors` keeps its search entries: they reveal nothing by themselves.
+pub fn revoke_objects(mirror: &Path, keep: &dyn Fn(u32) -> bool) -> io::Result<Vec<u32>> {
+    let mut gone = Vec::new();
+    let git = mirror.join(".git");
+    let mut stack = vec![git.join("objects")];
+    for dir in [mirror, git.as_path()] {
+        revoke(dir, keep, &mut gone)?;
+    }
+    while let Some(dir) = stack.pop() {
+        revoke(&dir, keep, &mut gone)?;
+        for entry in std::fs::read_dir(&dir)? {
+            let outcome = entry.and_then(|entry| {
+                let m = entry.metadata()?;
+                if m.is_dir() {
+                    stack.push(entry.path());
+                } else if m.is_file() {
+                    revoke(&entry.path(), keep, &mut gone)?;
+                }
+                Ok(())
+            });
+            match outcome {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                other => other?,
+            }
+        }
+    }
+    Ok(gone)
+}
+
+fn revoke(path: &Path, keep: &dyn Fn(u32) -> bool, gone: &mut Vec<u32>) -> io::Result<()> {
+    for name in [ACCESS, DEFAULT] {
+        let Some(acl) = crate::sys::get_xattr(path, name)?.and_then(|b| decode(&b)) else {
+            continue;
+        };
+        if let Some(acl) = without_users(acl, keep, gone) {
+            crate::sys::set_xattr(path, name, &encode(acl))?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -338,6 +338,36 @@ pub fn user_name(uid: u32) -> Option<String> {
     Some(name.to_string_lossy().into_owned())
 }
 
+/// Every group of local user `uid` (primary and supplementary, `getgrouplist`); empty when the uid
+/// has no entry.
+pub fn user_groups(uid: u32) -> Vec<u32> {
+    let Some(name) = user_name(uid) else {
+        return Vec::new();
+    };
+    let Ok(c) = CString::new(name) else {
+        return Vec::new();
+    };
+    let Some((_, gid)) = user_by_name(&c.to_string_lossy()).ok().flatten() else {
+        return Vec::new();
+    };
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: `c` is NUL-terminated; `groups` holds `n` writable gids and `n` is a valid in/out
+        // count.
+        let rc = unsafe { libc::getgrouplist(c.as_ptr(), gid, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(n.max(0) as usize);
+            return groups;
+        }
+        // -1: too small; `n` now says how many there are.
+        if n as usize <= groups.len() || groups.len() >= 1 << 16 {
+            return vec![gid];
+        }
+        groups.resize(n as usize, 0);
+    }
+}
+
 /// A local group's gid by name (`getgrnam_r`); `None` when there is no such group.
 pub fn group_by_name(name: &str) -> io::Result<Option<u32>> {
     let c = CString::new(name)

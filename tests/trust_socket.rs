@@ -417,6 +417,54 @@ fn a_project_restricts_who_binds_it() {
     cli_as(&d, b, &["release", "tq"]).assert_ok();
 }
 
+/// Taking a user off a project's allow list takes back their read grant on its objects at once: their
+/// git can no longer read the project's history, while the users still allowed keep theirs.
+#[test]
+fn revoking_a_user_takes_back_the_objects_grant() {
+    let (a, b) = (user_a(), user_b());
+    let d = Daemon::start();
+    open_the_way(&d);
+    project(
+        &d,
+        "p",
+        &[
+            "--allow-user",
+            "octofs-test-user",
+            "--allow-user",
+            "octofs-test-other",
+        ],
+    );
+    make_state_private(&d);
+    let mut mounts = Vec::new();
+    for (u, t) in [(a, "ta"), (b, "tb")] {
+        let out = cli_as(&d, u, &["open", t, "--project", "p"]);
+        assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+        mounts.push(PathBuf::from(out.stdout_str().trim()));
+    }
+    let history = |u: User, mount: &Path| git_as(u, mount, &["log", "--format=%s"]);
+    for (u, m) in [(a, &mounts[0]), (b, &mounts[1])] {
+        let out = history(u, m);
+        assert!(out.success(), "{}", out.describe());
+        assert_eq!(out.stdout_str(), "second\ninitial\n");
+    }
+    d.cli_ok(["mirror", "access", "p", "--allow-user", "octofs-test-user"]);
+    let kept = history(a, &mounts[0]);
+    assert!(
+        kept.success(),
+        "the user still allowed lost access: {}",
+        kept.describe()
+    );
+    let revoked = history(b, &mounts[1]);
+    assert!(
+        !revoked.success(),
+        "a revoked user still reads the project's history: {}",
+        revoked.describe()
+    );
+    // Nothing else changed: both threads are still their owners' to save and release.
+    cli_as(&d, a, &["release", "ta"]).assert_ok();
+    cli_as(&d, b, &["release", "tb"]).assert_ok();
+}
+
 #[test]
 fn a_daemon_started_under_umask_000_still_refuses_others() {
     let b = user_b();

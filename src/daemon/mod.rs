@@ -302,11 +302,36 @@ impl Daemon {
         validate(NameKind::Project, project)?;
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
-        let p = match access {
-            Some(a) => mirror::set_access(&self.layout, project, a)?,
-            None => mirror::require(&self.layout, project)?,
+        let Some(a) = access else {
+            let p = mirror::require(&self.layout, project)?;
+            return Ok((json!(p.access), vec![]));
         };
-        Ok((json!(p.access), vec![]))
+        let p = mirror::set_access(&self.layout, project, a)?;
+        // Who may no longer bind the project loses the read grant on its objects at once (their
+        // workspaces' git then cannot read the project's history: revoking is revoking).
+        let keep = |uid: u32| {
+            let user = Caller {
+                uid,
+                gid: u32::MAX,
+                groups: crate::sys::user_groups(uid),
+            };
+            may_bind(&user, &p.access)
+        };
+        let mut warnings = Vec::new();
+        match crate::access::revoke_objects(&self.layout.mirror(project), &keep) {
+            Ok(gone) if !gone.is_empty() => {
+                let who: Vec<String> = gone
+                    .iter()
+                    .map(|u| crate::access::describe_uid(*u))
+                    .collect();
+                tracing::info!(%project, "objects grant revoked from {}", who.join(", "));
+            }
+            Ok(_) => {}
+            Err(e) => warnings.push(format!(
+                "cannot take back the read grant on {project}'s objects: {e}"
+            )),
+        }
+        Ok((json!(p.access), warnings))
     }
 
     fn mirror_sync(&self, project: &str) -> Reply {
