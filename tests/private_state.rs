@@ -294,35 +294,6 @@ fn credentials_live_only_in_the_credentials_file() {
     drop(server);
 }
 
-const OTHER: &str = "octofs-test-other";
-
-/// The uid and gid of an unprivileged local user made for these tests.
-fn other_user() -> (u32, u32) {
-    let id = |flag: &str| {
-        Command::new("id")
-            .args([flag, OTHER])
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-    };
-    if id("-u").is_none() {
-        let out = run(
-            Command::new("useradd").args([
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/bin/false",
-                OTHER,
-            ]),
-            CMD_TIMEOUT,
-        );
-        // Another test process may have made it at the same time.
-        assert!(out.success() || id("-u").is_some(), "{}", out.describe());
-    }
-    (id("-u").unwrap(), id("-g").unwrap())
-}
-
 /// Every path under `dir` (itself included), not following symlinks, not crossing mounts.
 fn walk(dir: &Path) -> Vec<(PathBuf, fs::Metadata)> {
     let dev = fs::symlink_metadata(dir).unwrap().dev();
@@ -378,7 +349,7 @@ fn assert_private(state: &Path) {
 #[test]
 fn state_is_private_whatever_the_umask() {
     umask_000();
-    let (uid, gid) = other_user();
+    let User { uid, gid } = user_b();
     let src = tempfile::tempdir().unwrap();
     let repo = GitRepo::init(&src.path().join("repo"));
     repo.write("README.md", "public readme\n");

@@ -139,35 +139,6 @@ fn an_oversized_head_or_packed_refs_cannot_exhaust_the_daemon() {
     d.cli_ok(["release", "t"]);
 }
 
-/// A local user's uid and primary gid (the test users are created when missing).
-fn ensure_user(name: &str) -> (u32, u32) {
-    let id = |flag: &str| -> Option<u32> {
-        let out = try_run(Command::new("id").args([flag, name]), CMD_TIMEOUT).ok()?;
-        out.success()
-            .then(|| out.stdout_str().trim().parse().ok())
-            .flatten()
-    };
-    for attempt in 0..20 {
-        if let (Some(uid), Some(gid)) = (id("-u"), id("-g")) {
-            return (uid, gid);
-        }
-        // useradd fails while another useradd holds the passwd lock: retry.
-        let _ = try_run(
-            Command::new("useradd").args([
-                "--system",
-                "--no-create-home",
-                "--user-group",
-                "--shell",
-                "/usr/sbin/nologin",
-                name,
-            ]),
-            CMD_TIMEOUT,
-        );
-        std::thread::sleep(Duration::from_millis(50 * attempt));
-    }
-    panic!("cannot create local user {name}");
-}
-
 /// Kills the holder process when the test ends, however it ends.
 struct Holder(std::process::Child);
 
@@ -193,7 +164,7 @@ fn one_user_holding_idle_connections_does_not_lock_out_the_others() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
-    let (uid, gid) = ensure_user("octofs-test-other");
+    let User { uid, gid } = user_b();
     let d = Daemon::start();
     // An unprivileged user opens more connections than the daemon serves at once and sends
     // nothing on them.
@@ -321,23 +292,10 @@ fn a_sparse_index_costs_the_daemon_no_disk() {
     d.cli_ok(["release", "t"]);
 }
 
-/// `program` run as `(uid, gid)` without supplementary groups.
-fn as_user(u: (u32, u32), program: &str) -> Command {
-    let mut c = Command::new("setpriv");
-    c.arg(format!("--reuid={}", u.0))
-        .arg(format!("--regid={}", u.1))
-        .arg("--clear-groups")
-        .arg(program)
-        .env_remove("OCTOFS_STATE")
-        .env_remove("OCTOFS_ROOT")
-        .env("HOME", "/");
-    c
-}
-
 #[test]
 fn another_user_cannot_read_a_workspace_through_its_mount() {
-    let a = ensure_user("octofs-test-user");
-    let b = ensure_user("octofs-test-other");
+    let a = user_a();
+    let b = user_b();
     let d = Daemon::start();
     // The test's temp dir is root's 0700: let both users reach the socket and the mounts.
     for p in [&d.base, &d.root] {
@@ -345,8 +303,8 @@ fn another_user_cannot_read_a_workspace_through_its_mount() {
         fs::set_permissions(p, fs::Permissions::from_mode(0o755)).expect("chmod");
     }
     project(&d, "p");
-    d.cli_ok(["mirror", "access", "p", "--allow-user", &a.0.to_string()]);
-    let cli = |u: (u32, u32), args: &[&str]| {
+    d.cli_ok(["mirror", "access", "p", "--allow-user", &a.uid.to_string()]);
+    let cli = |u: User, args: &[&str]| {
         let mut c = as_user(u, bin());
         c.arg("--state").arg(&d.state).arg("--root").arg(&d.root);
         c.args(args);

@@ -13,87 +13,9 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// A local user the tests act as.
-#[derive(Debug, Clone, Copy)]
-struct User {
-    uid: u32,
-    gid: u32,
-}
-
-/// The user's uid and primary gid, creating a system user without home when missing. Tolerates a
-/// concurrent creation of the same user by another test.
-fn ensure_user(name: &str) -> User {
-    let id = |flag: &str| -> Option<u32> {
-        let out = try_run(Command::new("id").args([flag, name]), CMD_TIMEOUT).ok()?;
-        out.success()
-            .then(|| out.stdout_str().trim().parse().ok())
-            .flatten()
-    };
-    for attempt in 0..20 {
-        if let (Some(uid), Some(gid)) = (id("-u"), id("-g")) {
-            return User { uid, gid };
-        }
-        // useradd fails while another useradd holds the passwd lock: retry.
-        let _ = try_run(
-            Command::new("useradd").args([
-                "--system",
-                "--no-create-home",
-                "--user-group",
-                "--shell",
-                "/usr/sbin/nologin",
-                name,
-            ]),
-            CMD_TIMEOUT,
-        );
-        std::thread::sleep(Duration::from_millis(50 * attempt));
-    }
-    panic!("cannot create local user {name}");
-}
-
-fn user_a() -> User {
-    ensure_user("octofs-test-user")
-}
-
-fn user_b() -> User {
-    ensure_user("octofs-test-other")
-}
-
-/// `cmd` with its arguments, run as `u` (no supplementary groups) with a neutral environment.
-fn as_user(u: User, program: impl AsRef<std::ffi::OsStr>) -> Command {
-    as_user_in(u, &[], program)
-}
-
-/// [`as_user`] with the supplementary groups `groups`.
-fn as_user_in(u: User, groups: &[u32], program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut c = Command::new("setpriv");
-    c.arg(format!("--reuid={}", u.uid))
-        .arg(format!("--regid={}", u.gid));
-    if groups.is_empty() {
-        c.arg("--clear-groups");
-    } else {
-        let list: Vec<String> = groups.iter().map(u32::to_string).collect();
-        c.arg(format!("--groups={}", list.join(",")));
-    }
-    c.arg("--")
-        .arg(program)
-        .env("HOME", "/nonexistent")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "Agent")
-        .env("GIT_AUTHOR_EMAIL", "agent@example.invalid")
-        .env("GIT_COMMITTER_NAME", "Agent")
-        .env("GIT_COMMITTER_EMAIL", "agent@example.invalid")
-        .env_remove("OCTOFS_STATE")
-        .env_remove("OCTOFS_ROOT")
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE");
-    c
-}
 
 /// The octofs CLI as `u`.
 fn cli_as(d: &Daemon, u: User, args: &[&str]) -> Out {
