@@ -758,6 +758,8 @@ impl Daemon {
                 format!("{commit}\n").as_bytes(),
             )
             .map_err(|e| format!("cannot record refs/octomate/saved: {e:?}"))?;
+        // A process in the mount reads the new mark as soon as the snapshot is answered.
+        self.tell_kernel(&rec.thread);
         rec.saved = Some(SavedMark {
             commit: Some(commit.into()),
             generation,

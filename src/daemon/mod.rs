@@ -415,6 +415,8 @@ impl Daemon {
             is_root && self.settings.passthrough,
             info.clone(),
         );
+        // From here on, what the daemon changes other than through the mount is told to the kernel.
+        core.watch_kernel();
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
         let session = crate::fs::fuse::mount(adapter, &path, &cfg)
             .map_err(|e| format!("cannot mount {}: {e}", path.display()))?;
@@ -430,6 +432,20 @@ impl Daemon {
             },
         );
         Ok(())
+    }
+
+    /// Tells the kernel serving `thread`'s mount what the daemon changed in it behind the kernel
+    /// (`docs/caching.md`), before the request that changed it is answered. This runs on a request
+    /// worker, never a FUSE thread, holding no lock a FUSE request waits for (the kernel may wait
+    /// for requests in flight on the same inodes first).
+    fn tell_kernel(&self, thread: &str) {
+        let Some((core, notifier)) = lock(&self.mounts)
+            .get(thread)
+            .map(|m| (m.core.clone(), m.session.notifier()))
+        else {
+            return;
+        };
+        crate::fs::fuse::invalidate(&notifier, &core.take_behind());
     }
 
     /// Unmounts one thread's workspace. A busy mount (a process has its cwd or files in it) is

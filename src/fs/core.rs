@@ -102,6 +102,9 @@ pub struct Opened {
     pub file: File,
     /// The file is the workspace's own data file (else the read-only blob-cache file of the base).
     pub upper: bool,
+    /// Counted as a writer of the inode (write access or `O_TRUNC`): its release must say so, and
+    /// only then (an `O_RDONLY|O_CREAT` create is no writer).
+    pub write: bool,
 }
 
 /// Result of `getxattr`/`listxattr`: the size asked for, or the bytes.
@@ -278,6 +281,22 @@ pub struct WorkspaceFs {
     last_activity: AtomicU64,
     /// Catalog batches lost to damage, as reported in `quarantine/README` (kept across restarts).
     damaged: Vec<String>,
+    /// What the daemon changed other than through a FUSE request since the kernel was last told
+    /// (`None` while nothing is mounted: the kernel has nothing cached). See [`Behind`].
+    behind: Mutex<Option<Vec<Behind>>>,
+}
+
+/// Something the daemon changed in the workspace other than through a FUSE request, which the
+/// kernel may hold cached (entries and attributes for an hour, directory listings, pages). The
+/// daemon hands these to the kernel's invalidation (`docs/caching.md`), from a thread that is not
+/// serving FUSE requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Behind {
+    /// Name `name` in directory `parent` was created, removed or now leads to another inode: the
+    /// kernel's entry (or cached absence) of it, and the directory's listing and attributes.
+    Entry { parent: u64, name: Vec<u8> },
+    /// The attributes or content of inode `ino` changed.
+    Inode(u64),
 }
 
 /// One edit that turns the base tree into the workspace's working state (see [`WorkspaceFs::view`]).
@@ -745,6 +764,7 @@ impl WorkspaceFs {
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),
             damaged: Vec::new(),
+            behind: Mutex::new(None),
         };
         if !damage.is_empty() {
             fs.note_catalog_damage(&damage)?;
@@ -1138,6 +1158,34 @@ impl WorkspaceFs {
         if let Err(e) = st.catalog.close_clean(&snap) {
             tracing::error!("cannot close the catalog cleanly: {e}");
         }
+    }
+
+    /// From now on the kernel may cache this workspace (it is being mounted): what the daemon
+    /// changes other than through a FUSE request is recorded for [`Self::take_behind`].
+    pub fn watch_kernel(&self) {
+        let mut b = self.behind.lock().unwrap_or_else(|p| p.into_inner());
+        b.get_or_insert_with(Vec::new);
+    }
+
+    /// What the daemon changed behind the kernel since the last call, for the kernel to forget.
+    pub fn take_behind(&self) -> Vec<Behind> {
+        let mut b = self.behind.lock().unwrap_or_else(|p| p.into_inner());
+        b.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn note_behind(&self, what: Behind) {
+        let mut b = self.behind.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(v) = b.as_mut() {
+            v.push(what);
+        }
+    }
+
+    /// [`Self::note_behind`] of a name.
+    fn entry_behind(&self, parent: u64, name: &[u8]) {
+        self.note_behind(Behind::Entry {
+            parent,
+            name: name.to_vec(),
+        });
     }
 
     fn derived_rec(
@@ -1643,13 +1691,18 @@ impl WorkspaceFs {
             Opened {
                 file: f,
                 upper: true,
+                write: write || trunc,
             }
         } else {
             drop(st);
             // Filling the blob cache may take a while: not under the workspace lock.
             let file = self.source_file(&rec)?;
             st = self.lock();
-            Opened { file, upper: false }
+            Opened {
+                file,
+                upper: false,
+                write: false,
+            }
         };
         let n = st.node_mut(ino)?;
         n.opens += 1;
@@ -2329,7 +2382,11 @@ impl WorkspaceFs {
     }
 
     /// Writes octofs's own bookkeeping file `dirs/name` (e.g. `.git/refs/octomate/saved`), creating
-    /// the directories, without counting as a change of the workspace's state.
+    /// the directories, without counting as a change of the workspace's state. Returns the file's
+    /// inode. An existing file is replaced the way git replaces a ref, never truncated: the new
+    /// content goes to a new inode's data file, complete before one catalog batch points the name at
+    /// it, so a reader sees the old content or the new, never a partial one; a reader holding the old
+    /// file open keeps it. The changed names are noted for the kernel ([`Behind`]).
     pub fn put_file_quietly(&self, dirs: &[&str], name: &str, bytes: &[u8]) -> Result<u64, Errno> {
         let owner = self.owner();
         let mut cur = ROOT_INO;
@@ -2345,7 +2402,9 @@ impl WorkspaceFs {
                         quiet: true,
                         ..New::plain(Kind::Dir, 0o755, 0)
                     };
-                    self.seeded(self.make(cur, OsStr::new(d), new, owner))?
+                    let made = self.seeded(self.make(cur, OsStr::new(d), new, owner))?;
+                    self.entry_behind(cur, d.as_bytes());
+                    made
                 }
             };
         }
@@ -2353,23 +2412,70 @@ impl WorkspaceFs {
             let mut st = self.lock();
             self.resolve(&mut st, cur, name.as_bytes())?
         };
-        if let Some(ino) = existing {
-            let rec = self.lock().node(ino)?.rec.clone();
-            if rec.kind != Kind::File || !rec.upper || rec.nlink != 1 {
-                return Err(Errno::EEXIST);
+        let ino = match existing {
+            Some(old) => self.replace_quietly(cur, name.as_bytes(), old, bytes)?,
+            None => {
+                let new = New {
+                    quiet: true,
+                    content: Content::Bytes(bytes),
+                    ..New::plain(Kind::File, 0o644, 0)
+                };
+                self.seeded(self.make(cur, OsStr::new(name), new, owner))?
             }
-            use std::io::Write;
-            let mut f = self.upper.open_data(ino).map_err(io_errno)?;
-            f.set_len(0).map_err(io_errno)?;
-            f.write_all(bytes).map_err(io_errno)?;
-            return Ok(ino);
-        }
-        let new = New {
-            quiet: true,
-            content: Content::Bytes(bytes),
-            ..New::plain(Kind::File, 0o644, 0)
         };
-        self.seeded(self.make(cur, OsStr::new(name), new, owner))
+        self.entry_behind(cur, name.as_bytes());
+        Ok(ino)
+    }
+
+    /// Points `name` in `dir` (now inode `old`, a file of the workspace's own) at a new inode
+    /// holding `bytes`, with `old`'s other attributes; `old` stays for whoever holds it.
+    fn replace_quietly(&self, dir: u64, name: &[u8], old: u64, bytes: &[u8]) -> Result<u64, Errno> {
+        let mut st = self.lock();
+        let rec = st.node(old)?.rec.clone();
+        if rec.kind != Kind::File || !rec.upper || rec.nlink != 1 {
+            return Err(Errno::EEXIST);
+        }
+        let mut tx = Tx {
+            quiet: true,
+            ..Tx::default()
+        };
+        st.chain(&mut tx, dir)?;
+        let new = st.alloc(&mut tx);
+        let now = Ts::now();
+        // Data before records (docs/crash-safety.md): a crash before the batch leaves an
+        // unreferenced data file, quarantined at the next load; the name still has the old one.
+        self.upper.create(new, None, now, now).map_err(io_errno)?;
+        let written = self.upper.open_data(new).and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(bytes)
+        });
+        if let Err(e) = written {
+            self.upper.remove(new);
+            return Err(io_errno(e));
+        }
+        tx.entry(dir, name, Some(new));
+        tx.recs.insert(
+            new,
+            InodeRecord {
+                ino: new,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                copied_ctime: None,
+                ..rec
+            },
+        );
+        tx.drop_inode(old);
+        if let Err(e) = st.commit(tx) {
+            self.upper.remove(new);
+            return Err(e);
+        }
+        // Nobody may hold the old inode (then its data file goes now), or the kernel or an open
+        // file does (then it goes with their last reference).
+        self.reap(&mut st, old);
+        drop(st);
+        self.note_behind(Behind::Inode(old));
+        Ok(new)
     }
 
     /// Applies one change of a tree diff at `path` (used to bring back a released thread: its
@@ -2389,12 +2495,16 @@ impl WorkspaceFs {
             let next = match next {
                 Some(i) => i,
                 None if *change == TreeChange::Remove => return Ok(()),
-                None => self.seeded(self.make(
-                    cur,
-                    OsStr::from_bytes(d),
-                    New::plain(Kind::Dir, 0o755, 0),
-                    owner,
-                ))?,
+                None => {
+                    let made = self.seeded(self.make(
+                        cur,
+                        OsStr::from_bytes(d),
+                        New::plain(Kind::Dir, 0o755, 0),
+                        owner,
+                    ))?;
+                    self.entry_behind(cur, d);
+                    made
+                }
             };
             parents.push(next);
         }
@@ -2412,6 +2522,7 @@ impl WorkspaceFs {
             Some(_) => self.unlink(dir, name)?,
             None => {}
         }
+        self.entry_behind(dir, name.as_bytes());
         let object = |id: &ObjectId, gitlink: bool| BaseRef {
             oid: id.to_string(),
             path: path.to_vec(),
@@ -2427,6 +2538,7 @@ impl WorkspaceFs {
                     }
                     drop(st);
                     self.rmdir(parents[i - 1], OsStr::from_bytes(comps[i - 1]))?;
+                    self.entry_behind(parents[i - 1], comps[i - 1]);
                 }
                 return Ok(());
             }

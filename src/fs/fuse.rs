@@ -25,7 +25,7 @@ use fuser::{
     WriteFlags,
 };
 
-use super::core::{Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, XattrReply};
+use super::core::{Behind, Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, XattrReply};
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
@@ -122,7 +122,7 @@ impl FuseAdapter {
             if slot.upper == opened.upper {
                 return Ok((opened, Some(id)));
             }
-            self.core.release(ino, write);
+            self.core.release(ino, opened.write);
             return Err(Errno::EBUSY);
         }
         match register(&opened.file) {
@@ -430,7 +430,7 @@ impl Filesystem for FuseAdapter {
             ino: i,
             file: opened.file,
             upper,
-            write: flags.0 & libc::O_ACCMODE != libc::O_RDONLY || flags.0 & libc::O_TRUNC != 0,
+            write: opened.write,
             _backing: backing.clone(),
         });
         match backing {
@@ -484,11 +484,13 @@ impl Filesystem for FuseAdapter {
                 }
             }
         }
+        // A writer exactly when the core counted one: `O_RDONLY|O_CREAT` is none, and its release
+        // must not un-count another handle's write-open of the file.
         let fh = self.add_handle(Handle::File {
             ino: i,
             file: opened.file,
             upper: true,
-            write: true,
+            write: opened.write,
             _backing: backing.clone(),
         });
         match backing {
@@ -857,6 +859,27 @@ pub fn mount_config(thread: &str, allow_other: bool) -> fuser::Config {
     cfg.n_threads = Some(4);
     cfg.clone_fd = true;
     cfg
+}
+
+/// Tells the kernel to forget what it may have cached of changes the daemon made behind it
+/// (`docs/caching.md`): a name's entry (or cached absence) and its directory's listing and
+/// attributes, an inode's attributes and pages. Call it from a thread that serves no FUSE request and
+/// holds no lock a FUSE request may wait for: the kernel may first wait for requests in flight on
+/// those inodes, and a request thread waiting on its own inode's lock would never return.
+pub fn invalidate(notifier: &fuser::Notifier, behind: &[Behind]) {
+    for b in behind {
+        // "Not cached" answers Ok (fuser maps the kernel's ENOENT); anything else only costs
+        // freshness until the timeout, so it is logged, not fatal.
+        let r = match b {
+            Behind::Entry { parent, name } => notifier
+                .inval_entry(INodeNo(*parent), OsStr::from_bytes(name))
+                .and_then(|()| notifier.inval_inode(INodeNo(*parent), 0, 0)),
+            Behind::Inode(i) => notifier.inval_inode(INodeNo(*i), 0, 0),
+        };
+        if let Err(e) = r {
+            tracing::warn!("cannot invalidate the kernel's cache of {b:?}: {e}");
+        }
+    }
 }
 
 /// Mounts `adapter` at `mountpoint` and serves it on background threads.

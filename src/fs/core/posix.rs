@@ -132,12 +132,16 @@ impl WorkspaceFs {
             };
             cur = match next {
                 Some(i) => i,
-                None if create_dirs => self.seeded(self.make(
-                    cur,
-                    OsStr::from_bytes(c),
-                    New::plain(Kind::Dir, 0o755, 0),
-                    self.owner(),
-                ))?,
+                None if create_dirs => {
+                    let made = self.seeded(self.make(
+                        cur,
+                        OsStr::from_bytes(c),
+                        New::plain(Kind::Dir, 0o755, 0),
+                        self.owner(),
+                    ))?;
+                    self.entry_behind(cur, c);
+                    made
+                }
                 None => return Ok(None),
             };
         }
@@ -208,6 +212,8 @@ impl WorkspaceFs {
         for (k, v) in &e.xattrs {
             self.setxattr(ino, OsStr::from_bytes(k), v, 0)?;
         }
+        self.entry_behind(dir, name);
+        self.note_behind(super::Behind::Inode(ino));
         Ok(())
     }
 }
