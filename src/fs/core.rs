@@ -24,7 +24,7 @@ use std::fs::File;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -278,6 +278,10 @@ pub struct WorkspaceFs {
     last_activity: AtomicU64,
     /// Catalog batches lost to damage, as reported in `quarantine/README` (kept across restarts).
     damaged: Vec<String>,
+    /// Whether any inode may have an extended attribute: false until the first `setxattr` (or a
+    /// loaded record with one). While false, `getxattr` answers "none" without the lock, which the
+    /// kernel asks of `security.capability` before every write that could drop privileges.
+    any_xattr: AtomicBool,
 }
 
 /// One edit that turns the base tree into the workspace's working state (see [`WorkspaceFs::view`]).
@@ -723,6 +727,7 @@ impl WorkspaceFs {
         if let Some(root) = nodes.get_mut(&ROOT_INO) {
             root.lookups = 1;
         }
+        let any_xattr = nodes.values().any(|n| !n.rec.xattrs.is_empty());
         let mut fs = WorkspaceFs {
             store,
             blobs,
@@ -742,6 +747,7 @@ impl WorkspaceFs {
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),
             damaged: Vec::new(),
+            any_xattr: AtomicBool::new(any_xattr),
         };
         if !damage.is_empty() {
             fs.note_catalog_damage(&damage)?;
@@ -2533,6 +2539,9 @@ impl WorkspaceFs {
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
         }
+        // Raised before the attribute exists: a lock-free `getxattr` that sees it down ran before
+        // this set took effect.
+        self.any_xattr.store(true, Ordering::SeqCst);
         let mut st = self.lock();
         let exists = st.node(ino)?.rec.xattrs.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {
@@ -2551,6 +2560,9 @@ impl WorkspaceFs {
 
     pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> Result<XattrReply, Errno> {
         let name = Self::xattr_name(name)?;
+        if !self.any_xattr.load(Ordering::SeqCst) {
+            return Err(Errno::NO_XATTR);
+        }
         let st = self.lock();
         let v = st.node(ino)?.rec.xattrs.get(name).ok_or(Errno::NO_XATTR)?;
         sized(v.clone(), size)

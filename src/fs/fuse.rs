@@ -514,13 +514,14 @@ impl Filesystem for FuseAdapter {
         if backing.is_some() {
             self.info.stats.passthrough_open();
         }
+        // No flush round trip on close, as for `open`: flush has nothing to do.
         match backing {
             Some(id) => reply.created_passthrough(
                 &TTL,
                 &attr,
                 Generation(0),
                 FileHandle(fh),
-                FopenFlags::empty(),
+                FopenFlags::FOPEN_NOFLUSH,
                 &id,
             ),
             None => reply.created(
@@ -528,7 +529,7 @@ impl Filesystem for FuseAdapter {
                 &attr,
                 Generation(0),
                 FileHandle(fh),
-                FopenFlags::empty(),
+                FopenFlags::FOPEN_NOFLUSH,
             ),
         }
     }
