@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use serde_json::Value;
 
 use octofs::client;
-use octofs::daemon::proto::{Access, Request, WorkspaceStatus};
+use octofs::daemon::proto::{Access, Request, StatsAnswer, StatsReport, WorkspaceStatus};
 use octofs::git::mirror::{MirrorInfo, SyncOutcome};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
@@ -76,6 +76,13 @@ enum Cmd {
     /// Show one workspace
     Status {
         thread: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// FUSE request statistics of a mounted thread, or of every mount (root): per-opcode counts
+    /// and latency, bytes served by the daemon, passthrough opens
+    Stats {
+        thread: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -557,6 +564,38 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 .write_all(&out)
                 .map_err(|e| format!("fsmonitor: {e}"))
         }
+        Cmd::Stats { thread, json } => {
+            if let Some(t) = &thread {
+                validate(NameKind::Thread, t)?;
+            }
+            let v = request(
+                layout,
+                Request::Stats {
+                    thread: thread.clone(),
+                },
+            )?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let a: StatsAnswer = parse(v)?;
+            match thread {
+                Some(_) => {
+                    for w in &a.workspaces {
+                        println!("thread {}", w.thread);
+                        print_stats(&w.stats);
+                    }
+                }
+                None => {
+                    println!("daemon: {} mounted workspace(s)", a.workspaces.len());
+                    print_stats(&a.total);
+                    for w in &a.workspaces {
+                        println!("  {:<24} {:>12} requests", w.thread, w.stats.requests());
+                    }
+                }
+            }
+            Ok(())
+        }
         Cmd::Status { thread, json } => {
             validate(NameKind::Thread, &thread)?;
             let v = request(layout, Request::Status { thread })?;
@@ -608,4 +647,26 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// One table of request figures: opcode, count, p50, p99 (upper edge of a log2 bucket), total time.
+fn print_stats(s: &StatsReport) {
+    println!(
+        "{:<16} {:>12} {:>10} {:>10} {:>14}",
+        "opcode", "count", "p50 µs", "p99 µs", "total ms"
+    );
+    for o in &s.ops {
+        println!(
+            "{:<16} {:>12} {:>10} {:>10} {:>14.1}",
+            o.op,
+            o.count,
+            format!("≤{}", o.p50_us),
+            format!("≤{}", o.p99_us),
+            o.total_us as f64 / 1000.0
+        );
+    }
+    println!("{:<16} {:>12}", "all", s.requests());
+    println!("bytes read through the daemon:    {}", s.bytes_read);
+    println!("bytes written through the daemon: {}", s.bytes_written);
+    println!("passthrough opens:                {}", s.passthrough_opens);
 }

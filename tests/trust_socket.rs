@@ -256,6 +256,7 @@ fn other_users_cannot_touch_a_workspace_root_can() {
         &["release", "t", "--force"],
         &["diff", "t"],
         &["status", "t"],
+        &["stats", "t"],
         &["fsmonitor", "t", "2", ""],
         &["open", "t"],
         &["open", "t", "--project", "p"],
@@ -277,6 +278,11 @@ fn other_users_cannot_touch_a_workspace_root_can() {
     assert_denied(&cli_as(&d, b, &["mirror", "sync", "p"]), &[]);
     assert_denied(&cli_as(&d, b, &["sweep", "--idle", "0"]), &[]);
     assert_denied(&cli_as(&d, b, &["stop"]), &[]);
+    // Request statistics: a thread's are its owner's, the daemon-wide sum is root's.
+    cli_as(&d, a, &["stats", "t"]).assert_ok();
+    assert_denied(&cli_as(&d, a, &["stats"]), &[]);
+    d.cli_ok(["stats"]);
+    d.cli_ok(["stats", "t"]);
     // Root acts on A's thread; opening it makes root a second user, not its owner.
     d.cli_ok(["status", "t"]);
     d.cli_ok(["diff", "t"]);

@@ -180,6 +180,7 @@ impl Daemon {
                 to,
                 patch,
             } => self.diff(&thread, from.as_deref(), to.as_deref(), patch, c),
+            Request::Stats { thread } => self.stats(thread.as_deref(), c),
             Request::Stop => {
                 self.require_admin(c, "stop the daemon")?;
                 Ok((json!("stopping"), vec![]))
@@ -581,6 +582,44 @@ impl Daemon {
         Ok((json!(answer), vec![]))
     }
 
+    /// Request statistics of one mounted thread (its owner's business), or of every mount summed
+    /// (root only: the daemon-wide figures describe every user's activity).
+    fn stats(&self, thread: Option<&str>, c: &Caller) -> Reply {
+        let mut answer = proto::StatsAnswer::default();
+        match thread {
+            Some(thread) => {
+                validate(NameKind::Thread, thread)?;
+                let (info, owner) = lock(&self.mounts)
+                    .get(thread)
+                    .map(|m| (m.info.clone(), m.owner))
+                    .ok_or_else(|| format!("thread {thread} is not mounted"))?;
+                self.require_owner(c, thread, owner)?;
+                answer.workspaces.push(proto::WorkspaceStats {
+                    thread: thread.to_string(),
+                    stats: info.stats.report(),
+                });
+            }
+            None => {
+                self.require_admin(c, "see every workspace's statistics")?;
+                let mut infos: Vec<_> = lock(&self.mounts)
+                    .iter()
+                    .map(|(t, m)| (t.clone(), m.info.clone()))
+                    .collect();
+                infos.sort_by(|a, b| a.0.cmp(&b.0));
+                for (thread, info) in infos {
+                    answer.workspaces.push(proto::WorkspaceStats {
+                        thread,
+                        stats: info.stats.report(),
+                    });
+                }
+            }
+        }
+        for w in &answer.workspaces {
+            answer.total.add(&w.stats);
+        }
+        Ok((json!(answer), vec![]))
+    }
+
     /// Every thread of the caller (of everyone, for root).
     fn list(&self, c: &Caller) -> Reply {
         let mine = |owner: Owner| self.is_admin(c) || owner.uid == c.uid;
@@ -961,7 +1000,7 @@ async fn serve_request(
 ) -> Response {
     let pool = match req {
         Request::Ping => return daemon.handle(req, &caller),
-        Request::Fsmonitor { .. } | Request::Stop => &pools.fast,
+        Request::Fsmonitor { .. } | Request::Stats { .. } | Request::Stop => &pools.fast,
         _ => &pools.heavy,
     };
     let is_stop = matches!(req, Request::Stop);

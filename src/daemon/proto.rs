@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::fs::stats::{OpStats, StatsReport};
 pub use crate::git::mirror::Access;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -61,6 +62,11 @@ pub enum Request {
         from: Option<String>,
         to: Option<String>,
         patch: bool,
+    },
+    /// Request statistics of one mounted thread (its owner or root), or of every mount (root).
+    Stats {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        thread: Option<String>,
     },
     Stop,
 }
@@ -136,4 +142,17 @@ pub struct FsmonitorAnswer {
     /// Everything may have changed (unknown token): git rescans.
     pub everything: bool,
     pub paths: Vec<String>,
+}
+
+/// The answer to `stats`: each mounted workspace asked about, and their sum.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StatsAnswer {
+    pub workspaces: Vec<WorkspaceStats>,
+    pub total: StatsReport,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkspaceStats {
+    pub thread: String,
+    pub stats: StatsReport,
 }

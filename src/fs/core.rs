@@ -24,7 +24,7 @@ use std::fs::File;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -284,6 +284,10 @@ pub struct WorkspaceFs {
     /// What the daemon changed other than through a FUSE request since the kernel was last told
     /// (`None` while nothing is mounted: the kernel has nothing cached). See [`Behind`].
     behind: Mutex<Option<Vec<Behind>>>,
+    /// Whether any inode may have an extended attribute: false until the first `setxattr` (or a
+    /// loaded record with one). While false, `getxattr` answers "none" without the lock, which the
+    /// kernel asks of `security.capability` before every write that could drop privileges.
+    any_xattr: AtomicBool,
 }
 
 /// Something the daemon changed in the workspace other than through a FUSE request, which the
@@ -745,6 +749,7 @@ impl WorkspaceFs {
         if let Some(root) = nodes.get_mut(&ROOT_INO) {
             root.lookups = 1;
         }
+        let any_xattr = nodes.values().any(|n| !n.rec.xattrs.is_empty());
         let mut fs = WorkspaceFs {
             store,
             blobs,
@@ -765,6 +770,7 @@ impl WorkspaceFs {
             last_activity: AtomicU64::new(now_secs()),
             damaged: Vec::new(),
             behind: Mutex::new(None),
+            any_xattr: AtomicBool::new(any_xattr),
         };
         if !damage.is_empty() {
             fs.note_catalog_damage(&damage)?;
@@ -2648,6 +2654,9 @@ impl WorkspaceFs {
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
         }
+        // Raised before the attribute exists: a lock-free `getxattr` that sees it down ran before
+        // this set took effect.
+        self.any_xattr.store(true, Ordering::SeqCst);
         let mut st = self.lock();
         let exists = st.node(ino)?.rec.xattrs.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {
@@ -2666,6 +2675,9 @@ impl WorkspaceFs {
 
     pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> Result<XattrReply, Errno> {
         let name = Self::xattr_name(name)?;
+        if !self.any_xattr.load(Ordering::SeqCst) {
+            return Err(Errno::NO_XATTR);
+        }
         let st = self.lock();
         let v = st.node(ino)?.rec.xattrs.get(name).ok_or(Errno::NO_XATTR)?;
         sized(v.clone(), size)

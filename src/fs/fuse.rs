@@ -26,6 +26,7 @@ use fuser::{
 };
 
 use super::core::{Behind, Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, XattrReply};
+use super::stats::{Op, Stats};
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
@@ -58,10 +59,12 @@ struct Backing {
     upper: bool,
 }
 
-/// Mount-wide facts the daemon reports in `status`.
+/// Mount-wide facts the daemon reports in `status` and `stats`.
 #[derive(Debug, Default)]
 pub struct MountInfo {
     pub passthrough: AtomicBool,
+    /// Every request this mount answered (recorded by a guard at the top of each method).
+    pub stats: Stats,
 }
 
 pub struct FuseAdapter {
@@ -285,6 +288,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _t = self.info.stats.time(Op::Lookup);
         match self.core.lookup(ino(parent), name) {
             Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
             // Cache the miss: compilers, git and node probe many missing paths.
@@ -294,10 +298,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
+        let _t = self.info.stats.time(Op::Forget);
         self.core.forget(ino(i), nlookup);
     }
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _t = self.info.stats.time(Op::Getattr);
         attr(reply, self.core.getattr(ino(i)));
     }
 
@@ -319,6 +325,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _t = self.info.stats.time(Op::Setattr);
         let i = ino(i);
         if size.is_some() && self.passthrough() && !self.core.is_upper(i) {
             // Truncating a base file that readers hold through passthrough: new inode, look again.
@@ -347,6 +354,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
+        let _t = self.info.stats.time(Op::Readlink);
         data(reply, self.core.readlink(ino(i)));
     }
 
@@ -360,6 +368,7 @@ impl Filesystem for FuseAdapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.info.stats.time(Op::Mknod);
         entry(
             reply,
             self.core
@@ -376,6 +385,7 @@ impl Filesystem for FuseAdapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _t = self.info.stats.time(Op::Mkdir);
         entry(
             reply,
             self.core.mkdir(ino(p), name, mode & !umask, caller(req)),
@@ -383,14 +393,17 @@ impl Filesystem for FuseAdapter {
     }
 
     fn unlink(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.info.stats.time(Op::Unlink);
         empty(reply, self.core.unlink(ino(p), name));
     }
 
     fn rmdir(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.info.stats.time(Op::Rmdir);
         empty(reply, self.core.rmdir(ino(p), name));
     }
 
     fn symlink(&self, req: &Request, p: INodeNo, name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let _t = self.info.stats.time(Op::Symlink);
         entry(
             reply,
             self.core
@@ -408,6 +421,7 @@ impl Filesystem for FuseAdapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.info.stats.time(Op::Rename);
         empty(
             reply,
             self.core
@@ -416,10 +430,12 @@ impl Filesystem for FuseAdapter {
     }
 
     fn link(&self, _req: &Request, i: INodeNo, np: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let _t = self.info.stats.time(Op::Link);
         entry(reply, self.core.link(ino(i), ino(np), newname));
     }
 
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.info.stats.time(Op::Open);
         let i = ino(i);
         let (opened, backing) = match self.open_inner(i, flags.0, |f| reply.open_backing(f)) {
             Ok(o) => o,
@@ -433,6 +449,9 @@ impl Filesystem for FuseAdapter {
             write: opened.write,
             _backing: backing.clone(),
         });
+        if backing.is_some() {
+            self.info.stats.passthrough_open();
+        }
         match backing {
             // No flush round trip on close: octofs has nothing to do at flush (no posix locks,
             // every write is already in the data file).
@@ -456,6 +475,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _t = self.info.stats.time(Op::Create);
         let (attr, opened) = match self
             .core
             .create(ino(p), name, mode & !umask, flags, caller(req))
@@ -493,13 +513,17 @@ impl Filesystem for FuseAdapter {
             write: opened.write,
             _backing: backing.clone(),
         });
+        if backing.is_some() {
+            self.info.stats.passthrough_open();
+        }
+        // No flush round trip on close, as for `open`: flush has nothing to do.
         match backing {
             Some(id) => reply.created_passthrough(
                 &TTL,
                 &attr,
                 Generation(0),
                 FileHandle(fh),
-                FopenFlags::empty(),
+                FopenFlags::FOPEN_NOFLUSH,
                 &id,
             ),
             None => reply.created(
@@ -507,7 +531,7 @@ impl Filesystem for FuseAdapter {
                 &attr,
                 Generation(0),
                 FileHandle(fh),
-                FopenFlags::empty(),
+                FopenFlags::FOPEN_NOFLUSH,
             ),
         }
     }
@@ -523,6 +547,7 @@ impl Filesystem for FuseAdapter {
         _lock: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _t = self.info.stats.time(Op::Read);
         // A handle opened on the base content before the file was copied up reads the current
         // content, as every descriptor of a file does.
         let stale = self.file_handle(fh, |_, upper, ino| {
@@ -550,6 +575,9 @@ impl Filesystem for FuseAdapter {
             buf.truncate(filled);
             Ok(buf)
         });
+        if let Ok(d) = &r {
+            self.info.stats.read_bytes(d.len() as u64);
+        }
         data(reply, r);
     }
 
@@ -565,13 +593,19 @@ impl Filesystem for FuseAdapter {
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _t = self.info.stats.time(Op::Write);
         let r = self.with_upper_file(fh, |file| {
             file.write_all_at(data, offset).map_err(io_errno)?;
             Ok(data.len() as u32)
         });
+        if let Ok(n) = r {
+            self.info.stats.wrote_bytes(u64::from(n));
+        }
         written(reply, r);
     }
 
+    /// Nothing to do: every write is already in the data file, and writer accounting ends at
+    /// release (no posix locks are kept). So every open and create answers `FOPEN_NOFLUSH`.
     fn flush(
         &self,
         _req: &Request,
@@ -580,6 +614,7 @@ impl Filesystem for FuseAdapter {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _t = self.info.stats.time(Op::Flush);
         reply.ok();
     }
 
@@ -593,6 +628,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.info.stats.time(Op::Release);
         let wrote = matches!(
             self.handles.remove(&fh.0),
             Some((_, Handle::File { write: true, .. }))
@@ -612,6 +648,7 @@ impl Filesystem for FuseAdapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _t = self.info.stats.time(Op::Fsync);
         let r = self.with_file(fh, |file, upper, _| {
             if !upper {
                 return Ok(());
@@ -627,6 +664,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _t = self.info.stats.time(Op::Opendir);
         match self.core.opendir(ino(i)) {
             Ok(()) => {
                 let fh = self.add_handle(Handle::Dir {
@@ -650,6 +688,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _t = self.info.stats.time(Op::Readdir);
         let r = self.with_listing(fh, |list| {
             for (idx, e) in list.iter().enumerate().skip(offset as usize) {
                 if reply.add(e.attr.ino, idx as u64 + 1, e.attr.kind, &e.name) {
@@ -671,6 +710,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _t = self.info.stats.time(Op::Readdirplus);
         let r = self.with_listing(fh, |list| {
             for (idx, e) in list.iter().enumerate().skip(offset as usize) {
                 // The kernel ignores the attributes of "." and ".."; every other entry's are read
@@ -719,15 +759,18 @@ impl Filesystem for FuseAdapter {
         _f: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _t = self.info.stats.time(Op::Releasedir);
         self.handles.remove(&fh.0);
         reply.ok();
     }
 
     fn fsyncdir(&self, _req: &Request, _i: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
+        let _t = self.info.stats.time(Op::Fsyncdir);
         empty(reply, self.core.sync_catalog());
     }
 
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
+        let _t = self.info.stats.time(Op::Statfs);
         match self.core.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -746,22 +789,27 @@ impl Filesystem for FuseAdapter {
         _pos: u32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.info.stats.time(Op::Setxattr);
         empty(reply, self.core.setxattr(ino(i), name, value, flags));
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _t = self.info.stats.time(Op::Getxattr);
         xattr(reply, self.core.getxattr(ino(i), name, size));
     }
 
     fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
+        let _t = self.info.stats.time(Op::Listxattr);
         xattr(reply, self.core.listxattr(ino(i), size));
     }
 
     fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _t = self.info.stats.time(Op::Removexattr);
         empty(reply, self.core.removexattr(ino(i), name));
     }
 
     fn access(&self, _req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _t = self.info.stats.time(Op::Access);
         empty(reply, self.core.access(ino(i), mask.bits()));
     }
 
@@ -775,6 +823,7 @@ impl Filesystem for FuseAdapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _t = self.info.stats.time(Op::Fallocate);
         let r = self.with_upper_file(fh, |file| {
             crate::sys::fallocate(file, mode, offset, length).map_err(io_errno)
         });
@@ -790,6 +839,7 @@ impl Filesystem for FuseAdapter {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _t = self.info.stats.time(Op::Lseek);
         let r = self.with_file(fh, |file, _, _| {
             crate::sys::lseek(file, offset, whence).map_err(io_errno)
         });
@@ -812,6 +862,7 @@ impl Filesystem for FuseAdapter {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let _t = self.info.stats.time(Op::CopyFileRange);
         let src = match self.with_file(fh_in, |f, _, _| f.try_clone().map_err(io_errno)) {
             Ok(f) => f,
             Err(e) => return reply.error(e),

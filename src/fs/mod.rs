@@ -8,5 +8,6 @@
 
 pub mod core;
 pub mod fuse;
+pub mod stats;
 
 pub use self::core::{DirEntry, WorkspaceFs};
