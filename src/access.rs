@@ -12,7 +12,7 @@
 //! the wrappers of `sys`.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The user behind a control request: the uid, gid and supplementary groups the kernel recorded for
 /// the process that connected to the socket.
@@ -189,19 +189,31 @@ pub fn grant_objects(mirrors: &Path, mirror: &Path, uid: u32, recheck: bool) -> 
     if !recheck && inherits(&objects, uid)? {
         return Ok(());
     }
+    walk_objects(objects, &mut |path, m| {
+        if m.is_dir() {
+            grant(path, m.mode(), uid, R | X, true)
+        } else {
+            grant(path, m.mode(), uid, R, false)
+        }
+    })
+}
+
+/// Calls `f` on `objects` and every directory and file below it. A fetch or a snapshot may add and
+/// remove files meanwhile: what vanished needs nothing, and what is new inherits the default ACLs.
+fn walk_objects(
+    objects: PathBuf,
+    f: &mut dyn FnMut(&Path, &std::fs::Metadata) -> io::Result<()>,
+) -> io::Result<()> {
     let mut stack = vec![objects];
     while let Some(dir) = stack.pop() {
-        let m = std::fs::symlink_metadata(&dir)?;
-        grant(&dir, m.mode(), uid, R | X, true)?;
+        f(&dir, &std::fs::symlink_metadata(&dir)?)?;
         for entry in std::fs::read_dir(&dir)? {
-            // A fetch or a snapshot may add and remove files meanwhile: what vanished needs nothing,
-            // and what is new inherits the default ACLs.
             let outcome = entry.and_then(|entry| {
                 let m = entry.metadata()?;
                 if m.is_dir() {
                     stack.push(entry.path());
                 } else if m.is_file() {
-                    grant(&entry.path(), m.mode(), uid, R, false)?;
+                    f(&entry.path(), &m)?;
                 }
                 // Symlinks carry no ACL; nothing else belongs in an object store.
                 Ok(())
@@ -249,28 +261,12 @@ fn without_users(
 pub fn revoke_objects(mirror: &Path, keep: &dyn Fn(u32) -> bool) -> io::Result<Vec<u32>> {
     let mut gone = Vec::new();
     let git = mirror.join(".git");
-    let mut stack = vec![git.join("objects")];
     for dir in [mirror, git.as_path()] {
         revoke(dir, keep, &mut gone)?;
     }
-    while let Some(dir) = stack.pop() {
-        revoke(&dir, keep, &mut gone)?;
-        for entry in std::fs::read_dir(&dir)? {
-            let outcome = entry.and_then(|entry| {
-                let m = entry.metadata()?;
-                if m.is_dir() {
-                    stack.push(entry.path());
-                } else if m.is_file() {
-                    revoke(&entry.path(), keep, &mut gone)?;
-                }
-                Ok(())
-            });
-            match outcome {
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                other => other?,
-            }
-        }
-    }
+    walk_objects(git.join("objects"), &mut |path, _| {
+        revoke(path, keep, &mut gone)
+    })?;
     Ok(gone)
 }
 
