@@ -220,32 +220,25 @@ impl Catalog {
     /// stop is unclean.
     pub fn open(dir: &Path) -> io::Result<(Catalog, CatalogState, bool)> {
         crate::layout::create_private_dir(dir)?;
-        let mut state = match std::fs::read(dir.join(SNAP)) {
-            Ok(b) => serde_json::from_slice::<CatalogState>(&b)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{SNAP}: {e}")))?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => CatalogState::default(),
-            Err(e) => return Err(e),
-        };
+        let snap_path = dir.join(SNAP);
+        let (mut state, snap_damage) = load_snapshot(&snap_path)?;
+        if !snap_damage.is_empty() {
+            quarantine(dir, &snap_path, SNAP, &snap_damage)?;
+        }
         let log_path = dir.join(LOG);
         let Replayed {
             good_len,
             batches,
             damage,
         } = match File::open(&log_path) {
-            Ok(f) => replay(f, &mut state)?,
+            Ok(f) => replay(f, &mut state, LOG)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => Replayed::default(),
             Err(e) => return Err(e),
         };
         if !damage.is_empty() {
-            // The damaged bytes are kept for whoever wants to look (the log itself is compacted
-            // below, so that the damage is reported once and new batches never follow it).
-            let q = dir.join("quarantine");
-            std::fs::create_dir_all(&q)?;
-            std::fs::copy(&log_path, q.join(format!("{LOG}.damaged-{}", Ts::now().0)))?;
-            for d in &damage {
-                tracing::warn!("catalog {}: {d}", dir.display());
-            }
+            quarantine(dir, &log_path, LOG, &damage)?;
         }
+        let damage = snap_damage.into_iter().chain(damage).collect();
         use std::os::unix::fs::OpenOptionsExt;
         let log = OpenOptions::new()
             .create(true)
@@ -277,7 +270,8 @@ impl Catalog {
         Ok((catalog, state, was_clean))
     }
 
-    /// The batches that were found damaged (and skipped) when the log was replayed at open.
+    /// The frames that were found damaged (and skipped) when the snapshot and the log were replayed
+    /// at open.
     pub fn damage(&self) -> &[Damage] {
         &self.damage
     }
@@ -326,7 +320,7 @@ impl Catalog {
     /// snapshot plus the old log, or the new snapshot plus (a replay-idempotent) old log, or the new
     /// snapshot alone.
     pub fn compact(&mut self, state: &CatalogState) -> io::Result<()> {
-        let bytes = serde_json::to_vec(state).map_err(io::Error::other)?;
+        let bytes = snapshot_frames(state)?;
         crate::records::write_atomic(&self.dir.join(SNAP), &bytes)?;
         self.log.set_len(0)?;
         self.log.sync_all()?;
@@ -372,9 +366,106 @@ fn frame(batch: &[Record]) -> io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// A stretch of `catalog.log` that did not replay: the batch (or batches) there were skipped.
+/// Records per snapshot frame: small enough that a damaged frame costs little, large enough that
+/// the per-frame header and checksum cost nothing measurable.
+const SNAP_CHUNK: usize = 64;
+
+/// The snapshot as a sequence of log frames (see `docs/crash-safety.md` "Damaged log"): inode records
+/// and directory entries in chunks of [`SNAP_CHUNK`], each frame led by the counters (`NextIno`,
+/// `Generation`), so that no single damaged frame loses them and an empty state is one frame.
+fn snapshot_frames(state: &CatalogState) -> io::Result<Vec<u8>> {
+    let counters = [
+        Record::NextIno {
+            next: state.next_ino,
+        },
+        Record::Generation {
+            n: state.generation,
+        },
+    ];
+    let mut chunks: Vec<Vec<Record>> = Vec::new();
+    let mut cur: Vec<Record> = counters.to_vec();
+    let mut push = |rec: Record, cur: &mut Vec<Record>| {
+        cur.push(rec);
+        if cur.len() >= SNAP_CHUNK + counters.len() {
+            chunks.push(std::mem::replace(cur, counters.to_vec()));
+        }
+    };
+    // Sorted, so that the same state always gives the same bytes.
+    let mut inos: Vec<&u64> = state.inodes.keys().collect();
+    inos.sort_unstable();
+    for ino in inos {
+        push(Record::Inode(state.inodes[ino].clone()), &mut cur);
+    }
+    let mut dirs: Vec<&u64> = state.dirs.keys().collect();
+    dirs.sort_unstable();
+    for dir in dirs {
+        for (name, ino) in &state.dirs[dir] {
+            let rec = Record::Entry {
+                dir: *dir,
+                name: name.clone(),
+                ino: *ino,
+            };
+            push(rec, &mut cur);
+        }
+    }
+    if chunks.is_empty() || cur.len() > counters.len() {
+        chunks.push(cur);
+    }
+    let mut out = Vec::new();
+    for c in &chunks {
+        out.extend_from_slice(&frame(c)?);
+    }
+    Ok(out)
+}
+
+/// Loads `catalog.snap`: framed (skipping damaged frames, which are returned), or a plain JSON
+/// document as written before framing (then whole or not at all; the next compaction rewrites it
+/// framed). A missing snapshot is the empty state.
+fn load_snapshot(path: &Path) -> io::Result<(CatalogState, Vec<Damage>)> {
+    let f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Default::default()),
+        Err(e) => return Err(e),
+    };
+    let mut first = [0u8; 1];
+    if f.read_at(&mut first, 0)? == 1 && first[0] == b'{' {
+        let b = std::fs::read(path)?;
+        match serde_json::from_slice::<CatalogState>(&b) {
+            Ok(s) => return Ok((s, Vec::new())),
+            // A framed snapshot whose first byte was hit is read as frames, below.
+            Err(e) if !b.contains(&RS) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{SNAP}: {e}"),
+                ));
+            }
+            Err(_) => {}
+        }
+    }
+    let mut state = CatalogState::default();
+    let r = replay(f, &mut state, SNAP)?;
+    Ok((state, r.damage))
+}
+
+/// Keeps a copy of the damaged `file` (named `what`) in `quarantine/` for whoever wants to look, and
+/// logs the damage. The catalog is compacted right after, so the damage is reported once and new
+/// frames never follow it.
+fn quarantine(dir: &Path, file: &Path, what: &str, damage: &[Damage]) -> io::Result<()> {
+    let q = dir.join("quarantine");
+    std::fs::create_dir_all(&q)?;
+    std::fs::copy(file, q.join(format!("{what}.damaged-{}", Ts::now().0)))?;
+    for d in damage {
+        tracing::warn!("catalog {}: {d}", dir.display());
+    }
+    Ok(())
+}
+
+/// A stretch of `catalog.log` or `catalog.snap` that did not replay: the batch (or batches) there
+/// were skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Damage {
+    /// The file: `catalog.log` or `catalog.snap`.
+    pub file: &'static str,
     /// Byte offset and length of the damaged stretch in the log.
     pub offset: u64,
     pub len: u64,
@@ -387,7 +478,8 @@ impl std::fmt::Display for Damage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "damaged log record at bytes {}..{} skipped",
+            "damaged {} record at bytes {}..{} skipped",
+            if self.file == SNAP { "snapshot" } else { "log" },
             self.offset,
             self.offset + self.len
         )?;
@@ -542,8 +634,8 @@ fn parse_at(r: &mut LogReader, p: u64) -> io::Result<Parsed> {
     })
 }
 
-/// Replays the log in `f` over `state`, skipping damaged batches.
-fn replay(f: File, state: &mut CatalogState) -> io::Result<Replayed> {
+/// Replays the log (or framed snapshot) `file` in `f` over `state`, skipping damaged batches.
+fn replay(f: File, state: &mut CatalogState, file: &'static str) -> io::Result<Replayed> {
     let len = f.metadata()?.len();
     let mut r = LogReader {
         file: f,
@@ -570,13 +662,14 @@ fn replay(f: File, state: &mut CatalogState) -> io::Result<Replayed> {
             Some(q) => (q, false),
             None => (len, true),
         };
-        if tail && is_torn(&mut r, p, len)? {
+        // The snapshot is written whole (write_atomic): a bad tail there is damage, never torn.
+        if tail && file == LOG && is_torn(&mut r, p, len)? {
             // The last batch was being written when the system went down: it was never complete,
             // so no request had its answer; drop it as before.
             tracing::info!("catalog: ignoring a torn log tail at byte {p}");
             break;
         }
-        let d = describe(&mut r, p, end, payload)?;
+        let d = describe(&mut r, p, end, payload, file)?;
         match out.damage.last_mut() {
             Some(prev) if prev.offset + prev.len == p => {
                 prev.len += d.len;
@@ -612,8 +705,10 @@ fn describe(
     p: u64,
     end: u64,
     payload: Option<(u64, usize)>,
+    file: &'static str,
 ) -> io::Result<Damage> {
     let mut d = Damage {
+        file,
         offset: p,
         len: end - p,
         inodes: Vec::new(),
@@ -1044,5 +1139,138 @@ mod tests {
         assert!(c.damage().is_empty());
         assert_eq!(s.dirs[&1][&odd], None);
         assert_eq!(s.dirs[&1].len(), 4);
+    }
+
+    /// A state large enough for several snapshot frames: inodes 2..=200 named `f<i>` in the
+    /// overlay of directory 1.
+    fn big_state() -> CatalogState {
+        let mut s = CatalogState {
+            next_ino: 500,
+            generation: 9,
+            ..Default::default()
+        };
+        for i in 2..=200u64 {
+            let mut r = rec(i);
+            r.name = format!("f{i}").into_bytes();
+            r.parent = 1;
+            s.apply(&Record::Inode(r));
+            s.apply(&Record::Entry {
+                dir: 1,
+                name: format!("f{i}").into_bytes(),
+                ino: Some(i),
+            });
+        }
+        s
+    }
+
+    #[test]
+    fn a_damaged_snapshot_frame_costs_that_frame_alone_and_is_reported() {
+        let d = tempfile::tempdir().unwrap();
+        let state = big_state();
+        let (mut c, _, _) = Catalog::open(d.path()).unwrap();
+        c.compact(&state).unwrap();
+        drop(c);
+        let pristine = std::fs::read(d.path().join(SNAP)).unwrap();
+        assert_eq!(pristine[0], RS, "the snapshot is framed");
+        let (_, s, _) = Catalog::open(d.path()).unwrap();
+        assert_eq!(s, state);
+        let starts = frame_starts(&pristine);
+        assert!(starts.len() >= 6, "{} frames", starts.len());
+        // The first frame holds inode records, the last one directory entries.
+        let mut ends = starts[1..].to_vec();
+        ends.push(pristine.len());
+        for (k, (start, end)) in [
+            (starts[0], ends[0]),
+            (*starts.last().unwrap(), pristine.len()),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let ws = tempfile::tempdir().unwrap();
+            let mut snap = pristine.clone();
+            snap[(start + end) / 2] ^= 0x04;
+            std::fs::write(ws.path().join(SNAP), &snap).unwrap();
+            let (c, s, _) = Catalog::open(ws.path()).unwrap();
+            let damage = c.damage().to_vec();
+            assert_eq!(damage.len(), 1, "frame {k}: {damage:?}");
+            assert_eq!(damage[0].file, SNAP);
+            assert_eq!(damage[0].offset, start as u64);
+            assert_eq!(damage[0].len, (end - start) as u64);
+            assert!(damage[0].to_string().contains("snapshot"), "{}", damage[0]);
+            // The counters are in every frame: the damage does not lose them.
+            assert_eq!((s.next_ino, s.generation), (500, 9));
+            let lost_inodes: Vec<u64> = (2..=200).filter(|i| !s.inodes.contains_key(i)).collect();
+            let lost_names: Vec<u64> = (2..=200)
+                .filter(|i| !s.dirs[&1].contains_key(format!("f{i}").as_bytes()))
+                .collect();
+            if k == 0 {
+                assert_eq!(lost_inodes.len(), SNAP_CHUNK, "{lost_inodes:?}");
+                assert!(lost_names.is_empty());
+                for i in &lost_inodes {
+                    assert!(damage[0].inodes.contains(i), "{i}: {damage:?}");
+                }
+            } else {
+                assert!(lost_inodes.is_empty());
+                assert!(!lost_names.is_empty() && lost_names.len() <= SNAP_CHUNK);
+                let f = format!("f{}", lost_names[0]);
+                assert!(damage[0].names.contains(&f), "{f}: {damage:?}");
+            }
+            // Everything else is there, the damaged snapshot is kept aside, and the snapshot is
+            // rewritten: the damage is reported once.
+            let mut expect = state.clone();
+            for i in &lost_inodes {
+                expect.inodes.remove(i);
+            }
+            for i in &lost_names {
+                expect
+                    .dirs
+                    .get_mut(&1)
+                    .unwrap()
+                    .remove(format!("f{i}").as_bytes());
+            }
+            assert_eq!(s, expect);
+            let kept: Vec<_> = std::fs::read_dir(ws.path().join("quarantine"))
+                .unwrap()
+                .flatten()
+                .map(|e| std::fs::read(e.path()).unwrap())
+                .collect();
+            assert_eq!(kept, vec![snap.clone()]);
+            drop(c);
+            let (c, s2, _) = Catalog::open(ws.path()).unwrap();
+            assert!(c.damage().is_empty(), "{:?}", c.damage());
+            assert_eq!(s2, expect);
+        }
+        // A hit on the last byte of the snapshot is damage, not a torn tail: the snapshot is
+        // written whole.
+        let ws = tempfile::tempdir().unwrap();
+        let mut snap = pristine.clone();
+        let last = snap.len() - 2;
+        snap[last] = 0;
+        std::fs::write(ws.path().join(SNAP), &snap).unwrap();
+        let (c, _, _) = Catalog::open(ws.path()).unwrap();
+        assert_eq!(c.damage().len(), 1, "{:?}", c.damage());
+        // A hit on the first byte (RS) costs nothing: the checksum proves the frame.
+        let ws = tempfile::tempdir().unwrap();
+        let mut snap = pristine.clone();
+        snap[0] = b'{';
+        std::fs::write(ws.path().join(SNAP), &snap).unwrap();
+        let (c, s, _) = Catalog::open(ws.path()).unwrap();
+        assert!(c.damage().is_empty(), "{:?}", c.damage());
+        assert_eq!(s, state);
+    }
+
+    #[test]
+    fn snapshots_of_the_old_format_load_and_are_rewritten_framed() {
+        let d = tempfile::tempdir().unwrap();
+        let state = big_state();
+        std::fs::write(d.path().join(SNAP), serde_json::to_vec(&state).unwrap()).unwrap();
+        let (mut c, s, _) = Catalog::open(d.path()).unwrap();
+        assert!(c.damage().is_empty());
+        assert_eq!(s, state);
+        c.compact(&s).unwrap();
+        drop(c);
+        assert_eq!(std::fs::read(d.path().join(SNAP)).unwrap()[0], RS);
+        let (_, s, _) = Catalog::open(d.path()).unwrap();
+        assert_eq!(s, state);
     }
 }
