@@ -2856,6 +2856,106 @@ fn a_damaged_catalog_record_costs_that_record_alone() {
     d.stop();
 }
 
+/// Issue 10: the compacted snapshot (`catalog.snap`, written at a clean stop) is framed like the
+/// log: a flipped byte in its middle costs the frame it hit (at most 64 records), not the workspace.
+#[test]
+fn a_damaged_catalog_snapshot_costs_that_frame_alone() {
+    const N: usize = 150;
+    let fx = fixture();
+    let mut d = Daemon::start();
+    d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
+    d.cli_ok(["open", "snapdmg", "--project", PROJECT]);
+    let mount = d.mount("snapdmg");
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    let m = mount.clone();
+    io("creating files", move || {
+        for i in 1..=N {
+            fs::write(m.join(format!("new{i}.txt")), format!("content {i}\n")).unwrap();
+        }
+    });
+    // A clean stop compacts: everything is in the snapshot, the log is empty.
+    d.stop();
+    let upper = d.state.join("workspaces/snapdmg/upper");
+    assert_eq!(fs::metadata(upper.join("catalog.log")).unwrap().len(), 0);
+    let snap_path = upper.join("catalog.snap");
+    let mut snap = fs::read(&snap_path).unwrap();
+    let mid = snap.len() / 2;
+    snap[mid] ^= 0x04;
+    fs::write(&snap_path, &snap).unwrap();
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+
+    let m = mount.clone();
+    let (files, readme) = io("reads after the restart", move || {
+        let files: Vec<_> = (1..=N)
+            .map(|i| fs::read_to_string(m.join(format!("new{i}.txt"))).ok())
+            .collect();
+        (files, fs::read_to_string(m.join("README.md")).ok())
+    });
+    assert_eq!(
+        readme.as_deref(),
+        Some("octofs fault-injection fixture\n"),
+        "a base file after a damaged snapshot\n--- daemon log ---\n{}",
+        d.log_tail()
+    );
+    let v = check_status(&d, "snapdmg", None);
+    let damaged = v["damaged"].to_string();
+    assert!(
+        damaged.contains("snapshot"),
+        "status must report the damage: {v}"
+    );
+    let mut lost = Vec::new();
+    for (i, got) in files.iter().enumerate() {
+        let i = i + 1;
+        match got {
+            Some(text) => assert_eq!(*text, format!("content {i}\n"), "new{i}.txt"),
+            None => lost.push(i),
+        }
+    }
+    assert!(
+        !lost.is_empty() && lost.len() <= 64,
+        "one damaged frame costs at most 64 records: lost {lost:?}\n--- daemon log ---\n{}",
+        d.log_tail()
+    );
+    // The flipped byte may have hit a name itself: every other lost file is named ("newN.txt" is
+    // no substring of another file's name).
+    let unnamed: Vec<_> = lost
+        .iter()
+        .filter(|i| !damaged.contains(&format!("new{i}.txt")))
+        .collect();
+    assert!(
+        unnamed.len() <= 1,
+        "lost but not reported: {unnamed:?} in {damaged}"
+    );
+    assert!(
+        d.log_text().contains("damaged snapshot record"),
+        "the daemon log must report the damage\n{}",
+        d.log_tail()
+    );
+    // New files get fresh inode numbers and survive another restart; the damage stays reported.
+    let m = mount.clone();
+    io("creating after the damage", move || {
+        fs::write(m.join("later.txt"), "later\n").unwrap();
+    });
+    d.stop();
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
+    let v = parse_json("status --json", &d.cli_ok(["status", "snapdmg", "--json"]));
+    assert!(v["damaged"].to_string().contains("snapshot"), "{v}");
+    let m = mount.clone();
+    let (later, kept) = io("reads after a second restart", move || {
+        (
+            fs::read_to_string(m.join("later.txt")).ok(),
+            (1..=N)
+                .filter(|i| fs::read_to_string(m.join(format!("new{i}.txt"))).is_ok())
+                .count(),
+        )
+    });
+    assert_eq!(later.as_deref(), Some("later\n"));
+    assert_eq!(kept, N - lost.len());
+    d.stop();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Issue 10: a mirror or the blob cache deleted under a live daemon
 

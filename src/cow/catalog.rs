@@ -14,7 +14,9 @@
 //! Framing (see `docs/crash-safety.md` "Damaged log"): each batch is `RS len sum JSON LF`, with RS the
 //! byte 0x1e (which JSON never holds unescaped), so that one damaged frame costs that batch alone: the
 //! replay skips it, finds the next RS and goes on, and reports what the damaged batch concerned (a
-//! [`Damage`]). Logs of older versions (one bare JSON line per batch) still replay.
+//! [`Damage`]). Logs of older versions (one bare JSON line per batch) still replay. The snapshot is
+//! written as the same frames (records in chunks, see `snapshot_frames`) and replayed the same way,
+//! so damage there costs one frame too; an old snapshot (one JSON document) still loads.
 //!
 //! This module knows nothing about FUSE or git objects beyond their ids as strings.
 
