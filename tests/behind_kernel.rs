@@ -20,42 +20,13 @@ use common::*;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-const PROJECT: &str = "proj";
-
-struct Setup {
-    _src: tempfile::TempDir,
-    d: Daemon,
-    mount: PathBuf,
-}
-
-fn setup(passthrough: bool, thread: &str) -> Setup {
-    let src = tempfile::Builder::new()
-        .prefix("octofs-bk-src-")
-        .tempdir()
-        .expect("tempdir");
-    let repo = GitRepo::init(&src.path().join("upstream"));
-    repo.write("README.md", "behind the kernel\n");
-    repo.commit_all("base", DATE1);
-    let mut d = Daemon::unstarted();
-    if passthrough {
-        d.spawn_with(&[]);
-    } else {
-        d.spawn_with(&["--passthrough", "false"]);
-    }
-    d.cli_ok(["mirror", "add", PROJECT, &repo.file_url()]);
-    d.cli_ok(["open", thread, "--project", PROJECT]);
-    let mount = d.mount(thread);
-    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
-    Setup {
-        _src: src,
-        d,
-        mount,
-    }
+fn setup(passthrough: bool, thread: &str) -> OneFileWorkspace {
+    one_file_workspace(passthrough, thread, "behind the kernel\n")
 }
 
 fn names(dir: &Path) -> Vec<String> {

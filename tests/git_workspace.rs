@@ -70,16 +70,6 @@ fn base_content_opens(d: &Daemon, thread: &str) -> u64 {
         .unwrap_or_else(|| panic!("no base_content_opens in {v}"))
 }
 
-/// `octofs open`, returning the mount path (checked to be `<root>/<thread>`).
-#[track_caller]
-fn open(d: &Daemon, thread: &str, args: &[&str]) -> PathBuf {
-    let mut all = vec!["open", thread];
-    all.extend_from_slice(args);
-    let path = PathBuf::from(d.cli_ok(all).trim());
-    assert_eq!(path, d.mount(thread), "open printed an unexpected path");
-    path
-}
-
 /// One file-system change, applied identically to several trees.
 #[derive(Clone, Debug)]
 enum Op {
@@ -383,7 +373,7 @@ fn same_git_session_as_a_native_clone() {
             .expect("chmod native");
     }
 
-    let ws = open(&d, DIFF_THREAD, &["--project", "proj"]);
+    let ws = d.open_thread(DIFF_THREAD, &["--project", "proj"]);
     let mut p = Pair {
         d: &d,
         native,
@@ -711,7 +701,7 @@ fn refs_remote_credentials_and_an_untouched_mirror() {
     git_ok(&mirror, &["update-ref", "refs/octomate/threads/y", "HEAD"]);
     let mirror_before = tree_listing(&mirror);
 
-    let ws = open(&d, "w", &["--project", "proj"]);
+    let ws = d.open_thread("w", &["--project", "proj"]);
 
     // --- no refs/octomate/* anywhere
     let log_all = git_ok(&ws, &["log", "--all", "--format=%H %D"]);
@@ -1040,7 +1030,7 @@ fn first_status_reads_no_content_and_fsmonitor_misses_nothing() {
     d.cli_ok(["mirror", "add", "proj", &up.path.to_string_lossy()]);
 
     // --- the first status opens no base content at all
-    let ws = open(&d, "a", &["--project", "proj", "--ref", "plain"]);
+    let ws = d.open_thread("a", &["--project", "proj", "--ref", "plain"]);
     assert_eq!(base_content_opens(&d, "a"), 0, "before any status");
     let first = traced_status(&ws, &["--porcelain=v2", "--branch"]);
     assert_eq!(
@@ -1080,7 +1070,7 @@ fn first_status_reads_no_content_and_fsmonitor_misses_nothing() {
 
     // With .gitignore/.gitattributes files in the base, git reads exactly those (as it does in any
     // checkout); no tracked content beyond them.
-    let ws_b = open(&d, "b", &["--project", "proj"]);
+    let ws_b = d.open_thread("b", &["--project", "proj"]);
     let st = git_ok(&ws_b, &["status", "--porcelain"]);
     assert!(st.is_empty(), "fresh workspace b is not clean:\n{st}");
     let opens_b = base_content_opens(&d, "b");
@@ -1235,7 +1225,7 @@ fn index_lock_contention_and_atomic_index_rename() {
     }
     up.commit_all("base", DATE1);
     d.cli_ok(["mirror", "add", "proj", &up.path.to_string_lossy()]);
-    let ws = open(&d, "w", &["--project", "proj"]);
+    let ws = d.open_thread("w", &["--project", "proj"]);
     git_ok(&ws, &["status", "--porcelain"]);
 
     // --- two writers racing for index.lock

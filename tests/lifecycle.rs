@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -54,27 +54,6 @@ fn g(dir: &Path, args: &[&str]) -> String {
     let out = git_out(dir, args);
     out.assert_ok();
     out.stdout_str().trim().to_string()
-}
-
-/// `octofs open`, returning the mount path (checked to be `<root>/<thread>`).
-#[track_caller]
-fn open(d: &Daemon, thread: &str, args: &[&str]) -> PathBuf {
-    let mut all = vec!["open", thread];
-    all.extend_from_slice(args);
-    let path = PathBuf::from(d.cli_ok(all).trim());
-    assert_eq!(path, d.mount(thread), "open printed an unexpected path");
-    path
-}
-
-/// `octofs snapshot`, returning the commit id (checked to be 40 hex digits).
-#[track_caller]
-fn snapshot(d: &Daemon, thread: &str) -> String {
-    let id = d.cli_ok(["snapshot", thread]).trim().to_string();
-    assert!(
-        id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit()),
-        "snapshot printed {id:?}"
-    );
-    id
 }
 
 /// `octofs status <thread> --json`.
@@ -381,7 +360,7 @@ fn round_trip_through_snapshot_release_and_open() {
     let mirror_index_before = fs::read(mirror.join(".git/index")).unwrap();
 
     let t = "rt";
-    let ws = open(&d, t, &["--project", "p", "--ref", "feature"]);
+    let ws = d.open_thread(t, &["--project", "p", "--ref", "feature"]);
     assert_eq!(g(&ws, &["symbolic-ref", "HEAD"]), "refs/heads/feature");
 
     // Uncommitted work, then one commit, then more uncommitted work.
@@ -412,7 +391,7 @@ fn round_trip_through_snapshot_release_and_open() {
     let refs_before = g(&ws, &["for-each-ref", "--format=%(refname) %(objectname)"]);
     let head_file = read_ws(&ws.join(".git/HEAD")).unwrap();
     let index_file = read_ws(&ws.join(".git/index")).unwrap();
-    let s1 = snapshot(&d, t);
+    let s1 = d.snapshot_id(t);
     assert_eq!(
         read_ws(&ws.join(".git/HEAD")).unwrap(),
         head_file,
@@ -456,7 +435,7 @@ fn round_trip_through_snapshot_release_and_open() {
     );
     // Unchanged state: the same id, no new reflog entry.
     assert_eq!(
-        snapshot(&d, t),
+        d.snapshot_id(t),
         s1,
         "an unchanged state made a new snapshot"
     );
@@ -466,7 +445,7 @@ fn round_trip_through_snapshot_release_and_open() {
     fsop("edit after the first snapshot", move || {
         write_file(&w.join("new/second.txt"), b"second\n", 0o644);
     });
-    let s2 = snapshot(&d, t);
+    let s2 = d.snapshot_id(t);
     assert_ne!(s2, s1);
     assert_eq!(
         parents_of(&mirror, &s2),
@@ -512,14 +491,14 @@ fn round_trip_through_snapshot_release_and_open() {
     let released = d.cli_ok(["release", t]);
     assert!(released.contains(&s2), "release output: {released}");
     assert!(!d.state.join("workspaces").join(t).exists());
-    let ws = open(&d, t, &[]);
+    let ws = d.open_thread(t, &[]);
     let after = capture(&ws, &[]);
     assert_same_state("snapshot → release → open", &before, &after);
     assert!(!exists_ws(&ws.join("debug.log")) && !exists_ws(&ws.join("build")));
     assert_eq!(g(&ws, &["rev-parse", "refs/octomate/saved"]), s2);
     // A resumed workspace snapshots to the same id while unchanged, and is clean: nothing differs
     // from its snapshot, and a sweep may release it.
-    assert_eq!(snapshot(&d, t), s2);
+    assert_eq!(d.snapshot_id(t), s2);
     assert_eq!(d.cli_ok(["diff", t, "--from", "saved"]).trim(), "");
     let v = parse_json(
         "sweep --json",
@@ -531,12 +510,12 @@ fn round_trip_through_snapshot_release_and_open() {
         "a resumed, unchanged workspace is clean: {v}"
     );
     // The chain goes on across releases: the next snapshot's second parent is the last one.
-    let ws = open(&d, t, &[]);
+    let ws = d.open_thread(t, &[]);
     let w = ws.clone();
     fsop("edit after the resume", move || {
         append(&w.join("a.txt"), "after the resume\n")
     });
-    let s3 = snapshot(&d, t);
+    let s3 = d.snapshot_id(t);
     assert_eq!(parents_of(&mirror, &s3), vec![agent_commit, s2]);
     d.cli_ok(["release", t]);
 }
@@ -550,7 +529,7 @@ fn detached_head_round_trip() {
     let tip = up.commit_all("second", DATE2);
     d.cli_ok(["mirror", "sync", "p"]);
     let t = "det";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     assert_eq!(g(&ws, &["rev-parse", "HEAD"]), tip);
     // Detach at the first commit: the working tree now differs from the base everywhere it changed.
     g(&ws, &["checkout", "-q", "--detach", "HEAD~1"]);
@@ -561,10 +540,10 @@ fn detached_head_round_trip() {
     });
     let before = capture(&ws, &[]);
     assert_eq!(before.head_ref, "(detached)");
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     assert_eq!(parents_of(&d.mirror("p"), &s), vec![before.head.clone()]);
     d.cli_ok(["release", t]);
-    let ws = open(&d, t, &[]);
+    let ws = d.open_thread(t, &[]);
     let after = capture(&ws, &[]);
     assert_same_state("detached HEAD round trip", &before, &after);
     d.cli_ok(["release", t]);
@@ -599,11 +578,11 @@ fn snapshot_tree_equals_git_add_all_of_a_native_copy() {
     d.cli_ok(["mirror", "sync", "p"]);
     let mirror = d.mirror("p");
     let t = "diffy";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
 
     // Every round is checked; the failures are reported together at the end.
     let check = |what: &str| -> Option<String> {
-        let s = snapshot(&d, t);
+        let s = d.snapshot_id(t);
         let ours = tree_of(&mirror, &s);
         let native = native_tree_of_copy(&ws, &d.base);
         (ours != native).then(|| {
@@ -700,7 +679,7 @@ fn snapshot_of_a_workspace_holding_an_embedded_repository() {
     project(&d, "p", FILES);
     let mirror = d.mirror("p");
     let t = "embedded";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let nested = ws.join("nested");
     let w = nested.clone();
     fsop("mkdir nested", move || fs::create_dir(w).unwrap());
@@ -748,7 +727,7 @@ fn snapshot_of_a_directory_renamed_with_a_tracked_ignored_file() {
     project(&d, "p", &files);
     let mirror = d.mirror("p");
     let t = "dirmove";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop(
         "rename a directory holding a tracked ignored file",
@@ -756,7 +735,7 @@ fn snapshot_of_a_directory_renamed_with_a_tracked_ignored_file() {
             fs::rename(w.join("pkg"), w.join("pkg2")).unwrap();
         },
     );
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     let ours = tree_of(&mirror, &s);
     let native = native_tree_of_copy(&ws, &d.base);
     assert_eq!(
@@ -778,7 +757,7 @@ fn release_drops_the_upper_layer_and_respects_busy_mounts_and_users() {
     let d = Daemon::start();
     project(&d, "p", FILES);
     let t = "rel";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let upper = d.state.join("workspaces").join(t);
     assert!(upper.is_dir(), "no upper layer at {}", upper.display());
     let w = ws.clone();
@@ -835,8 +814,8 @@ fn release_drops_the_upper_layer_and_respects_busy_mounts_and_users() {
     assert_eq!(list_entry(&d, t)["last_snapshot"], snap.as_str());
 
     // Two opens, two releases (counted users).
-    let ws = open(&d, t, &[]);
-    assert_eq!(open(&d, t, &[]), ws);
+    let ws = d.open_thread(t, &[]);
+    assert_eq!(d.open_thread(t, &[]), ws);
     assert_eq!(status(&d, t)["users"], 2);
     let first = d.cli_ok(["release", t]);
     assert!(
@@ -888,7 +867,7 @@ fn daemon_memory_stays_small_across_many_mounts_and_unmounts() {
     project(&d, "p", FILES);
     let idle = daemon_rss(&d);
     for i in 0..12 {
-        let ws = open(&d, &format!("m{i}"), &["--project", "p"]);
+        let ws = d.open_thread(&format!("m{i}"), &["--project", "p"]);
         let w = ws.clone();
         fsop("read", move || std::fs::read(w.join("a.txt")).unwrap());
     }
@@ -896,7 +875,7 @@ fn daemon_memory_stays_small_across_many_mounts_and_unmounts() {
         d.cli_ok(["release", &format!("m{i}"), "--force"]);
     }
     for i in 12..30 {
-        open(&d, &format!("m{i}"), &["--project", "p"]);
+        d.open_thread(&format!("m{i}"), &["--project", "p"]);
     }
     let grown = daemon_rss(&d).saturating_sub(idle);
     // 24 mounts: a few MiB of bookkeeping; 24 resident request buffers would be 400 MiB.
@@ -913,31 +892,31 @@ fn sweep_releases_only_clean_idle_workspaces() {
     project(&d, "p", FILES);
     let mount = |t: &str| d.mount(t);
     // clean-fresh: never touched. clean-saved: edited, then saved.
-    open(&d, "clean-fresh", &["--project", "p"]);
-    let ws = open(&d, "clean-saved", &["--project", "p"]);
+    d.open_thread("clean-fresh", &["--project", "p"]);
+    let ws = d.open_thread("clean-saved", &["--project", "p"]);
     let w = ws.clone();
     fsop("edit", move || append(&w.join("a.txt"), "saved\n"));
-    snapshot(&d, "clean-saved");
+    d.snapshot_id("clean-saved");
     // dirty-after: saved, then edited. dirty-never: edited, never saved.
-    let ws = open(&d, "dirty-after", &["--project", "p"]);
-    snapshot(&d, "dirty-after");
+    let ws = d.open_thread("dirty-after", &["--project", "p"]);
+    d.snapshot_id("dirty-after");
     let w = ws.clone();
     fsop("edit", move || {
         write_file(&w.join("unsaved.txt"), b"x\n", 0o644)
     });
-    let ws = open(&d, "dirty-never", &["--project", "p"]);
+    let ws = d.open_thread("dirty-never", &["--project", "p"]);
     let w = ws.clone();
     fsop("edit", move || fs::remove_file(w.join("b.txt")).unwrap());
     // dirty-commit: its only change is a commit (only .git changed; the mirror has not seen it).
-    let ws = open(&d, "dirty-commit", &["--project", "p"]);
-    snapshot(&d, "dirty-commit");
+    let ws = d.open_thread("dirty-commit", &["--project", "p"]);
+    d.snapshot_id("dirty-commit");
     g(
         &ws,
         &["commit", "-q", "--allow-empty", "-m", "only a commit"],
     );
     // dirty-passthrough: the only change after the snapshot is a write through an fd opened (and
     // copied up) before it; with passthrough the daemon does not see that write.
-    let ws = open(&d, "dirty-passthrough", &["--project", "p"]);
+    let ws = d.open_thread("dirty-passthrough", &["--project", "p"]);
     let passthrough = status(&d, "dirty-passthrough")["passthrough"].clone();
     eprintln!("dirty-passthrough: passthrough = {passthrough}");
     let w = ws.clone();
@@ -951,7 +930,7 @@ fn sweep_releases_only_clean_idle_workspaces() {
         f.sync_all().unwrap();
         f
     });
-    let before_write = snapshot(&d, "dirty-passthrough");
+    let before_write = d.snapshot_id("dirty-passthrough");
     std::thread::sleep(Duration::from_millis(20));
     let mut fd = fsop("write through the old fd", move || {
         fd.seek(SeekFrom::Start(0)).unwrap();
@@ -972,18 +951,18 @@ fn sweep_releases_only_clean_idle_workspaces() {
         drop(fd);
     });
     // files-open: saved, then a file held open (read-only).
-    let ws = open(&d, "files-open", &["--project", "p"]);
-    snapshot(&d, "files-open");
+    let ws = d.open_thread("files-open", &["--project", "p"]);
+    d.snapshot_id("files-open");
     let w = ws.clone();
     let held = fsop("hold a file open", move || {
         fs::File::open(w.join("c.txt")).unwrap()
     });
     // busy-cwd: saved, a process has its working directory in it.
-    let ws = open(&d, "busy-cwd", &["--project", "p"]);
-    snapshot(&d, "busy-cwd");
+    let ws = d.open_thread("busy-cwd", &["--project", "p"]);
+    d.snapshot_id("busy-cwd");
     let sleeper = Proc::sleeper_in(&ws);
     // chat: a chat workspace, untouched.
-    open(&d, "chat", &[]);
+    d.open_thread("chat", &[]);
 
     let v = parse_json(
         "sweep --json",
@@ -1101,7 +1080,7 @@ fn binding_is_once_and_chat_workspaces_are_thrown_away() {
     project(&d, "p", FILES);
     project(&d, "q", &[("other.txt", "other project\n", 0o644)]);
     let t = "bound";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop("edit", move || {
         write_file(&w.join("mine.txt"), b"mine\n", 0o644)
@@ -1124,13 +1103,13 @@ fn binding_is_once_and_chat_workspaces_are_thrown_away() {
     assert!(!d.mount(t).exists() && !is_mounted(&d.mount(t)));
     assert_eq!(list_entry(&d, t)["state"], "released");
     // Same project, or none, resumes it.
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     assert_eq!(read_ws(&ws.join("mine.txt")).unwrap(), b"mine\n");
     d.cli_ok(["release", t]);
 
     // Chat: an empty, writable repository, never saved, discarded on release.
     let c = "chatty";
-    let ws = open(&d, c, &[]);
+    let ws = d.open_thread(c, &[]);
     let st = status(&d, c);
     assert_eq!(st["chat"], true, "{st}");
     let names: Vec<String> = fsop("list chat", {
@@ -1157,7 +1136,7 @@ fn binding_is_once_and_chat_workspaces_are_thrown_away() {
     d.cli_ok(["release", c]);
     assert!(!d.state.join("workspaces").join(c).exists());
     assert!(!is_mounted(&ws));
-    let ws = open(&d, c, &[]);
+    let ws = d.open_thread(c, &[]);
     assert!(
         !exists_ws(&ws.join("notes.txt")),
         "a chat workspace came back with its old files"
@@ -1218,7 +1197,7 @@ fn resume_of_a_released_thread_is_o1() {
     let repo = generated_repo(&d.base.join("big"), n);
     d.cli_ok(["mirror", "add", "big", repo.path.to_str().unwrap()]);
     let t0 = Instant::now();
-    let ws = open(&d, "fresh", &["--project", "big"]);
+    let ws = d.open_thread("fresh", &["--project", "big"]);
     let fresh = t0.elapsed();
     let w = ws.clone();
     fsop("edit", move || {
@@ -1227,13 +1206,13 @@ fn resume_of_a_released_thread_is_o1() {
         write_file(&w.join("new.txt"), b"new\n", 0o644);
     });
     let t0 = Instant::now();
-    let s = snapshot(&d, "fresh");
+    let s = d.snapshot_id("fresh");
     let snap_t = t0.elapsed();
     d.cli_ok(["release", "fresh"]);
     let mut resumes = Vec::new();
     for _ in 0..3 {
         let t0 = Instant::now();
-        let ws = open(&d, "fresh", &[]);
+        let ws = d.open_thread("fresh", &[]);
         resumes.push(t0.elapsed());
         assert_eq!(
             read_ws(&ws.join("new.txt")).unwrap(),
@@ -1261,10 +1240,10 @@ fn snapshot_faults_unknown_thread_and_lost_cas() {
     assert!(!d.state.join("workspaces").join("nobody").exists());
 
     let t = "cas";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop("edit", move || append(&w.join("a.txt"), "one\n"));
-    let s1 = snapshot(&d, t);
+    let s1 = d.snapshot_id(t);
     let mirror = d.mirror("p");
     let tref = format!("refs/octomate/threads/{t}");
     // Behind octofs's back, the thread's ref moves to another commit.
@@ -1315,7 +1294,7 @@ fn sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object() {
     let mut d = Daemon::start();
     project(&d, "p", FILES);
     let t = "crash";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let mirror = d.mirror("p");
     let tref = format!("refs/octomate/threads/{t}");
     let edit = |round: usize| {
@@ -1343,7 +1322,7 @@ fn sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object() {
 
     // Right after a snapshot returns.
     edit(0);
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     d.kill9();
     assert_eq!(
         check("SIGKILL right after a snapshot").as_deref(),
@@ -1355,7 +1334,7 @@ fn sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object() {
     // inside and after the ref update.
     edit(1);
     let t0 = Instant::now();
-    snapshot(&d, t);
+    d.snapshot_id(t);
     let took = t0.elapsed();
     d.kill9();
     check("SIGKILL after a timed snapshot");
@@ -1395,7 +1374,7 @@ fn sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object() {
     }
     eprintln!("kill during snapshot (an undisturbed one took {took:?}): {outcomes:#?}");
     // After all that, snapshots work and see everything.
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     let files = g(&mirror, &["ls-tree", "-r", "--name-only", &s]);
     assert_eq!(
         files.lines().filter(|l| l.starts_with("gen/")).count(),
@@ -1414,7 +1393,7 @@ fn diff_against_base_saved_and_between_snapshots() {
     project(&d, "p", FILES);
     let mirror = d.mirror("p");
     let t = "differ";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop("edits before the snapshot", move || {
         append(&w.join("a.txt"), "alpha edit\n");
@@ -1422,7 +1401,7 @@ fn diff_against_base_saved_and_between_snapshots() {
         write_file(&w.join("n1.txt"), b"n1\n", 0o644);
         write_file(&w.join("ignored.log"), b"not part of any diff\n", 0o644);
     });
-    let s1 = snapshot(&d, t);
+    let s1 = d.snapshot_id(t);
     let w = ws.clone();
     fsop("edits after the snapshot", move || {
         append(&w.join("c.txt"), "added line\n");
@@ -1461,7 +1440,7 @@ fn diff_against_base_saved_and_between_snapshots() {
     ] {
         assert!(patch.contains(needle), "--patch lacks {needle:?}:\n{patch}");
     }
-    let s2 = snapshot(&d, t);
+    let s2 = d.snapshot_id(t);
     let ours = lines(d.cli_ok(["diff", t, "--from", &s1, "--to", &s2]));
     let git = lines(g(&mirror, &["diff-tree", "-r", "--name-status", &s1, &s2]));
     assert_eq!(ours, git, "diff --from s1 --to s2 vs git diff-tree");

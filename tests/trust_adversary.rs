@@ -22,7 +22,7 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -32,15 +32,6 @@ const FS_TIMEOUT: Duration = Duration::from_secs(60);
 #[track_caller]
 fn fsop<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     with_timeout(what, FS_TIMEOUT, f)
-}
-
-#[track_caller]
-fn open(d: &Daemon, thread: &str, args: &[&str]) -> PathBuf {
-    let mut all = vec!["open", thread];
-    all.extend_from_slice(args);
-    let path = PathBuf::from(d.cli_ok(all).trim());
-    assert_eq!(path, d.mount(thread), "open printed an unexpected path");
-    path
 }
 
 #[track_caller]
@@ -83,7 +74,7 @@ fn an_oversized_head_or_packed_refs_cannot_exhaust_the_daemon() {
     const BIG: u64 = 48 << 20;
     let d = Daemon::start();
     project(&d, "p");
-    let m = open(&d, "t", &["--project", "p"]);
+    let m = d.open_thread("t", &["--project", "p"]);
     let head = m.join(".git/HEAD");
     let original = fs::read(&head).expect("HEAD");
     let head_id = git(&m, ["rev-parse", "HEAD"]).trim().to_string();
@@ -153,17 +144,7 @@ impl Drop for Holder {
 fn one_user_holding_idle_connections_does_not_lock_out_the_others() {
     use std::io::BufRead as _;
     // The holder needs more descriptors than the usual soft limit (it inherits ours).
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit on a valid, local rlimit value.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < 4096 {
-            lim.rlim_cur = lim.rlim_max.min(4096);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    raise_nofile_limit(4096);
     let User { uid, gid } = user_b();
     let d = Daemon::start();
     // An unprivileged user opens more connections than the daemon serves at once and sends
@@ -257,7 +238,7 @@ fn a_sparse_index_costs_the_daemon_no_disk() {
     const BIG: u64 = 3 << 30;
     let d = Daemon::start();
     project(&d, "p");
-    let m = open(&d, "t", &["--project", "p"]);
+    let m = d.open_thread("t", &["--project", "p"]);
     let index = m.join(".git/index");
     let original = fs::read(&index).expect("index");
     // A new file, so that the snapshot reads the index; the index, 3 GiB of nothing.
@@ -334,7 +315,7 @@ fn symlinks_and_lies_in_the_workspace_reach_nothing_outside() {
     const MARK: &str = "host-secret-4b1d";
     let d = Daemon::start();
     project(&d, "p");
-    let m = open(&d, "t", &["--project", "p"]);
+    let m = d.open_thread("t", &["--project", "p"]);
     let host = d.base.join("host-file");
     fs::write(&host, format!("{MARK}\n*\n")).expect("host file");
     let original_head = fs::read(m.join(".git/HEAD")).expect("HEAD");

@@ -27,7 +27,7 @@ use common::*;
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -45,25 +45,6 @@ fn g(dir: &Path, args: &[&str]) -> String {
     let out = run(git_command(dir, DATE1).args(args), CMD_TIMEOUT);
     out.assert_ok();
     out.stdout_str().trim().to_string()
-}
-
-#[track_caller]
-fn open(d: &Daemon, thread: &str, args: &[&str]) -> PathBuf {
-    let mut all = vec!["open", thread];
-    all.extend_from_slice(args);
-    let path = PathBuf::from(d.cli_ok(all).trim());
-    assert_eq!(path, d.mount(thread), "open printed an unexpected path");
-    path
-}
-
-#[track_caller]
-fn snapshot(d: &Daemon, thread: &str) -> String {
-    let id = d.cli_ok(["snapshot", thread]).trim().to_string();
-    assert!(
-        id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit()),
-        "snapshot printed {id:?}"
-    );
-    id
 }
 
 /// A project whose upstream has a few files and a `.gitignore`.
@@ -296,7 +277,7 @@ fn hostile_scenario(via: Via) {
     project(&d, "p", "*.log\n/build/\n");
     let mirror = d.mirror("p");
     let t = "hostile";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let m = d.base.join("markers");
     fs::create_dir(&m).unwrap();
     let host = d.base.join("host");
@@ -448,7 +429,7 @@ fn hostile_scenario(via: Via) {
     // release (saves again) and resume
     d.cli_ok(["release", t]);
     assert_no_marker(&m, "`octofs release`", &d);
-    let ws = open(&d, t, &[]);
+    let ws = d.open_thread(t, &[]);
     assert_no_marker(&m, "`octofs open` (resume)", &d);
     let w = ws.clone();
     let (untracked, ignored) = fsop("read the resumed workspace", move || {
@@ -480,7 +461,7 @@ fn a_workspace_fsmonitor_never_runs() {
     let d = Daemon::start();
     project(&d, "p", "*.log\n");
     let t = "fsm";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let m = d.base.join("markers");
     fs::create_dir(&m).unwrap();
     let marker = m.join("pwned-fsmonitor");
@@ -528,7 +509,7 @@ fn add_all_edge_cases_match_git() {
     );
     let mirror = d.mirror("p");
     let t = "edges";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     // A split index: new entries live in .git/index, the rest in .git/sharedindex.<id>.
     g(&ws, &["config", "core.splitIndex", "true"]);
     g(&ws, &["update-index", "--split-index"]);
@@ -641,7 +622,7 @@ fn add_all_edge_cases_match_git() {
         .filter_map(|e| e.ok())
         .any(|e| e.file_name().to_string_lossy().starts_with("sharedindex."));
     assert!(shared, "the workspace's index is not split");
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     let ours = tree_of(&mirror, &s);
     let native = native_tree(&ws, &d.base, None);
     assert_eq!(
@@ -668,7 +649,7 @@ fn snapshot_keeps_non_utf8_names_and_paths_longer_than_path_max() {
     project(&d, "p", "*.log\n");
     let mirror = d.mirror("p");
     let t = "names";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop("a non-UTF-8 name", move || {
         write_file(
@@ -692,7 +673,7 @@ fn snapshot_keeps_non_utf8_names_and_paths_longer_than_path_max() {
         CMD_TIMEOUT,
     )
     .assert_ok();
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     let out = run(
         git_command(&mirror, DATE1).args(["ls-tree", "-r", "-z", "--name-only", &s]),
         CMD_TIMEOUT,
@@ -731,7 +712,7 @@ fn snapshot_keeps_non_utf8_names_and_paths_longer_than_path_max() {
     assert_eq!(g(&mirror, &["cat-file", "-p", &blob]), "deep");
     // And they come back after release + open.
     d.cli_ok(["release", t]);
-    let ws = open(&d, t, &[]);
+    let ws = d.open_thread(t, &[]);
     let w = ws.clone();
     let names = fsop("read the resumed names", move || {
         (
@@ -763,7 +744,7 @@ fn a_planted_object_never_reaches_the_mirror() {
     project(&d, "p", "*.log\n");
     let mirror = d.mirror("p");
     let t = "planted";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop("a file", move || {
         write_file(&w.join("a.txt"), b"agent\n", 0o644)
@@ -808,7 +789,7 @@ fn snapshot_of_a_thousand_new_files() {
     project(&d, "p", "*.log\n/build/\n");
     let mirror = d.mirror("p");
     let t = "many";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop("1,000 new files", move || {
         for i in 0..1000 {
@@ -822,10 +803,10 @@ fn snapshot_of_a_thousand_new_files() {
         }
     });
     let start = Instant::now();
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     let took = start.elapsed();
     let start = Instant::now();
-    let s2 = snapshot(&d, t);
+    let s2 = d.snapshot_id(t);
     let again = start.elapsed();
     eprintln!("snapshot of 1,000 new files: {took:?} (again, unchanged: {again:?})");
     assert_eq!(s, s2, "an unchanged workspace got a new snapshot");
@@ -855,7 +836,7 @@ fn an_agents_large_commit_is_carried_in_bounded_memory() {
     project(&d, "p", "*.log\n");
     let mirror = d.mirror("p");
     let t = "large";
-    let ws = open(&d, t, &["--project", "p"]);
+    let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
     fsop("a large file", move || {
         use std::io::Write;
@@ -876,7 +857,7 @@ fn an_agents_large_commit_is_carried_in_bounded_memory() {
         fs::remove_file(w.join("large.bin")).unwrap()
     });
     let before = daemon_peak_rss(&d);
-    let s = snapshot(&d, t);
+    let s = d.snapshot_id(t);
     let grown = daemon_peak_rss(&d).saturating_sub(before);
     eprintln!(
         "daemon peak RSS grew by {} MiB carrying a {} MiB blob",

@@ -453,17 +453,7 @@ fn daemon_threads(pid: u32) -> usize {
 fn fsmonitor_and_ping_stay_prompt_under_a_flood_of_lists() {
     // 1,000 open connections need more than the usual soft limit of 1,024 descriptors, here and in
     // the daemon (which inherits it).
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit on a valid, local rlimit value.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < 4096 {
-            lim.rlim_cur = lim.rlim_max.min(4096);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    raise_nofile_limit(4096);
     let d = Daemon::start();
     project(&d, "p", &[]);
     d.cli_ok(["open", "t", "--project", "p"]);

@@ -30,51 +30,17 @@ mod common;
 use common::*;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-const PROJECT: &str = "proj";
-
 /// Files in the listed directory: enough that a listing takes many `readdirplus` requests.
 const FILES: usize = 1500;
 
-fn serve_args(passthrough: bool) -> &'static [&'static str] {
-    if passthrough {
-        &[]
-    } else {
-        &["--passthrough", "false"]
-    }
-}
-
-struct Setup {
-    _src: tempfile::TempDir,
-    d: Daemon,
-    mount: PathBuf,
-}
-
-/// A daemon with one workspace mounted (`thread`), over a one-file project.
-fn setup(passthrough: bool, thread: &str) -> Setup {
-    let src = tempfile::Builder::new()
-        .prefix("octofs-wv-src-")
-        .tempdir()
-        .expect("tempdir");
-    let repo = GitRepo::init(&src.path().join("upstream"));
-    repo.write("README.md", "write visibility\n");
-    repo.commit_all("base", DATE1);
-    let mut d = Daemon::unstarted();
-    d.spawn_with(serve_args(passthrough));
-    d.cli_ok(["mirror", "add", PROJECT, &repo.file_url()]);
-    d.cli_ok(["open", thread, "--project", PROJECT]);
-    let mount = d.mount(thread);
-    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
-    Setup {
-        _src: src,
-        d,
-        mount,
-    }
+fn setup(passthrough: bool, thread: &str) -> OneFileWorkspace {
+    one_file_workspace(passthrough, thread, "write visibility\n")
 }
 
 /// Size by `fstat` of a fresh open and, when that is the size written (`want`), the bytes a mapping

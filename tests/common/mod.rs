@@ -362,6 +362,27 @@ impl Daemon {
         run(self.command().args(args), CMD_TIMEOUT)
     }
 
+    /// `octofs open <thread> <args>`, returning the mount path (checked to be `<root>/<thread>`).
+    #[track_caller]
+    pub fn open_thread(&self, thread: &str, args: &[&str]) -> PathBuf {
+        let mut all = vec!["open", thread];
+        all.extend_from_slice(args);
+        let path = PathBuf::from(self.cli_ok(all).trim());
+        assert_eq!(path, self.mount(thread), "open printed an unexpected path");
+        path
+    }
+
+    /// `octofs snapshot <thread>`, returning the commit id (checked to be 40 hex digits).
+    #[track_caller]
+    pub fn snapshot_id(&self, thread: &str) -> String {
+        let id = self.cli_ok(["snapshot", thread]).trim().to_string();
+        assert!(
+            id.len() == 40 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "snapshot printed {id:?}"
+        );
+        id
+    }
+
     /// Like [`Daemon::cli`] but asserts success and returns stdout.
     #[track_caller]
     pub fn cli_ok<I, S>(&self, args: I) -> String
@@ -1020,4 +1041,53 @@ pub fn as_user_in(u: User, groups: &[u32], program: impl AsRef<std::ffi::OsStr>)
         .env_remove("GIT_DIR")
         .env_remove("GIT_WORK_TREE");
     c
+}
+
+/// Raises this process's soft limit of open descriptors to at least `n` (as far as the hard limit
+/// allows); a daemon spawned afterwards inherits it.
+pub fn raise_nofile_limit(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a valid, local rlimit value.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < n {
+            lim.rlim_cur = lim.rlim_max.min(n);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// A daemon serving one workspace (`thread`) of a one-file project `proj` whose README holds `text`.
+pub struct OneFileWorkspace {
+    pub _src: tempfile::TempDir,
+    pub d: Daemon,
+    pub mount: PathBuf,
+}
+
+/// Starts a daemon (with or without passthrough) and mounts a [`OneFileWorkspace`].
+pub fn one_file_workspace(passthrough: bool, thread: &str, text: &str) -> OneFileWorkspace {
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    repo.write("README.md", text);
+    repo.commit_all("base", DATE1);
+    let mut d = Daemon::unstarted();
+    d.spawn_with(if passthrough {
+        &[]
+    } else {
+        &["--passthrough", "false"]
+    });
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    d.cli_ok(["open", thread, "--project", "proj"]);
+    let mount = d.mount(thread);
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    OneFileWorkspace {
+        _src: src,
+        d,
+        mount,
+    }
 }
