@@ -207,21 +207,12 @@ impl ObjectStore {
 
     /// The content of blob `id` as a stream, for blobs too large to hold in memory: gix decodes an
     /// object whole, while `git cat-file blob` streams loose and undeltified packed objects (git
-    /// never deltifies objects above `core.bigFileThreshold`). Git runs in the mirror with no system
-    /// or user configuration, so only the daemon's own mirror config is read.
+    /// never deltifies objects above `core.bigFileThreshold`). Git runs in the mirror through the
+    /// daemon's one hardened git command, so only the daemon's own mirror config is read.
     pub fn blob_stream(&self, id: ObjectId) -> io::Result<BlobStream> {
-        let mut child = std::process::Command::new("git")
-            .arg("-C")
-            .arg(&self.path)
+        let mut child = crate::git::command(Some(&self.path))
             .args(["cat-file", "blob"])
             .arg(id.to_string())
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env_remove("GIT_DIR")
-            .env_remove("GIT_OBJECT_DIRECTORY")
-            .env_remove("GIT_ALTERNATE_OBJECT_DIRECTORIES")
-            .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
