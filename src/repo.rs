@@ -14,7 +14,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::fs::core::{ROOT_INO, WorkspaceFs, path_ino};
+use crate::fs::{ROOT_INO, WorkspaceFs, path_ino};
 use crate::git::mirror::{Project, UpstreamKind};
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
@@ -363,13 +363,13 @@ pub fn seed(
     // git treats entries whose mtime is not older than the index as "racily clean" and re-reads
     // them: the index must look newer than the base.
     let now = std::time::SystemTime::now();
-    let after_base = crate::fs::core::unix_time(base_time + 1);
+    let after_base = crate::fs::unix_time(base_time + 1);
     let stamp = if after_base > now { after_base } else { now };
     core.setattr(
         index_ino,
-        crate::fs::core::SetAttr {
-            mtime: Some(crate::fs::core::SetTime::At(stamp)),
-            atime: Some(crate::fs::core::SetTime::At(stamp)),
+        crate::fs::SetAttr {
+            mtime: Some(crate::fs::SetTime::At(stamp)),
+            atime: Some(crate::fs::SetTime::At(stamp)),
             ..Default::default()
         },
     )

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileType};
 use octofs::cow::blobcache::BlobCache;
-use octofs::fs::core::{ROOT_INO, WorkspaceFs, path_ino};
+use octofs::fs::{ROOT_INO, WorkspaceFs, path_ino};
 use octofs::git::objects::ObjectStore;
 
 mod common;

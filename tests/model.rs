@@ -48,11 +48,11 @@ use std::time::Instant;
 use fuser::{Errno, FileAttr, FileType};
 use octofs::cow::blobcache::BlobCache;
 use octofs::cow::catalog::Ts;
-use octofs::fs::core::{
-    Caller, ChangeKind, Changed, ROOT_INO, SetAttr, ViewEdit, ViewSource, WorkspaceFs, XattrReply,
-    path_ino,
+use octofs::fs::{
+    Caller, ChangeKind, Changed, ROOT_INO, SetAttr, WorkspaceFs, XattrReply, path_ino,
 };
 use octofs::git::objects::ObjectStore;
+use octofs::git::snapshot::{ViewEdit, ViewSource};
 
 mod common;
 

@@ -16,9 +16,10 @@ use serde_json::json;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::cow::catalog::Ts;
-use crate::fs::core::{ViewEdit, WorkspaceFs};
+use crate::fs::WorkspaceFs;
 use crate::git::mirror::{self, Project, UpstreamKind};
 use crate::git::posix_record;
+use crate::git::snapshot::ViewEdit;
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
 use crate::own_repo::{add_all, carry};
@@ -483,7 +484,7 @@ impl Daemon {
         from: gix::ObjectId,
         to: gix::ObjectId,
     ) -> Result<(), String> {
-        use crate::fs::core::TreeChange;
+        use crate::fs::TreeChange;
         let mirror = self.layout.mirror(project);
         let out = crate::git::git_bytes(
             Some(&mirror),

@@ -29,8 +29,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::access::{Caller, describe_uid};
 use crate::cow::blobcache::BlobCache;
-use crate::fs::core::{Presentation, WorkspaceFs, unix_time};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
+use crate::fs::{Presentation, WorkspaceFs, unix_time};
 use crate::git::mirror;
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
@@ -565,8 +565,8 @@ impl Daemon {
             paths: Vec::new(),
         };
         match changed {
-            crate::fs::core::Changed::Everything => answer.everything = true,
-            crate::fs::core::Changed::Paths(paths) => {
+            crate::fs::Changed::Everything => answer.everything = true,
+            crate::fs::Changed::Paths(paths) => {
                 for p in paths {
                     match String::from_utf8(p) {
                         Ok(s) => answer.paths.push(s),

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use gix::ObjectId;
 use gix::objs::tree::EntryKind;
 
-use crate::fs::core::{NodeMeta, WorkspaceFs};
+use crate::fs::{NodeMeta, WorkspaceFs};
 use crate::git::posix_record::{self, PosixEntry, PosixKind, PosixRecord};
 use crate::git::snapshot as snap;
 use crate::workspace::Owner;

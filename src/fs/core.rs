@@ -37,6 +37,7 @@ use crate::cow::catalog::{
 };
 use crate::cow::upper::{Upper, system_time};
 use crate::git::objects::{EntryKind, ObjectStore, TreeEntry};
+use crate::git::snapshot::{ViewEdit, ViewSource};
 
 mod posix;
 pub use posix::NodeMeta;
@@ -301,77 +302,6 @@ pub enum Behind {
     Entry { parent: u64, name: Vec<u8> },
     /// The attributes or content of inode `ino` changed.
     Inode(u64),
-}
-
-/// One edit that turns the base tree into the workspace's working state (see [`WorkspaceFs::view`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ViewEdit {
-    /// Remove whatever is at `path`.
-    Remove {
-        path: Vec<u8>,
-    },
-    /// A directory of the base, whole, now at `path`.
-    Tree {
-        path: Vec<u8>,
-        id: ObjectId,
-    },
-    /// A directory at `path` that is not in the base at that path (the ignore rules decide whether
-    /// its content belongs to the working state). No tree effect by itself.
-    AddedDir {
-        path: Vec<u8>,
-    },
-    Gitlink {
-        path: Vec<u8>,
-        id: ObjectId,
-    },
-    File {
-        path: Vec<u8>,
-        exec: bool,
-        source: ViewSource,
-        /// Not in the base at that path.
-        added: bool,
-    },
-    Symlink {
-        path: Vec<u8>,
-        source: ViewSource,
-        added: bool,
-    },
-}
-
-impl ViewEdit {
-    /// The same edit at another path.
-    pub fn at(mut self, new: Vec<u8>) -> ViewEdit {
-        match &mut self {
-            ViewEdit::Remove { path }
-            | ViewEdit::Tree { path, .. }
-            | ViewEdit::AddedDir { path }
-            | ViewEdit::Gitlink { path, .. }
-            | ViewEdit::File { path, .. }
-            | ViewEdit::Symlink { path, .. } => *path = new,
-        }
-        self
-    }
-
-    pub fn path(&self) -> &[u8] {
-        match self {
-            ViewEdit::Remove { path }
-            | ViewEdit::Tree { path, .. }
-            | ViewEdit::AddedDir { path }
-            | ViewEdit::Gitlink { path, .. }
-            | ViewEdit::File { path, .. }
-            | ViewEdit::Symlink { path, .. } => path,
-        }
-    }
-}
-
-/// Where the bytes of a file or symlink of the view are.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ViewSource {
-    /// An object already in the mirror.
-    Object(ObjectId),
-    /// A file on disk (a data file of the upper layer, or a shared host-wide file).
-    File(PathBuf),
-    Bytes(Vec<u8>),
 }
 
 /// A consistent view of what differs from the base, read in one critical section.

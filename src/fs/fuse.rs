@@ -25,8 +25,8 @@ use fuser::{
     WriteFlags,
 };
 
-use super::core::{Behind, Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, XattrReply};
 use super::stats::{Op, Stats};
+use super::{Behind, Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, XattrReply};
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
 /// kernel's back, so the kernel may cache entries and attributes for a long time.

@@ -10,4 +10,10 @@ pub mod core;
 pub mod fuse;
 pub mod stats;
 
-pub use self::core::{DirEntry, WorkspaceFs};
+// Everything the rest of the crate (and the tests) use from the core, by one path that does not
+// depend on how the core is split into files.
+pub use self::core::{
+    Behind, Caller, Change, ChangeKind, Changed, DirEntry, Listing, NAME_MAX, NodeMeta, Opened,
+    Presentation, ROOT_INO, SetAttr, SetTime, TreeChange, View, WorkspaceFs, XattrReply, path_ino,
+    unix_time,
+};

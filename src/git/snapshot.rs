@@ -6,7 +6,7 @@
 //! so a lost race is an error, never an overwrite, and a crash leaves the old or the new ref, never
 //! a ref to a missing object (objects are written before the ref).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use gix::ObjectId;
 use gix::bstr::{BStr, ByteSlice};
@@ -14,7 +14,76 @@ use gix::objs::tree::EntryKind;
 use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 use gix::refs::{FullName, Target};
 
-use crate::fs::core::{ViewEdit, ViewSource};
+/// One edit that turns the base tree into the workspace's working state (a workspace's view of what differs from its base).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewEdit {
+    /// Remove whatever is at `path`.
+    Remove {
+        path: Vec<u8>,
+    },
+    /// A directory of the base, whole, now at `path`.
+    Tree {
+        path: Vec<u8>,
+        id: ObjectId,
+    },
+    /// A directory at `path` that is not in the base at that path (the ignore rules decide whether
+    /// its content belongs to the working state). No tree effect by itself.
+    AddedDir {
+        path: Vec<u8>,
+    },
+    Gitlink {
+        path: Vec<u8>,
+        id: ObjectId,
+    },
+    File {
+        path: Vec<u8>,
+        exec: bool,
+        source: ViewSource,
+        /// Not in the base at that path.
+        added: bool,
+    },
+    Symlink {
+        path: Vec<u8>,
+        source: ViewSource,
+        added: bool,
+    },
+}
+
+impl ViewEdit {
+    /// The same edit at another path.
+    pub fn at(mut self, new: Vec<u8>) -> ViewEdit {
+        match &mut self {
+            ViewEdit::Remove { path }
+            | ViewEdit::Tree { path, .. }
+            | ViewEdit::AddedDir { path }
+            | ViewEdit::Gitlink { path, .. }
+            | ViewEdit::File { path, .. }
+            | ViewEdit::Symlink { path, .. } => *path = new,
+        }
+        self
+    }
+
+    pub fn path(&self) -> &[u8] {
+        match self {
+            ViewEdit::Remove { path }
+            | ViewEdit::Tree { path, .. }
+            | ViewEdit::AddedDir { path }
+            | ViewEdit::Gitlink { path, .. }
+            | ViewEdit::File { path, .. }
+            | ViewEdit::Symlink { path, .. } => path,
+        }
+    }
+}
+
+/// Where the bytes of a file or symlink of the view are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ViewSource {
+    /// An object already in the mirror.
+    Object(ObjectId),
+    /// A file on disk (a data file of the upper layer, or a shared host-wide file).
+    File(PathBuf),
+    Bytes(Vec<u8>),
+}
 
 /// Where HEAD of a workspace was when a snapshot was taken.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,8 @@ use gix_ignore::glob::search::pattern::List;
 use gix_ignore::search::Ignore;
 
 use super::Scratch;
-use crate::fs::core::{ViewEdit, WorkspaceFs};
+use crate::fs::WorkspaceFs;
+use crate::git::snapshot::ViewEdit;
 
 /// git ignores pattern files larger than this (`PATTERN_MAX_FILE_SIZE`).
 const PATTERN_MAX_FILE_SIZE: u64 = 100 << 20;

@@ -25,7 +25,7 @@ use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 use gix::refs::{FullName, Target};
 
 use super::Scratch;
-use crate::fs::core::WorkspaceFs;
+use crate::fs::WorkspaceFs;
 
 /// The ref that keeps a thread's own commits reachable in the mirror.
 pub fn heads_ref(thread: &str) -> String {

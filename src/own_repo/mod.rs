@@ -21,7 +21,7 @@ pub mod carry;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::fs::core::WorkspaceFs;
+use crate::fs::WorkspaceFs;
 
 /// A private directory for copies of a workspace's files that a library must read from a path (an
 /// index, packs). Copies, never the workspace's own files: an agent can rewrite or truncate those

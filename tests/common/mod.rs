@@ -20,7 +20,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use octofs::cow::blobcache::BlobCache;
-use octofs::fs::core::{Presentation, WorkspaceFs, unix_time};
+use octofs::fs::{Presentation, WorkspaceFs, unix_time};
 use octofs::git::objects::ObjectStore;
 
 /// Default timeout for one external command.
