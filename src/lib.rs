@@ -15,6 +15,8 @@
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 
+#![deny(unsafe_code)]
+
 pub mod access;
 pub mod client;
 pub mod cow;
@@ -26,5 +28,6 @@ pub mod names;
 pub mod own_repo;
 pub mod records;
 pub mod repo;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod workspace;

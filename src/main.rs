@@ -2,6 +2,8 @@
 //! speaks to the daemon (starting one when none runs). Results go to stdout; errors are one line on
 //! stderr with a non-zero exit.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -275,8 +277,9 @@ fn resolve_upstream(upstream: &str) -> Result<String, String> {
         .map_err(|e| format!("upstream {upstream}: {e}"))
 }
 
+/// The first 12 characters of an object id (all of a shorter or odd one: never a cut mid-character).
 fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
+    id.get(..12).unwrap_or(id)
 }
 
 fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {

@@ -238,7 +238,7 @@ impl Daemon {
             if gix::ObjectId::from_hex(rec.base_commit.as_bytes()).ok() != Some(resolved.commit) {
                 return Err(format!(
                     "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
-                    &rec.base_commit[..12]
+                    rec.base_commit.get(..12).unwrap_or(&rec.base_commit)
                 ));
             }
         }

@@ -647,8 +647,10 @@ pub fn redact(text: &str) -> String {
     while let Some(i) = rest.find("://") {
         // The URL starts at its scheme: the run of scheme characters before `://`.
         let start = rest[..i]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || "+.-".contains(c)))
-            .map(|j| j + 1)
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || "+.-".contains(*c)))
+            .map(|(j, c)| j + c.len_utf8())
             .unwrap_or(0);
         let end = rest[i + 3..]
             .find(|c: char| c.is_whitespace() || "'\"<>`".contains(c))
@@ -936,6 +938,10 @@ mod tests {
         assert_eq!(redact("ssh://git:pw@h:22/y"), "ssh://h:22/y");
         assert_eq!(redact("/srv/repo"), "/srv/repo");
         assert_eq!(redact("http://h/a@b"), "http://h/a@b");
+        // A scheme right after a character of more than one byte (the cut must fall between
+        // characters).
+        assert_eq!(redact("é://u:p@h/x"), "é://h/x");
+        assert_eq!(redact("«https://u:p@h/x»"), "«https://h/x»");
     }
 
     #[test]
