@@ -1,39 +1,22 @@
-//! A thread's workspace lifecycle (seed 000 "Forking", "Saving", "Restoring", "Reclaiming",
-//! "Binding", "The chat workspace"): open (fork, resume, or share the live mount), snapshot, release,
-//! sweep, and diff.
+//! A thread's workspace lifecycle (seed 000 "Forking", "Restoring", "Reclaiming", "Binding",
+//! "The chat workspace"): open (fork, resume, or share the live mount), release and sweep. Saving
+//! is [`super::snapshot`].
 //!
-//! Policy only: the mechanisms are the filesystem core (the view of what changed), `git::snapshot`
-//! (objects and refs in the mirror), `repo` (the workspace's `.git`), `own_repo` (that `.git` read
-//! in process: what `git add -A` keeps, the agent's own commits) and the records of `workspace`.
-//! Nothing here runs git in a workspace or reads one through its mount. Every operation on a thread
-//! holds that thread's lock, and under it refuses a caller who neither owns the thread nor is root.
-
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+//! Policy only: the mechanisms are the filesystem core, `repo` (the workspace's `.git`) and the
+//! records of `workspace`. Nothing here runs git in a workspace or reads one through its mount.
+//! Every operation on a thread holds that thread's lock, and under it refuses a caller who neither
+//! owns the thread nor is root.
 
 use serde_json::json;
 
-use super::{Daemon, Reply, lock};
+use super::mirrors::{BLANK, blank_project};
+use super::{Daemon, Reply, lock, now};
 use crate::access::Caller;
-use crate::cow::catalog::Ts;
 use crate::fs::WorkspaceFs;
-use crate::git::mirror::{self, Project, UpstreamKind};
-use crate::git::posix_record;
-use crate::git::snapshot::ViewEdit;
+use crate::git::mirror;
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
-use crate::own_repo::{add_all, carry};
 use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
-
-/// The internal project every chat workspace forks from (a name users cannot pick).
-pub const BLANK: &str = ".blank";
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
 
 /// What a new workspace is made of.
 struct Fork {
@@ -60,122 +43,6 @@ fn split_nul(out: &[u8]) -> Vec<Vec<u8>> {
         .filter(|s| !s.is_empty())
         .map(<[u8]>::to_vec)
         .collect()
-}
-
-/// Nested repositories (a directory holding `.git`) become gitlinks at their HEAD, as `git add -A`
-/// records them; one without a commit is left out.
-fn nested_repositories(core: &WorkspaceFs, edits: Vec<ViewEdit>) -> Vec<ViewEdit> {
-    let mut nested: Vec<Vec<u8>> = Vec::new();
-    for e in &edits {
-        let comps: Vec<&[u8]> = e.path().split(|b| *b == b'/').collect();
-        if let Some(i) = comps.iter().position(|c| *c == b".git")
-            && i > 0
-        {
-            let dir = comps[..i].join(&b'/');
-            if !nested.contains(&dir) {
-                nested.push(dir);
-            }
-        }
-    }
-    if nested.is_empty() {
-        return edits;
-    }
-    let inside = |p: &[u8], d: &[u8]| p == d || (p.starts_with(d) && p.get(d.len()) == Some(&b'/'));
-    let mut out: Vec<ViewEdit> = edits
-        .into_iter()
-        .filter(|e| {
-            matches!(e, ViewEdit::AddedDir { .. }) || !nested.iter().any(|d| inside(e.path(), d))
-        })
-        .collect();
-    for dir in nested {
-        let mut comps: Vec<&[u8]> = dir.split(|b| *b == b'/').collect();
-        comps.push(b".git");
-        if let Ok((id, _)) = read_head_at(core, &comps) {
-            out.push(ViewEdit::Remove { path: dir.clone() });
-            out.push(ViewEdit::Gitlink { path: dir, id });
-        }
-    }
-    out
-}
-
-/// Where HEAD of a workspace is: its commit and its branch (or detached), read through the core.
-fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
-    read_head_at(core, &[b".git"])
-}
-
-/// The most a ref file (`HEAD`, a loose ref) or one line of `packed-refs` may hold. Real ones are
-/// one short line; the agent controls these files, and a sparse one of gigabytes costs it nothing,
-/// so nothing larger is read into the daemon's memory or shown in a message.
-const REF_LINE_MAX: u64 = 4096;
-
-/// HEAD of the repository whose git directory is at `git_dir` (path components in the workspace).
-fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId, HeadRef), String> {
-    use std::io::{BufRead as _, Read as _};
-    let open = |rel: &[&[u8]]| {
-        let p: Vec<&[u8]> = git_dir.iter().chain(rel).copied().collect();
-        core.open_file(&p)
-            .map_err(|e| format!("cannot read .git: {e:?}"))
-    };
-    let read = |rel: &[&[u8]], shown: &str| -> Result<Option<Vec<u8>>, String> {
-        let Some(f) = open(rel)? else {
-            return Ok(None);
-        };
-        let mut out = Vec::new();
-        f.take(REF_LINE_MAX + 1)
-            .read_to_end(&mut out)
-            .map_err(|e| format!("cannot read .git/{shown}: {e}"))?;
-        if out.len() as u64 > REF_LINE_MAX {
-            return Err(format!(
-                ".git/{shown} is larger than {REF_LINE_MAX} bytes: not a ref"
-            ));
-        }
-        Ok(Some(out))
-    };
-    let head = read(&[b"HEAD"], "HEAD")?.ok_or("the workspace has no .git/HEAD")?;
-    let head = String::from_utf8_lossy(&head).trim().to_string();
-    let parse = |s: &str| {
-        gix::ObjectId::from_hex(s.trim().as_bytes())
-            .map_err(|e| format!("bad object id {s:?} in .git: {e}"))
-    };
-    let Some(name) = head.strip_prefix("ref: ") else {
-        return Ok((parse(&head)?, HeadRef::Detached));
-    };
-    let comps: Vec<&[u8]> = name.split('/').map(str::as_bytes).collect();
-    let branch = name.strip_prefix("refs/heads/").map(str::to_string);
-    let head_ref = branch.map(HeadRef::Branch).unwrap_or(HeadRef::Detached);
-    if let Some(loose) = read(&comps, name)? {
-        return Ok((parse(&String::from_utf8_lossy(&loose))?, head_ref));
-    }
-    // packed-refs may be long (every branch and tag of the mirror): read line by line, each
-    // bounded.
-    if let Some(f) = open(&[b"packed-refs"])? {
-        let mut rd = std::io::BufReader::new(f);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let n = (&mut rd)
-                .take(REF_LINE_MAX + 1)
-                .read_until(b'\n', &mut line)
-                .map_err(|e| format!("cannot read .git/packed-refs: {e}"))?;
-            if n == 0 {
-                break;
-            }
-            if n as u64 > REF_LINE_MAX {
-                return Err(format!(
-                    ".git/packed-refs has a line longer than {REF_LINE_MAX} bytes: not refs"
-                ));
-            }
-            let line = String::from_utf8_lossy(&line);
-            if let Some((oid, n)) = line.trim_end_matches(['\n', '\r']).split_once(' ')
-                && n == name
-            {
-                return Ok((parse(oid)?, head_ref));
-            }
-        }
-    }
-    Err(format!(
-        "HEAD ({name}) has no commit yet: nothing to snapshot"
-    ))
 }
 
 impl Daemon {
@@ -537,62 +404,7 @@ impl Daemon {
         Ok(())
     }
 
-    /// Creates the blank repository chat workspaces fork from, once.
-    fn ensure_blank(&self) -> Result<(), String> {
-        let l = self.locks.get(&format!("project:{BLANK}"));
-        let _g = lock(&l);
-        let dir = self.layout.mirror(BLANK);
-        if dir.join(".git").exists() {
-            return Ok(());
-        }
-        let staging = self
-            .layout
-            .mirrors()
-            .join(format!(".staging-blank-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&staging);
-        std::fs::create_dir_all(&staging)
-            .map_err(|e| format!("cannot create the blank repository: {e}"))?;
-        let made = (|| {
-            crate::git!(Some(&staging); "init", "--quiet", "--initial-branch=main")?;
-            let empty =
-                crate::git!(Some(&staging); "hash-object", "-t", "tree", "-w", "/dev/null")?;
-            let commit = crate::git::git_env(
-                Some(&staging),
-                &[
-                    "commit-tree",
-                    &empty,
-                    "-m",
-                    "octofs: blank repository for chat workspaces",
-                ]
-                .map(std::ffi::OsStr::new),
-                &[
-                    ("GIT_AUTHOR_NAME", "octofs".as_ref()),
-                    ("GIT_AUTHOR_EMAIL", "octofs@localhost".as_ref()),
-                    ("GIT_COMMITTER_NAME", "octofs".as_ref()),
-                    ("GIT_COMMITTER_EMAIL", "octofs@localhost".as_ref()),
-                ],
-            )?;
-            crate::git!(Some(&staging); "update-ref", "refs/heads/main", &commit)?;
-            std::fs::rename(&staging, &dir).map_err(|e| e.to_string())
-        })();
-        if let Err(e) = made {
-            let _ = std::fs::remove_dir_all(&staging);
-            return Err(format!("cannot create the blank repository: {e}"));
-        }
-        Ok(())
-    }
-
-    /// `octofs snapshot`: saves the working state; returns the snapshot commit.
-    pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply {
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let id = self.snapshot_locked(thread)?;
-        Ok((json!(id), vec![]))
-    }
-
-    fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, String> {
+    pub(super) fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, String> {
         match WorkspaceRecord::load(&self.layout, thread)? {
             Some(r) => Ok(r),
             None if Binding::load(&self.layout, thread)?.is_some() => {
@@ -600,174 +412,6 @@ impl Daemon {
             }
             None => Err(format!("unknown thread {thread:?}")),
         }
-    }
-
-    fn core_of(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, String> {
-        if let Some(m) = lock(&self.mounts).get(&rec.thread) {
-            return Ok(m.core.clone());
-        }
-        self.mount(rec)?;
-        lock(&self.mounts)
-            .get(&rec.thread)
-            .map(|m| m.core.clone())
-            .ok_or_else(|| format!("thread {} is not mounted", rec.thread))
-    }
-
-    /// Snapshot with the thread's lock held.
-    pub(super) fn snapshot_locked(&self, thread: &str) -> Result<String, String> {
-        let mut rec = self.live_record(thread)?;
-        if rec.chat {
-            return Err(format!(
-                "thread {thread} is a chat workspace (no project): it is never saved"
-            ));
-        }
-        let core = self.core_of(&rec)?;
-        // 1. A consistent view of what changed (the only step that holds the workspace's lock).
-        let view = core
-            .view()
-            .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
-        let (head, head_ref) = read_head(&core)?;
-        // 2. What `git add -A` would leave out.
-        let mut edits = add_all::keep(
-            &core,
-            &self.layout.state,
-            nested_repositories(&core, view.edits),
-        )?;
-        edits.sort_by(|a, b| a.path().cmp(b.path()));
-        // 3. Objects, then the ref.
-        let mirror = self.layout.mirror(&rec.project);
-        let project = &rec.project;
-        let gone = || {
-            format!(
-                "the mirror of project {project} is missing or broken: `octofs mirror sync {project}` clones it again; `octofs release {thread} --discard` drops the workspace without saving"
-            )
-        };
-        let mut repo = snap::open(&mirror).map_err(|e| format!("{}: {e}", gone()))?;
-        if !repo.has_object(view.base_tree) {
-            return Err(format!(
-                "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
-                view.base_tree
-            ));
-        }
-        let tref = snap::thread_ref(thread);
-        let prev = snap::read_ref(&repo, &tref);
-        // The ref must be where this workspace last left it. One exception: a snapshot of this
-        // workspace that moved the ref just before the daemon died, before it was recorded here
-        // (its second parent is what was recorded).
-        let mut saved = rec
-            .saved
-            .as_ref()
-            .and_then(|m| m.commit.as_deref())
-            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
-        // A mirror re-created from its upstream has neither the ref nor the snapshot: nobody moved
-        // it, the chain starts again (the old snapshots went with the old mirror).
-        if prev.is_none()
-            && let Some(s) = saved
-            && !repo.has_object(s)
-        {
-            tracing::warn!(%thread, last = %s, "the mirror lost the thread's snapshots; starting a new chain");
-            saved = None;
-        }
-        if prev != saved {
-            let ours = match prev {
-                Some(p) => {
-                    let (_, pp, msg, _) = snap::commit_info(&repo, p)?;
-                    pp.get(1).copied() == saved
-                        && String::from_utf8_lossy(&msg)
-                            .starts_with(&format!("octofs snapshot of thread {thread}\n"))
-                }
-                None => false,
-            };
-            if !ours {
-                return Err(format!(
-                    "{tref} moved underneath (expected {}, found {}); not overwriting it",
-                    saved.map_or("none".into(), |s| s.to_string()),
-                    prev.map_or("none".into(), |s| s.to_string())
-                ));
-            }
-        }
-        if !repo.has_object(head) {
-            // The agent's own commits: carried into the mirror (and kept reachable there).
-            let n = carry::carry(&core, &self.layout.state, &repo, thread, head)?;
-            tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
-            repo = snap::open(&mirror)?;
-        }
-        let tree = snap::build_tree(&repo, view.base_tree, &edits)?;
-        // What the tree cannot hold goes into the POSIX record, named by the commit's message.
-        let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
-            Some(r) => Some(posix_record::write_blob(&repo, &r)?),
-            None => None,
-        };
-        let mut message = snap::message(thread, &head_ref);
-        if let Some(b) = posix {
-            message.push_str(&posix_record::trailer(b));
-        }
-        if let Some(p) = prev {
-            let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
-            if ptree == tree
-                && pparents.first() == Some(&head)
-                && snap::head_of(&pmsg) == head_ref
-                && posix_record::blob_of(&pmsg) == posix
-            {
-                self.mark_saved(
-                    &mut rec,
-                    &core,
-                    &p.to_string(),
-                    view.generation,
-                    view.taken_at,
-                )?;
-                return Ok(p.to_string());
-            }
-        }
-        let mut parents = vec![head];
-        parents.extend(prev);
-        let commit = snap::write_commit(&repo, tree, parents, &message)?;
-        // The record is reachable before the snapshot's ref names the commit that needs it.
-        if let Some(b) = posix {
-            posix_record::keep(&repo, thread, commit, b)?;
-        }
-        snap::cas_ref(
-            &repo,
-            &tref,
-            prev,
-            commit,
-            &format!("octofs: snapshot of {thread}"),
-        )?;
-        self.mark_saved(
-            &mut rec,
-            &core,
-            &commit.to_string(),
-            view.generation,
-            view.taken_at,
-        )?;
-        tracing::info!(%thread, %commit, "snapshot");
-        Ok(commit.to_string())
-    }
-
-    fn mark_saved(
-        &self,
-        rec: &mut WorkspaceRecord,
-        core: &WorkspaceFs,
-        commit: &str,
-        generation: u64,
-        at: Ts,
-    ) -> Result<(), String> {
-        let ino = core
-            .put_file_quietly(
-                &[".git", "refs", "octomate"],
-                "saved",
-                format!("{commit}\n").as_bytes(),
-            )
-            .map_err(|e| format!("cannot record refs/octomate/saved: {e:?}"))?;
-        // A process in the mount reads the new mark as soon as the snapshot is answered.
-        self.tell_kernel(&rec.thread);
-        rec.saved = Some(SavedMark {
-            commit: Some(commit.into()),
-            generation,
-            at,
-            bookkeeping: vec![ino],
-        });
-        rec.save(&self.layout)
     }
 
     /// `octofs release`: one user fewer; the last one saves (if anything changed), unmounts and drops
@@ -835,7 +479,7 @@ impl Daemon {
 
     /// `octofs sweep`: releases every project workspace idle for `idle` seconds whose state the
     /// mirror has seen; never one with unsaved work, open files, or a chat workspace.
-    pub fn sweep(&self, idle: u64) -> Reply {
+    pub(super) fn sweep(&self, idle: u64) -> Reply {
         let threads: Vec<String> = lock(&self.mounts).keys().cloned().collect();
         let mut released = Vec::new();
         let mut kept = Vec::new();
@@ -879,89 +523,5 @@ impl Daemon {
             }
         }
         Ok((json!({"released": released, "kept": kept}), vec![]))
-    }
-
-    /// `octofs diff`: what changed between two commits (snapshots), or from one to the live state.
-    pub(super) fn diff(
-        &self,
-        thread: &str,
-        from: Option<&str>,
-        to: Option<&str>,
-        patch: bool,
-        c: &Caller,
-    ) -> Reply {
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let binding = Binding::load(&self.layout, thread)?;
-        let live = WorkspaceRecord::load(&self.layout, thread)?;
-        let project = match (&live, &binding) {
-            (Some(r), _) if r.chat => {
-                return Err(format!(
-                    "thread {thread} is a chat workspace: nothing is saved to diff"
-                ));
-            }
-            (Some(r), _) => r.project.clone(),
-            (None, Some(b)) => b.project.clone(),
-            (None, None) => return Err(format!("unknown thread {thread:?}")),
-        };
-        let mirror = self.layout.mirror(&project);
-        let repo = snap::open(&mirror)?;
-        let last = snap::read_ref(&repo, &snap::thread_ref(thread));
-        let resolve = |spec: &str| -> Result<gix::ObjectId, String> {
-            let spec = if spec == "saved" || spec == "last" {
-                last.map(|l| l.to_string())
-                    .ok_or("the thread has no snapshot yet")?
-            } else {
-                spec.to_string()
-            };
-            let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{spec}^{{tree}}"))
-                .map_err(|_| format!("{spec:?} does not name a commit or tree in the mirror"))?;
-            gix::ObjectId::from_hex(out.as_bytes()).map_err(|e| e.to_string())
-        };
-        let from_tree = match (from, &live) {
-            (Some(f), _) => resolve(f)?,
-            (None, Some(r)) => {
-                gix::ObjectId::from_hex(r.base_tree.as_bytes()).map_err(|e| e.to_string())?
-            }
-            (None, None) => resolve("saved")?,
-        };
-        let to_tree = match (to, &live) {
-            (Some(t), _) => resolve(t)?,
-            (None, Some(r)) => {
-                let core = self.core_of(r)?;
-                let view = core
-                    .view()
-                    .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
-                let mut edits = add_all::keep(
-                    &core,
-                    &self.layout.state,
-                    nested_repositories(&core, view.edits),
-                )?;
-                edits.sort_by(|a, b| a.path().cmp(b.path()));
-                snap::build_tree(&repo, view.base_tree, &edits)?
-            }
-            (None, None) => resolve("saved")?,
-        };
-        let (a, b) = (from_tree.to_string(), to_tree.to_string());
-        let out = if patch {
-            crate::git!(Some(&mirror); "diff", "--no-color", "--no-ext-diff", "--no-textconv", &a, &b)
-        } else {
-            crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
-        }?;
-        Ok((json!({"from": a, "to": b, "diff": out}), vec![]))
-    }
-}
-
-/// The project description of the blank repository.
-fn blank_project() -> Project {
-    Project {
-        project: BLANK.into(),
-        upstream: String::new(),
-        kind: UpstreamKind::Directory,
-        default_branch: "main".into(),
-        last_sync: 0,
-        access: Default::default(),
     }
 }

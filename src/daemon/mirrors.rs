@@ -1,0 +1,160 @@
+//! The daemon's side of mirrors: `mirror add/sync/access` under the project's lock, the blank
+//! repository chat workspaces fork from, and the cache of open object stores the mounts read.
+//!
+//! Mechanism (cloning, fetching, credentials) is `git::mirror`; this module only serializes it per
+//! project and decides who loses the read grant when a project's access list changes.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::proto::Access;
+use super::{Daemon, Reply, lock};
+use crate::access::Caller;
+use crate::git::mirror::{self, Project, UpstreamKind};
+use crate::git::objects::ObjectStore;
+use crate::names::{NameKind, validate};
+
+/// The internal project every chat workspace forks from (a name users cannot pick).
+pub const BLANK: &str = ".blank";
+
+impl Daemon {
+    pub(super) fn store(&self, project: &str) -> Result<Arc<ObjectStore>, String> {
+        let mut stores = lock(&self.stores);
+        if let Some(s) = stores.get(project) {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(
+            ObjectStore::open(&self.layout.mirror(project))
+                .map_err(|e| format!("cannot open the mirror of {project}: {e}"))?,
+        );
+        stores.insert(project.to_string(), s.clone());
+        Ok(s)
+    }
+
+    pub(super) fn mirror_add(
+        &self,
+        project: &str,
+        upstream: &str,
+        credential: Option<&str>,
+        access: Access,
+    ) -> Reply {
+        validate(NameKind::Project, project)?;
+        let l = self.locks.get(&format!("project:{project}"));
+        let _g = lock(&l);
+        let info = mirror::add(&self.layout, project, upstream, credential, access)?;
+        Ok((json!(info), vec![]))
+    }
+
+    /// Who may bind `project`; replaced first when `access` is given.
+    pub(super) fn mirror_access(&self, project: &str, access: Option<Access>) -> Reply {
+        validate(NameKind::Project, project)?;
+        let l = self.locks.get(&format!("project:{project}"));
+        let _g = lock(&l);
+        let Some(a) = access else {
+            let p = mirror::require(&self.layout, project)?;
+            return Ok((json!(p.access), vec![]));
+        };
+        let p = mirror::set_access(&self.layout, project, a)?;
+        // Who may no longer bind the project loses the read grant on its objects at once (their
+        // workspaces' git then cannot read the project's history: revoking is revoking).
+        let keep = |uid: u32| {
+            let user = Caller {
+                uid,
+                gid: u32::MAX,
+                groups: crate::sys::user_groups(uid),
+            };
+            super::authz::may_bind(&user, &p.access)
+        };
+        let mut warnings = Vec::new();
+        match crate::access::revoke_objects(&self.layout.mirror(project), &keep) {
+            Ok(gone) if !gone.is_empty() => {
+                let who: Vec<String> = gone
+                    .iter()
+                    .map(|u| crate::access::describe_uid(*u))
+                    .collect();
+                tracing::info!(%project, "objects grant revoked from {}", who.join(", "));
+            }
+            Ok(_) => {}
+            Err(e) => warnings.push(format!(
+                "cannot take back the read grant on {project}'s objects: {e}"
+            )),
+        }
+        Ok((json!(p.access), warnings))
+    }
+
+    /// Every project the caller may bind (every project, for root).
+    pub(super) fn mirror_list(&self, c: &Caller) -> Reply {
+        let mut l = mirror::list(&self.layout)?;
+        if !self.is_admin(c) {
+            l.retain(|m| super::authz::may_bind(c, &m.project.access));
+        }
+        Ok((json!(l), vec![]))
+    }
+
+    pub(super) fn mirror_sync(&self, project: &str) -> Reply {
+        validate(NameKind::Project, project)?;
+        let l = self.locks.get(&format!("project:{project}"));
+        let _g = lock(&l);
+        let out = mirror::sync(&self.layout, project, self.settings.freshness_secs)?;
+        let warnings = out.warning.iter().cloned().collect();
+        Ok((json!(out), warnings))
+    }
+
+    /// Creates the blank repository chat workspaces fork from, once.
+    pub(super) fn ensure_blank(&self) -> Result<(), String> {
+        let l = self.locks.get(&format!("project:{BLANK}"));
+        let _g = lock(&l);
+        let dir = self.layout.mirror(BLANK);
+        if dir.join(".git").exists() {
+            return Ok(());
+        }
+        let staging = self
+            .layout
+            .mirrors()
+            .join(format!(".staging-blank-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&staging);
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| format!("cannot create the blank repository: {e}"))?;
+        let made = (|| {
+            crate::git!(Some(&staging); "init", "--quiet", "--initial-branch=main")?;
+            let empty =
+                crate::git!(Some(&staging); "hash-object", "-t", "tree", "-w", "/dev/null")?;
+            let commit = crate::git::git_env(
+                Some(&staging),
+                &[
+                    "commit-tree",
+                    &empty,
+                    "-m",
+                    "octofs: blank repository for chat workspaces",
+                ]
+                .map(std::ffi::OsStr::new),
+                &[
+                    ("GIT_AUTHOR_NAME", "octofs".as_ref()),
+                    ("GIT_AUTHOR_EMAIL", "octofs@localhost".as_ref()),
+                    ("GIT_COMMITTER_NAME", "octofs".as_ref()),
+                    ("GIT_COMMITTER_EMAIL", "octofs@localhost".as_ref()),
+                ],
+            )?;
+            crate::git!(Some(&staging); "update-ref", "refs/heads/main", &commit)?;
+            std::fs::rename(&staging, &dir).map_err(|e| e.to_string())
+        })();
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(format!("cannot create the blank repository: {e}"));
+        }
+        Ok(())
+    }
+}
+
+/// The project description of the blank repository.
+pub(super) fn blank_project() -> Project {
+    Project {
+        project: BLANK.into(),
+        upstream: String::new(),
+        kind: UpstreamKind::Directory,
+        default_branch: "main".into(),
+        last_sync: 0,
+        access: Default::default(),
+    }
+}

@@ -1,0 +1,146 @@
+//! Clone and fetch: the only git commands that talk to an upstream. They run with the transports
+//! a project may use (`GIT_ALLOW_PROTOCOL`), the credentials (if any) in the child's environment,
+//! and a stall timeout: no progress for [`set_fetch_timeout`] seconds and the git process group is
+//! killed, leaving the mirror as it was. Errors are one redacted line.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::credentials::{credential_env, redact};
+use super::upstream::ALLOWED_PROTOCOLS;
+
+static FETCH_TIMEOUT_SECS: AtomicU64 = AtomicU64::new(300);
+
+/// Sets the stall timeout of clone and fetch: no progress for this many seconds ends them.
+pub fn set_fetch_timeout(secs: u64) {
+    FETCH_TIMEOUT_SECS.store(secs.max(1), Ordering::Relaxed);
+}
+
+/// What git said last on stderr, kept bounded.
+const STDERR_KEEP: usize = 64 * 1024;
+
+/// Runs a git command that talks to `upstream` (clone, fetch): only the allowed transports, the
+/// credentials (if any) through the environment, progress on stderr watched, and the whole process
+/// group killed after [`set_fetch_timeout`] seconds without any. Errors are one redacted line.
+pub(super) fn network_git(
+    dir: Option<&Path>,
+    args: &[&OsStr],
+    upstream: &str,
+    credential: Option<&str>,
+) -> Result<(), String> {
+    let secs = FETCH_TIMEOUT_SECS.load(Ordering::Relaxed).max(1);
+    let stall = Duration::from_secs(secs);
+    let mut cmd = Command::new("git");
+    if let Some(d) = dir {
+        cmd.arg("-C").arg(d);
+    }
+    cmd.args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ASKPASS", "true")
+        .env("SSH_ASKPASS", "true")
+        .env("GIT_PAGER", "cat")
+        .env("LC_ALL", "C")
+        .env("GIT_ALLOW_PROTOCOL", ALLOWED_PROTOCOLS)
+        // curl gives up on its own when less than a byte a second flows for the whole window.
+        .env("GIT_HTTP_LOW_SPEED_LIMIT", "1")
+        .env("GIT_HTTP_LOW_SPEED_TIME", secs.to_string())
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .env_remove("GIT_CONFIG_PARAMETERS")
+        .env_remove("GIT_CONFIG_COUNT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // Its own process group, so that a stall kills git and every helper it started.
+        .process_group(0);
+    if let Some(c) = credential {
+        for (k, v) in credential_env(upstream, c) {
+            cmd.env(k, v);
+        }
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot run git: {e} (is git installed?)"))?;
+    let last_progress = Arc::new(Mutex::new(Instant::now()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut stderr) = child.stderr.take() {
+        let last = last_progress.clone();
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                kept.extend_from_slice(&chunk[..n]);
+                if kept.len() > STDERR_KEEP {
+                    kept.drain(..kept.len() - STDERR_KEEP);
+                }
+                *last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            }
+            let _ = tx.send(kept);
+        });
+    }
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) => {}
+            Err(e) => {
+                let _ = crate::sys::kill_process_group(child.id());
+                let _ = child.wait();
+                return Err(format!("cannot wait for git: {e}"));
+            }
+        }
+        let quiet = last_progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
+        if quiet >= stall {
+            // Not reaped yet, so the group id is still ours.
+            if let Err(e) = crate::sys::kill_process_group(child.id()) {
+                tracing::warn!("cannot kill a stalled git: {e}");
+            }
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    match status {
+        None => Err(format!(
+            "no progress from {} for {secs} s, gave up (octofs serve --fetch-timeout sets the limit)",
+            redact(upstream)
+        )),
+        Some(s) if s.success() => Ok(()),
+        Some(s) => {
+            let text = String::from_utf8_lossy(&stderr);
+            let lines: Vec<&str> = text
+                .split(['\n', '\r'])
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let line = lines
+                .iter()
+                .rev()
+                .find(|l| l.starts_with("fatal:") || l.starts_with("error:"))
+                .or(lines.last())
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| format!("git failed ({s})"));
+            let mut line = redact(&line);
+            if let Some(c) = credential
+                && let Some((_, secret)) = c.split_once(':')
+                && !secret.is_empty()
+            {
+                line = line.replace(secret, "***");
+            }
+            Err(line)
+        }
+    }
+}
