@@ -4,12 +4,11 @@
 
 use serde_json::json;
 
-use super::snapshot::nested_repositories;
+use super::snapshot::Goal;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::git::snapshot as snap;
 use crate::names::{NameKind, validate};
-use crate::own_repo::add_all;
 use crate::workspace::{Binding, WorkspaceRecord};
 
 impl Daemon {
@@ -61,19 +60,7 @@ impl Daemon {
         };
         let to_tree = match (to, &live) {
             (Some(t), _) => resolve(t)?,
-            (None, Some(r)) => {
-                let core = self.core_of(r)?;
-                let view = core
-                    .view()
-                    .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
-                let mut edits = add_all::keep(
-                    &core,
-                    &self.layout.state,
-                    nested_repositories(&core, view.edits),
-                )?;
-                edits.sort_by(|a, b| a.path().cmp(b.path()));
-                snap::build_tree(&repo, view.base_tree, &edits)?
-            }
+            (None, Some(r)) => self.assemble(&mut r.clone(), Goal::Tree)?,
             (None, None) => resolve("saved")?,
         };
         let (a, b) = (from_tree.to_string(), to_tree.to_string());

@@ -22,7 +22,7 @@ use crate::workspace::{SavedMark, WorkspaceRecord};
 
 /// Nested repositories (a directory holding `.git`) become gitlinks at their HEAD, as `git add -A`
 /// records them; one without a commit is left out.
-pub(super) fn nested_repositories(core: &WorkspaceFs, edits: Vec<ViewEdit>) -> Vec<ViewEdit> {
+fn nested_repositories(core: &WorkspaceFs, edits: Vec<ViewEdit>) -> Vec<ViewEdit> {
     let mut nested: Vec<Vec<u8>> = Vec::new();
     for e in &edits {
         let comps: Vec<&[u8]> = e.path().split(|b| *b == b'/').collect();
@@ -136,6 +136,15 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
     ))
 }
 
+/// How far [`Daemon::assemble`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Goal {
+    /// The tree only (written to the mirror's objects; no commit, no ref): `diff`.
+    Tree,
+    /// The thread's next snapshot: commit, POSIX record, ref and saved mark.
+    Snapshot,
+}
+
 impl Daemon {
     /// `octofs snapshot`: saves the working state; returns the snapshot commit.
     pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply {
@@ -147,7 +156,8 @@ impl Daemon {
         Ok((json!(id), vec![]))
     }
 
-    /// Snapshot with the thread's lock held.
+    /// Snapshot with the thread's lock held (`snapshot`, `release`): the thread's next snapshot
+    /// commit.
     pub(super) fn snapshot_locked(&self, thread: &str) -> Result<String, String> {
         let mut rec = self.live_record(thread)?;
         if rec.chat {
@@ -155,20 +165,38 @@ impl Daemon {
                 "thread {thread} is a chat workspace (no project): it is never saved"
             ));
         }
-        let core = self.core_of(&rec)?;
+        self.assemble(&mut rec, Goal::Snapshot)
+            .map(|id| id.to_string())
+    }
+
+    /// Snapshot assembly, the one entry point: the live workspace of `rec` as a tree of its
+    /// project's mirror (`Goal::Tree`), or as the thread's next snapshot (`Goal::Snapshot`: the
+    /// commit, its POSIX record, the compare-and-swap of the thread's ref and the workspace's saved
+    /// mark). The caller holds the thread's lock.
+    pub(super) fn assemble(
+        &self,
+        rec: &mut WorkspaceRecord,
+        goal: Goal,
+    ) -> Result<gix::ObjectId, String> {
+        let thread = rec.thread.clone();
+        let thread = thread.as_str();
+        let core = self.core_of(rec)?;
         // 1. A consistent view of what changed (the only step that holds the workspace's lock).
         let view = core
             .view()
             .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
-        let (head, head_ref) = read_head(&core)?;
-        // 2. What `git add -A` would leave out.
+        let head = match goal {
+            Goal::Snapshot => Some(read_head(&core)?),
+            Goal::Tree => None,
+        };
+        // 2. What `git add -A` would leave out; nested repositories become gitlinks.
         let mut edits = add_all::keep(
             &core,
             &self.layout.state,
             nested_repositories(&core, view.edits),
         )?;
         edits.sort_by(|a, b| a.path().cmp(b.path()));
-        // 3. Objects, then the ref.
+        // 3. Objects, then (for a snapshot) the commit and the ref.
         let mirror = self.layout.mirror(&rec.project);
         let project = &rec.project;
         let gone = || {
@@ -183,6 +211,9 @@ impl Daemon {
                 view.base_tree
             ));
         }
+        let Some((head, head_ref)) = head else {
+            return snap::build_tree(&repo, view.base_tree, &edits);
+        };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
         // The ref must be where this workspace last left it. One exception: a snapshot of this
@@ -243,14 +274,8 @@ impl Daemon {
                 && snap::head_of(&pmsg) == head_ref
                 && posix_record::blob_of(&pmsg) == posix
             {
-                self.mark_saved(
-                    &mut rec,
-                    &core,
-                    &p.to_string(),
-                    view.generation,
-                    view.taken_at,
-                )?;
-                return Ok(p.to_string());
+                self.mark_saved(rec, &core, &p.to_string(), view.generation, view.taken_at)?;
+                return Ok(p);
             }
         }
         let mut parents = vec![head];
@@ -268,14 +293,14 @@ impl Daemon {
             &format!("octofs: snapshot of {thread}"),
         )?;
         self.mark_saved(
-            &mut rec,
+            rec,
             &core,
             &commit.to_string(),
             view.generation,
             view.taken_at,
         )?;
         tracing::info!(%thread, %commit, "snapshot");
-        Ok(commit.to_string())
+        Ok(commit)
     }
 
     fn mark_saved(
