@@ -11,6 +11,7 @@ use serde_json::json;
 use super::proto::Access;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
+use crate::git::Git;
 use crate::git::mirror::{self, Project, UpstreamKind};
 use crate::git::objects::ObjectStore;
 use crate::names::{NameKind, validate};
@@ -120,22 +121,15 @@ impl Daemon {
             crate::git!(Some(&staging); "init", "--quiet", "--initial-branch=main")?;
             let empty =
                 crate::git!(Some(&staging); "hash-object", "-t", "tree", "-w", "/dev/null")?;
-            let commit = crate::git::git_env(
-                Some(&staging),
-                &[
+            let commit = Git::new(Some(&staging))
+                .args([
                     "commit-tree",
                     &empty,
                     "-m",
                     "octofs: blank repository for chat workspaces",
-                ]
-                .map(std::ffi::OsStr::new),
-                &[
-                    ("GIT_AUTHOR_NAME", "octofs".as_ref()),
-                    ("GIT_AUTHOR_EMAIL", "octofs@localhost".as_ref()),
-                    ("GIT_COMMITTER_NAME", "octofs".as_ref()),
-                    ("GIT_COMMITTER_EMAIL", "octofs@localhost".as_ref()),
-                ],
-            )?;
+                ])
+                .by_octofs()
+                .output()?;
             crate::git!(Some(&staging); "update-ref", "refs/heads/main", &commit)?;
             std::fs::rename(&staging, &dir).map_err(|e| e.to_string())
         })();

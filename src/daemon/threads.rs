@@ -353,19 +353,11 @@ impl Daemon {
     ) -> Result<(), String> {
         use crate::fs::TreeChange;
         let mirror = self.layout.mirror(project);
-        let out = crate::git::git_bytes(
-            Some(&mirror),
-            &[
-                "diff-tree",
-                "-r",
-                "-z",
-                "--no-renames",
-                &from.to_string(),
-                &to.to_string(),
-            ]
-            .map(std::ffi::OsStr::new),
-        )
-        .map_err(|e| format!("git diff-tree: {e}"))?;
+        let out = crate::git::Git::new(Some(&mirror))
+            .args(["diff-tree", "-r", "-z", "--no-renames", "--end-of-options"])
+            .args([from.to_string(), to.to_string()])
+            .output_bytes()
+            .map_err(|e| format!("git diff-tree: {e}"))?;
         let fields = split_nul(&out);
         let mut removals = Vec::new();
         let mut additions = Vec::new();

@@ -210,7 +210,8 @@ impl ObjectStore {
     /// never deltifies objects above `core.bigFileThreshold`). Git runs in the mirror through the
     /// daemon's one hardened git command, so only the daemon's own mirror config is read.
     pub fn blob_stream(&self, id: ObjectId) -> io::Result<BlobStream> {
-        let mut child = crate::git::command(Some(&self.path))
+        let mut child = crate::git::Git::new(Some(&self.path))
+            .into_command()
             .args(["cat-file", "blob"])
             .arg(id.to_string())
             .stdout(std::process::Stdio::piped())

@@ -16,6 +16,7 @@ use super::{
     Access, MirrorInfo, Project, SyncOutcome, UpstreamKind, head, info, load, now, require, save,
 };
 use crate::git;
+use crate::git::Git;
 use crate::layout::Layout;
 
 /// Creates the mirror of `project` from `upstream`. `credential` (`user:token`, or a bare token) is
@@ -122,17 +123,11 @@ fn build_mirror(
             .map_err(|e| format!("cannot clone {upstream}: {e}"))?;
         }
         UpstreamKind::Directory => {
-            git::git(
-                None,
-                &[
-                    OsStr::new("init"),
-                    OsStr::new("--quiet"),
-                    OsStr::new("--initial-branch=main"),
-                    OsStr::new("--"),
-                    s,
-                ],
-            )
-            .map_err(|e| format!("cannot create mirror: {e}"))?;
+            Git::new(None)
+                .args(["init", "--quiet", "--initial-branch=main", "--"])
+                .arg(s)
+                .output()
+                .map_err(|e| format!("cannot create mirror: {e}"))?;
             commit_directory(staging, Path::new(upstream))?;
         }
     }
@@ -152,23 +147,18 @@ fn commit_directory(mirror: &Path, folder: &Path) -> Result<bool, String> {
     let git_dir = mirror.join(".git");
     let scratch = git_dir.join(format!("octofs-scratch-index-{}", std::process::id()));
     let _ = std::fs::remove_file(&scratch);
-    let env: [(&str, &OsStr); 6] = [
-        ("GIT_INDEX_FILE", scratch.as_os_str()),
-        ("GIT_AUTHOR_NAME", OsStr::new("octofs")),
-        ("GIT_AUTHOR_EMAIL", OsStr::new("octofs@localhost")),
-        ("GIT_COMMITTER_NAME", OsStr::new("octofs")),
-        ("GIT_COMMITTER_EMAIL", OsStr::new("octofs@localhost")),
-        ("GIT_CONFIG_NOSYSTEM", OsStr::new("1")),
-    ];
     let mut git_dir_arg = std::ffi::OsString::from("--git-dir=");
     git_dir_arg.push(git_dir.as_os_str());
     let mut work_tree_arg = std::ffi::OsString::from("--work-tree=");
     work_tree_arg.push(folder.as_os_str());
     let gd = [git_dir_arg.as_os_str(), work_tree_arg.as_os_str()];
     let run = |args: &[&str]| {
-        let mut all: Vec<&OsStr> = gd.to_vec();
-        all.extend(args.iter().map(OsStr::new));
-        git::git_env(None, &all, &env)
+        Git::new(None)
+            .args(gd)
+            .args(args)
+            .env("GIT_INDEX_FILE", &scratch)
+            .by_octofs()
+            .output()
     };
     let result = (|| {
         run(&["add", "-A", "--", "."])

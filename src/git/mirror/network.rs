@@ -1,5 +1,6 @@
-//! Clone and fetch: the only git commands that talk to an upstream. They run with the transports
-//! a project may use (`GIT_ALLOW_PROTOCOL`), the credentials (if any) in the child's environment,
+//! Clone and fetch: the only git commands that talk to an upstream. They run as every git of the
+//! daemon does ([`crate::git::Git`]: hardened environment, only the transports a project may use),
+//! plus the credentials (if any) in the child's environment,
 //! and a stall timeout: no progress for [`set_fetch_timeout`] seconds and the git process group is
 //! killed, leaving the mirror as it was. Errors are one redacted line.
 
@@ -13,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::credentials::{credential_env, redact};
-use super::upstream::ALLOWED_PROTOCOLS;
+use crate::git::Git;
 
 static FETCH_TIMEOUT_SECS: AtomicU64 = AtomicU64::new(300);
 
@@ -36,36 +37,7 @@ pub(super) fn network_git(
 ) -> Result<(), String> {
     let secs = FETCH_TIMEOUT_SECS.load(Ordering::Relaxed).max(1);
     let stall = Duration::from_secs(secs);
-    let mut cmd = Command::new("git");
-    if let Some(d) = dir {
-        cmd.arg("-C").arg(d);
-    }
-    cmd.args(args)
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_ASKPASS", "true")
-        .env("SSH_ASKPASS", "true")
-        .env("GIT_PAGER", "cat")
-        .env("LC_ALL", "C")
-        .env("GIT_ALLOW_PROTOCOL", ALLOWED_PROTOCOLS)
-        // curl gives up on its own when less than a byte a second flows for the whole window.
-        .env("GIT_HTTP_LOW_SPEED_LIMIT", "1")
-        .env("GIT_HTTP_LOW_SPEED_TIME", secs.to_string())
-        .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE")
-        .env_remove("GIT_INDEX_FILE")
-        .env_remove("GIT_CONFIG_PARAMETERS")
-        .env_remove("GIT_CONFIG_COUNT")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        // Its own process group, so that a stall kills git and every helper it started.
-        .process_group(0);
-    if let Some(c) = credential {
-        for (k, v) in credential_env(upstream, c) {
-            cmd.env(k, v);
-        }
-    }
-    let mut child = cmd
+    let mut child = network_command(dir, args, upstream, credential, secs)
         .spawn()
         .map_err(|e| format!("cannot run git: {e} (is git installed?)"))?;
     let last_progress = Arc::new(Mutex::new(Instant::now()));
@@ -142,5 +114,85 @@ pub(super) fn network_git(
             }
             Err(line)
         }
+    }
+}
+
+/// The command of [`network_git`]: the daemon's one hardened git ([`Git`]), plus what talking to
+/// an upstream needs (curl's own stall limit, the credential header, a process group of its own).
+fn network_command(
+    dir: Option<&Path>,
+    args: &[&OsStr],
+    upstream: &str,
+    credential: Option<&str>,
+    secs: u64,
+) -> Command {
+    let mut git = Git::new(dir)
+        .args(args)
+        // curl gives up on its own when less than a byte a second flows for the whole window.
+        .env("GIT_HTTP_LOW_SPEED_LIMIT", "1")
+        .env("GIT_HTTP_LOW_SPEED_TIME", secs.to_string());
+    if let Some(c) = credential {
+        for (k, v) in credential_env(upstream, c) {
+            git = git.env(k, v);
+        }
+    }
+    let mut cmd = git.into_command();
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // Its own process group, so that a stall kills git and every helper it started.
+        .process_group(0);
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(cmd: &Command) -> Vec<(String, Option<String>)> {
+        cmd.get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn clone_and_fetch_run_with_the_hardened_environment_and_the_credential_header() {
+        let cmd = network_command(
+            None,
+            &[OsStr::new("fetch")],
+            "https://example.com/x.git",
+            Some("u:tok"),
+            7,
+        );
+        let env = env_of(&cmd);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        // Everything every git of the daemon gets (the network variant once had its own, thinner
+        // copy of the environment, without GIT_CONFIG_NOSYSTEM or GIT_CONFIG_GLOBAL).
+        for (k, v) in env_of(&Git::new(None).into_command()) {
+            if k == "GIT_CONFIG_COUNT" {
+                continue;
+            }
+            assert_eq!(get(&k), Some(v), "{k}");
+        }
+        assert_eq!(get("GIT_CONFIG_GLOBAL"), Some(Some("/dev/null".into())));
+        assert_eq!(get("GIT_CONFIG_NOSYSTEM"), Some(Some("1".into())));
+        // The header is set over the dropped GIT_CONFIG_COUNT, for the upstream's origin only.
+        assert_eq!(get("GIT_CONFIG_COUNT"), Some(Some("1".into())));
+        assert_eq!(
+            get("GIT_CONFIG_KEY_0"),
+            Some(Some("http.https://example.com/.extraHeader".into()))
+        );
+        assert_eq!(get("GIT_HTTP_LOW_SPEED_TIME"), Some(Some("7".into())));
+        // Without credentials, no configuration comes in through the environment.
+        let plain = network_command(None, &[OsStr::new("fetch")], "/srv/x", None, 7);
+        assert!(
+            env_of(&plain)
+                .iter()
+                .any(|(k, v)| k == "GIT_CONFIG_COUNT" && v.is_none())
+        );
     }
 }

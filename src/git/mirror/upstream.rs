@@ -15,9 +15,8 @@ pub fn is_url(upstream: &str) -> bool {
         || (upstream.contains(':') && !upstream.starts_with('/') && upstream.contains('@'))
 }
 
-/// The transports a project may use: what `GIT_ALLOW_PROTOCOL` lets clone and fetch speak.
-pub(super) const ALLOWED_PROTOCOLS: &str = "file:git:http:https:ssh";
-
+/// The URL schemes an upstream may use: the transports of [`crate::git::ALLOWED_PROTOCOLS`] (what
+/// `GIT_ALLOW_PROTOCOL` lets every git of the daemon speak), with ssh's aliases.
 const ALLOWED_SCHEMES: [&str; 7] = ["file", "git", "http", "https", "ssh", "git+ssh", "ssh+git"];
 
 /// Refuses, before anything is created, an upstream git could read as an option or hand to a remote
