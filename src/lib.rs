@@ -1,8 +1,8 @@
 //! octofs: per-thread copy-on-write git workspaces served as FUSE mounts.
 //!
 //! The layers, each in its own module and depending only on the ones listed before it:
-//! - [`names`], [`layout`], [`records`] and [`sys`]: validated names, where state lives, durable JSON
-//!   records, and the only `unsafe` code.
+//! - [`names`], [`layout`], [`records`], [`errno`] and [`sys`]: validated names, where state lives,
+//!   durable JSON records, how an errno is shown, and the only `unsafe` code.
 //! - [`git`]: mirrors (one pristine checkout per project) and read access to their object stores.
 //! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
@@ -21,6 +21,7 @@ pub mod access;
 pub mod client;
 pub mod cow;
 pub mod daemon;
+pub mod errno;
 pub mod fs;
 pub mod git;
 pub mod layout;

@@ -11,8 +11,10 @@ use clap::{Parser, Subcommand};
 use serde_json::Value;
 
 use octofs::client;
-use octofs::daemon::proto::{Access, Request, StatsAnswer, StatsReport, WorkspaceStatus};
-use octofs::git::mirror::{MirrorInfo, SyncOutcome};
+use octofs::daemon::proto::{
+    self, Access, DiffAnswer, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request,
+    Snapshotted, StatsAnswer, StatsReport, SweepAnswer, SyncOutcome, WorkspaceStatus,
+};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
 
@@ -265,9 +267,9 @@ fn parse_duration(s: &str) -> Result<u64, String> {
 fn resolve_upstream(upstream: &str) -> Result<String, String> {
     if upstream.starts_with('-') {
         // The daemon refuses it too; checked here so that it is not made a path below.
-        return octofs::git::mirror::check_upstream(upstream).map(|()| upstream.to_string());
+        return proto::check_upstream(upstream).map(|()| upstream.to_string());
     }
-    if upstream.is_empty() || octofs::git::mirror::is_url(upstream) || upstream.contains("::") {
+    if upstream.is_empty() || proto::is_url(upstream) || upstream.contains("::") {
         return Ok(upstream.to_string());
     }
     // Canonical when it exists; a missing path is left for the daemon to report.
@@ -428,15 +430,15 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             if let Some(p) = &project {
                 validate(NameKind::Project, p)?;
             }
-            let v = request(
+            let opened: Opened = parse(request(
                 layout,
                 Request::Open {
                     thread,
                     project,
                     git_ref,
                 },
-            )?;
-            println!("{}", v.as_str().unwrap_or_default());
+            )?)?;
+            println!("{}", opened.path);
             Ok(())
         }
         Cmd::List { json } => {
@@ -460,8 +462,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
         }
         Cmd::Snapshot { thread } => {
             validate(NameKind::Thread, &thread)?;
-            let v = request(layout, Request::Snapshot { thread })?;
-            println!("{}", v.as_str().unwrap_or_default());
+            let s: Snapshotted = parse(request(layout, Request::Snapshot { thread })?)?;
+            println!("{}", s.commit);
             Ok(())
         }
         Cmd::Release {
@@ -470,22 +472,25 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             discard,
         } => {
             validate(NameKind::Thread, &thread)?;
-            let v = request(
+            let r: ReleaseAnswer = parse(request(
                 layout,
                 Request::Release {
                     thread: thread.clone(),
                     force,
                     discard,
                 },
-            )?;
-            if v["released"].as_bool() == Some(true) {
-                match v["snapshot"].as_str() {
+            )?)?;
+            if r.released {
+                match r.snapshot {
                     Some(s) => println!("released {thread} (snapshot {s})"),
                     None if discard => println!("released {thread} (discarded, not saved)"),
                     None => println!("released {thread}"),
                 }
             } else {
-                println!("{thread} is still in use by {} other user(s)", v["users"]);
+                println!(
+                    "{thread} is still in use by {} other user(s)",
+                    r.users.unwrap_or_default()
+                );
             }
             Ok(())
         }
@@ -495,15 +500,12 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 println!("{v}");
                 return Ok(());
             }
-            for t in v["released"].as_array().into_iter().flatten() {
-                println!("released {}", t.as_str().unwrap_or_default());
+            let s: SweepAnswer = parse(v)?;
+            for t in s.released {
+                println!("released {t}");
             }
-            for k in v["kept"].as_array().into_iter().flatten() {
-                println!(
-                    "kept {} ({})",
-                    k["thread"].as_str().unwrap_or_default(),
-                    k["why"].as_str().unwrap_or_default()
-                );
+            for k in s.kept {
+                println!("kept {} ({})", k.thread, k.why);
             }
             Ok(())
         }
@@ -514,7 +516,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             patch,
         } => {
             validate(NameKind::Thread, &thread)?;
-            let v = request(
+            let d: DiffAnswer = parse(request(
                 layout,
                 Request::Diff {
                     thread,
@@ -522,10 +524,9 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     to,
                     patch,
                 },
-            )?;
-            let d = v["diff"].as_str().unwrap_or_default();
-            if !d.is_empty() {
-                println!("{d}");
+            )?)?;
+            if !d.diff.is_empty() {
+                println!("{}", d.diff);
             }
             Ok(())
         }
@@ -550,7 +551,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             if !resp.ok {
                 return Err(resp.error.unwrap_or_default());
             }
-            let a: octofs::daemon::proto::FsmonitorAnswer = parse(resp.result)?;
+            let a: FsmonitorAnswer = parse(resp.result)?;
             let mut out = Vec::new();
             out.extend_from_slice(a.token.as_bytes());
             out.push(0);

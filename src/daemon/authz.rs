@@ -7,6 +7,7 @@
 //! the mirror's objects, through `crate::access`).
 
 use super::Daemon;
+use super::error::Error;
 use super::mirrors::BLANK;
 use super::proto::Access;
 use crate::access::{Caller, describe_uid};
@@ -26,14 +27,14 @@ impl Daemon {
         c.uid == 0 || c.uid == crate::sys::euid()
     }
 
-    pub(super) fn require_admin(&self, c: &Caller, what: &str) -> Result<(), String> {
+    pub(super) fn require_admin(&self, c: &Caller, what: &str) -> Result<(), Error> {
         if self.is_admin(c) {
             Ok(())
         } else {
-            Err(format!(
-                "permission denied: only root may {what} ({} is not root)",
+            Err(Error::PermissionDenied(format!(
+                "only root may {what} ({} is not root)",
                 describe_uid(c.uid)
-            ))
+            )))
         }
     }
 
@@ -43,22 +44,22 @@ impl Daemon {
         c: &Caller,
         thread: &str,
         owner: Owner,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         if self.is_admin(c) || c.uid == owner.uid {
             Ok(())
         } else {
-            Err(format!(
-                "permission denied: thread {thread} belongs to {}, not to {}",
+            Err(Error::PermissionDenied(format!(
+                "thread {thread} belongs to {}, not to {}",
                 describe_uid(owner.uid),
                 describe_uid(c.uid)
-            ))
+            )))
         }
     }
 
     /// Refuses `c` acting on `thread` unless it owns it or is root. An unknown thread passes: the
     /// operation itself reports it. The caller holds the thread's lock (ownership cannot change
     /// between this check and the operation).
-    pub(super) fn check_thread(&self, c: &Caller, thread: &str) -> Result<(), String> {
+    pub(super) fn check_thread(&self, c: &Caller, thread: &str) -> Result<(), Error> {
         if self.is_admin(c) {
             return Ok(());
         }
@@ -73,7 +74,7 @@ impl Daemon {
     }
 
     /// Refuses `c` binding (opening a thread of) `project` when the project limits who may.
-    pub(super) fn check_bind(&self, c: &Caller, project: &str) -> Result<(), String> {
+    pub(super) fn check_bind(&self, c: &Caller, project: &str) -> Result<(), Error> {
         if self.is_admin(c) || project == BLANK {
             return Ok(());
         }
@@ -81,10 +82,10 @@ impl Daemon {
         if may_bind(c, &p.access) {
             Ok(())
         } else {
-            Err(format!(
-                "permission denied: project {project} may be bound only by the users and groups root allowed, and {} is not among them",
+            Err(Error::PermissionDenied(format!(
+                "project {project} may be bound only by the users and groups root allowed, and {} is not among them",
                 describe_uid(c.uid)
-            ))
+            )))
         }
     }
 

@@ -2,8 +2,8 @@
 //! live state (assembled as a snapshot's tree would be, without writing a commit or moving a ref).
 //! Runs git only in the thread's mirror.
 
-use serde_json::json;
-
+use super::error::{Context, Error};
+use super::proto::DiffAnswer;
 use super::snapshot::Goal;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
@@ -20,7 +20,7 @@ impl Daemon {
         to: Option<&str>,
         patch: bool,
         c: &Caller,
-    ) -> Reply {
+    ) -> Reply<DiffAnswer> {
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
@@ -29,18 +29,18 @@ impl Daemon {
         let live = WorkspaceRecord::load(&self.layout, thread)?;
         let project = match (&live, &binding) {
             (Some(r), _) if r.chat => {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "thread {thread} is a chat workspace: nothing is saved to diff"
-                ));
+                )));
             }
             (Some(r), _) => r.project.clone(),
             (None, Some(b)) => b.project.clone(),
-            (None, None) => return Err(format!("unknown thread {thread:?}")),
+            (None, None) => return Err(Error::UnknownThread(thread.to_string())),
         };
         let mirror = self.layout.mirror(&project);
         let repo = snap::open(&mirror)?;
         let last = snap::read_ref(&repo, &snap::thread_ref(thread));
-        let resolve = |spec: &str| -> Result<gix::ObjectId, String> {
+        let resolve = |spec: &str| -> Result<gix::ObjectId, Error> {
             let spec = if spec == "saved" || spec == "last" {
                 last.map(|l| l.to_string())
                     .ok_or("the thread has no snapshot yet")?
@@ -49,7 +49,8 @@ impl Daemon {
             };
             let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{spec}^{{tree}}"))
                 .map_err(|_| format!("{spec:?} does not name a commit or tree in the mirror"))?;
-            gix::ObjectId::from_hex(out.as_bytes()).map_err(|e| e.to_string())
+            gix::ObjectId::from_hex(out.as_bytes())
+                .context(|| format!("git rev-parse {spec:?} answered {out:?}"))
         };
         let from_tree = match (from, &live) {
             (Some(f), _) => resolve(f)?,
@@ -69,6 +70,13 @@ impl Daemon {
         } else {
             crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
         }?;
-        Ok((json!({"from": a, "to": b, "diff": out}), vec![]))
+        Ok((
+            DiffAnswer {
+                from: a,
+                to: b,
+                diff: out,
+            },
+            vec![],
+        ))
     }
 }

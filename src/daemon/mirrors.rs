@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
-
-use super::proto::Access;
+use super::error::{Context, Error};
+use super::proto::{Access, MirrorInfo, SyncOutcome};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::git::Git;
@@ -20,14 +19,14 @@ use crate::names::{NameKind, validate};
 pub const BLANK: &str = ".blank";
 
 impl Daemon {
-    pub(super) fn store(&self, project: &str) -> Result<Arc<ObjectStore>, String> {
+    pub(super) fn store(&self, project: &str) -> Result<Arc<ObjectStore>, Error> {
         let mut stores = lock(&self.stores);
         if let Some(s) = stores.get(project) {
             return Ok(s.clone());
         }
         let s = Arc::new(
             ObjectStore::open(&self.layout.mirror(project))
-                .map_err(|e| format!("cannot open the mirror of {project}: {e}"))?,
+                .context(|| format!("cannot open the mirror of {project}"))?,
         );
         stores.insert(project.to_string(), s.clone());
         Ok(s)
@@ -39,22 +38,22 @@ impl Daemon {
         upstream: &str,
         credential: Option<&str>,
         access: Access,
-    ) -> Reply {
+    ) -> Reply<MirrorInfo> {
         validate(NameKind::Project, project)?;
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
         let info = mirror::add(&self.layout, project, upstream, credential, access)?;
-        Ok((json!(info), vec![]))
+        Ok((info, vec![]))
     }
 
     /// Who may bind `project`; replaced first when `access` is given.
-    pub(super) fn mirror_access(&self, project: &str, access: Option<Access>) -> Reply {
+    pub(super) fn mirror_access(&self, project: &str, access: Option<Access>) -> Reply<Access> {
         validate(NameKind::Project, project)?;
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
         let Some(a) = access else {
             let p = mirror::require(&self.layout, project)?;
-            return Ok((json!(p.access), vec![]));
+            return Ok((p.access, vec![]));
         };
         let p = mirror::set_access(&self.layout, project, a)?;
         // Who may no longer bind the project loses the read grant on its objects at once (their
@@ -81,29 +80,29 @@ impl Daemon {
                 "cannot take back the read grant on {project}'s objects: {e}"
             )),
         }
-        Ok((json!(p.access), warnings))
+        Ok((p.access, warnings))
     }
 
     /// Every project the caller may bind (every project, for root).
-    pub(super) fn mirror_list(&self, c: &Caller) -> Reply {
+    pub(super) fn mirror_list(&self, c: &Caller) -> Reply<Vec<MirrorInfo>> {
         let mut l = mirror::list(&self.layout)?;
         if !self.is_admin(c) {
             l.retain(|m| super::authz::may_bind(c, &m.project.access));
         }
-        Ok((json!(l), vec![]))
+        Ok((l, vec![]))
     }
 
-    pub(super) fn mirror_sync(&self, project: &str) -> Reply {
+    pub(super) fn mirror_sync(&self, project: &str) -> Reply<SyncOutcome> {
         validate(NameKind::Project, project)?;
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
         let out = mirror::sync(&self.layout, project, self.settings.freshness_secs)?;
         let warnings = out.warning.iter().cloned().collect();
-        Ok((json!(out), warnings))
+        Ok((out, warnings))
     }
 
     /// Creates the blank repository chat workspaces fork from, once.
-    pub(super) fn ensure_blank(&self) -> Result<(), String> {
+    pub(super) fn ensure_blank(&self) -> Result<(), Error> {
         let l = self.locks.get(&format!("project:{BLANK}"));
         let _g = lock(&l);
         let dir = self.layout.mirror(BLANK);
@@ -116,7 +115,7 @@ impl Daemon {
             .join(format!(".staging-blank-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&staging);
         std::fs::create_dir_all(&staging)
-            .map_err(|e| format!("cannot create the blank repository: {e}"))?;
+            .context(|| "cannot create the blank repository".to_string())?;
         let made = (|| {
             crate::git!(Some(&staging); "init", "--quiet", "--initial-branch=main")?;
             let empty =
@@ -135,7 +134,9 @@ impl Daemon {
         })();
         if let Err(e) = made {
             let _ = std::fs::remove_dir_all(&staging);
-            return Err(format!("cannot create the blank repository: {e}"));
+            return Err(Error::Refused(format!(
+                "cannot create the blank repository: {e}"
+            )));
         }
         Ok(())
     }

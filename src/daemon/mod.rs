@@ -21,6 +21,7 @@
 
 mod authz;
 mod diff;
+pub mod error;
 mod mirrors;
 mod mounts;
 mod posix;
@@ -44,6 +45,7 @@ use crate::git::mirror;
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::workspace::Owner;
+use error::Error;
 
 /// Settings of one daemon.
 #[derive(Debug, Clone)]
@@ -89,7 +91,8 @@ pub struct Daemon {
     locks: KeyedLocks,
 }
 
-type Reply = Result<(serde_json::Value, Vec<String>), String>;
+/// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
+type Reply<T> = Result<(T, Vec<String>), Error>;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -10,31 +10,35 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::error::Error;
 use super::{Daemon, Mounted, lock};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
 use crate::fs::{Presentation, WorkspaceFs, unix_time};
 use crate::workspace::WorkspaceRecord;
 
 impl Daemon {
-    pub(super) fn check_root(&self) -> Result<(), String> {
+    pub(super) fn check_root(&self) -> Result<(), Error> {
         match std::fs::metadata(&self.layout.root) {
             Ok(m) if m.is_dir() => Ok(()),
-            Ok(_) => Err(format!(
+            Ok(_) => Err(Error::Refused(format!(
                 "root {} is not a directory",
                 self.layout.root.display()
-            )),
-            Err(e) => Err(format!("root {}: {e}", self.layout.root.display())),
+            ))),
+            Err(e) => Err(Error::Refused(format!(
+                "root {}: {e}",
+                self.layout.root.display()
+            ))),
         }
     }
 
     /// Mounts the workspace of `rec` at its mount point. The caller holds the thread's lock.
-    pub(super) fn mount(&self, rec: &WorkspaceRecord) -> Result<(), String> {
+    pub(super) fn mount(&self, rec: &WorkspaceRecord) -> Result<(), Error> {
         let core = self.load_core(rec)?;
         self.mount_core(rec, core)
     }
 
     /// Loads the filesystem core of `rec`'s workspace (its upper layer over its base).
-    pub(super) fn load_core(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, String> {
+    pub(super) fn load_core(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
         let store = self.store(&rec.project)?;
         let tree = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
             .map_err(|e| format!("thread {}: bad base tree: {e}", rec.thread))?;
@@ -60,7 +64,7 @@ impl Daemon {
         &self,
         rec: &WorkspaceRecord,
         core: Arc<WorkspaceFs>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         let path = self.layout.mountpoint(&rec.thread);
         if crate::sys::is_stale_mount(&path) {
             let _ = crate::sys::lazy_unmount(&path);
@@ -68,22 +72,30 @@ impl Daemon {
         // Whoever can write in the root must not redirect the mount (root's, content chosen by
         // the workspace's owner) onto a directory elsewhere.
         if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "mount point {} is a symlink: not followed",
                 path.display()
-            ));
+            )));
         }
         match std::fs::read_dir(&path) {
             Ok(mut d) => {
                 if d.next().is_some() {
-                    return Err(format!("mount point {} is not empty", path.display()));
+                    return Err(Error::Refused(format!(
+                        "mount point {} is not empty",
+                        path.display()
+                    )));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::create_dir(&path)
                     .map_err(|e| format!("cannot create mount point {}: {e}", path.display()))?;
             }
-            Err(e) => return Err(format!("mount point {}: {e}", path.display())),
+            Err(e) => {
+                return Err(Error::Refused(format!(
+                    "mount point {}: {e}",
+                    path.display()
+                )));
+            }
         }
         let info = Arc::new(MountInfo::default());
         let is_root = crate::sys::euid() == 0;
@@ -127,7 +139,7 @@ impl Daemon {
 
     /// Unmounts one thread's workspace. A busy mount (a process has its cwd or files in it) is
     /// refused and stays mounted, unless `force`, which detaches it lazily.
-    pub(super) fn unmount_thread(&self, thread: &str, force: bool) -> Result<(), String> {
+    pub(super) fn unmount_thread(&self, thread: &str, force: bool) -> Result<(), Error> {
         let Some(m) = lock(&self.mounts).remove(thread) else {
             return Ok(());
         };
@@ -144,10 +156,10 @@ impl Daemon {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !force => {
                 let path = m.path.clone();
                 lock(&self.mounts).insert(thread.to_string(), m);
-                Err(format!(
+                Err(Error::Refused(format!(
                     "{} is busy (a process still has its working directory or files in it); stop them or use --force",
                     path.display()
-                ))
+                )))
             }
             Err(e) => {
                 if e.raw_os_error() == Some(libc::EBUSY) {
@@ -160,7 +172,7 @@ impl Daemon {
         }
     }
 
-    pub(super) fn core_of(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, String> {
+    pub(super) fn core_of(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
         if let Some(m) = lock(&self.mounts).get(&rec.thread) {
             return Ok(m.core.clone());
         }
@@ -168,7 +180,7 @@ impl Daemon {
         lock(&self.mounts)
             .get(&rec.thread)
             .map(|m| m.core.clone())
-            .ok_or_else(|| format!("thread {} is not mounted", rec.thread))
+            .ok_or_else(|| Error::NotMounted(rec.thread.clone()))
     }
 
     /// Remounts every workspace that was mounted when the daemon last stopped.
@@ -208,7 +220,11 @@ fn unmount(thread: &str, m: Mounted) {
     match rx.recv_timeout(Duration::from_secs(5)) {
         Ok(Ok(())) => tracing::info!(%thread, "unmounted"),
         outcome => {
-            tracing::warn!(%thread, "unmount: {outcome:?}; detaching lazily");
+            let why = match outcome {
+                Ok(Err(e)) => e.to_string(),
+                _ => "no answer within 5 s".to_string(),
+            };
+            tracing::warn!(%thread, "unmount: {why}; detaching lazily");
             if let Err(e) = crate::sys::lazy_unmount(&path) {
                 tracing::error!(%thread, "lazy unmount: {e}");
             }

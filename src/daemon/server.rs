@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::proto::{Request, Response};
+use super::error::Error;
+use super::proto::{Ack, Request, Response};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 
@@ -43,13 +43,13 @@ impl Daemon {
     fn handle(&self, req: Request, c: &Caller) -> Response {
         match self.dispatch(req, c) {
             Ok((v, w)) => Response::ok(v, w),
-            Err(e) => Response::err(e),
+            Err(e) => Response::err(e.to_string()),
         }
     }
 
-    pub(super) fn dispatch(&self, req: Request, c: &Caller) -> Reply {
+    pub(super) fn dispatch(&self, req: Request, c: &Caller) -> Reply<serde_json::Value> {
         match req {
-            Request::Ping => Ok((json!("pong"), vec![])),
+            Request::Ping => answer(Ok((Ack("pong".into()), vec![]))),
             Request::MirrorAdd {
                 project,
                 upstream,
@@ -57,48 +57,58 @@ impl Daemon {
                 access,
             } => {
                 self.require_admin(c, "add mirrors")?;
-                self.mirror_add(&project, &upstream, credential.as_deref(), access)
+                answer(self.mirror_add(&project, &upstream, credential.as_deref(), access))
             }
             Request::MirrorAccess { project, access } => {
                 self.require_admin(c, "see or change who may bind a project")?;
-                self.mirror_access(&project, access)
+                answer(self.mirror_access(&project, access))
             }
             Request::MirrorSync { project } => {
                 self.require_admin(c, "sync mirrors")?;
-                self.mirror_sync(&project)
+                answer(self.mirror_sync(&project))
             }
-            Request::MirrorList => self.mirror_list(c),
+            Request::MirrorList => answer(self.mirror_list(c)),
             Request::Open {
                 thread,
                 project,
                 git_ref,
-            } => self.open(&thread, project.as_deref(), git_ref.as_deref(), c),
-            Request::List => self.list(c),
-            Request::Status { thread } => self.status(&thread, c),
-            Request::Fsmonitor { thread, token } => self.fsmonitor(&thread, &token, c),
-            Request::Snapshot { thread } => self.snapshot(&thread, c),
+            } => answer(self.open(&thread, project.as_deref(), git_ref.as_deref(), c)),
+            Request::List => answer(self.list(c)),
+            Request::Status { thread } => answer(self.status(&thread, c)),
+            Request::Fsmonitor { thread, token } => answer(self.fsmonitor(&thread, &token, c)),
+            Request::Snapshot { thread } => answer(self.snapshot(&thread, c)),
             Request::Release {
                 thread,
                 force,
                 discard,
-            } => self.release(&thread, force, discard, c),
+            } => answer(self.release(&thread, force, discard, c)),
             Request::Sweep { idle_secs } => {
                 self.require_admin(c, "sweep every user's workspaces")?;
-                self.sweep(idle_secs)
+                answer(self.sweep(idle_secs))
             }
             Request::Diff {
                 thread,
                 from,
                 to,
                 patch,
-            } => self.diff(&thread, from.as_deref(), to.as_deref(), patch, c),
-            Request::Stats { thread } => self.stats(thread.as_deref(), c),
+            } => answer(self.diff(&thread, from.as_deref(), to.as_deref(), patch, c)),
+            Request::Stats { thread } => answer(self.stats(thread.as_deref(), c)),
             Request::Stop => {
                 self.require_admin(c, "stop the daemon")?;
-                Ok((json!("stopping"), vec![]))
+                answer(Ok((Ack("stopping".into()), vec![])))
             }
         }
     }
+}
+
+/// A typed answer as the `result` of a response.
+fn answer<T: serde::Serialize>(r: Reply<T>) -> Reply<serde_json::Value> {
+    let (v, warnings) = r?;
+    let v = serde_json::to_value(v).map_err(|e| Error::Op {
+        what: "cannot encode the answer".into(),
+        source: Box::new(e),
+    })?;
+    Ok((v, warnings))
 }
 
 pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
@@ -125,7 +135,9 @@ pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
                 let d = d.clone();
                 let idle = d.settings.sweep_idle;
                 match tokio::task::spawn_blocking(move || d.sweep(idle)).await {
-                    Ok(Ok((v, _))) => tracing::debug!("sweep: {v}"),
+                    Ok(Ok((v, _))) => {
+                        tracing::debug!(released = ?v.released, kept = v.kept.len(), "sweep")
+                    }
                     Ok(Err(e)) => tracing::warn!("sweep: {e}"),
                     Err(e) => tracing::warn!("sweep: {e}"),
                 }
@@ -253,26 +265,26 @@ async fn accept(
 }
 
 /// Reads one request line: at most `MAX_REQUEST` bytes of UTF-8 JSON.
-async fn read_request(r: tokio::net::unix::OwnedReadHalf) -> Result<Request, String> {
+async fn read_request(r: tokio::net::unix::OwnedReadHalf) -> Result<Request, Error> {
     use tokio::io::AsyncReadExt;
     let mut line = Vec::new();
     BufReader::new(r.take(MAX_REQUEST as u64 + 1))
         .read_until(b'\n', &mut line)
         .await
-        .map_err(|e| format!("bad request: {e}"))?;
+        .map_err(|e| Error::Refused(format!("bad request: {e}")))?;
     if line.len() > MAX_REQUEST {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "bad request: longer than {} KiB",
             MAX_REQUEST >> 10
-        ));
+        )));
     }
     let text = std::str::from_utf8(&line).map_err(|e| {
-        format!(
+        Error::Refused(format!(
             "bad request: not UTF-8 (invalid byte at offset {})",
             e.valid_up_to()
-        )
+        ))
     })?;
-    serde_json::from_str(text).map_err(|e| format!("bad request: {e}"))
+    serde_json::from_str(text).map_err(|e| Error::Refused(format!("bad request: {e}")))
 }
 
 async fn connection(
@@ -290,13 +302,13 @@ async fn connection(
     let (r, mut w) = stream.into_split();
     let request = match tokio::time::timeout(IO_TIMEOUT, read_request(r)).await {
         Ok(req) => req,
-        Err(_) => Err(format!(
+        Err(_) => Err(Error::Refused(format!(
             "bad request: no request line within {} s",
             IO_TIMEOUT.as_secs()
-        )),
+        ))),
     };
     let resp = match (request, caller) {
-        (Err(e), _) => Response::err(e),
+        (Err(e), _) => Response::err(e.to_string()),
         (Ok(_), Err(e)) => Response::err(format!("cannot tell who is asking: {e}")),
         (Ok(req), Ok(caller)) => serve_request(daemon, &pools, req, caller, &stop).await,
     };

@@ -8,8 +8,8 @@
 //! writes only the mirror's objects and the thread's refs, and the workspace's
 //! `.git/refs/octomate/saved` mark.
 
-use serde_json::json;
-
+use super::error::{Context, Error, on_workspace};
+use super::proto::Snapshotted;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::cow::catalog::Ts;
@@ -57,7 +57,7 @@ fn nested_repositories(core: &WorkspaceFs, edits: Vec<ViewEdit>) -> Vec<ViewEdit
 }
 
 /// Where HEAD of a workspace is: its commit and its branch (or detached), read through the core.
-fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
+fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), Error> {
     read_head_at(core, &[b".git"])
 }
 
@@ -67,25 +67,24 @@ fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), String> {
 const REF_LINE_MAX: u64 = 4096;
 
 /// HEAD of the repository whose git directory is at `git_dir` (path components in the workspace).
-fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId, HeadRef), String> {
+fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId, HeadRef), Error> {
     use std::io::{BufRead as _, Read as _};
     let open = |rel: &[&[u8]]| {
         let p: Vec<&[u8]> = git_dir.iter().chain(rel).copied().collect();
-        core.open_file(&p)
-            .map_err(|e| format!("cannot read .git: {e:?}"))
+        core.open_file(&p).map_err(on_workspace("cannot read .git"))
     };
-    let read = |rel: &[&[u8]], shown: &str| -> Result<Option<Vec<u8>>, String> {
+    let read = |rel: &[&[u8]], shown: &str| -> Result<Option<Vec<u8>>, Error> {
         let Some(f) = open(rel)? else {
             return Ok(None);
         };
         let mut out = Vec::new();
         f.take(REF_LINE_MAX + 1)
             .read_to_end(&mut out)
-            .map_err(|e| format!("cannot read .git/{shown}: {e}"))?;
+            .context(|| format!("cannot read .git/{shown}"))?;
         if out.len() as u64 > REF_LINE_MAX {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 ".git/{shown} is larger than {REF_LINE_MAX} bytes: not a ref"
-            ));
+            )));
         }
         Ok(Some(out))
     };
@@ -93,7 +92,7 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
     let head = String::from_utf8_lossy(&head).trim().to_string();
     let parse = |s: &str| {
         gix::ObjectId::from_hex(s.trim().as_bytes())
-            .map_err(|e| format!("bad object id {s:?} in .git: {e}"))
+            .context(|| format!("bad object id {s:?} in .git"))
     };
     let Some(name) = head.strip_prefix("ref: ") else {
         return Ok((parse(&head)?, HeadRef::Detached));
@@ -114,14 +113,14 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
             let n = (&mut rd)
                 .take(REF_LINE_MAX + 1)
                 .read_until(b'\n', &mut line)
-                .map_err(|e| format!("cannot read .git/packed-refs: {e}"))?;
+                .context(|| "cannot read .git/packed-refs".to_string())?;
             if n == 0 {
                 break;
             }
             if n as u64 > REF_LINE_MAX {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     ".git/packed-refs has a line longer than {REF_LINE_MAX} bytes: not refs"
-                ));
+                )));
             }
             let line = String::from_utf8_lossy(&line);
             if let Some((oid, n)) = line.trim_end_matches(['\n', '\r']).split_once(' ')
@@ -131,9 +130,9 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
             }
         }
     }
-    Err(format!(
+    Err(Error::Refused(format!(
         "HEAD ({name}) has no commit yet: nothing to snapshot"
-    ))
+    )))
 }
 
 /// How far [`Daemon::assemble`] goes.
@@ -147,23 +146,23 @@ pub(super) enum Goal {
 
 impl Daemon {
     /// `octofs snapshot`: saves the working state; returns the snapshot commit.
-    pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply {
+    pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply<Snapshotted> {
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
-        let id = self.snapshot_locked(thread)?;
-        Ok((json!(id), vec![]))
+        let commit = self.snapshot_locked(thread)?;
+        Ok((Snapshotted { commit }, vec![]))
     }
 
     /// Snapshot with the thread's lock held (`snapshot`, `release`): the thread's next snapshot
     /// commit.
-    pub(super) fn snapshot_locked(&self, thread: &str) -> Result<String, String> {
+    pub(super) fn snapshot_locked(&self, thread: &str) -> Result<String, Error> {
         let mut rec = self.live_record(thread)?;
         if rec.chat {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "thread {thread} is a chat workspace (no project): it is never saved"
-            ));
+            )));
         }
         self.assemble(&mut rec, Goal::Snapshot)
             .map(|id| id.to_string())
@@ -177,14 +176,14 @@ impl Daemon {
         &self,
         rec: &mut WorkspaceRecord,
         goal: Goal,
-    ) -> Result<gix::ObjectId, String> {
+    ) -> Result<gix::ObjectId, Error> {
         let thread = rec.thread.clone();
         let thread = thread.as_str();
         let core = self.core_of(rec)?;
         // 1. A consistent view of what changed (the only step that holds the workspace's lock).
         let view = core
             .view()
-            .map_err(|e| format!("cannot read the workspace's changes: {e:?}"))?;
+            .map_err(on_workspace("cannot read the workspace's changes"))?;
         let head = match goal {
             Goal::Snapshot => Some(read_head(&core)?),
             Goal::Tree => None,
@@ -206,13 +205,13 @@ impl Daemon {
         };
         let mut repo = snap::open(&mirror).map_err(|e| format!("{}: {e}", gone()))?;
         if !repo.has_object(view.base_tree) {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
                 view.base_tree
-            ));
+            )));
         }
         let Some((head, head_ref)) = head else {
-            return snap::build_tree(&repo, view.base_tree, &edits);
+            return Ok(snap::build_tree(&repo, view.base_tree, &edits)?);
         };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
@@ -244,11 +243,11 @@ impl Daemon {
                 None => false,
             };
             if !ours {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "{tref} moved underneath (expected {}, found {}); not overwriting it",
                     saved.map_or("none".into(), |s| s.to_string()),
                     prev.map_or("none".into(), |s| s.to_string())
-                ));
+                )));
             }
         }
         if !repo.has_object(head) {
@@ -310,14 +309,14 @@ impl Daemon {
         commit: &str,
         generation: u64,
         at: Ts,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         let ino = core
             .put_file_quietly(
                 &[".git", "refs", "octomate"],
                 "saved",
                 format!("{commit}\n").as_bytes(),
             )
-            .map_err(|e| format!("cannot record refs/octomate/saved: {e:?}"))?;
+            .map_err(on_workspace("cannot record refs/octomate/saved"))?;
         // A process in the mount reads the new mark as soon as the snapshot is answered.
         self.tell_kernel(&rec.thread);
         rec.saved = Some(SavedMark {
@@ -326,6 +325,6 @@ impl Daemon {
             at,
             bookkeeping: vec![ino],
         });
-        rec.save(&self.layout)
+        Ok(rec.save(&self.layout)?)
     }
 }

@@ -2,8 +2,7 @@
 //! statistics. Read-only: nothing here changes a workspace, and the `mounts` map is locked only to
 //! clone out what a question needs (counting changes may take a while).
 
-use serde_json::json;
-
+use super::error::Error;
 use super::proto::{self, WorkspaceStatus};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
@@ -79,12 +78,17 @@ impl Daemon {
         }
     }
 
-    pub(super) fn fsmonitor(&self, thread: &str, token: &str, c: &Caller) -> Reply {
+    pub(super) fn fsmonitor(
+        &self,
+        thread: &str,
+        token: &str,
+        c: &Caller,
+    ) -> Reply<proto::FsmonitorAnswer> {
         validate(NameKind::Thread, thread)?;
         let (core, owner) = lock(&self.mounts)
             .get(thread)
             .map(|m| (m.core.clone(), m.owner))
-            .ok_or_else(|| format!("thread {thread} is not mounted"))?;
+            .ok_or_else(|| Error::NotMounted(thread.to_string()))?;
         // What changed in a workspace is its owner's business.
         self.require_owner(c, thread, owner)?;
         let (token, changed) = core.fsmonitor_query(token);
@@ -108,12 +112,12 @@ impl Daemon {
                 }
             }
         }
-        Ok((json!(answer), vec![]))
+        Ok((answer, vec![]))
     }
 
     /// Request statistics of one mounted thread (its owner's business), or of every mount summed
     /// (root only: the daemon-wide figures describe every user's activity).
-    pub(super) fn stats(&self, thread: Option<&str>, c: &Caller) -> Reply {
+    pub(super) fn stats(&self, thread: Option<&str>, c: &Caller) -> Reply<proto::StatsAnswer> {
         let mut answer = proto::StatsAnswer::default();
         match thread {
             Some(thread) => {
@@ -121,7 +125,7 @@ impl Daemon {
                 let (info, owner) = lock(&self.mounts)
                     .get(thread)
                     .map(|m| (m.info.clone(), m.owner))
-                    .ok_or_else(|| format!("thread {thread} is not mounted"))?;
+                    .ok_or_else(|| Error::NotMounted(thread.to_string()))?;
                 self.require_owner(c, thread, owner)?;
                 answer.workspaces.push(proto::WorkspaceStats {
                     thread: thread.to_string(),
@@ -146,11 +150,11 @@ impl Daemon {
         for w in &answer.workspaces {
             answer.total.add(&w.stats);
         }
-        Ok((json!(answer), vec![]))
+        Ok((answer, vec![]))
     }
 
     /// Every thread of the caller (of everyone, for root).
-    pub(super) fn list(&self, c: &Caller) -> Reply {
+    pub(super) fn list(&self, c: &Caller) -> Reply<Vec<WorkspaceStatus>> {
         let mine = |owner: Owner| self.is_admin(c) || owner.uid == c.uid;
         let live = WorkspaceRecord::list(&self.layout)?;
         let mut all: Vec<_> = live
@@ -164,18 +168,18 @@ impl Daemon {
             }
         }
         all.sort_by(|a, b| a.thread.cmp(&b.thread));
-        Ok((json!(all), vec![]))
+        Ok((all, vec![]))
     }
 
-    pub(super) fn status(&self, thread: &str, c: &Caller) -> Reply {
+    pub(super) fn status(&self, thread: &str, c: &Caller) -> Reply<WorkspaceStatus> {
         validate(NameKind::Thread, thread)?;
         if let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? {
             self.require_owner(c, thread, rec.owner)?;
-            return Ok((json!(self.status_of(&rec)), vec![]));
+            return Ok((self.status_of(&rec), vec![]));
         }
         let b = crate::workspace::Binding::load(&self.layout, thread)?
-            .ok_or_else(|| format!("unknown thread {thread:?}"))?;
+            .ok_or_else(|| Error::UnknownThread(thread.to_string()))?;
         self.require_owner(c, thread, b.owner)?;
-        Ok((json!(self.status_of_released(&b)), vec![]))
+        Ok((self.status_of_released(&b), vec![]))
     }
 }

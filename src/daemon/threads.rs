@@ -7,9 +7,9 @@
 //! Every operation on a thread holds that thread's lock, and under it refuses a caller who neither
 //! owns the thread nor is root.
 
-use serde_json::json;
-
+use super::error::{Context, Error, on_workspace};
 use super::mirrors::{BLANK, blank_project};
+use super::proto::{Kept, Opened, ReleaseAnswer, SweepAnswer};
 use super::{Daemon, Reply, lock, now};
 use crate::access::Caller;
 use crate::fs::WorkspaceFs;
@@ -55,7 +55,7 @@ impl Daemon {
         project: Option<&str>,
         git_ref: Option<&str>,
         c: &Caller,
-    ) -> Reply {
+    ) -> Reply<Opened> {
         validate(NameKind::Thread, thread)?;
         if let Some(p) = project {
             validate(NameKind::Project, p)?;
@@ -88,28 +88,30 @@ impl Daemon {
         if let (Some(b), Some(p)) = (&binding, project)
             && b.project != p
         {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "thread {thread} is bound to project {}; it cannot be re-bound to {p}",
                 b.project
-            ));
+            )));
         }
         if let (Some(rec), Some(p)) = (&live, project)
             && rec.chat
         {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "thread {thread} has a chat workspace (no project); release it before binding it to {p}"
-            ));
+            )));
         }
         if let (Some(rec), Some(r)) = (&live, git_ref) {
             let resolved = self.store(&rec.project)?.resolve(Some(r))?;
             if gix::ObjectId::from_hex(rec.base_commit.as_bytes()).ok() != Some(resolved.commit) {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
                     rec.base_commit.get(..12).unwrap_or(&rec.base_commit)
-                ));
+                )));
             }
         }
-        let path = json!(self.layout.mountpoint(thread));
+        let path = Opened {
+            path: self.layout.mountpoint(thread).display().to_string(),
+        };
         if let Some(mut rec) = live {
             // One more user of the live workspace, counted in its record so that a restart keeps
             // the count. A record the daemon serves (or should: its remount failed) keeps its users.
@@ -133,9 +135,9 @@ impl Daemon {
         let fork = match (&binding, project) {
             (Some(b), _) => {
                 if git_ref.is_some() {
-                    return Err(format!(
+                    return Err(Error::Refused(format!(
                         "thread {thread} was released; it resumes from its last snapshot (--ref applies only when a thread is created)"
-                    ));
+                    )));
                 }
                 self.resume_fork(thread, b)?
             }
@@ -162,7 +164,9 @@ impl Daemon {
             }
             (None, None) => {
                 if git_ref.is_some() {
-                    return Err("a chat workspace (no --project) has no refs to choose from".into());
+                    return Err(Error::Refused(
+                        "a chat workspace (no --project) has no refs to choose from".into(),
+                    ));
                 }
                 self.ensure_blank()?;
                 let base = self.store(BLANK)?.resolve(None)?;
@@ -195,7 +199,7 @@ impl Daemon {
             };
             if let Err(e) = b.save(&self.layout) {
                 self.discard(thread);
-                return Err(e);
+                return Err(e.into());
             }
         }
         let warnings = self.grant_owner(&forked_project, owner, false);
@@ -205,7 +209,7 @@ impl Daemon {
     /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
     /// tree, HEAD at its first parent on the branch it was on), or from its first base when it was
     /// released with nothing saved.
-    fn resume_fork(&self, thread: &str, b: &Binding) -> Result<Fork, String> {
+    fn resume_fork(&self, thread: &str, b: &Binding) -> Result<Fork, Error> {
         let repo = snap::open(&self.layout.mirror(&b.project))?;
         let Some(s) = snap::read_ref(&repo, &snap::thread_ref(thread)) else {
             let base = self.store(&b.project)?.resolve(Some(&b.base_commit))?;
@@ -254,7 +258,7 @@ impl Daemon {
         thread: &str,
         fork: Fork,
         owner: crate::workspace::Owner,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         let proj = if fork.chat {
             blank_project()
         } else {
@@ -278,8 +282,8 @@ impl Daemon {
         rec.save(&self.layout)?;
         let made = (|| {
             let core = self.load_core(&rec)?;
-            let exe = std::env::current_exe()
-                .map_err(|e| format!("cannot find the octofs binary: {e}"))?;
+            let exe =
+                std::env::current_exe().context(|| "cannot find the octofs binary".to_string())?;
             let plan = crate::repo::plan(
                 &self.layout,
                 &proj,
@@ -322,7 +326,7 @@ impl Daemon {
                         "saved",
                         format!("{s}\n").as_bytes(),
                     )
-                    .map_err(|e| format!("cannot record refs/octomate/saved: {e:?}"))?,
+                    .map_err(on_workspace("cannot record refs/octomate/saved"))?,
                 );
             }
             rec.saved = Some(SavedMark {
@@ -330,7 +334,7 @@ impl Daemon {
                 generation: core.generation(),
                 at: core
                     .clock()
-                    .map_err(|e| format!("cannot read the upper layer's clock: {e:?}"))?,
+                    .map_err(on_workspace("cannot read the upper layer's clock"))?,
                 bookkeeping,
             });
             rec.save(&self.layout)?;
@@ -350,14 +354,14 @@ impl Daemon {
         project: &str,
         from: gix::ObjectId,
         to: gix::ObjectId,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         use crate::fs::TreeChange;
         let mirror = self.layout.mirror(project);
         let out = crate::git::Git::new(Some(&mirror))
             .args(["diff-tree", "-r", "-z", "--no-renames", "--end-of-options"])
             .args([from.to_string(), to.to_string()])
             .output_bytes()
-            .map_err(|e| format!("git diff-tree: {e}"))?;
+            .context(|| "git diff-tree".to_string())?;
         let fields = split_nul(&out);
         let mut removals = Vec::new();
         let mut additions = Vec::new();
@@ -366,7 +370,9 @@ impl Daemon {
             let meta = String::from_utf8_lossy(meta);
             let f: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
             let [_, new_mode, _, new_id, status] = f[..] else {
-                return Err(format!("unexpected diff-tree output {meta:?}"));
+                return Err(Error::Refused(format!(
+                    "unexpected diff-tree output {meta:?}"
+                )));
             };
             let id = gix::ObjectId::from_hex(new_id.as_bytes()).map_err(|e| e.to_string())?;
             let change = match (status, new_mode) {
@@ -375,7 +381,11 @@ impl Daemon {
                 (_, "100755") => TreeChange::File { id, exec: true },
                 (_, "120000") => TreeChange::Symlink { id },
                 (_, "160000") => TreeChange::Gitlink { id },
-                _ => return Err(format!("unexpected diff-tree entry {meta:?}")),
+                _ => {
+                    return Err(Error::Refused(format!(
+                        "unexpected diff-tree entry {meta:?}"
+                    )));
+                }
             };
             if change == TreeChange::Remove || status == "T" {
                 removals.push(path.clone());
@@ -387,22 +397,27 @@ impl Daemon {
         removals.sort_by(|a, b| b.cmp(a));
         for p in &removals {
             core.apply(p, &TreeChange::Remove)
-                .map_err(|e| format!("cannot restore {}: {e:?}", String::from_utf8_lossy(p)))?;
+                .map_err(on_workspace(format!(
+                    "cannot restore {}",
+                    String::from_utf8_lossy(p)
+                )))?;
         }
         for (p, c) in &additions {
-            core.apply(p, c)
-                .map_err(|e| format!("cannot restore {}: {e:?}", String::from_utf8_lossy(p)))?;
+            core.apply(p, c).map_err(on_workspace(format!(
+                "cannot restore {}",
+                String::from_utf8_lossy(p)
+            )))?;
         }
         Ok(())
     }
 
-    pub(super) fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, String> {
+    pub(super) fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, Error> {
         match WorkspaceRecord::load(&self.layout, thread)? {
             Some(r) => Ok(r),
             None if Binding::load(&self.layout, thread)?.is_some() => {
-                Err(format!("thread {thread} is released (open it to resume)"))
+                Err(Error::Released(thread.to_string()))
             }
-            None => Err(format!("unknown thread {thread:?}")),
+            None => Err(Error::UnknownThread(thread.to_string())),
         }
     }
 
@@ -410,7 +425,13 @@ impl Daemon {
     /// the upper layer. A busy mount is refused unless `force`. `discard` drops the workspace at once
     /// without saving (every user's, busy or not): the way out when it cannot be saved, e.g. its mirror
     /// is gone; the thread's last snapshot stays where it was.
-    pub(super) fn release(&self, thread: &str, force: bool, discard: bool, c: &Caller) -> Reply {
+    pub(super) fn release(
+        &self,
+        thread: &str,
+        force: bool,
+        discard: bool,
+        c: &Caller,
+    ) -> Reply<ReleaseAnswer> {
         let force = force || discard;
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
@@ -420,17 +441,29 @@ impl Daemon {
             Some(r) => r,
             None if Binding::load(&self.layout, thread)?.is_some() => {
                 return Ok((
-                    json!({"thread": thread, "released": true, "already": true}),
+                    ReleaseAnswer {
+                        thread: thread.into(),
+                        released: true,
+                        already: true,
+                        users: None,
+                        snapshot: None,
+                    },
                     vec![],
                 ));
             }
-            None => return Err(format!("unknown thread {thread:?}")),
+            None => return Err(Error::UnknownThread(thread.to_string())),
         };
         if rec.users > 1 && !force {
             rec.users -= 1;
             rec.save(&self.layout)?;
             return Ok((
-                json!({"thread": thread, "released": false, "users": rec.users}),
+                ReleaseAnswer {
+                    thread: thread.into(),
+                    released: false,
+                    already: false,
+                    users: Some(rec.users),
+                    snapshot: None,
+                },
                 vec![],
             ));
         }
@@ -439,10 +472,10 @@ impl Daemon {
             && lock(&self.mounts).contains_key(thread)
             && crate::sys::is_busy(&self.layout.mountpoint(thread))
         {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "{} is busy (a process still has its working directory or files in it); stop them or use --force",
                 self.layout.mountpoint(thread).display()
-            ));
+            )));
         }
         let saved = if rec.chat || discard {
             None
@@ -457,7 +490,13 @@ impl Daemon {
         let _ = std::fs::remove_dir(self.layout.mountpoint(thread));
         tracing::info!(%thread, "released");
         Ok((
-            json!({"thread": thread, "released": true, "snapshot": saved}),
+            ReleaseAnswer {
+                thread: thread.into(),
+                released: true,
+                already: false,
+                users: None,
+                snapshot: saved,
+            },
             vec![],
         ))
     }
@@ -471,7 +510,7 @@ impl Daemon {
 
     /// `octofs sweep`: releases every project workspace idle for `idle` seconds whose state the
     /// mirror has seen; never one with unsaved work, open files, or a chat workspace.
-    pub(super) fn sweep(&self, idle: u64) -> Reply {
+    pub(super) fn sweep(&self, idle: u64) -> Reply<SweepAnswer> {
         let threads: Vec<String> = lock(&self.mounts).keys().cloned().collect();
         let mut released = Vec::new();
         let mut kept = Vec::new();
@@ -501,7 +540,10 @@ impl Daemon {
                 None
             };
             if let Some(why) = why {
-                kept.push(json!({"thread": thread, "why": why}));
+                kept.push(Kept {
+                    thread,
+                    why: why.into(),
+                });
                 continue;
             }
             match self.unmount_thread(&thread, false) {
@@ -511,9 +553,12 @@ impl Daemon {
                     tracing::info!(%thread, "swept");
                     released.push(thread);
                 }
-                Err(e) => kept.push(json!({"thread": thread, "why": e})),
+                Err(e) => kept.push(Kept {
+                    thread,
+                    why: e.to_string(),
+                }),
             }
         }
-        Ok((json!({"released": released, "kept": kept}), vec![]))
+        Ok((SweepAnswer { released, kept }, vec![]))
     }
 }

@@ -4,6 +4,7 @@
 //! [`objects`] only reads. Nothing in this module knows about mounts or workspaces (invariant 1: a
 //! mirror is never written by a workspace).
 
+pub mod error;
 pub mod mirror;
 pub mod objects;
 pub mod posix_record;
@@ -12,6 +13,8 @@ pub mod snapshot;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Stdio};
+
+pub use error::Error;
 
 /// The one way the daemon runs git: a builder over [`std::process::Command`] whose environment no
 /// configuration but the repository's own can change — and the daemon runs git only in
@@ -106,17 +109,14 @@ impl Git {
     }
 
     /// Runs it: trimmed stdout, or the last line of stderr as the error.
-    pub(crate) fn output(self) -> Result<String, String> {
+    pub(crate) fn output(self) -> Result<String, Error> {
         self.output_bytes()
             .map(|out| String::from_utf8_lossy(&out).trim().to_string())
     }
 
     /// Runs it: stdout as it is (for `-z` output: names are bytes), or the last line of stderr.
-    pub(crate) fn output_bytes(mut self) -> Result<Vec<u8>, String> {
-        let out = self
-            .cmd
-            .output()
-            .map_err(|e| format!("cannot run git: {e} (is git installed?)"))?;
+    pub(crate) fn output_bytes(mut self) -> Result<Vec<u8>, Error> {
+        let out = self.cmd.output().map_err(Error::Spawn)?;
         if out.status.success() {
             Ok(out.stdout)
         } else {
@@ -128,7 +128,7 @@ impl Git {
                 .unwrap_or("git failed")
                 .trim()
                 .to_string();
-            Err(line)
+            Err(Error::Git(line))
         }
     }
 
@@ -140,7 +140,7 @@ impl Git {
 
 /// Runs `git` with `args` (in `dir` when given), returning trimmed stdout, or the last line of stderr
 /// as the error (what the [`git!`](crate::git!) macro calls).
-pub(crate) fn git(dir: Option<&Path>, args: &[&OsStr]) -> Result<String, String> {
+pub(crate) fn git(dir: Option<&Path>, args: &[&OsStr]) -> Result<String, Error> {
     Git::new(dir).args(args).output()
 }
 

@@ -4,6 +4,7 @@
 //! publication is a rename of a complete staging directory. Every git command puts `--` (or
 //! `--end-of-options`) before its positional arguments.
 
+use crate::git::error::{Context, Error};
 use std::ffi::OsStr;
 use std::path::Path;
 
@@ -28,9 +29,9 @@ pub fn add(
     upstream: &str,
     credential: Option<&str>,
     access: Access,
-) -> Result<MirrorInfo, String> {
+) -> Result<MirrorInfo, Error> {
     if load(layout, project)?.is_some() || layout.mirror(project).exists() {
-        return Err(format!("project {project:?} already exists"));
+        return Err(Error::ProjectExists(project.to_string()));
     }
     check_upstream(upstream)?;
     let (upstream, url_credential) = split_credentials(upstream)?;
@@ -42,22 +43,22 @@ pub fn add(
         (Some(c), Some(file)) => match c.strip_suffix(':') {
             Some(user) if !user.contains(':') => Some(credential_from_file(Some(user), file)?),
             _ => {
-                return Err(format!(
+                return Err(Error::Refused(format!(
                     "upstream {upstream} carries a password and a credential file was given: use one"
-                ));
+                )));
             }
         },
     };
     let (kind, upstream) = classify(&upstream)?;
     if credential.is_some() && !is_http(&upstream) {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "upstream {upstream}: credentials are only used with http(s) upstreams"
-        ));
+        )));
     }
     crate::layout::create_private_dir(&layout.mirrors())
-        .map_err(|e| format!("cannot create mirrors dir: {e}"))?;
+        .context(|| "cannot create mirrors dir".to_string())?;
     crate::layout::create_private_dir(&layout.projects())
-        .map_err(|e| format!("cannot create projects dir: {e}"))?;
+        .context(|| "cannot create projects dir".to_string())?;
     let staging = layout
         .mirrors()
         .join(format!(".staging-{project}-{}", std::process::id()));
@@ -73,7 +74,10 @@ pub fn add(
     let dest = layout.mirror(project);
     if let Err(e) = std::fs::rename(&staging, &dest) {
         let _ = std::fs::remove_dir_all(&staging);
-        return Err(format!("cannot publish mirror {}: {e}", dest.display()));
+        return Err(Error::Refused(format!(
+            "cannot publish mirror {}: {e}",
+            dest.display()
+        )));
     }
     let p = Project {
         project: project.to_string(),
@@ -101,7 +105,7 @@ fn build_mirror(
     kind: UpstreamKind,
     upstream: &str,
     credential: Option<&str>,
-) -> Result<String, String> {
+) -> Result<String, Error> {
     let s = staging.as_os_str();
     match kind {
         UpstreamKind::Url | UpstreamKind::Repository => {
@@ -120,22 +124,22 @@ fn build_mirror(
                 upstream,
                 credential,
             )
-            .map_err(|e| format!("cannot clone {upstream}: {e}"))?;
+            .context(|| format!("cannot clone {upstream}"))?;
         }
         UpstreamKind::Directory => {
             Git::new(None)
                 .args(["init", "--quiet", "--initial-branch=main", "--"])
                 .arg(s)
                 .output()
-                .map_err(|e| format!("cannot create mirror: {e}"))?;
+                .context(|| "cannot create mirror".to_string())?;
             commit_directory(staging, Path::new(upstream))?;
         }
     }
     // The mirror keeps every commit a workspace may be based on: never prune unreachable objects.
     git!(Some(staging); "config", "--", "gc.auto", "0")
-        .map_err(|e| format!("cannot configure mirror: {e}"))?;
+        .context(|| "cannot configure mirror".to_string())?;
     git!(Some(staging); "config", "--", "core.logAllRefUpdates", "always")
-        .map_err(|e| format!("cannot configure mirror: {e}"))?;
+        .context(|| "cannot configure mirror".to_string())?;
     let branch = git!(Some(staging); "symbolic-ref", "--short", "--", "HEAD")
         .unwrap_or_else(|_| "main".into());
     Ok(branch)
@@ -143,7 +147,7 @@ fn build_mirror(
 
 /// Commits `folder` onto the mirror's current branch if its content differs from HEAD, then brings the
 /// mirror's index and working tree to the new commit. Returns whether a commit was made.
-fn commit_directory(mirror: &Path, folder: &Path) -> Result<bool, String> {
+fn commit_directory(mirror: &Path, folder: &Path) -> Result<bool, Error> {
     let git_dir = mirror.join(".git");
     let scratch = git_dir.join(format!("octofs-scratch-index-{}", std::process::id()));
     let _ = std::fs::remove_file(&scratch);
@@ -161,8 +165,7 @@ fn commit_directory(mirror: &Path, folder: &Path) -> Result<bool, String> {
             .output()
     };
     let result = (|| {
-        run(&["add", "-A", "--", "."])
-            .map_err(|e| format!("cannot read {}: {e}", folder.display()))?;
+        run(&["add", "-A", "--", "."]).context(|| format!("cannot read {}", folder.display()))?;
         let tree = run(&["write-tree"])?;
         let head = run(&[
             "rev-parse",
@@ -200,7 +203,7 @@ fn commit_directory(mirror: &Path, folder: &Path) -> Result<bool, String> {
 
 /// Syncs a mirror unless it was synced within `freshness` seconds. A failed fetch keeps the stale
 /// mirror and reports a warning; it is not an error. The caller holds the project's lock.
-pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcome, String> {
+pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcome, Error> {
     let mut p = require(layout, project)?;
     let mirror = layout.mirror(project);
     let head_before = head(&mirror);
@@ -272,7 +275,7 @@ pub fn sync(layout: &Layout, project: &str, freshness: u64) -> Result<SyncOutcom
                         && head_before.as_deref() != Some(tip.as_str())
                     {
                         git!(Some(&mirror); "reset", "--quiet", "--hard", "--end-of-options", &tip, "--")
-                            .map_err(|e| format!("cannot move mirror {project} forward: {e}"))?;
+                            .context(|| format!("cannot move mirror {project} forward"))?;
                     }
                 }
             }
@@ -305,12 +308,12 @@ fn has_no_commits(mirror: &Path) -> bool {
 /// it was deleted or broken under the daemon. A broken leftover is moved aside to
 /// `mirrors/.broken-<project>-<time>` and kept (it may still hold snapshot objects worth recovering by
 /// hand); snapshots that only the old mirror held are not in the new one.
-fn recreate(layout: &Layout, p: &mut Project) -> Result<(), String> {
+fn recreate(layout: &Layout, p: &mut Project) -> Result<(), Error> {
     let project = p.project.clone();
     let dest = layout.mirror(&project);
     tracing::warn!(%project, "the mirror is missing or broken; cloning it again from its upstream");
     std::fs::create_dir_all(layout.mirrors())
-        .map_err(|e| format!("cannot create mirrors dir: {e}"))?;
+        .context(|| "cannot create mirrors dir".to_string())?;
     let staging = layout
         .mirrors()
         .join(format!(".staging-{project}-{}", std::process::id()));
@@ -320,7 +323,9 @@ fn recreate(layout: &Layout, p: &mut Project) -> Result<(), String> {
         Ok(b) => b,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&staging);
-            return Err(format!("cannot re-create the mirror of {project}: {e}"));
+            return Err(Error::Refused(format!(
+                "cannot re-create the mirror of {project}: {e}"
+            )));
         }
     };
     let aside = layout
@@ -329,14 +334,17 @@ fn recreate(layout: &Layout, p: &mut Project) -> Result<(), String> {
     let moved = std::fs::symlink_metadata(&dest).is_ok();
     if moved && let Err(e) = std::fs::rename(&dest, &aside) {
         let _ = std::fs::remove_dir_all(&staging);
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "cannot move the broken mirror {} aside: {e}",
             dest.display()
-        ));
+        )));
     }
     if let Err(e) = std::fs::rename(&staging, &dest) {
         let _ = std::fs::remove_dir_all(&staging);
-        return Err(format!("cannot publish mirror {}: {e}", dest.display()));
+        return Err(Error::Refused(format!(
+            "cannot publish mirror {}: {e}",
+            dest.display()
+        )));
     }
     if moved {
         tracing::warn!(%project, kept = %aside.display(), "the broken mirror is kept aside");

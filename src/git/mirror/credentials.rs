@@ -6,6 +6,7 @@
 
 use super::{Project, save};
 use crate::git;
+use crate::git::error::{Context, Error};
 use crate::layout::Layout;
 
 /// Moves the credentials of `p`'s upstream URL into its credentials file, and the URL without them
@@ -15,21 +16,22 @@ pub(super) fn migrate_credentials(
     layout: &Layout,
     p: &mut Project,
     clean: String,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let project = p.project.clone();
-    let fail = |e: String| {
-        format!("project {project}: cannot move its credentials out of its record: {e}")
-    };
+    let fail = || format!("project {project}: cannot move its credentials out of its record");
     if let Ok((_, Some(cred))) = split_credentials(&p.upstream) {
-        save_credential(layout, &p.project, &cred).map_err(fail)?;
+        save_credential(layout, &p.project, &cred).context(fail)?;
     }
     let mirror = layout.mirror(&p.project);
     if mirror.join(".git").is_dir() {
         git!(Some(&mirror); "config", "--", "remote.origin.url", &clean)
-            .map_err(|e| fail(redact(&e)))?;
+            .map_err(|e| redact(&e.to_string()))
+            .context(fail)?;
     }
     p.upstream = clean;
-    save(layout, p).map_err(|e| fail(redact(&e)))?;
+    save(layout, p)
+        .map_err(|e| redact(&e.to_string()))
+        .context(fail)?;
     tracing::info!(project = %p.project, "moved the upstream's credentials into <state>/credentials");
     Ok(())
 }
@@ -104,16 +106,16 @@ fn percent_decode(s: &str) -> String {
 
 /// Splits an upstream into the URL to store and the credentials to keep apart (`user:password`,
 /// decoded). A password in a non-http URL is refused: no transport of ours would use it.
-pub(super) fn split_credentials(upstream: &str) -> Result<(String, Option<String>), String> {
+pub(super) fn split_credentials(upstream: &str) -> Result<(String, Option<String>), Error> {
     let Some((_, info, _)) = userinfo(upstream) else {
         return Ok((upstream.to_string(), None));
     };
     let clean = redact_url(upstream);
     if !is_http(upstream) {
         if info.contains(':') {
-            return Err(format!(
+            return Err(Error::Refused(format!(
                 "upstream {clean}: a password in the URL is only supported over http(s) (use an ssh key)"
-            ));
+            )));
         }
         return Ok((clean, None));
     }
@@ -134,13 +136,15 @@ const TOKEN_USER: &str = "x-access-token";
 
 /// The credentials of a credential file: `user:token`, or a bare token sent as `user` (the URL's),
 /// else as [`TOKEN_USER`].
-pub(super) fn credential_from_file(user: Option<&str>, content: &str) -> Result<String, String> {
+pub(super) fn credential_from_file(user: Option<&str>, content: &str) -> Result<String, Error> {
     let c = content.trim_end_matches(['\n', '\r']);
     if c.is_empty() {
-        return Err("the credential file is empty".into());
+        return Err(Error::Refused("the credential file is empty".into()));
     }
     if c.contains(['\n', '\r', '\0']) {
-        return Err("the credential file must hold one line: a token or user:token".into());
+        return Err(Error::Refused(
+            "the credential file must hold one line: a token or user:token".into(),
+        ));
     }
     if c.contains(':') {
         return Ok(c.to_string());
@@ -152,19 +156,19 @@ pub(super) fn save_credential(
     layout: &Layout,
     project: &str,
     credential: &str,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     crate::layout::create_private_dir(&layout.credentials())
-        .map_err(|e| format!("cannot create {}: {e}", layout.credentials().display()))?;
+        .context(|| format!("cannot create {}", layout.credentials().display()))?;
     crate::records::write_atomic(&layout.credential(project), credential.as_bytes())
-        .map_err(|e| format!("cannot save the credentials of {project}: {e}"))
+        .context(|| format!("cannot save the credentials of {project}"))
 }
 
 /// The stored credentials of `project`, if it has any.
-pub(super) fn load_credential(layout: &Layout, project: &str) -> Result<Option<String>, String> {
+pub(super) fn load_credential(layout: &Layout, project: &str) -> Result<Option<String>, Error> {
     match std::fs::read_to_string(layout.credential(project)) {
         Ok(c) => Ok(Some(c)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read the credentials of {project}: {e}")),
+        Err(e) => Err(e).context(|| format!("cannot read the credentials of {project}")),
     }
 }
 

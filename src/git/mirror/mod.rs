@@ -18,6 +18,7 @@ mod credentials;
 mod network;
 mod upstream;
 
+use crate::git::error::Error;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -110,8 +111,11 @@ fn store(layout: &Layout) -> RecordDir {
 
 /// Loads a project's description; `Ok(None)` when the project does not exist. A record that still
 /// holds credentials in its upstream URL (written by an older octofs) is migrated first.
-pub fn load(layout: &Layout, project: &str) -> Result<Option<Project>, String> {
-    let Some(mut p) = store(layout).load::<Project>(project)? else {
+pub fn load(layout: &Layout, project: &str) -> Result<Option<Project>, Error> {
+    let Some(mut p) = store(layout)
+        .load::<Project>(project)
+        .map_err(Error::Record)?
+    else {
         return Ok(None);
     };
     if p.kind == UpstreamKind::Url {
@@ -124,20 +128,16 @@ pub fn load(layout: &Layout, project: &str) -> Result<Option<Project>, String> {
 }
 
 /// Loads a project that must exist.
-pub fn require(layout: &Layout, project: &str) -> Result<Project, String> {
-    load(layout, project)?.ok_or_else(|| {
-        format!(
-            "unknown project {project:?} (add it with `octofs mirror add {project} <upstream>`)"
-        )
-    })
+pub fn require(layout: &Layout, project: &str) -> Result<Project, Error> {
+    load(layout, project)?.ok_or_else(|| Error::UnknownProject(project.to_string()))
 }
 
-pub(super) fn save(layout: &Layout, p: &Project) -> Result<(), String> {
-    store(layout).save(&p.project, p)
+pub(super) fn save(layout: &Layout, p: &Project) -> Result<(), Error> {
+    store(layout).save(&p.project, p).map_err(Error::Record)
 }
 
 /// Replaces who may bind `project`. The caller holds the project's lock.
-pub fn set_access(layout: &Layout, project: &str, access: Access) -> Result<Project, String> {
+pub fn set_access(layout: &Layout, project: &str, access: Access) -> Result<Project, Error> {
     let mut p = require(layout, project)?;
     p.access = access;
     save(layout, &p)?;
@@ -159,9 +159,11 @@ pub(super) fn info(layout: &Layout, mut project: Project) -> MirrorInfo {
 }
 
 /// Every project, sorted by name.
-pub fn list(layout: &Layout) -> Result<Vec<MirrorInfo>, String> {
+pub fn list(layout: &Layout) -> Result<Vec<MirrorInfo>, Error> {
     // Names starting with '.' are octofs's own (the blank repository of chat workspaces).
-    let projects: Vec<Project> = store(layout).list(|project| !project.starts_with('.'))?;
+    let projects: Vec<Project> = store(layout)
+        .list(|project| !project.starts_with('.'))
+        .map_err(Error::Record)?;
     let mut out: Vec<MirrorInfo> = projects.into_iter().map(|p| info(layout, p)).collect();
     out.sort_by(|a, b| a.project.project.cmp(&b.project.project));
     Ok(out)

@@ -4,6 +4,7 @@
 //! and a stall timeout: no progress for [`set_fetch_timeout`] seconds and the git process group is
 //! killed, leaving the mirror as it was. Errors are one redacted line.
 
+use crate::git::error::{Context, Error};
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -34,12 +35,12 @@ pub(super) fn network_git(
     args: &[&OsStr],
     upstream: &str,
     credential: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let secs = FETCH_TIMEOUT_SECS.load(Ordering::Relaxed).max(1);
     let stall = Duration::from_secs(secs);
     let mut child = network_command(dir, args, upstream, credential, secs)
         .spawn()
-        .map_err(|e| format!("cannot run git: {e} (is git installed?)"))?;
+        .map_err(Error::Spawn)?;
     let last_progress = Arc::new(Mutex::new(Instant::now()));
     let (tx, rx) = std::sync::mpsc::channel();
     if let Some(mut stderr) = child.stderr.take() {
@@ -67,7 +68,7 @@ pub(super) fn network_git(
             Err(e) => {
                 let _ = crate::sys::kill_process_group(child.id());
                 let _ = child.wait();
-                return Err(format!("cannot wait for git: {e}"));
+                return Err(e).context(|| "cannot wait for git".to_string());
             }
         }
         let quiet = last_progress
@@ -86,10 +87,10 @@ pub(super) fn network_git(
     };
     let stderr = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
     match status {
-        None => Err(format!(
-            "no progress from {} for {secs} s, gave up (octofs serve --fetch-timeout sets the limit)",
-            redact(upstream)
-        )),
+        None => Err(Error::Stalled {
+            upstream: redact(upstream),
+            secs,
+        }),
         Some(s) if s.success() => Ok(()),
         Some(s) => {
             let text = String::from_utf8_lossy(&stderr);
@@ -112,7 +113,7 @@ pub(super) fn network_git(
             {
                 line = line.replace(secret, "***");
             }
-            Err(line)
+            Err(Error::Git(line))
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `http(s)`, `ssh`), never an option (`-…`) nor a remote helper (`fd::`, `ext::`). Decides only;
 //! creates nothing.
 
+use crate::git::error::{Context, Error};
 use std::path::Path;
 
 use super::UpstreamKind;
@@ -21,18 +22,20 @@ const ALLOWED_SCHEMES: [&str; 7] = ["file", "git", "http", "https", "ssh", "git+
 
 /// Refuses, before anything is created, an upstream git could read as an option or hand to a remote
 /// helper or a transport a project does not need. `shown` is the upstream as messages show it.
-pub fn check_upstream(upstream: &str) -> Result<(), String> {
+pub fn check_upstream(upstream: &str) -> Result<(), Error> {
     let shown = redact(upstream);
     if upstream.is_empty() {
-        return Err("upstream must not be empty".into());
+        return Err(Error::Refused("upstream must not be empty".into()));
     }
     if upstream.starts_with('-') {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "upstream {shown:?} must not start with '-' (git would read it as an option)"
-        ));
+        )));
     }
     if upstream.contains(['\0', '\n']) {
-        return Err(format!("upstream {shown:?} contains a NUL or a newline"));
+        return Err(Error::Refused(format!(
+            "upstream {shown:?} contains a NUL or a newline"
+        )));
     }
     // `<transport>::<address>` makes git run `git-remote-<transport>` (`fd::`, `ext::` run
     // anything): never an upstream.
@@ -42,45 +45,52 @@ pub fn check_upstream(upstream: &str) -> Result<(), String> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
     {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "upstream {shown}: remote helpers ({helper}::) are not allowed; use a path or a file://, git://, http(s):// or ssh URL"
-        ));
+        )));
     }
     if let Some((scheme, _)) = upstream.split_once("://")
         && !ALLOWED_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())
     {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "upstream {shown}: transport {scheme:?} is not allowed (allowed: file, git, http, https, ssh)"
-        ));
+        )));
     }
     if !is_url(upstream) && !Path::new(upstream).is_absolute() {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "upstream path {shown} is relative: give an absolute path (the octofs command resolves it against its working directory)"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Decides what kind of upstream `upstream` names, without creating anything.
-pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), String> {
+pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), Error> {
     check_upstream(upstream)?;
     if is_url(upstream) {
         if let Some(path) = upstream.strip_prefix("file://")
             && !Path::new(path).exists()
         {
-            return Err(format!("upstream {} does not exist", redact(upstream)));
+            return Err(Error::Refused(format!(
+                "upstream {} does not exist",
+                redact(upstream)
+            )));
         }
         return Ok((UpstreamKind::Url, upstream.to_string()));
     }
-    let path = std::path::absolute(upstream).map_err(|e| format!("upstream {upstream}: {e}"))?;
-    let meta = std::fs::metadata(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => format!("upstream {upstream} does not exist"),
-        _ => format!("upstream {upstream}: {e}"),
-    })?;
+    let path = std::path::absolute(upstream).context(|| format!("upstream {upstream}"))?;
+    let meta = match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::Refused(format!(
+                "upstream {upstream} does not exist"
+            )));
+        }
+        r => r.context(|| format!("upstream {upstream}"))?,
+    };
     if !meta.is_dir() {
-        return Err(format!(
+        return Err(Error::Refused(format!(
             "upstream {upstream} is not a git repository or a directory"
-        ));
+        )));
     }
     let shown = path.to_string_lossy().into_owned();
     let is_repo = path.join(".git").exists()
@@ -89,7 +99,7 @@ pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), String> {
             && path.join("refs").is_dir());
     if is_repo {
         git!(Some(&path); "rev-parse", "--git-dir", "--end-of-options")
-            .map_err(|e| format!("upstream {upstream} is not a usable git repository: {e}"))?;
+            .context(|| format!("upstream {upstream} is not a usable git repository"))?;
         Ok((UpstreamKind::Repository, shown))
     } else {
         Ok((UpstreamKind::Directory, shown))
