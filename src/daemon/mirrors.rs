@@ -19,17 +19,22 @@ use crate::names::{NameKind, validate};
 pub const BLANK: &str = ".blank";
 
 impl Daemon {
+    /// The object store of `project`'s mirror, opened once. The `stores` map is locked only to
+    /// look up and to insert: opening a repository reads files, and every mount's first request
+    /// and every `open` of any project would otherwise wait behind it. Two callers that open the
+    /// same store at once both open it; the first one inserted is kept.
     pub(super) fn store(&self, project: &str) -> Result<Arc<ObjectStore>, Error> {
-        let mut stores = lock(&self.stores);
-        if let Some(s) = stores.get(project) {
-            return Ok(s.clone());
+        if let Some(s) = lock(&self.stores).get(project).cloned() {
+            return Ok(s);
         }
-        let s = Arc::new(
+        let opened = Arc::new(
             ObjectStore::open(&self.layout.mirror(project))
                 .context(|| format!("cannot open the mirror of {project}"))?,
         );
-        stores.insert(project.to_string(), s.clone());
-        Ok(s)
+        Ok(lock(&self.stores)
+            .entry(project.to_string())
+            .or_insert(opened)
+            .clone())
     }
 
     pub(super) fn mirror_add(

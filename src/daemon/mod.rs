@@ -82,12 +82,20 @@ impl KeyedLocks {
     }
 }
 
+/// The daemon's state. Its locks, what they protect and what may be done while holding them are in
+/// docs/locking-daemon.md: in short, `stores` and `mounts` are held only to look up, insert, remove
+/// or clone an `Arc` out (never across I/O, a mount, an unmount, or a question to a workspace's
+/// core); the keyed locks serialize the work on one project or one thread and may be held across
+/// anything that work does.
 pub struct Daemon {
     layout: Layout,
     settings: Settings,
     blobs: Arc<BlobCache>,
+    /// The open object store of each project's mirror.
     stores: Mutex<HashMap<String, Arc<ObjectStore>>>,
+    /// The workspaces being served, by thread.
     mounts: Mutex<HashMap<String, Mounted>>,
+    /// `project:<name>`, `thread:<name>` and `index:<trees>` locks.
     locks: KeyedLocks,
 }
 

@@ -173,8 +173,9 @@ impl Daemon {
     }
 
     pub(super) fn core_of(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
-        if let Some(m) = lock(&self.mounts).get(&rec.thread) {
-            return Ok(m.core.clone());
+        let served = lock(&self.mounts).get(&rec.thread).map(|m| m.core.clone());
+        if let Some(core) = served {
+            return Ok(core);
         }
         self.mount(rec)?;
         lock(&self.mounts)

@@ -468,10 +468,10 @@ impl Daemon {
             ));
         }
         // A busy mount is refused before anything is saved: a refused release changes nothing.
-        if !force
-            && lock(&self.mounts).contains_key(thread)
-            && crate::sys::is_busy(&self.layout.mountpoint(thread))
-        {
+        // (`served` first, as a statement of its own: the guard of `mounts` must be gone before
+        // `is_busy` walks /proc.)
+        let served = lock(&self.mounts).contains_key(thread);
+        if !force && served && crate::sys::is_busy(&self.layout.mountpoint(thread)) {
             return Err(Error::Refused(format!(
                 "{} is busy (a process still has its working directory or files in it); stop them or use --force",
                 self.layout.mountpoint(thread).display()
