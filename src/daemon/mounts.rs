@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::error::Error;
+use super::error::{Context, Error};
 use super::{Daemon, Mounted, lock};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
 use crate::fs::{Presentation, WorkspaceFs, unix_time};
@@ -41,7 +41,7 @@ impl Daemon {
     pub(super) fn load_core(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
         let store = self.store(&rec.project)?;
         let tree = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
-            .map_err(|e| format!("thread {}: bad base tree: {e}", rec.thread))?;
+            .context(|| format!("thread {}: bad base tree", rec.thread))?;
         let pres = Presentation {
             uid: rec.owner.uid,
             gid: rec.owner.gid,
@@ -55,7 +55,7 @@ impl Daemon {
             &self.layout.workspace(&rec.thread).join("upper"),
             self.layout.state.clone(),
         )
-        .map_err(|e| format!("thread {}: cannot open its upper layer: {e}", rec.thread))?;
+        .context(|| format!("thread {}: cannot open its upper layer", rec.thread))?;
         Ok(Arc::new(core))
     }
 
@@ -88,7 +88,7 @@ impl Daemon {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 std::fs::create_dir(&path)
-                    .map_err(|e| format!("cannot create mount point {}: {e}", path.display()))?;
+                    .context(|| format!("cannot create mount point {}", path.display()))?;
             }
             Err(e) => {
                 return Err(Error::Refused(format!(
@@ -108,7 +108,7 @@ impl Daemon {
         core.watch_kernel();
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
         let session = crate::fs::fuse::mount(adapter, &path, &cfg)
-            .map_err(|e| format!("cannot mount {}: {e}", path.display()))?;
+            .context(|| format!("cannot mount {}", path.display()))?;
         tracing::info!(thread = %rec.thread, path = %path.display(), "mounted");
         lock(&self.mounts).insert(
             rec.thread.clone(),

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 use gix::ObjectId;
 use gix::objs::tree::EntryKind;
 
-use super::error::{Context, Error};
+use super::error::{Context, Error, on_workspace};
 use crate::fs::{NodeMeta, WorkspaceFs};
 use crate::git::posix_record::{self, PosixEntry, PosixKind, PosixRecord};
 use crate::git::snapshot as snap;
@@ -35,9 +35,9 @@ fn tree_kind(
     let t = repo
         .find_tree(tree)
         .context(|| format!("cannot read the snapshot tree {tree}"))?;
-    let found = t.lookup_entry(path.split(|b| *b == b'/')).map_err(|e| {
+    let found = t.lookup_entry(path.split(|b| *b == b'/')).context(|| {
         format!(
-            "cannot look up {} in the snapshot tree: {e}",
+            "cannot look up {} in the snapshot tree",
             String::from_utf8_lossy(path)
         )
     })?;
@@ -199,23 +199,21 @@ pub fn restore(
     let Some(blob) = posix_record::blob_of(&message) else {
         return Ok(());
     };
-    let obj = repo.find_object(blob).map_err(|e| {
-        format!("the POSIX record {blob} of snapshot {snapshot} is missing from the mirror: {e}")
+    let obj = repo.find_object(blob).context(|| {
+        format!("the POSIX record {blob} of snapshot {snapshot} is missing from the mirror")
     })?;
-    let record = PosixRecord::decode(&obj.data).map_err(|e| format!("{e} (blob {blob})"))?;
+    let record = PosixRecord::decode(&obj.data).context(|| format!("the POSIX record {blob}"))?;
     if record.tree != tree {
         tracing::warn!(%snapshot, %blob, record_tree = %record.tree, %tree,
             "the POSIX record describes another tree; not applied");
         return Ok(());
     }
     for e in &record.entries {
-        core.restore_entry(e).map_err(|x| {
-            format!(
-                "cannot restore the POSIX state of {} ({:?}): {x:?}",
-                String::from_utf8_lossy(&e.path),
-                e.kind
-            )
-        })?;
+        core.restore_entry(e).map_err(on_workspace(format!(
+            "cannot restore the POSIX state of {} ({:?})",
+            String::from_utf8_lossy(&e.path),
+            e.kind
+        )))?;
     }
     Ok(())
 }

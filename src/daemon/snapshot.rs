@@ -203,7 +203,7 @@ impl Daemon {
                 "the mirror of project {project} is missing or broken: `octofs mirror sync {project}` clones it again; `octofs release {thread} --discard` drops the workspace without saving"
             )
         };
-        let mut repo = snap::open(&mirror).map_err(|e| format!("{}: {e}", gone()))?;
+        let mut repo = snap::open(&mirror).context(gone)?;
         if !repo.has_object(view.base_tree) {
             return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
