@@ -3,7 +3,7 @@
 //! The layers, each in its own module and depending only on the ones listed before it:
 //! - [`names`], [`layout`], [`records`], [`errno`] and [`sys`]: validated names, where state lives,
 //!   durable JSON records, how an errno is shown, and the only `unsafe` code.
-//! - [`git`]: mirrors (one pristine checkout per project) and read access to their object stores.
+//! - [`git`](mod@git): mirrors (one pristine checkout per project) and read access to their object stores.
 //! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
 //! - [`workspace`]: a thread's durable workspace record (project, base commit, mounted or not).

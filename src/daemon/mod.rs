@@ -8,15 +8,15 @@
 //!
 //! The rooms, by concern:
 //! - this file: the [`Daemon`] and its state, and [`serve`] (start-up and shutdown);
-//! - [`server`]: the control socket, its connection limits and worker pools, request dispatch;
-//! - [`authz`]: who may do what (peer credentials against thread owners and project access);
-//! - [`mirrors`]: mirror add/sync/access and the object stores the mounts read;
-//! - [`mounts`]: mounting, unmounting and remounting workspaces;
-//! - [`threads`]: a thread's lifecycle: open (fork, resume, share), release, sweep;
-//! - [`snapshot`]: snapshot assembly (the one place a workspace becomes a tree and a commit);
-//! - [`diff`]: what changed between snapshots or up to the live state;
-//! - [`status`]: list, status, fsmonitor answers and request statistics;
-//! - [`posix`]: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
+//! - `server`: the control socket, its connection limits and worker pools, request dispatch;
+//! - `authz`: who may do what (peer credentials against thread owners and project access);
+//! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
+//! - `mounts`: mounting, unmounting and remounting workspaces;
+//! - `threads`: a thread's lifecycle: open (fork, resume, share), release, sweep;
+//! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
+//! - `diff`: what changed between snapshots or up to the live state;
+//! - `status`: list, status, fsmonitor answers and request statistics;
+//! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
 //! - [`proto`]: the request and reply types of the control protocol.
 
 mod authz;

@@ -1,6 +1,6 @@
 //! A thread's workspace lifecycle (seed 000 "Forking", "Restoring", "Reclaiming", "Binding",
 //! "The chat workspace"): open (fork, resume, or share the live mount), release and sweep. Saving
-//! is [`super::snapshot`].
+//! is `super::snapshot`.
 //!
 //! Policy only: the mechanisms are the filesystem core, `repo` (the workspace's `.git`) and the
 //! records of `workspace`. Nothing here runs git in a workspace or reads one through its mount.

@@ -1,8 +1,10 @@
 //! Git: the project mirrors and read access to their object stores.
 //!
-//! Owns `<state>/mirrors/*` and `<state>/projects/*`. Only [`mirror`] writes a mirror (add and sync);
-//! [`objects`] only reads. Nothing in this module knows about mounts or workspaces (invariant 1: a
-//! mirror is never written by a workspace).
+//! Owns `<state>/mirrors/*` and `<state>/projects/*`. Only [`mirror`] writes a mirror (add and sync),
+//! [`snapshot`] and [`posix_record`] add a thread's snapshot objects and refs to it; [`objects`]
+//! only reads. Nothing in this module knows about mounts or workspaces (invariant 1: a mirror is
+//! never written by a workspace). Every git process is started through `Git`, the one runner
+//! with the hardened environment; every failure is an [`Error`].
 
 pub mod error;
 pub mod mirror;

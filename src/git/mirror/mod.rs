@@ -6,12 +6,12 @@
 //!
 //! The rooms:
 //! - this file: the project records (`<state>/projects/<project>.json`) and their listing;
-//! - [`upstream`]: what an upstream is (a git URL, a git repository path, a plain directory) and
+//! - `upstream`: what an upstream is (a git URL, a git repository path, a plain directory) and
 //!   which ones are refused before git sees them;
-//! - [`credentials`]: an http(s) upstream's secret, kept apart from every record and redacted from
+//! - `credentials`: an http(s) upstream's secret, kept apart from every record and redacted from
 //!   every message;
-//! - [`clone_sync`]: building, syncing and re-creating a mirror;
-//! - [`network`]: clone and fetch, with a stall timeout and the credentials in git's environment.
+//! - `clone_sync`: building, syncing and re-creating a mirror;
+//! - `network`: clone and fetch, with a stall timeout and the credentials in git's environment.
 
 mod clone_sync;
 mod credentials;
