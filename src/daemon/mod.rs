@@ -75,10 +75,24 @@ struct Mounted {
 #[derive(Default)]
 struct KeyedLocks(Mutex<HashMap<String, Arc<Mutex<()>>>>);
 
+/// Past this many keyed locks, the ones nobody holds or waits for are dropped.
+const KEYED_LOCKS_KEPT: usize = 256;
+
 impl KeyedLocks {
     fn get(&self, key: &str) -> Arc<Mutex<()>> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // A lock only the map refers to is neither held nor waited for (both hold a clone of its
+        // `Arc`), so dropping it changes nothing: the next user of its key makes a fresh one. Without
+        // this, every thread name ever used would keep an entry for the daemon's lifetime.
+        if map.len() >= KEYED_LOCKS_KEPT {
+            map.retain(|_, l| Arc::strong_count(l) > 1);
+        }
         map.entry(key.to_string()).or_default().clone()
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
 
@@ -199,4 +213,30 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(layout.socket());
     drop(lock_file);
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keyed_locks_do_not_pile_up_and_a_held_one_stays_the_same() {
+        let locks = KeyedLocks::default();
+        let held = locks.get("thread:busy");
+        let guard = lock(&held);
+        for i in 0..10_000 {
+            let l = locks.get(&format!("thread:t{i}"));
+            drop(lock(&l));
+        }
+        assert!(
+            locks.len() <= KEYED_LOCKS_KEPT,
+            "{} locks kept",
+            locks.len()
+        );
+        // The held lock survived the pruning: a second user of its key waits on the same mutex.
+        let again = locks.get("thread:busy");
+        assert!(Arc::ptr_eq(&held, &again));
+        assert!(again.try_lock().is_err());
+        drop(guard);
+    }
 }
