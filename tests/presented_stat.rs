@@ -92,8 +92,16 @@ fn shared_index_stat_equals_what_getattr_presents() {
         let name = String::from_utf8_lossy(&path);
         let (ms, mn) = secs_nsecs(attr.mtime);
         let (cs, cn) = secs_nsecs(attr.ctime);
-        assert_eq!((e.stat.mtime.secs, e.stat.mtime.nsecs), (ms, mn), "{name}: mtime");
-        assert_eq!((e.stat.ctime.secs, e.stat.ctime.nsecs), (cs, cn), "{name}: ctime");
+        assert_eq!(
+            (e.stat.mtime.secs, e.stat.mtime.nsecs),
+            (ms, mn),
+            "{name}: mtime"
+        );
+        assert_eq!(
+            (e.stat.ctime.secs, e.stat.ctime.nsecs),
+            (cs, cn),
+            "{name}: ctime"
+        );
         assert_eq!(e.stat.ino, attr.ino.0 as u32, "{name}: ino");
         assert_eq!(e.stat.uid, attr.uid, "{name}: uid");
         assert_eq!(e.stat.gid, attr.gid, "{name}: gid");

@@ -7,6 +7,7 @@
 //! `docs/inodes.md` for how inode numbers are chosen and why they are stable.
 
 pub mod fuse;
+pub mod handles;
 pub mod stats;
 pub mod workspace;
 
