@@ -1,4 +1,6 @@
-//! Attribute presentation and the read-only namespace requests.
+//! Attribute presentation and the read-side requests: `lookup`, `forget`, `getattr`, `readdir`,
+//! `readlink`, `access`, `statfs`, and `setattr`. The attributes of a derived inode come from
+//! [`super::presented`]; a copied-up file's size and times from its data file.
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};

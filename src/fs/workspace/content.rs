@@ -1,4 +1,6 @@
-//! File content: base blobs, copy-up into the upper layer, opens and releases.
+//! File content: the base blob (from the shared blob cache) or host-wide shared file of a file nobody
+//! wrote, copy-up into the upper layer's data file at the first write intent (keeping the inode
+//! number), opens, releases, and the re-inode of a file whose base content passthrough readers hold.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;

@@ -1,4 +1,5 @@
-//! Conversions the core needs everywhere: times, errnos, names and paths.
+//! Conversions the core needs everywhere: Unix times to and from [`Ts`], I/O errors to errnos, path
+//! joining, object ids and the validity of a name. Pure functions; touch no state.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;

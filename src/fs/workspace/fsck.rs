@@ -1,4 +1,6 @@
-//! The check after an unclean stop or a damaged catalog: quarantine and repair at load.
+//! The check at load after an unclean stop or a damaged catalog: data files nobody points at go to
+//! quarantine, missing data files are recreated empty (noted), entries to unknown inodes are dropped,
+//! and the allocation counter moves past every number in use. Runs before anything is mounted.
 
 use crate::cow::catalog::Record;
 

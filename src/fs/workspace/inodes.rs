@@ -1,4 +1,6 @@
-//! The inode table: numbering of derived inodes, resolving names, and inode lifetimes.
+//! The live inode table: a [`Node`] per inode the kernel or an open file refers to (or that has a
+//! catalog record), derived inode numbering by path hash (`docs/inodes.md`), resolving a name in a
+//! directory (overlay first, then base tree), a node's path, and reaping nodes nobody refers to.
 
 use std::collections::HashMap;
 

@@ -1,4 +1,6 @@
-//! The fsmonitor journal: paths changed through the mount, in order, for git.
+//! The fsmonitor journal: paths changed through the mount, in order, and git's fsmonitor query answered
+//! from it (or, for the shared index's [`BASE_TOKEN`], from the catalog). In memory only; reads and
+//! writes nothing on disk.
 
 use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -1,4 +1,6 @@
-//! Namespace changes: create, remove, rename and link.
+//! Namespace changes through the mount: `mknod`, `mkdir`, `symlink`, `create`, `unlink`, `rmdir`,
+//! `rename` and `link`, each one transaction. Never reads or writes file content, except creating the
+//! empty (or seeded) data file of a new regular file.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;

@@ -1,5 +1,7 @@
-//! The daemon's API: seeding a new workspace, reading it without the kernel, quiet bookkeeping
-//! writes and applying tree changes.
+//! The daemon's API, used without the kernel: seeding a new workspace's own files before it is
+//! mounted, reading files and directories by path (never following symlinks), octofs's quiet
+//! bookkeeping writes, applying a tree diff, and the list of changes made behind the kernel
+//! ([`Behind`]) for the daemon to invalidate.
 
 use std::ffi::OsStr;
 use std::fs::File;

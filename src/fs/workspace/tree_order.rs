@@ -1,4 +1,5 @@
-//! Git's order of tree entries, and finding a name in a tree in that order.
+//! Git's order of tree entries, and finding a name in a tree in that order. Pure functions over tree
+//! entries read from the object store.
 
 use crate::git::objects::{EntryKind, TreeEntry};
 

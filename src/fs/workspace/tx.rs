@@ -1,5 +1,7 @@
-//! Transactions: the records of one change, appended to the catalog first and applied in memory
-//! only if the append succeeded.
+//! Transactions: the records of one change, appended to the catalog first and applied to the live
+//! state only if the append succeeded (so a failed append, e.g. ENOSPC, changes nothing). Runs with
+//! the state mutex held; the only I/O here is the catalog append (and the occasional compaction),
+//! which must be ordered with the change it records (`docs/locking.md`).
 
 use std::collections::BTreeMap;
 

@@ -1,4 +1,5 @@
-//! The request and reply types of the workspace core: what callers pass in and get back.
+//! The request and reply types of the workspace core: what callers (the fuser adapter, the daemon,
+//! the tests) pass in and get back. Plain data; no behaviour and no state.
 
 use std::ffi::OsString;
 use std::fs::File;

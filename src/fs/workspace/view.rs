@@ -1,5 +1,6 @@
-//! The snapshot view: every edit that turns the base tree into the working state, and the list of
-//! changes derived from it.
+//! The snapshot view: in one critical section, every edit that turns the base tree into the working
+//! state (O(changed paths), no content read), and the list of changes `status` derives from it.
+//! Reads the state and the object store; changes nothing.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;

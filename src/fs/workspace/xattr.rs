@@ -1,4 +1,5 @@
-//! Extended attributes.
+//! Extended attributes, stored in the inode's catalog record (`system.*` unsupported). A workspace
+//! that never set one answers `getxattr` without taking the state lock.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
