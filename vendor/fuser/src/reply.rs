@@ -10,6 +10,7 @@ use std::convert::AsRef;
 use std::ffi::OsStr;
 use std::io::IoSlice;
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::time::Duration;
 #[cfg(target_os = "macos")]
 use std::time::SystemTime;
@@ -34,10 +35,21 @@ use crate::ll::reply::Response;
 use crate::ll::{self};
 use crate::passthrough::BackingId;
 
+/// Receives the reply to a request that arrived outside `/dev/fuse` (a FUSE-over-io_uring ring
+/// entry): the `fuse_out_header` followed by the out arguments, exactly once per request.
+/// (octofs patch)
+pub trait RingReplySink: Send + Sync + std::fmt::Debug {
+    /// Takes the whole reply; the slices concatenated are `fuse_out_header` + out arguments.
+    fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()>;
+}
+
 /// Generic reply callback to send data
 #[derive(Debug)]
 pub(crate) enum ReplySender {
     Channel(ChannelSender),
+    /// The request came through a ring entry: the reply goes to the sink, backing-id ioctls still
+    /// go to `/dev/fuse` (octofs patch).
+    Ring(ChannelSender, Arc<dyn RingReplySink>),
     #[cfg(test)]
     Assert(AssertSender),
     #[cfg(test)]
@@ -49,6 +61,7 @@ impl ReplySender {
     pub(crate) fn send(&self, data: &[IoSlice<'_>]) -> std::io::Result<()> {
         match self {
             ReplySender::Channel(sender) => sender.send(data),
+            ReplySender::Ring(_, sink) => sink.send(data),
             #[cfg(test)]
             ReplySender::Assert(sender) => sender.send(data),
             #[cfg(test)]
@@ -62,7 +75,9 @@ impl ReplySender {
     /// Open a backing file
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
-            ReplySender::Channel(sender) => sender.open_backing(fd),
+            ReplySender::Channel(sender) | ReplySender::Ring(sender, _) => {
+                sender.open_backing(fd)
+            }
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]
@@ -73,7 +88,9 @@ impl ReplySender {
     /// Wraps a raw backing file ID
     pub(crate) unsafe fn wrap_backing(&self, id: u32) -> BackingId {
         match self {
-            ReplySender::Channel(sender) => unsafe { sender.wrap_backing(id) },
+            ReplySender::Channel(sender) | ReplySender::Ring(sender, _) => unsafe {
+                sender.wrap_backing(id)
+            },
             #[cfg(test)]
             ReplySender::Assert(_) => unreachable!(),
             #[cfg(test)]

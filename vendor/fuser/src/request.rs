@@ -7,6 +7,7 @@
 
 use std::convert::TryFrom;
 use std::path::Path;
+use std::sync::Arc;
 
 use log::debug;
 use log::error;
@@ -26,6 +27,7 @@ use crate::reply::ReplyDirectory;
 use crate::reply::ReplyDirectoryPlus;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::reply::RingReplySink;
 use crate::session::SessionACL;
 use crate::session::SessionEventLoop;
 
@@ -34,6 +36,8 @@ use crate::session::SessionEventLoop;
 pub(crate) struct RequestWithSender<'a> {
     /// Channel sender for sending the reply
     ch: ChannelSender,
+    /// Where replies go when the request came through a ring entry (octofs patch)
+    ring: Option<Arc<dyn RingReplySink>>,
     /// Parsed request
     pub(crate) request: ll::AnyRequest<'a>,
 }
@@ -49,7 +53,31 @@ impl<'a> RequestWithSender<'a> {
             }
         };
 
-        Some(Self { ch, request })
+        Some(Self {
+            ch,
+            ring: None,
+            request,
+        })
+    }
+
+    /// Like `new`, for a request that came through a ring entry: replies go to `sink`
+    /// (octofs patch).
+    pub(crate) fn new_ring(
+        ch: ChannelSender,
+        sink: Arc<dyn RingReplySink>,
+        data: &'a [u8],
+    ) -> Option<RequestWithSender<'a>> {
+        let mut req = Self::new(ch, data)?;
+        req.ring = Some(sink);
+        Some(req)
+    }
+
+    /// The reply sender for this request: the ring sink if it came through a ring entry.
+    fn sender(&self) -> ReplySender {
+        match &self.ring {
+            Some(sink) => ReplySender::Ring(self.ch.clone(), sink.clone()),
+            None => ReplySender::Channel(self.ch.clone()),
+        }
     }
 
     /// Dispatch request to the given filesystem.
@@ -304,7 +332,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectory::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -479,7 +507,7 @@ impl<'a> RequestWithSender<'a> {
                     x.offset(),
                     ReplyDirectoryPlus::new(
                         self.request.unique(),
-                        ReplySender::Channel(self.ch.clone()),
+                        self.sender(),
                         x.size() as usize,
                     ),
                 );
@@ -552,7 +580,7 @@ impl<'a> RequestWithSender<'a> {
     /// Create a reply object for this request that can be passed to the filesystem
     /// implementation and makes sure that a request is replied exactly once
     pub(crate) fn reply<T: Reply>(&self) -> T {
-        Reply::new(self.request.unique(), ReplySender::Channel(self.ch.clone()))
+        Reply::new(self.request.unique(), self.sender())
     }
 
     /// Returns a Request reference for this request

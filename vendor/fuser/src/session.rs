@@ -47,6 +47,7 @@ use crate::read_buf::FuseReadBuf;
 use crate::reply::Reply;
 use crate::reply::ReplyRaw;
 use crate::reply::ReplySender;
+use crate::reply::RingReplySink;
 use crate::request::RequestWithSender;
 
 /// The max size of write requests from the kernel. The absolute minimum is 4k,
@@ -224,12 +225,20 @@ impl<FS: Filesystem> Session<FS> {
     /// Run the session loop in a background thread. If the returned handle is dropped,
     /// the filesystem is unmounted and the given session ends.
     pub fn spawn(self) -> io::Result<BackgroundSession> {
+        self.spawn_with_ring(Vec::new())
+    }
+
+    /// Like `spawn`, and also runs each of `workers` on its own thread with a [`RingDispatcher`]
+    /// for this session's filesystem (a FUSE-over-io_uring transport feeds requests through it).
+    /// The session ends when the `/dev/fuse` threads and every worker have returned; the
+    /// filesystem's `destroy` runs after all of them. (octofs patch)
+    pub fn spawn_with_ring(self, workers: Vec<RingWorker<FS>>) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let guard = thread::Builder::new()
             .name("fuser-bg".to_string())
-            .spawn(move || self.run())?;
+            .spawn(move || self.run_with_ring(workers))?;
         Ok(BackgroundSession {
             guard,
             sender,
@@ -244,6 +253,11 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
+        self.run_with_ring(Vec::new())
+    }
+
+    /// `run`, plus the ring workers of `spawn_with_ring` (octofs patch).
+    fn run_with_ring(self, workers: Vec<RingWorker<FS>>) -> io::Result<()> {
         let Session {
             filesystem,
             ch,
@@ -286,9 +300,10 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        let ring_ch = ch.clone();
         channels.push(ch);
 
-        let mut threads = Vec::with_capacity(n_threads);
+        let mut threads = Vec::with_capacity(n_threads + workers.len());
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -305,6 +320,26 @@ impl<FS: Filesystem> Session<FS> {
                     .spawn(move || event_loop.event_loop())?,
             );
         }
+
+        for (i, worker) in workers.into_iter().enumerate() {
+            let thread_name = format!("fuser-ring-{i}");
+            let dispatcher = RingDispatcher {
+                event_loop: SessionEventLoop {
+                    thread_name: thread_name.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: ring_ch.clone(),
+                    allowed,
+                    session_owner,
+                },
+                buf: Vec::new(),
+            };
+            threads.push(
+                thread::Builder::new()
+                    .name(thread_name)
+                    .spawn(move || worker(dispatcher))?,
+            );
+        }
+        drop(ring_ch);
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -508,6 +543,57 @@ impl SessionUnmounter {
             mount.umount()?;
         }
         Ok(())
+    }
+}
+
+/// A ring worker of [`Session::spawn_with_ring`]: runs on its own thread until the connection
+/// ends, feeding the requests it receives to the dispatcher (octofs patch).
+pub type RingWorker<FS> = Box<dyn FnOnce(RingDispatcher<FS>) -> io::Result<()> + Send>;
+
+/// Dispatches requests that arrive outside `/dev/fuse` (FUSE over io_uring ring entries) to the
+/// session's filesystem; replies go to the sink given with each request (octofs patch).
+pub struct RingDispatcher<FS: Filesystem> {
+    event_loop: SessionEventLoop<FS>,
+    /// The request reassembled contiguously, aligned for `fuse_in_header`.
+    buf: Vec<u8>,
+}
+
+impl<FS: Filesystem> std::fmt::Debug for RingDispatcher<FS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingDispatcher")
+            .field("thread", &self.event_loop.thread_name)
+            .finish()
+    }
+}
+
+impl<FS: Filesystem> RingDispatcher<FS> {
+    /// Dispatches one request whose bytes are `parts` concatenated (`fuse_in_header`, then the
+    /// arguments, exactly as `/dev/fuse` would deliver them). The reply goes to `sink`, now or
+    /// later (the filesystem may answer from another thread). Returns false, having replied
+    /// nothing, when the bytes are not a valid request: the caller must answer it itself.
+    pub fn dispatch(&mut self, parts: &[&[u8]], sink: Arc<dyn RingReplySink>) -> bool {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let align = std::mem::align_of::<abi::fuse_in_header>();
+        if self.buf.len() < len + align {
+            self.buf.resize(len + align, 0);
+        }
+        let off = (align - (self.buf.as_ptr() as usize) % align) % align;
+        let data = &mut self.buf[off..off + len];
+        let mut at = 0;
+        for p in parts {
+            data[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        let data = &self.buf[off..off + len];
+        let Some(req) = RequestWithSender::new_ring(self.event_loop.ch.sender(), sink, data) else {
+            return false;
+        };
+        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+            req.reply::<ReplyEmpty>().ok();
+        } else {
+            req.dispatch(&self.event_loop);
+        }
+        true
     }
 }
 

@@ -22,6 +22,8 @@
 
 #![warn(missing_debug_implementations)]
 #![allow(missing_docs)]
+// octofs patch: some ABI structs are unused, and a path dependency's lints are not capped.
+#![allow(dead_code)]
 
 use num_enum::TryFromPrimitive;
 use zerocopy::FromBytes;
