@@ -157,6 +157,18 @@ impl<FS: Filesystem> Session<FS> {
         mountpoint: P,
         options: &Config,
     ) -> io::Result<Session<FS>> {
+        Self::new_with_init_hook(filesystem, mountpoint, options, |_| {})
+    }
+
+    /// Like `new`; `hook` sees the `KernelConfig` after the filesystem's `init` and before the
+    /// INIT reply is sent, so a transport can add its own flags (FUSE_OVER_IO_URING) and limits.
+    /// (octofs patch)
+    pub fn new_with_init_hook<P: AsRef<Path>>(
+        filesystem: FS,
+        mountpoint: P,
+        options: &Config,
+        hook: impl FnOnce(&mut KernelConfig),
+    ) -> io::Result<Session<FS>> {
         check_option_conflicts(options)?;
 
         let mountpoint = mountpoint.as_ref();
@@ -189,7 +201,7 @@ impl<FS: Filesystem> Session<FS> {
             config: options.clone(),
         };
 
-        session.handshake()?;
+        session.handshake(hook)?;
 
         Ok(session)
     }
@@ -217,7 +229,7 @@ impl<FS: Filesystem> Session<FS> {
             config,
         };
 
-        session.handshake()?;
+        session.handshake(|_| {})?;
 
         Ok(session)
     }
@@ -367,7 +379,8 @@ impl<FS: Filesystem> Session<FS> {
         reply
     }
 
-    fn handshake(&mut self) -> io::Result<()> {
+    fn handshake(&mut self, hook: impl FnOnce(&mut KernelConfig)) -> io::Result<()> {
+        let mut hook = Some(hook);
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
 
@@ -462,6 +475,9 @@ impl<FS: Filesystem> Session<FS> {
                 <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                     .send_ll(&ResponseErrno(errno));
                 return Err(error);
+            }
+            if let Some(hook) = hook.take() {
+                hook(&mut config);
             }
 
             // Remember the ABI version supported by kernel and mark the session initialized.
