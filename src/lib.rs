@@ -1,8 +1,9 @@
 //! octofs: per-thread copy-on-write git workspaces served as FUSE mounts.
 //!
 //! The layers, each in its own module and depending only on the ones listed before it:
-//! - [`names`], [`layout`], [`records`] and [`sys`]: validated names, where state lives, durable JSON
-//!   records, and the only `unsafe` code.
+//! - [`names`], [`layout`], [`records`], [`sys`] and [`sys_uring`]: validated names, where state
+//!   lives, durable JSON records, and the only `unsafe` code (`sys_uring`: io_uring for the FUSE
+//!   ring transport).
 //! - [`git`]: mirrors (one pristine checkout per project) and read access to their object stores.
 //! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
@@ -27,4 +28,5 @@ pub mod own_repo;
 pub mod records;
 pub mod repo;
 pub mod sys;
+pub mod sys_uring;
 pub mod workspace;

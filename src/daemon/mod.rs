@@ -65,6 +65,8 @@ pub struct Settings {
     pub sweep_every: u64,
     /// Clone and fetch give up after this many seconds without progress.
     pub fetch_timeout_secs: u64,
+    /// How mounts receive requests (`octofs serve --transport`).
+    pub transport: crate::fs::uring::Transport,
 }
 
 struct Mounted {
@@ -419,7 +421,7 @@ impl Daemon {
         // From here on, what the daemon changes other than through the mount is told to the kernel.
         core.watch_kernel();
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
-        let session = crate::fs::fuse::mount(adapter, &path, &cfg)
+        let session = crate::fs::fuse::mount(adapter, &path, &cfg, self.settings.transport)
             .map_err(|e| format!("cannot mount {}: {e}", path.display()))?;
         tracing::info!(thread = %rec.thread, path = %path.display(), "mounted");
         lock(&self.mounts).insert(
@@ -508,6 +510,7 @@ impl Daemon {
                     .passthrough
                     .load(std::sync::atomic::Ordering::Relaxed)
             }),
+            transport: m.and_then(|m| m.info.transport.get().cloned()),
             changed_paths: m
                 .and_then(|m| m.core.changes().ok())
                 .map(|c| c.len() as u64)
@@ -539,6 +542,7 @@ impl Daemon {
             mounted: false,
             path: self.layout.mountpoint(&b.thread).display().to_string(),
             passthrough: None,
+            transport: None,
             changed_paths: 0,
             quarantined: 0,
             damaged: Vec::new(),
