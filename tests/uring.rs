@@ -7,6 +7,7 @@
 mod common;
 
 use std::fs;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -165,4 +166,112 @@ fn dev_transport_is_reported_and_has_no_ring_threads() {
     let (threads, _) = ring_thread_wakeups(d.pid().expect("pid"));
     assert_eq!(threads, 0);
     d.stop();
+}
+
+/// Serves with `--transport uring` and the fault `fault` injected in one ring entry's
+/// registration: opening a workspace must fail within a bounded time, saying why, leave nothing
+/// mounted and no caller blocked, and the daemon must go on serving (a `dev` daemon on the same
+/// state then mounts the workspace fine).
+fn registration_fault_fails_the_mount_cleanly(fault: &str) {
+    if !kernel_has_it() {
+        return;
+    }
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    repo.write("README.md", "hello ring\n");
+    repo.commit_all("base", DATE1);
+    let d = Daemon::unstarted();
+    let log = fs::File::create(d.base.join("fault.log")).expect("log");
+    let mut child = d
+        .command()
+        .args(["serve", "--transport", "uring"])
+        .env("OCTOFS_URING_FAULT", fault)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().expect("dup"))
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .expect("spawn serve");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !(std::os::unix::net::UnixStream::connect(d.socket()).is_ok()
+            && d.cli(["list"]).success())
+        {
+            assert!(std::time::Instant::now() < deadline, "daemon not ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+        // A caller that enters the mount while the entries are (not) registering: the kernel holds
+        // its request; the abort must release it with an error.
+        let root = d.root.clone();
+        let caller = std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while mounts_under(&root).is_empty() {
+                if std::time::Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Some(try_run(
+                Command::new("stat").arg(root.join("t/README.md")),
+                Duration::from_secs(40),
+            ))
+        });
+        let t0 = std::time::Instant::now();
+        let out = d.cli(["open", "t", "--project", "proj"]);
+        assert!(!out.success(), "open should fail: {}", out.describe());
+        assert!(
+            out.stderr_str().contains("io_uring"),
+            "the error should name the transport: {}",
+            out.stderr_str()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "took {:?}",
+            t0.elapsed()
+        );
+        assert!(
+            mounts_under(&d.root).is_empty(),
+            "left mounted: {:?}",
+            mounts_under(&d.root)
+        );
+        match caller.join().expect("caller thread") {
+            // The mount came and went before the caller looked: nothing could block.
+            None => {}
+            // Answered (before the abort, through /dev/fuse after a refused registration) or
+            // failed by the abort: either way it returned.
+            Some(Ok(_)) => {}
+            Some(Err(e)) => panic!("a caller stayed blocked in the failed mount: {e}"),
+        }
+        // The daemon still answers.
+        d.cli_ok(["list"]);
+    }));
+    let _ = d.cli(["stop"]);
+    if wait_timeout(&mut child, Duration::from_secs(20)).is_none() {
+        kill_child_group(&child);
+        let _ = child.wait();
+        umount_all_under(&d.root);
+        panic!("daemon did not stop after the failed mount");
+    }
+    if let Err(e) = result {
+        umount_all_under(&d.root);
+        eprintln!(
+            "--- daemon log ---\n{}",
+            fs::read_to_string(d.base.join("fault.log")).unwrap_or_default()
+        );
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn a_refused_registration_aborts_the_mount_instead_of_hanging() {
+    registration_fault_fails_the_mount_cleanly("bad-queue");
+}
+
+#[test]
+fn an_entry_that_never_registers_aborts_the_mount_instead_of_hanging() {
+    registration_fault_fails_the_mount_cleanly("no-register");
 }

@@ -75,6 +75,10 @@ const FUSE_BATCH_FORGET: u32 = 42;
 /// How long the entries may take to register before the connection is aborted.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+/// Fault injection for the tests of the never-hang rules, applied to every entry of the last
+/// queue: `bad-queue` makes them register on a queue that does not exist (the kernel refuses it),
+/// `no-register` makes them never register (the kernel holds every request meanwhile).
+const FAULT_ENV: &str = "OCTOFS_URING_FAULT";
 
 /// Mounts `fs` at `mountpoint` and serves it on background threads with the transport `want`
 /// asks for; `served` is set to what the mount actually runs on (shown by `octofs status`).
@@ -126,7 +130,12 @@ pub fn mount<FS: Filesystem>(
     let (tx, rx) = mpsc::channel();
     let mut workers: Vec<RingWorker<FS>> = Vec::new();
     let mut first_err = None;
-    for q in queues {
+    let fault = std::env::var(FAULT_ENV).unwrap_or_default();
+    let last = queues.iter().map(|q| q.qid).max().unwrap_or(0);
+    for mut q in queues {
+        if q.qid == last {
+            q.fault = fault.clone();
+        }
         match session.as_fd().try_clone_to_owned() {
             Ok(dev_fd) => {
                 let tx = tx.clone();
@@ -145,9 +154,15 @@ pub fn mount<FS: Filesystem>(
         match rx.recv_timeout(REGISTER_TIMEOUT) {
             Ok(Ok(())) => ok += 1,
             Ok(Err(e)) => first_err = Some(e),
-            Err(_) => {
+            Err(mpsc::RecvTimeoutError::Timeout) => {
                 first_err = Some(format!(
                     "{ok} of {expected} ring entries registered within {REGISTER_TIMEOUT:?}"
+                ))
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                first_err = Some(format!(
+                    "{ok} of {expected} ring entries registered; a ring thread ended before \
+                     registering"
                 ))
             }
         }
@@ -210,6 +225,7 @@ fn prepare() -> Result<Vec<QueueEntry>, String> {
                 qid: qid as u16,
                 ring,
                 buf,
+                fault: String::new(),
             });
         }
     }
@@ -253,13 +269,17 @@ fn abort_connection(mountpoint: &Path) -> io::Result<()> {
         .next_back()
         .ok_or_else(|| io::Error::other("mount not found in mountinfo"))?;
     let dir = Path::new("/sys/fs/fuse/connections");
-    if std::fs::read_dir(dir)?.next().is_none() {
-        let _ = std::process::Command::new("mount")
+    let mounted_here = std::fs::read_dir(dir)?.next().is_none()
+        && std::process::Command::new("mount")
             .args(["-t", "fusectl", "fusectl"])
             .arg(dir)
-            .status();
+            .status()
+            .is_ok_and(|s| s.success());
+    let r = std::fs::write(dir.join(minor).join("abort"), "1");
+    if mounted_here {
+        let _ = std::process::Command::new("umount").arg(dir).status();
     }
-    std::fs::write(dir.join(minor).join("abort"), "1")
+    r
 }
 
 /// One ring entry of one CPU queue, served by its own pinned thread.
@@ -267,6 +287,8 @@ struct QueueEntry {
     qid: u16,
     ring: Ring,
     buf: EntryBuffers,
+    /// `FAULT_ENV`'s value for this entry (empty: none).
+    fault: String,
 }
 
 /// Where a request's reply lands: fuser's encoder writes it here (possibly from another thread),
@@ -333,6 +355,16 @@ impl QueueEntry {
             tracing::debug!(qid = self.qid, "cannot pin ring thread: {e}");
         }
         let fd = dev.as_raw_fd();
+        let qid = match self.fault.as_str() {
+            "bad-queue" => u16::MAX,
+            "no-register" => {
+                // Silent until the mount gave up on it (as a thread stuck before registering).
+                std::thread::sleep(REGISTER_TIMEOUT + Duration::from_secs(2));
+                drop(registered);
+                return Ok(());
+            }
+            _ => self.qid,
+        };
         let reg = self
             .ring
             .push_uring_cmd(
@@ -341,7 +373,7 @@ impl QueueEntry {
                 0,
                 self.buf.iovec_addr(),
                 2,
-                &cmd_req(0, self.qid),
+                &cmd_req(0, qid),
             )
             .and_then(|()| self.ring.submit_and_wait(false));
         if let Err(e) = reg {
