@@ -114,6 +114,9 @@ pub fn print_status(w: &WorkspaceStatus) {
     if let Some(p) = w.passthrough {
         println!("passthrough:   {}", if p { "yes" } else { "no" });
     }
+    if let Some(t) = &w.transport {
+        println!("transport:     {t}");
+    }
     println!("changed paths: {}", w.changed_paths);
     println!("base reads:    {}", w.base_content_opens);
     if w.quarantined > 0 {

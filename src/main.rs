@@ -57,6 +57,10 @@ enum Cmd {
         /// Clone and fetch give up after this long without progress (e.g. 300, 5m)
         #[arg(long, default_value = "5m", value_parser = parse_duration, env = "OCTOFS_FETCH_TIMEOUT")]
         fetch_timeout: u64,
+        /// How mounts receive requests: auto (FUSE over io_uring when the kernel offers it),
+        /// uring (or the mount fails), dev (/dev/fuse threads)
+        #[arg(long, default_value = "auto", env = "OCTOFS_TRANSPORT")]
+        transport: octofs::fs::uring::Transport,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -206,6 +210,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             sweep_idle,
             sweep_every,
             fetch_timeout,
+            transport,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -222,6 +227,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     sweep_idle,
                     sweep_every,
                     fetch_timeout_secs: fetch_timeout,
+                    transport,
                 },
             )
             .map_err(|e| format!("{e:#}"))

@@ -60,6 +60,8 @@ pub struct Settings {
     pub sweep_every: u64,
     /// Clone and fetch give up after this many seconds without progress.
     pub fetch_timeout_secs: u64,
+    /// How mounts receive requests (`octofs serve --transport`).
+    pub transport: crate::fs::uring::Transport,
 }
 
 struct Mounted {

@@ -107,7 +107,7 @@ impl Daemon {
         // From here on, what the daemon changes other than through the mount is told to the kernel.
         core.watch_kernel();
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
-        let session = crate::fs::fuse::mount(adapter, &path, &cfg)
+        let session = crate::fs::fuse::mount(adapter, &path, &cfg, self.settings.transport)
             .context(|| format!("cannot mount {}", path.display()))?;
         tracing::info!(thread = %rec.thread, path = %path.display(), "mounted");
         lock(&self.mounts).insert(

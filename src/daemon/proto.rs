@@ -124,6 +124,9 @@ pub struct WorkspaceStatus {
     pub path: String,
     /// Whether reads are handed to the kernel (FUSE passthrough); `None` when not mounted.
     pub passthrough: Option<bool>,
+    /// The request transport ("uring (…)" or "dev (…)"); `None` when not mounted.
+    #[serde(default)]
+    pub transport: Option<String>,
     /// Paths that differ from the base (counted while mounted).
     pub changed_paths: u64,
     /// Files moved to `<state>/workspaces/<thread>/upper/quarantine` after an unclean stop.

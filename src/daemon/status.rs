@@ -36,6 +36,7 @@ impl Daemon {
                     .passthrough
                     .load(std::sync::atomic::Ordering::Relaxed)
             }),
+            transport: m.and_then(|m| m.info.transport.get().cloned()),
             changed_paths: m
                 .and_then(|m| m.core.changes().ok())
                 .map(|c| c.len() as u64)
@@ -67,6 +68,7 @@ impl Daemon {
             mounted: false,
             path: self.layout.mountpoint(&b.thread).display().to_string(),
             passthrough: None,
+            transport: None,
             changed_paths: 0,
             quarantined: 0,
             damaged: Vec::new(),
