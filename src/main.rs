@@ -57,9 +57,9 @@ enum Cmd {
         /// Clone and fetch give up after this long without progress (e.g. 300, 5m)
         #[arg(long, default_value = "5m", value_parser = parse_duration, env = "OCTOFS_FETCH_TIMEOUT")]
         fetch_timeout: u64,
-        /// How mounts receive requests: auto (FUSE over io_uring when the kernel offers it),
-        /// uring (or the mount fails), dev (/dev/fuse threads)
-        #[arg(long, default_value = "auto", env = "OCTOFS_TRANSPORT")]
+        /// How mounts receive requests: dev (/dev/fuse threads), auto (FUSE over io_uring when the
+        /// kernel offers it), uring (or the mount fails); see docs/transport.md
+        #[arg(long, default_value = "dev", env = "OCTOFS_TRANSPORT")]
         transport: octofs::fs::uring::Transport,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)

@@ -20,15 +20,16 @@ use fuser::{Filesystem, InitFlags, RingDispatcher, RingReplySink, RingWorker};
 
 use crate::sys_uring::{EntryBuffers, Ring};
 
-/// Which transport a mount should use (`octofs serve --transport`).
+/// Which transport a mount should use (`octofs serve --transport`). The default is `Dev` until
+/// the ring is shown to win on a quiet machine (docs/transport.md, "Measurements").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Transport {
     /// io_uring when the kernel offers it, else `/dev/fuse`.
-    #[default]
     Auto,
     /// io_uring or the mount fails.
     Uring,
     /// `/dev/fuse` reader threads only.
+    #[default]
     Dev,
 }
 
