@@ -312,6 +312,13 @@ impl Catalog {
         self.log.sync_data()
     }
 
+    /// A second descriptor of the log, whose `sync_data` is [`Catalog::sync`] without borrowing the
+    /// catalog (so the caller can make appends durable without holding the lock that orders them).
+    /// The log is never replaced (compaction truncates it in place), so the descriptor stays valid.
+    pub fn sync_handle(&self) -> io::Result<File> {
+        self.log.try_clone()
+    }
+
     /// Whether the log has grown enough, relative to the live state, to be worth compacting
     /// (`live_records` is only asked for once the log is long).
     pub fn wants_compaction(&self, live_records: impl FnOnce() -> usize) -> bool {
