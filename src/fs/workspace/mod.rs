@@ -1,10 +1,12 @@
 //! The filesystem core of one workspace: a copy-on-write overlay of the base commit.
 //!
 //! Every request is a method returning `Result<_, Errno>`; nothing here panics on a request and
-//! nothing here knows about the kernel (the fuser adapter in [`super::fuse`] does). All metadata lives
-//! in one [`State`] behind a mutex. A change is a transaction ([`Tx`]): its catalog records are
-//! appended to the log *first* and applied in memory only if that succeeded, so a failed append
-//! (ENOSPC) changes nothing and an acknowledged change survives SIGKILL.
+//! nothing here knows about the kernel (the fuser adapter in [`super::fuse`] does). All metadata
+//! lives in one [`State`] behind a mutex, held for in-memory work and the catalog append only: no
+//! file is copied, opened, `fstat`ed or synced under it (`docs/locking.md`). A change is a
+//! transaction ([`Tx`]): its catalog records are appended to the log *first* and applied in memory
+//! only if that succeeded, so a failed append (ENOSPC) changes nothing and an acknowledged change
+//! survives SIGKILL.
 //!
 //! The model (see `docs/overlay.md`):
 //! - An inode nobody changed has no record: it is *derived* from the base tree on lookup, numbered by

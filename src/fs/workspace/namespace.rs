@@ -184,7 +184,7 @@ impl WorkspaceFs {
                 (caller.gid, mode & 0o7777)
             };
             if kind == Kind::Dir {
-                p.nlink += 1;
+                link_up(&mut p.nlink)?;
                 if p.mode & libc::S_ISGID != 0 {
                     mode |= libc::S_ISGID;
                 }
@@ -338,7 +338,7 @@ impl WorkspaceFs {
         self.unlink_name(&st, &mut tx, parent, name)?;
         Self::touch_dir(&st, &mut tx, parent, now)?;
         if dir {
-            st.rec(&mut tx, parent)?.nlink -= 1;
+            link_down(&mut st.rec(&mut tx, parent)?.nlink)?;
             tx.drop_inode(ino);
         } else {
             let r = st.rec(&mut tx, ino)?;
@@ -446,8 +446,8 @@ impl WorkspaceFs {
                 } else {
                     (parent, newparent)
                 };
-                st.rec(&mut tx, gains_dir)?.nlink += 1;
-                st.rec(&mut tx, loses_dir)?.nlink -= 1;
+                link_up(&mut st.rec(&mut tx, gains_dir)?.nlink)?;
+                link_down(&mut st.rec(&mut tx, loses_dir)?.nlink)?;
             }
             for (ino, p, n) in [(src, newparent, newname), (dst, parent, name)] {
                 let r = st.rec(&mut tx, ino)?;
@@ -506,12 +506,12 @@ impl WorkspaceFs {
                 Self::repoint_primary(&st, &mut tx, dst, newparent, newname)?;
             }
             if src_dir {
-                st.rec(&mut tx, newparent)?.nlink -= 1;
+                link_down(&mut st.rec(&mut tx, newparent)?.nlink)?;
             }
         }
         if src_dir && parent != newparent {
-            st.rec(&mut tx, parent)?.nlink -= 1;
-            st.rec(&mut tx, newparent)?.nlink += 1;
+            link_down(&mut st.rec(&mut tx, parent)?.nlink)?;
+            link_up(&mut st.rec(&mut tx, newparent)?.nlink)?;
         }
         let r = st.rec(&mut tx, src)?;
         r.parent = newparent;
@@ -549,7 +549,7 @@ impl WorkspaceFs {
         st.chain(&mut tx, newparent)?;
         tx.entry(newparent, newname, Some(ino));
         let r = st.rec(&mut tx, ino)?;
-        r.nlink += 1;
+        link_up(&mut r.nlink)?;
         r.ctime = now;
         Self::touch_dir(&st, &mut tx, newparent, now)?;
         st.commit(tx)?;
@@ -561,4 +561,18 @@ impl WorkspaceFs {
         drop(st);
         self.attr(&rec)
     }
+}
+
+/// One more link to an inode (a name, or a subdirectory's `..`).
+fn link_up(nlink: &mut u32) -> Result<(), Errno> {
+    *nlink = nlink.checked_add(1).ok_or(Errno::EMLINK)?;
+    Ok(())
+}
+
+/// One link less; a count already at zero is a damaged record, not a panic.
+fn link_down(nlink: &mut u32) -> Result<(), Errno> {
+    *nlink = nlink
+        .checked_sub(1)
+        .ok_or_else(|| eio("a link count would go below zero"))?;
+    Ok(())
 }
