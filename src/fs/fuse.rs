@@ -3,7 +3,8 @@
 //! It owns what only the kernel interface needs: kernel cache TTLs, init flags (see
 //! `docs/caching.md`), turning fuser's argument types into core calls and results into replies, and
 //! registering passthrough backing files with the kernel. Open handles and the backing rules live in
-//! [`super::handles`]; every request's meaning lives in the core.
+//! [`super::handles`]; every request's meaning lives in the core. Each failed request is logged once
+//! ([`super::failures`]).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -21,6 +22,7 @@ use fuser::{
     WriteFlags,
 };
 
+use super::failures::{Cx, failed};
 use super::handles::{FileOpen, Handles};
 use super::stats::{Op, Stats};
 use super::{Behind, Caller, SetAttr, SetTime, WorkspaceFs, XattrReply};
@@ -90,46 +92,46 @@ fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
-fn entry(reply: ReplyEntry, r: Result<FileAttr, Errno>) {
+fn entry(cx: &Cx, reply: ReplyEntry, r: Result<FileAttr, Errno>) {
     match r {
         Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-        Err(e) => reply.error(e),
+        Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn attr(reply: ReplyAttr, r: Result<FileAttr, Errno>) {
+fn attr(cx: &Cx, reply: ReplyAttr, r: Result<FileAttr, Errno>) {
     match r {
         Ok(attr) => reply.attr(&TTL, &attr),
-        Err(e) => reply.error(e),
+        Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn data(reply: ReplyData, r: Result<Vec<u8>, Errno>) {
+fn data(cx: &Cx, reply: ReplyData, r: Result<Vec<u8>, Errno>) {
     match r {
         Ok(d) => reply.data(&d),
-        Err(e) => reply.error(e),
+        Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn written(reply: ReplyWrite, r: Result<u32, Errno>) {
+fn written(cx: &Cx, reply: ReplyWrite, r: Result<u32, Errno>) {
     match r {
         Ok(n) => reply.written(n),
-        Err(e) => reply.error(e),
+        Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn empty(reply: ReplyEmpty, r: Result<(), Errno>) {
+fn empty(cx: &Cx, reply: ReplyEmpty, r: Result<(), Errno>) {
     match r {
         Ok(()) => reply.ok(),
-        Err(e) => reply.error(e),
+        Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn xattr(reply: ReplyXattr, r: Result<XattrReply, Errno>) {
+fn xattr(cx: &Cx, reply: ReplyXattr, r: Result<XattrReply, Errno>) {
     match r {
         Ok(XattrReply::Size(n)) => reply.size(n),
         Ok(XattrReply::Data(d)) => reply.data(&d),
-        Err(e) => reply.error(e),
+        Err(e) => reply.error(failed(cx, e)),
     }
 }
 
@@ -159,11 +161,12 @@ impl Filesystem for FuseAdapter {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _t = self.info.stats.time(Op::Lookup);
+        let cx = Cx::new(Op::Lookup, parent.0, Some(name));
         match self.core.lookup(ino(parent), name) {
             Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
             // Cache the miss: compilers, git and node probe many missing paths.
             Err(e) if e == Errno::ENOENT => reply.entry(&TTL, &negative_attr(), Generation(0)),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(failed(&cx, e)),
         }
     }
 
@@ -174,7 +177,8 @@ impl Filesystem for FuseAdapter {
 
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _t = self.info.stats.time(Op::Getattr);
-        attr(reply, self.core.getattr(ino(i)));
+        let cx = Cx::new(Op::Getattr, i.0, None);
+        attr(&cx, reply, self.core.getattr(ino(i)));
     }
 
     fn setattr(
@@ -196,12 +200,13 @@ impl Filesystem for FuseAdapter {
         reply: ReplyAttr,
     ) {
         let _t = self.info.stats.time(Op::Setattr);
+        let cx = Cx::new(Op::Setattr, i.0, None);
         let i = ino(i);
         if size.is_some()
             && let Err(e) = self.handles.before_truncate(i)
         {
             // Truncating a base file that readers hold through passthrough: new inode, look again.
-            return reply.error(e);
+            return reply.error(failed(&cx, e));
         }
         let set = SetAttr {
             mode,
@@ -212,12 +217,13 @@ impl Filesystem for FuseAdapter {
             mtime: mtime.map(set_time),
             ctime,
         };
-        attr(reply, self.core.setattr(i, set));
+        attr(&cx, reply, self.core.setattr(i, set));
     }
 
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
         let _t = self.info.stats.time(Op::Readlink);
-        data(reply, self.core.readlink(ino(i)));
+        let cx = Cx::new(Op::Readlink, i.0, None);
+        data(&cx, reply, self.core.readlink(ino(i)));
     }
 
     fn mknod(
@@ -231,7 +237,9 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         let _t = self.info.stats.time(Op::Mknod);
+        let cx = Cx::new(Op::Mknod, p.0, Some(name));
         entry(
+            &cx,
             reply,
             self.core
                 .mknod(ino(p), name, mode & !umask, rdev, caller(req)),
@@ -248,7 +256,9 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEntry,
     ) {
         let _t = self.info.stats.time(Op::Mkdir);
+        let cx = Cx::new(Op::Mkdir, p.0, Some(name));
         entry(
+            &cx,
             reply,
             self.core.mkdir(ino(p), name, mode & !umask, caller(req)),
         );
@@ -256,17 +266,21 @@ impl Filesystem for FuseAdapter {
 
     fn unlink(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Unlink);
-        empty(reply, self.core.unlink(ino(p), name));
+        let cx = Cx::new(Op::Unlink, p.0, Some(name));
+        empty(&cx, reply, self.core.unlink(ino(p), name));
     }
 
     fn rmdir(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Rmdir);
-        empty(reply, self.core.rmdir(ino(p), name));
+        let cx = Cx::new(Op::Rmdir, p.0, Some(name));
+        empty(&cx, reply, self.core.rmdir(ino(p), name));
     }
 
     fn symlink(&self, req: &Request, p: INodeNo, name: &OsStr, target: &Path, reply: ReplyEntry) {
         let _t = self.info.stats.time(Op::Symlink);
+        let cx = Cx::new(Op::Symlink, p.0, Some(name));
         entry(
+            &cx,
             reply,
             self.core
                 .symlink(ino(p), name, target.as_os_str().as_bytes(), caller(req)),
@@ -284,7 +298,9 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Rename);
+        let cx = Cx::new(Op::Rename, p.0, Some(name));
         empty(
+            &cx,
             reply,
             self.core
                 .rename(ino(p), name, ino(np), newname, flags.bits()),
@@ -293,18 +309,20 @@ impl Filesystem for FuseAdapter {
 
     fn link(&self, _req: &Request, i: INodeNo, np: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let _t = self.info.stats.time(Op::Link);
-        entry(reply, self.core.link(ino(i), ino(np), newname));
+        let cx = Cx::new(Op::Link, i.0, Some(newname));
+        entry(&cx, reply, self.core.link(ino(i), ino(np), newname));
     }
 
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Open);
+        let cx = Cx::new(Op::Open, i.0, None);
         let i = ino(i);
         let register = self
             .passthrough()
             .then_some(|f: &File| reply.open_backing(f));
         let opened = match self.handles.open(i, flags.0, register) {
             Ok(o) => o,
-            Err(e) => return reply.error(e),
+            Err(e) => return reply.error(failed(&cx, e)),
         };
         self.note_backing(&opened);
         let FileOpen {
@@ -334,6 +352,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         let _t = self.info.stats.time(Op::Create);
+        let cx = Cx::new(Op::Create, p.0, Some(name));
         let register = self
             .passthrough()
             .then_some(|f: &File| reply.open_backing(f));
@@ -343,7 +362,7 @@ impl Filesystem for FuseAdapter {
                 .create(ino(p), name, mode & !umask, flags, caller(req), register)
             {
                 Ok(r) => r,
-                Err(e) => return reply.error(e),
+                Err(e) => return reply.error(failed(&cx, e)),
             };
         self.note_backing(&opened);
         let FileOpen { fh, backing, .. } = opened;
@@ -379,11 +398,12 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let _t = self.info.stats.time(Op::Read);
+        let cx = Cx::new(Op::Read, _i.0, None);
         let r = self.handles.read(fh.0, offset, size);
         if let Ok(d) = &r {
             self.info.stats.read_bytes(d.len() as u64);
         }
-        data(reply, r);
+        data(&cx, reply, r);
     }
 
     fn write(
@@ -399,11 +419,12 @@ impl Filesystem for FuseAdapter {
         reply: ReplyWrite,
     ) {
         let _t = self.info.stats.time(Op::Write);
+        let cx = Cx::new(Op::Write, _i.0, None);
         let r = self.handles.write(fh.0, offset, data);
         if let Ok(n) = r {
             self.info.stats.wrote_bytes(u64::from(n));
         }
-        written(reply, r);
+        written(&cx, reply, r);
     }
 
     /// Nothing to do: every write is already in the data file, and writer accounting ends at
@@ -444,17 +465,19 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Fsync);
-        empty(reply, self.handles.fsync(fh.0, datasync));
+        let cx = Cx::new(Op::Fsync, _i.0, None);
+        empty(&cx, reply, self.handles.fsync(fh.0, datasync));
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Opendir);
+        let cx = Cx::new(Op::Opendir, i.0, None);
         match self.handles.opendir(ino(i)) {
             Ok(fh) => reply.opened(
                 FileHandle(fh),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(failed(&cx, e)),
         }
     }
 
@@ -467,6 +490,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectory,
     ) {
         let _t = self.info.stats.time(Op::Readdir);
+        let cx = Cx::new(Op::Readdir, _i.0, None);
         let r = self.handles.with_listing(fh.0, |_, list| {
             for (idx, e) in list.iter().enumerate().skip(offset as usize) {
                 if reply.add(e.attr.ino, idx as u64 + 1, e.attr.kind, &e.name) {
@@ -476,7 +500,7 @@ impl Filesystem for FuseAdapter {
         });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(failed(&cx, e)),
         }
     }
 
@@ -489,6 +513,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _t = self.info.stats.time(Op::Readdirplus);
+        let cx = Cx::new(Op::Readdirplus, i.0, None);
         let r = self.handles.with_listing(fh.0, |_, list| {
             for (idx, e) in list.iter().enumerate().skip(offset as usize) {
                 // The kernel ignores the attributes of "." and ".."; every other entry's are read
@@ -525,7 +550,7 @@ impl Filesystem for FuseAdapter {
         });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(failed(&cx, e)),
         }
     }
 
@@ -544,16 +569,18 @@ impl Filesystem for FuseAdapter {
 
     fn fsyncdir(&self, _req: &Request, _i: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Fsyncdir);
-        empty(reply, self.core.sync_catalog());
+        let cx = Cx::new(Op::Fsyncdir, _i.0, None);
+        empty(&cx, reply, self.core.sync_catalog());
     }
 
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
         let _t = self.info.stats.time(Op::Statfs);
+        let cx = Cx::new(Op::Statfs, _i.0, None);
         match self.core.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
             ),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(failed(&cx, e)),
         }
     }
 
@@ -568,27 +595,32 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Setxattr);
-        empty(reply, self.core.setxattr(ino(i), name, value, flags));
+        let cx = Cx::new(Op::Setxattr, i.0, Some(name));
+        empty(&cx, reply, self.core.setxattr(ino(i), name, value, flags));
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.info.stats.time(Op::Getxattr);
-        xattr(reply, self.core.getxattr(ino(i), name, size));
+        let cx = Cx::new(Op::Getxattr, i.0, Some(name));
+        xattr(&cx, reply, self.core.getxattr(ino(i), name, size));
     }
 
     fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
         let _t = self.info.stats.time(Op::Listxattr);
-        xattr(reply, self.core.listxattr(ino(i), size));
+        let cx = Cx::new(Op::Listxattr, i.0, None);
+        xattr(&cx, reply, self.core.listxattr(ino(i), size));
     }
 
     fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Removexattr);
-        empty(reply, self.core.removexattr(ino(i), name));
+        let cx = Cx::new(Op::Removexattr, i.0, Some(name));
+        empty(&cx, reply, self.core.removexattr(ino(i), name));
     }
 
     fn access(&self, _req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Access);
-        empty(reply, self.core.access(ino(i), mask.bits()));
+        let cx = Cx::new(Op::Access, i.0, None);
+        empty(&cx, reply, self.core.access(ino(i), mask.bits()));
     }
 
     fn fallocate(
@@ -602,8 +634,9 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Fallocate);
+        let cx = Cx::new(Op::Fallocate, _i.0, None);
         let r = self.handles.fallocate(fh.0, mode, offset, length);
-        empty(reply, r);
+        empty(&cx, reply, r);
     }
 
     fn lseek(
@@ -616,10 +649,11 @@ impl Filesystem for FuseAdapter {
         reply: ReplyLseek,
     ) {
         let _t = self.info.stats.time(Op::Lseek);
+        let cx = Cx::new(Op::Lseek, _i.0, None);
         let r = self.handles.lseek(fh.0, offset, whence);
         match r {
             Ok(off) => reply.offset(off),
-            Err(e) => reply.error(e),
+            Err(e) => reply.error(failed(&cx, e)),
         }
     }
 
@@ -637,7 +671,9 @@ impl Filesystem for FuseAdapter {
         reply: ReplyWrite,
     ) {
         let _t = self.info.stats.time(Op::CopyFileRange);
+        let cx = Cx::new(Op::CopyFileRange, _i.0, None);
         written(
+            &cx,
             reply,
             self.handles
                 .copy_file_range(fh_in.0, off_in, fh_out.0, off_out, len),

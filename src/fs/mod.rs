@@ -7,6 +7,7 @@
 //! [`crate::cow::blobcache`]; it never touches a mirror's working tree, HEAD or index. See
 //! `docs/inodes.md` for how inode numbers are chosen and why they are stable.
 
+pub mod failures;
 pub mod fuse;
 pub mod handles;
 pub mod stats;

@@ -140,7 +140,15 @@ impl WorkspaceFs {
         let n = st.node_mut(ino)?;
         n.lookups += 1;
         let rec = n.rec.clone();
-        self.attr(&rec)
+        drop(st);
+        self.counted_attr(&rec)
+    }
+
+    /// The attributes of `rec`, read without the lock (a data file's are `fstat`ed), for a reply that
+    /// hands the kernel a reference already counted: if they cannot be read, nothing is handed and
+    /// the reference is dropped again.
+    fn counted_attr(&self, rec: &InodeRecord) -> Result<FileAttr, Errno> {
+        self.attr(rec).inspect_err(|_| self.forget(rec.ino, 1))
     }
 
     /// `forget`: the kernel dropped `n` references to `ino`.
@@ -169,12 +177,14 @@ impl WorkspaceFs {
     /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
     /// references; readdirplus calls [`Self::listed`] for each one it returns.
     pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, Errno> {
-        let st = self.lock();
-        let n = st.node(ino)?;
-        if n.rec.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
-        }
-        let rec = n.rec.clone();
+        let rec = {
+            let st = self.lock();
+            let n = st.node(ino)?;
+            if n.rec.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            n.rec.clone()
+        };
         let dot = self.attr(&rec)?;
         let parent_attr = FileAttr {
             ino: INodeNo(if ino == ROOT_INO {
@@ -197,34 +207,55 @@ impl WorkspaceFs {
         if rec.nlink == 0 {
             return Ok(out);
         }
-        let overlay = st.live.dirs.get(&ino).cloned().unwrap_or_default();
-        if let Some((tree, path)) = Self::base_tree(&rec) {
-            let path = path.to_vec();
-            for e in self.store.tree(tree).map_err(eio)?.iter() {
-                if overlay.contains_key(&*e.name) {
-                    continue;
-                }
-                let child_path = join(&path, &e.name);
-                let child = Self::derived_ino(&st, &child_path);
-                let child_rec = match st.live.inodes.get(&child) {
-                    Some(n) => n.rec.clone(),
-                    None => self.derived_rec(ino, &path, e, child)?,
-                };
-                out.push(DirEntry {
-                    name: OsString::from_vec(e.name.to_vec()),
-                    attr: self.attr(&child_rec)?,
-                });
-            }
+        // The base tree is read before, and the attributes computed after, the one critical
+        // section that picks each name's inode.
+        let base = match Self::base_tree(&rec) {
+            Some((tree, path)) => Some((self.store.tree(tree).map_err(eio)?, path.to_vec())),
+            None => None,
+        };
+        enum Child {
+            Known(Box<InodeRecord>),
+            Derived(TreeEntry, u64),
         }
-        for (name, target) in &overlay {
-            let Some(child) = target else { continue };
-            let child_rec = st.node(*child)?.rec.clone();
+        let children: Vec<(Vec<u8>, Child)> = {
+            let st = self.lock();
+            let overlay = st.live.dirs.get(&ino);
+            let mut v = Vec::new();
+            if let Some((entries, path)) = &base {
+                for e in entries.iter() {
+                    if overlay.is_some_and(|o| o.contains_key(&*e.name)) {
+                        continue;
+                    }
+                    let child = Self::derived_ino(&st, &join(path, &e.name));
+                    let c = match st.live.inodes.get(&child) {
+                        Some(n) => Child::Known(Box::new(n.rec.clone())),
+                        None => Child::Derived(e.clone(), child),
+                    };
+                    v.push((e.name.to_vec(), c));
+                }
+            }
+            for (name, target) in overlay.into_iter().flatten() {
+                let Some(child) = target else { continue };
+                v.push((
+                    name.clone(),
+                    Child::Known(Box::new(st.node(*child)?.rec.clone())),
+                ));
+            }
+            v
+        };
+        for (name, c) in children {
+            let child_rec = match c {
+                Child::Known(r) => *r,
+                Child::Derived(e, child) => {
+                    let path = base.as_ref().map(|(_, p)| &p[..]).unwrap_or_default();
+                    self.derived_rec(ino, path, &e, child)?
+                }
+            };
             out.push(DirEntry {
-                name: OsString::from_vec(name.clone()),
+                name: OsString::from_vec(name),
                 attr: self.attr(&child_rec)?,
             });
         }
-        drop(st);
         Ok(out)
     }
 
@@ -240,10 +271,11 @@ impl WorkspaceFs {
         let Some(ino) = self.resolve(&mut st, parent, name.as_bytes())? else {
             return Ok(None);
         };
-        let rec = st.node(ino)?.rec.clone();
-        let attr = self.attr(&rec)?;
-        st.node_mut(ino)?.lookups += 1;
-        Ok(Some(attr))
+        let n = st.node_mut(ino)?;
+        n.lookups += 1;
+        let rec = n.rec.clone();
+        drop(st);
+        self.counted_attr(&rec).map(Some)
     }
 
     pub fn opendir(&self, ino: u64) -> Result<(), Errno> {
@@ -280,8 +312,11 @@ impl WorkspaceFs {
 
     // ----- attributes and extended attributes -----
 
+    /// `setattr`. A size change copies a base file up first; the data file's size and times are
+    /// set without the state lock (the kernel serializes `setattr` of one inode; a copy-up of it in
+    /// progress is waited for).
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<FileAttr, Errno> {
-        let mut st = self.lock();
+        let mut st = self.wait_copied(self.lock(), ino);
         let rec = st.node(ino)?.rec.clone();
         let now = Ts::now();
         if let Some(size) = set.size {
@@ -291,28 +326,35 @@ impl WorkspaceFs {
                 _ => return Err(Errno::EINVAL),
             }
             if !rec.upper {
-                self.copy_up(&mut st, ino, size == 0)?;
+                st = self.copy_up(st, ino, size == 0)?;
             }
-            let f = self.upper.open_data(ino).map_err(io_errno)?;
-            f.set_len(size).map_err(io_errno)?;
         }
         let upper = st.node(ino)?.rec.upper;
-        if upper && (set.atime.is_some() || set.mtime.is_some()) {
+        let data_times = upper && (set.atime.is_some() || set.mtime.is_some());
+        if set.size.is_some() || data_times {
+            drop(st);
             let f = self.upper.open_data(ino).map_err(io_errno)?;
-            let mut times = std::fs::FileTimes::new();
-            if let Some(t) = set.atime {
-                times = times.set_accessed(match t {
-                    SetTime::Now => SystemTime::now(),
-                    SetTime::At(t) => t,
-                });
+            if let Some(size) = set.size {
+                f.set_len(size).map_err(io_errno)?;
             }
-            if let Some(t) = set.mtime {
-                times = times.set_modified(match t {
-                    SetTime::Now => SystemTime::now(),
-                    SetTime::At(t) => t,
-                });
+            if data_times {
+                let mut times = std::fs::FileTimes::new();
+                if let Some(t) = set.atime {
+                    times = times.set_accessed(match t {
+                        SetTime::Now => SystemTime::now(),
+                        SetTime::At(t) => t,
+                    });
+                }
+                if let Some(t) = set.mtime {
+                    times = times.set_modified(match t {
+                        SetTime::Now => SystemTime::now(),
+                        SetTime::At(t) => t,
+                    });
+                }
+                f.set_times(times).map_err(io_errno)?;
             }
-            f.set_times(times).map_err(io_errno)?;
+            drop(f);
+            st = self.wait_copied(self.lock(), ino);
         }
         let mut tx = Tx::default();
         st.chain(&mut tx, ino)?;

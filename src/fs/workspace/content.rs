@@ -4,11 +4,12 @@
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
+use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use fuser::Errno;
 
-use crate::cow::catalog::{InodeRecord, Kind, Ts};
+use crate::cow::catalog::{InodeRecord, Kind, Record, Ts};
 
 use super::{
     State, WorkspaceFs, convert::eio, convert::io_errno, convert::oid, tx::Tx, types::Opened,
@@ -39,82 +40,151 @@ impl WorkspaceFs {
         self.blobs.open(&self.store, id, size).map_err(io_errno)
     }
 
-    /// Copies `ino` up into its data file (empty when `empty`), keeping its number and times.
-    pub(super) fn copy_up(&self, st: &mut State, ino: u64, empty: bool) -> Result<(), Errno> {
-        let rec = st.node(ino)?.rec.clone();
-        if rec.kind != Kind::File || rec.upper {
-            return Ok(());
+    /// Waits (releasing the lock) until no data file of `ino` is being prepared.
+    pub(super) fn wait_copied<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        ino: u64,
+    ) -> MutexGuard<'a, State> {
+        while st.copying.contains(&ino) {
+            st = self.copied.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+        st
+    }
+
+    /// Creates data file `data` with the content of `rec` (none when `empty`) and `rec`'s times;
+    /// returns its ctime. File I/O: called without the state lock.
+    fn prepare_data(&self, data: u64, rec: &InodeRecord, empty: bool) -> Result<Ts, Errno> {
         if empty {
             self.upper
-                .create(ino, None, rec.atime, rec.mtime)
+                .create(data, None, rec.atime, rec.mtime)
                 .map_err(io_errno)?;
         } else {
-            let mut src = self.source_file(&rec)?;
+            let mut src = self.source_file(rec)?;
             self.upper
-                .create(ino, Some(&mut src), rec.atime, rec.mtime)
+                .create(data, Some(&mut src), rec.atime, rec.mtime)
                 .map_err(io_errno)?;
         }
-        let copied = std::fs::metadata(self.upper.data_path(ino))
+        std::fs::metadata(self.upper.data_path(data))
             .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32))
-            .map_err(eio)?;
+            .map_err(|e| {
+                self.upper.remove(data);
+                eio(e)
+            })
+    }
+
+    /// Copies `ino` up into its data file (empty when `empty`), keeping its number and times.
+    ///
+    /// The content is copied without the lock (`docs/locking.md`): `ino` is marked in
+    /// [`State::copying`] meanwhile, so a concurrent copy-up, `setattr` or re-inode of the same inode
+    /// waits for it, and nothing else does. Returns the lock, held again.
+    pub(super) fn copy_up<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        ino: u64,
+        empty: bool,
+    ) -> Result<MutexGuard<'a, State>, Errno> {
+        st = self.wait_copied(st, ino);
+        let rec = st.node(ino)?.rec.clone();
+        if rec.kind != Kind::File || rec.upper {
+            return Ok(st);
+        }
+        st.copying.insert(ino);
+        drop(st);
+        let prepared = self.prepare_data(ino, &rec, empty);
+        let mut st = self.lock();
+        st.copying.remove(&ino);
+        self.copied.notify_all();
+        let copied = prepared?;
+        // The record as it is now: its name, mode or owner may have changed meanwhile (not its
+        // times or content: `setattr` and other copy-ups waited).
         let mut tx = Tx::default();
-        st.chain(&mut tx, ino)?;
-        let r = st.rec(&mut tx, ino)?;
-        r.upper = true;
-        r.shared = None;
-        r.copied_ctime = Some(copied);
-        if let Err(e) = st.commit(tx) {
+        let r = st.chain(&mut tx, ino).and_then(|()| {
+            let r = st.rec(&mut tx, ino)?;
+            r.upper = true;
+            r.shared = None;
+            r.copied_ctime = Some(copied);
+            Ok(())
+        });
+        if let Err(e) = r.and_then(|()| st.commit(tx)) {
             self.upper.remove(ino);
             return Err(e);
         }
-        Ok(())
+        Ok(st)
     }
 
     /// Opens `ino`. Any write intent (write access or `O_TRUNC`) copies the file up first; `O_TRUNC`
-    /// copies no data.
+    /// copies no data. No file is opened, copied or truncated under the state lock.
     pub fn open(&self, ino: u64, flags: i32) -> Result<Opened, Errno> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let trunc = flags & libc::O_TRUNC != 0;
+        let writer = write || trunc;
         let mut st = self.lock();
-        let rec = st.node(ino)?.rec.clone();
-        match rec.kind {
+        let n = st.node_mut(ino)?;
+        match n.rec.kind {
             Kind::File => {}
             Kind::Dir => return Err(Errno::EISDIR),
             Kind::Symlink => return Err(Errno::ELOOP),
             _ => return Err(Errno::ENXIO),
         }
-        let opened = if rec.upper || write || trunc {
-            if !rec.upper {
-                self.copy_up(&mut st, ino, trunc)?;
+        // Counted before the lock is dropped, so the node stays while its content is opened.
+        n.opens += 1;
+        if writer {
+            n.writers += 1;
+        }
+        let rec = n.rec.clone();
+        let opened = self.open_counted(st, ino, &rec, writer, trunc);
+        let mut st = self.lock();
+        match &opened {
+            Ok(_) if writer => self.journal_ino(&mut st, ino),
+            Ok(_) => {}
+            Err(_) => {
+                if let Some(n) = st.live.inodes.get_mut(&ino) {
+                    n.opens = n.opens.saturating_sub(1);
+                    if writer {
+                        n.writers = n.writers.saturating_sub(1);
+                    }
+                }
+                self.reap(&mut st, ino);
             }
+        }
+        opened
+    }
+
+    /// The content part of [`Self::open`], entered with the lock held and the open counted; returns
+    /// with the lock released.
+    fn open_counted(
+        &self,
+        st: MutexGuard<'_, State>,
+        ino: u64,
+        rec: &InodeRecord,
+        writer: bool,
+        trunc: bool,
+    ) -> Result<Opened, Errno> {
+        if rec.upper || writer {
+            let st = if rec.upper {
+                st
+            } else {
+                self.copy_up(st, ino, trunc)?
+            };
+            drop(st);
             let f = self.upper.open_data(ino).map_err(io_errno)?;
             if trunc {
                 f.set_len(0).map_err(io_errno)?;
             }
-            Opened {
+            return Ok(Opened {
                 file: f,
                 upper: true,
-                write: write || trunc,
-            }
-        } else {
-            drop(st);
-            // Filling the blob cache may take a while: not under the workspace lock.
-            let file = self.source_file(&rec)?;
-            st = self.lock();
-            Opened {
-                file,
-                upper: false,
-                write: false,
-            }
-        };
-        let n = st.node_mut(ino)?;
-        n.opens += 1;
-        if write || trunc {
-            n.writers += 1;
-            self.journal_ino(&mut st, ino);
+                write: writer,
+            });
         }
-        Ok(opened)
+        drop(st);
+        // Filling the blob cache may take a while: not under the workspace lock.
+        Ok(Opened {
+            file: self.source_file(rec)?,
+            upper: false,
+            write: false,
+        })
     }
 
     /// Opens the current data file of an upper inode (for a handle opened before its copy-up).
@@ -140,44 +210,66 @@ impl WorkspaceFs {
     /// For a write to a file whose base content readers hold open through passthrough: moves the
     /// name to a new, copied-up inode and leaves the old inode (unlinked) to those readers. Returns
     /// false when that is not possible (a hardlinked or already-copied file).
+    ///
+    /// The new data file is prepared without the lock, `ino` marked as being copied meanwhile (as in
+    /// [`Self::copy_up`]); the new inode's number is taken from the counter before, and the counter
+    /// recorded with the batch that links it.
     pub fn reinode_for_write(&self, ino: u64) -> Result<bool, Errno> {
-        let mut st = self.lock();
+        let mut st = self.wait_copied(self.lock(), ino);
         let rec = st.node(ino)?.rec.clone();
         if rec.kind != Kind::File || rec.upper || rec.nlink != 1 {
             return Ok(false);
         }
-        let mut tx = Tx::default();
-        st.chain(&mut tx, rec.parent)?;
-        let new = st.alloc(&mut tx);
-        let mut src = self.source_file(&rec)?;
-        self.upper
-            .create(new, Some(&mut src), rec.atime, rec.mtime)
-            .map_err(io_errno)?;
-        let copied = std::fs::metadata(self.upper.data_path(new))
-            .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32))
-            .map_err(eio)?;
-        tx.entry(rec.parent, &rec.name, Some(new));
-        tx.recs.insert(
-            new,
-            InodeRecord {
-                ino: new,
-                upper: true,
-                shared: None,
-                copied_ctime: Some(copied),
-                ..rec.clone()
-            },
-        );
-        tx.drop_inode(ino);
-        if let Err(e) = st.commit(tx) {
-            self.upper.remove(new);
-            return Err(e);
+        let new = st.alloc_number();
+        st.copying.insert(ino);
+        drop(st);
+        let prepared = self.prepare_data(new, &rec, false);
+        let mut st = self.lock();
+        st.copying.remove(&ino);
+        self.copied.notify_all();
+        let copied = prepared?;
+        let r = (|| {
+            // The name may have moved or gone meanwhile: it is the current record that moves.
+            let now = st.node(ino)?.rec.clone();
+            if now.kind != Kind::File || now.upper || now.nlink != 1 {
+                return Ok(false);
+            }
+            let mut tx = Tx::default();
+            st.chain(&mut tx, now.parent)?;
+            tx.records.push(Record::NextIno {
+                next: st.live.next_ino,
+            });
+            tx.entry(now.parent, &now.name, Some(new));
+            tx.recs.insert(
+                new,
+                InodeRecord {
+                    ino: new,
+                    upper: true,
+                    shared: None,
+                    copied_ctime: Some(copied),
+                    ..now
+                },
+            );
+            tx.drop_inode(ino);
+            st.commit(tx)?;
+            Ok(true)
+        })();
+        match r {
+            Ok(true) => {
+                self.journal_ino(&mut st, new);
+                Ok(true)
+            }
+            other => {
+                self.upper.remove(new);
+                other
+            }
         }
-        self.journal_ino(&mut st, new);
-        Ok(true)
     }
 
-    /// Makes `fsync` of a file or directory durable for the catalog too.
+    /// Makes `fsync` of a file or directory durable for the catalog too: every batch appended
+    /// before this call (so every change the caller was answered about) is on disk when it returns.
+    /// Not under the state lock: the log's own descriptor is synced, appends go on meanwhile.
     pub fn sync_catalog(&self) -> Result<(), Errno> {
-        self.lock().catalog.sync().map_err(io_errno)
+        self.catalog_sync.sync().map_err(io_errno)
     }
 }

@@ -73,7 +73,12 @@ pub fn path_ino(path: &[u8], salt: u32) -> u64 {
         h.update(&salt.to_le_bytes());
     }
     let bytes = h.finalize();
-    let n = u64::from_le_bytes(bytes.as_bytes()[..8].try_into().expect("8 bytes")) & !ALLOCATED;
+    let first = bytes
+        .as_bytes()
+        .first_chunk::<8>()
+        .copied()
+        .unwrap_or_default();
+    let n = u64::from_le_bytes(first) & !ALLOCATED;
     if n < 2 { n + 2 } else { n }
 }
 impl WorkspaceFs {

@@ -1,10 +1,12 @@
 //! The filesystem core of one workspace: a copy-on-write overlay of the base commit.
 //!
 //! Every request is a method returning `Result<_, Errno>`; nothing here panics on a request and
-//! nothing here knows about the kernel (the fuser adapter in [`super::fuse`] does). All metadata lives
-//! in one [`State`] behind a mutex. A change is a transaction ([`Tx`]): its catalog records are
-//! appended to the log *first* and applied in memory only if that succeeded, so a failed append
-//! (ENOSPC) changes nothing and an acknowledged change survives SIGKILL.
+//! nothing here knows about the kernel (the fuser adapter in [`super::fuse`] does). All metadata
+//! lives in one [`State`] behind a mutex, held for in-memory work and the catalog append only: no
+//! file is copied, opened, `fstat`ed or synced under it (`docs/locking.md`). A change is a
+//! transaction ([`Tx`]): its catalog records are appended to the log *first* and applied in memory
+//! only if that succeeded, so a failed append (ENOSPC) changes nothing and an acknowledged change
+//! survives SIGKILL.
 //!
 //! The model (see `docs/overlay.md`):
 //! - An inode nobody changed has no record: it is *derived* from the base tree on lookup, numbered by
@@ -17,10 +19,10 @@
 //! - A regular file's content is its base blob (served from the shared blob cache) until the first
 //!   write intent, when it is copied up into the upper layer's data file; the inode number stays.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use gix::ObjectId;
 
@@ -73,6 +75,9 @@ struct State {
     /// workspace was created (durable: replay recounts them).
     live: CatalogState<HashMap<u64, Node>>,
     journal: Journal,
+    /// Inodes whose data file is being prepared without the lock (copy-up, re-inode): other
+    /// requests that would change or copy the same inode wait on [`WorkspaceFs::copied`].
+    copying: HashSet<u64>,
 }
 
 /// The filesystem of one workspace.
@@ -96,6 +101,10 @@ pub struct WorkspaceFs {
     /// loaded record with one). While false, `getxattr` answers "none" without the lock, which the
     /// kernel asks of `security.capability` before every write that could drop privileges.
     any_xattr: AtomicBool,
+    /// Signalled (with the state mutex) whenever an inode leaves [`State::copying`].
+    copied: Condvar,
+    /// A second descriptor of the catalog's log: `fsync` makes it durable without the state lock.
+    catalog_sync: crate::cow::catalog::LogSync,
 }
 
 /// Something the daemon changed in the workspace other than through a FUSE request, which the
@@ -122,6 +131,7 @@ impl WorkspaceFs {
     ) -> std::io::Result<WorkspaceFs> {
         let upper = Upper::open(upper_dir)?;
         let (catalog, loaded, was_clean) = Catalog::open(upper_dir)?;
+        let catalog_sync = catalog.syncer();
         let damage = catalog.damage().to_vec();
         let base_time = ts(pres.time);
         let mut nodes: HashMap<u64, Node> = loaded
@@ -188,12 +198,15 @@ impl WorkspaceFs {
                     generation: loaded.generation,
                 },
                 journal: Journal::new(),
+                copying: HashSet::new(),
             }),
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),
             damaged: Vec::new(),
             behind: Mutex::new(None),
             any_xattr: AtomicBool::new(any_xattr),
+            copied: Condvar::new(),
+            catalog_sync,
         };
         if !damage.is_empty() {
             fs.note_catalog_damage(&damage)?;

@@ -143,80 +143,114 @@ impl WorkspaceFs {
             content,
         } = new;
         let name = check_name(name)?;
+        let now = Ts::now();
+        let upper = kind == Kind::File && matches!(content, Content::Empty | Content::Bytes(_));
         let mut st = self.lock();
         self.parent_for_create(&mut st, parent, name)?;
-        let now = Ts::now();
-        let mut tx = Tx {
-            quiet,
-            ..Tx::default()
-        };
-        st.chain(&mut tx, parent)?;
-        let ino = st.alloc(&mut tx);
-        let p = st.rec(&mut tx, parent)?;
-        let (gid, mut mode) = if p.mode & libc::S_ISGID != 0 {
-            (p.gid, mode & 0o7777)
-        } else {
-            (caller.gid, mode & 0o7777)
-        };
-        if kind == Kind::Dir {
-            p.nlink += 1;
-            if p.mode & libc::S_ISGID != 0 {
-                mode |= libc::S_ISGID;
+        // A new regular file's data file is made without the lock, under a number taken now (the
+        // batch that links it records the counter); the name is checked again afterwards.
+        let made = if upper {
+            let ino = st.alloc_number();
+            drop(st);
+            self.new_data_file(ino, now, &content)?;
+            st = self.lock();
+            if let Err(e) = self.parent_for_create(&mut st, parent, name) {
+                self.upper.remove(ino);
+                return Err(e);
             }
-        }
-        p.mtime = now;
-        p.ctime = now;
-        let upper = kind == Kind::File && matches!(content, Content::Empty | Content::Bytes(_));
-        if upper {
-            self.upper.create(ino, None, now, now).map_err(io_errno)?;
-            if let Content::Bytes(b) = content {
-                use std::io::Write;
-                let written = self.upper.open_data(ino).and_then(|mut f| f.write_all(b));
-                if let Err(e) = written {
-                    self.upper.remove(ino);
-                    return Err(io_errno(e));
+            Some(ino)
+        } else {
+            None
+        };
+        let committed = (|| {
+            let mut tx = Tx {
+                quiet,
+                ..Tx::default()
+            };
+            st.chain(&mut tx, parent)?;
+            let ino = match made {
+                Some(ino) => {
+                    tx.records.push(Record::NextIno {
+                        next: st.live.next_ino,
+                    });
+                    ino
+                }
+                None => st.alloc(&mut tx),
+            };
+            let p = st.rec(&mut tx, parent)?;
+            let (gid, mut mode) = if p.mode & libc::S_ISGID != 0 {
+                (p.gid, mode & 0o7777)
+            } else {
+                (caller.gid, mode & 0o7777)
+            };
+            if kind == Kind::Dir {
+                link_up(&mut p.nlink)?;
+                if p.mode & libc::S_ISGID != 0 {
+                    mode |= libc::S_ISGID;
                 }
             }
-        }
-        let base = match &content {
-            Content::Object(b) => Some(b.clone()),
-            _ => None,
-        };
-        let rec = InodeRecord {
-            ino,
-            kind,
-            base,
-            upper,
-            target,
-            mode,
-            uid: caller.uid,
-            gid,
-            rdev,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
-            parent,
-            name: name.to_vec(),
-            xattrs: BTreeMap::new(),
-            copied_ctime: None,
-            shared: match content {
-                Content::Shared(p) => Some(p),
+            p.mtime = now;
+            p.ctime = now;
+            let base = match &content {
+                Content::Object(b) => Some(b.clone()),
                 _ => None,
-            },
-        };
-        tx.entry(parent, name, Some(ino));
-        tx.recs.insert(ino, rec.clone());
-        if let Err(e) = st.commit(tx) {
-            if upper {
-                self.upper.remove(ino);
+            };
+            let rec = InodeRecord {
+                ino,
+                kind,
+                base,
+                upper,
+                target,
+                mode,
+                uid: caller.uid,
+                gid,
+                rdev,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                nlink: if kind == Kind::Dir { 2 } else { 1 },
+                parent,
+                name: name.to_vec(),
+                xattrs: BTreeMap::new(),
+                copied_ctime: None,
+                shared: match content {
+                    Content::Shared(p) => Some(p),
+                    _ => None,
+                },
+            };
+            tx.entry(parent, name, Some(ino));
+            tx.recs.insert(ino, rec.clone());
+            st.commit(tx)?;
+            Ok(rec)
+        })();
+        let rec = match committed {
+            Ok(rec) => rec,
+            Err(e) => {
+                if let Some(ino) = made {
+                    self.upper.remove(ino);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
+        let ino = rec.ino;
         st.node_mut(ino)?.lookups += 1;
         self.journal_name(&mut st, parent, name, kind == Kind::Dir);
         drop(st);
         self.attr(&rec)
+    }
+
+    /// Creates the data file of new inode `ino` holding `content` (empty or bytes), with times `now`.
+    fn new_data_file(&self, ino: u64, now: Ts, content: &Content<'_>) -> Result<(), Errno> {
+        self.upper.create(ino, None, now, now).map_err(io_errno)?;
+        if let Content::Bytes(b) = content {
+            use std::io::Write;
+            let written = self.upper.open_data(ino).and_then(|mut f| f.write_all(b));
+            if let Err(e) = written {
+                self.upper.remove(ino);
+                return Err(io_errno(e));
+            }
+        }
+        Ok(())
     }
 
     pub fn mknod(
@@ -304,7 +338,7 @@ impl WorkspaceFs {
         self.unlink_name(&st, &mut tx, parent, name)?;
         Self::touch_dir(&st, &mut tx, parent, now)?;
         if dir {
-            st.rec(&mut tx, parent)?.nlink -= 1;
+            link_down(&mut st.rec(&mut tx, parent)?.nlink)?;
             tx.drop_inode(ino);
         } else {
             let r = st.rec(&mut tx, ino)?;
@@ -412,8 +446,8 @@ impl WorkspaceFs {
                 } else {
                     (parent, newparent)
                 };
-                st.rec(&mut tx, gains_dir)?.nlink += 1;
-                st.rec(&mut tx, loses_dir)?.nlink -= 1;
+                link_up(&mut st.rec(&mut tx, gains_dir)?.nlink)?;
+                link_down(&mut st.rec(&mut tx, loses_dir)?.nlink)?;
             }
             for (ino, p, n) in [(src, newparent, newname), (dst, parent, name)] {
                 let r = st.rec(&mut tx, ino)?;
@@ -472,12 +506,12 @@ impl WorkspaceFs {
                 Self::repoint_primary(&st, &mut tx, dst, newparent, newname)?;
             }
             if src_dir {
-                st.rec(&mut tx, newparent)?.nlink -= 1;
+                link_down(&mut st.rec(&mut tx, newparent)?.nlink)?;
             }
         }
         if src_dir && parent != newparent {
-            st.rec(&mut tx, parent)?.nlink -= 1;
-            st.rec(&mut tx, newparent)?.nlink += 1;
+            link_down(&mut st.rec(&mut tx, parent)?.nlink)?;
+            link_up(&mut st.rec(&mut tx, newparent)?.nlink)?;
         }
         let r = st.rec(&mut tx, src)?;
         r.parent = newparent;
@@ -515,7 +549,7 @@ impl WorkspaceFs {
         st.chain(&mut tx, newparent)?;
         tx.entry(newparent, newname, Some(ino));
         let r = st.rec(&mut tx, ino)?;
-        r.nlink += 1;
+        link_up(&mut r.nlink)?;
         r.ctime = now;
         Self::touch_dir(&st, &mut tx, newparent, now)?;
         st.commit(tx)?;
@@ -527,4 +561,18 @@ impl WorkspaceFs {
         drop(st);
         self.attr(&rec)
     }
+}
+
+/// One more link to an inode (a name, or a subdirectory's `..`).
+fn link_up(nlink: &mut u32) -> Result<(), Errno> {
+    *nlink = nlink.checked_add(1).ok_or(Errno::EMLINK)?;
+    Ok(())
+}
+
+/// One link less; a count already at zero is a damaged record, not a panic.
+fn link_down(nlink: &mut u32) -> Result<(), Errno> {
+    *nlink = nlink
+        .checked_sub(1)
+        .ok_or_else(|| eio("a link count would go below zero"))?;
+    Ok(())
 }

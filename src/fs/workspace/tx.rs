@@ -82,6 +82,14 @@ impl State {
         }
     }
 
+    /// Takes the next allocated inode number without recording it: the batch that first uses it
+    /// must record the counter (`Record::NextIno` with the counter as it is then).
+    pub(super) fn alloc_number(&mut self) -> u64 {
+        let ino = ALLOCATED | self.live.next_ino;
+        self.live.next_ino += 1;
+        ino
+    }
+
     pub(super) fn alloc(&mut self, tx: &mut Tx) -> u64 {
         let ino = ALLOCATED | self.live.next_ino;
         self.live.next_ino += 1;

@@ -263,16 +263,21 @@ impl WorkspaceFs {
         }
         // git writes its own files as new files (metadata changes, counted by the generation), so
         // `.git` is left out here: its files written just before the mark share its clock tick.
-        st.live
+        let data: Vec<u64> = st
+            .live
             .inodes
             .values()
             .filter(|n| n.persisted && n.rec.upper && !bookkeeping.contains(&n.rec.ino))
             .filter(|n| Self::path_of(&st, n.rec.ino).is_none_or(|p| !p.starts_with(b".git/")))
-            .any(|n| {
-                std::fs::metadata(self.upper.data_path(n.rec.ino))
-                    .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32) >= at)
-                    .unwrap_or(true)
-            })
+            .map(|n| n.rec.ino)
+            .collect();
+        drop(st);
+        // The data files' times are read without the lock.
+        data.into_iter().any(|ino| {
+            std::fs::metadata(self.upper.data_path(ino))
+                .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32) >= at)
+                .unwrap_or(true)
+        })
     }
 
     /// Unix seconds of the last metadata request, and whether any file is open now.
