@@ -14,8 +14,9 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::fs::{ROOT_INO, WorkspaceFs, path_ino};
+use crate::fs::{BASE_TOKEN, BaseStat, Presentation, ROOT_INO, WorkspaceFs, base_stat};
 use crate::git::mirror::{Project, UpstreamKind};
+use crate::git::objects::EntryKind;
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 
@@ -171,39 +172,31 @@ pub fn shared_index(
                 .map(|e| (e.path(&w).to_vec(), (e.id, e.mode)))
                 .collect()
         };
-    let t = gix::index::entry::stat::Time {
-        secs: time.clamp(0, u32::MAX as i64) as u32,
-        nsecs: 0,
+    let pres = Presentation {
+        uid,
+        gid,
+        time: crate::fs::unix_time(time),
     };
     for (entry, path) in index.entries_mut_with_paths() {
         let same_in_worktree = worktree_tree == index_tree
             || worktree
                 .get(path.as_ref() as &[u8])
                 .is_some_and(|(id, mode)| *id == entry.id && *mode == entry.mode);
-        if !same_in_worktree {
+        // A gitlink is presented as a directory, which git never compares with its index entry.
+        if !same_in_worktree || entry.mode == gix::index::entry::Mode::COMMIT {
             entry.stat = gix::index::entry::Stat::default();
             continue;
         }
-        let size = if entry.mode == gix::index::entry::Mode::COMMIT {
-            0
+        let kind = if entry.mode == gix::index::entry::Mode::FILE_EXECUTABLE {
+            EntryKind::Executable
+        } else if entry.mode == gix::index::entry::Mode::SYMLINK {
+            EntryKind::Symlink
         } else {
-            store
-                .blob_size(entry.id)
-                .map_err(|e| format!("cannot read the size of {}: {e}", entry.id))?
+            EntryKind::Blob
         };
-        entry.stat = gix::index::entry::Stat {
-            mtime: t,
-            ctime: t,
-            dev: 0,
-            // git compares the low 32 bits of st_ino.
-            ino: path_ino(path, 0) as u32,
-            uid,
-            gid,
-            size: size as u32,
-        };
-        if entry.mode == gix::index::entry::Mode::COMMIT {
-            entry.stat = gix::index::entry::Stat::default();
-        }
+        let st = base_stat(store, &pres, path.as_ref(), kind, entry.id)
+            .map_err(|e| format!("cannot read the size of {}: {e}", entry.id))?;
+        entry.stat = index_stat(&st);
     }
     let mut bytes = Vec::new();
     index
@@ -235,9 +228,23 @@ pub fn shared_index(
     Ok(path)
 }
 
-/// The fsmonitor token that names "the state of the fork's base": the shared index carries it, so
-/// the first `git status` asks the daemon what changed since the fork instead of examining every file.
-pub const BASE_TOKEN: &str = "octofs:base";
+/// The index stat data of a base entry presented as `st`: what git finds when it `lstat`s the file
+/// through the mount (git keeps 32 bits of each field and compares only those).
+pub fn index_stat(st: &BaseStat) -> gix::index::entry::Stat {
+    let time = gix::index::entry::stat::Time {
+        secs: st.time.0.clamp(0, u32::MAX as i64) as u32,
+        nsecs: st.time.1,
+    };
+    gix::index::entry::Stat {
+        mtime: time,
+        ctime: time,
+        dev: 0,
+        ino: st.ino as u32,
+        uid: st.uid,
+        gid: st.gid,
+        size: st.size as u32,
+    }
+}
 
 /// Appends git's fsmonitor extension (version 2: token, then an EWAH bitmap of entries not known to
 /// be clean — here none) to a serialized index and re-seals it with its trailing SHA-1.

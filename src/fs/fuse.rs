@@ -1,22 +1,18 @@
 //! The fuser adapter: one `Filesystem` per mounted workspace, delegating to [`WorkspaceFs`].
 //!
-//! It owns what only the kernel interface needs: open file handles, passthrough backing ids, kernel
-//! cache TTLs and init flags (see `docs/caching.md`). The kernel requires every concurrent open of
-//! one inode to use the same backing file, so one backing id per inode is shared while any open
-//! exists; a write-open of a base file that readers hold open through passthrough moves the name to
-//! a new, copied-up inode and answers `ESTALE`, so the kernel looks the name up again (readers keep
-//! the base content, as after a rename-over).
+//! It owns what only the kernel interface needs: kernel cache TTLs, init flags (see
+//! `docs/caching.md`), turning fuser's argument types into core calls and results into replies, and
+//! registering passthrough backing files with the kernel. Open handles and the backing rules live in
+//! [`super::handles`]; every request's meaning lives in the core.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use dashmap::DashMap;
 use fuser::{
     AccessFlags, BackingId, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle,
     Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
@@ -25,39 +21,13 @@ use fuser::{
     WriteFlags,
 };
 
+use super::handles::{FileOpen, Handles};
 use super::stats::{Op, Stats};
-use super::{Behind, Caller, DirEntry, Opened, SetAttr, SetTime, WorkspaceFs, XattrReply};
+use super::{Behind, Caller, SetAttr, SetTime, WorkspaceFs, XattrReply};
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
 const TTL: Duration = Duration::from_secs(3600);
-
-/// A directory handle's listing, read at most once.
-type Listing = Arc<std::sync::OnceLock<Result<Vec<DirEntry>, Errno>>>;
-
-enum Handle {
-    File {
-        ino: u64,
-        file: File,
-        /// The file is the workspace's data file (else the read-only blob-cache file).
-        upper: bool,
-        /// Opened with write intent.
-        write: bool,
-        /// Held while this handle is open, keeping the inode's backing id alive.
-        _backing: Option<Arc<BackingId>>,
-    },
-    /// A directory: its listing is read at the first readdir (when the kernel's cache of it is
-    /// valid, it never asks, and the listing is never computed).
-    Dir { ino: u64, listing: Listing },
-}
-
-/// The passthrough backing of one inode while any open of it exists.
-#[derive(Default)]
-struct Backing {
-    id: Weak<BackingId>,
-    /// Whether the backing file is the data file (else the blob-cache file).
-    upper: bool,
-}
 
 /// Mount-wide facts the daemon reports in `status` and `stats`.
 #[derive(Debug, Default)]
@@ -71,20 +41,16 @@ pub struct FuseAdapter {
     core: Arc<WorkspaceFs>,
     want_passthrough: bool,
     info: Arc<MountInfo>,
-    handles: DashMap<u64, Handle>,
-    next_fh: AtomicU64,
-    backing: DashMap<u64, Backing>,
+    handles: Handles<BackingId>,
 }
 
 impl FuseAdapter {
     pub fn new(core: Arc<WorkspaceFs>, want_passthrough: bool, info: Arc<MountInfo>) -> Self {
         FuseAdapter {
+            handles: Handles::new(core.clone()),
             core,
             want_passthrough,
             info,
-            handles: DashMap::new(),
-            next_fh: AtomicU64::new(1),
-            backing: DashMap::new(),
         }
     }
 
@@ -92,109 +58,15 @@ impl FuseAdapter {
         self.info.passthrough.load(Ordering::Relaxed)
     }
 
-    fn add_handle(&self, h: Handle) -> u64 {
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.insert(fh, h);
-        fh
-    }
-
-    /// Opens `ino` and, with passthrough, finds or registers its backing id. `Err(ESTALE)` asks the
-    /// kernel to look the name up again (the name now has a new inode).
-    fn open_inner(
-        &self,
-        ino: u64,
-        flags: i32,
-        register: impl FnOnce(&File) -> std::io::Result<BackingId>,
-    ) -> Result<(Opened, Option<Arc<BackingId>>), Errno> {
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        if !self.passthrough() {
-            return Ok((self.core.open(ino, flags)?, None));
+    /// Counts a passthrough open, or turns passthrough off for the mount when registering failed.
+    fn note_backing(&self, opened: &FileOpen<BackingId>) {
+        if let Some(e) = &opened.passthrough_failed {
+            tracing::warn!("passthrough unavailable ({e}); serving I/O through the daemon");
+            self.info.passthrough.store(false, Ordering::Relaxed);
         }
-        let mut slot = self.backing.entry(ino).or_default();
-        let live = slot.id.upgrade();
-        if write && live.is_some() && !slot.upper {
-            // Readers hold the base content through passthrough: the kernel would refuse a second
-            // backing file for this inode, so the writer gets a new inode.
-            if self.core.reinode_for_write(ino)? {
-                return Err(Errno::ESTALE);
-            }
-            return Err(Errno::EBUSY);
+        if opened.backing.is_some() {
+            self.info.stats.passthrough_open();
         }
-        let opened = self.core.open(ino, flags)?;
-        if let Some(id) = live {
-            if slot.upper == opened.upper {
-                return Ok((opened, Some(id)));
-            }
-            self.core.release(ino, opened.write);
-            return Err(Errno::EBUSY);
-        }
-        match register(&opened.file) {
-            Ok(id) => {
-                let id = Arc::new(id);
-                *slot = Backing {
-                    id: Arc::downgrade(&id),
-                    upper: opened.upper,
-                };
-                Ok((opened, Some(id)))
-            }
-            Err(e) => {
-                tracing::warn!("passthrough unavailable ({e}); serving I/O through the daemon");
-                self.info.passthrough.store(false, Ordering::Relaxed);
-                Ok((opened, None))
-            }
-        }
-    }
-
-    fn file_handle<R>(
-        &self,
-        fh: FileHandle,
-        f: impl FnOnce(&File, bool, u64) -> R,
-    ) -> Result<R, Errno> {
-        match self.handles.get(&fh.0).as_deref() {
-            Some(Handle::File {
-                file, upper, ino, ..
-            }) => Ok(f(file, *upper, *ino)),
-            Some(Handle::Dir { .. }) => Err(Errno::EISDIR),
-            None => Err(Errno::EBADF),
-        }
-    }
-
-    /// [`Self::file_handle`] for an `f` that can fail too.
-    fn with_file<R>(
-        &self,
-        fh: FileHandle,
-        f: impl FnOnce(&File, bool, u64) -> Result<R, Errno>,
-    ) -> Result<R, Errno> {
-        self.file_handle(fh, f).and_then(|r| r)
-    }
-
-    /// Runs `f` on the workspace's own data file behind `fh`; a handle on base content is not open
-    /// for writing (`EBADF`).
-    fn with_upper_file<R>(
-        &self,
-        fh: FileHandle,
-        f: impl FnOnce(&File) -> Result<R, Errno>,
-    ) -> Result<R, Errno> {
-        self.with_file(
-            fh,
-            |file, upper, _| {
-                if upper { f(file) } else { Err(Errno::EBADF) }
-            },
-        )
-    }
-
-    /// Runs `f` on the listing of directory handle `fh`, read when first asked for.
-    fn with_listing(&self, fh: FileHandle, f: impl FnOnce(&[DirEntry])) -> Result<(), Errno> {
-        let (ino, listing) = match self.handles.get(&fh.0).as_deref() {
-            Some(Handle::Dir { ino, listing }) => (*ino, listing.clone()),
-            _ => return Err(Errno::EBADF),
-        };
-        let list = listing
-            .get_or_init(|| self.core.readdir(ino))
-            .as_ref()
-            .map_err(|e| *e)?;
-        f(list);
-        Ok(())
     }
 }
 
@@ -207,10 +79,6 @@ fn caller(req: &Request) -> Caller {
         uid: req.uid(),
         gid: req.gid(),
     }
-}
-
-fn io_errno(e: std::io::Error) -> Errno {
-    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
 }
 
 fn set_time(t: TimeOrNow) -> SetTime {
@@ -327,19 +195,11 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Setattr);
         let i = ino(i);
-        if size.is_some() && self.passthrough() && !self.core.is_upper(i) {
+        if size.is_some()
+            && let Err(e) = self.handles.before_truncate(i)
+        {
             // Truncating a base file that readers hold through passthrough: new inode, look again.
-            let live = self
-                .backing
-                .get(&i)
-                .is_some_and(|b| b.id.strong_count() > 0 && !b.upper);
-            if live {
-                return match self.core.reinode_for_write(i) {
-                    Ok(true) => reply.error(Errno::ESTALE),
-                    Ok(false) => reply.error(Errno::EBUSY),
-                    Err(e) => reply.error(e),
-                };
-            }
+            return reply.error(e);
         }
         let set = SetAttr {
             mode,
@@ -437,21 +297,17 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Open);
         let i = ino(i);
-        let (opened, backing) = match self.open_inner(i, flags.0, |f| reply.open_backing(f)) {
+        let register = self
+            .passthrough()
+            .then_some(|f: &File| reply.open_backing(f));
+        let opened = match self.handles.open(i, flags.0, register) {
             Ok(o) => o,
             Err(e) => return reply.error(e),
         };
-        let upper = opened.upper;
-        let fh = self.add_handle(Handle::File {
-            ino: i,
-            file: opened.file,
-            upper,
-            write: opened.write,
-            _backing: backing.clone(),
-        });
-        if backing.is_some() {
-            self.info.stats.passthrough_open();
-        }
+        self.note_backing(&opened);
+        let FileOpen {
+            fh, upper, backing, ..
+        } = opened;
         match backing {
             // No flush round trip on close: octofs has nothing to do at flush (no posix locks,
             // every write is already in the data file).
@@ -476,46 +332,19 @@ impl Filesystem for FuseAdapter {
         reply: ReplyCreate,
     ) {
         let _t = self.info.stats.time(Op::Create);
-        let (attr, opened) = match self
-            .core
-            .create(ino(p), name, mode & !umask, flags, caller(req))
-        {
-            Ok(r) => r,
-            Err(e) => return reply.error(e),
-        };
-        let i = attr.ino.0;
-        let mut backing = None;
-        if self.passthrough() {
-            match reply.open_backing(&opened.file) {
-                Ok(id) => {
-                    let id = Arc::new(id);
-                    self.backing.insert(
-                        i,
-                        Backing {
-                            id: Arc::downgrade(&id),
-                            upper: true,
-                        },
-                    );
-                    backing = Some(id);
-                }
-                Err(e) => {
-                    tracing::warn!("passthrough unavailable ({e}); serving I/O through the daemon");
-                    self.info.passthrough.store(false, Ordering::Relaxed);
-                }
-            }
-        }
-        // A writer exactly when the core counted one: `O_RDONLY|O_CREAT` is none, and its release
-        // must not un-count another handle's write-open of the file.
-        let fh = self.add_handle(Handle::File {
-            ino: i,
-            file: opened.file,
-            upper: true,
-            write: opened.write,
-            _backing: backing.clone(),
-        });
-        if backing.is_some() {
-            self.info.stats.passthrough_open();
-        }
+        let register = self
+            .passthrough()
+            .then_some(|f: &File| reply.open_backing(f));
+        let (attr, opened) =
+            match self
+                .handles
+                .create(ino(p), name, mode & !umask, flags, caller(req), register)
+            {
+                Ok(r) => r,
+                Err(e) => return reply.error(e),
+            };
+        self.note_backing(&opened);
+        let FileOpen { fh, backing, .. } = opened;
         // No flush round trip on close, as for `open`: flush has nothing to do.
         match backing {
             Some(id) => reply.created_passthrough(
@@ -548,33 +377,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyData,
     ) {
         let _t = self.info.stats.time(Op::Read);
-        // A handle opened on the base content before the file was copied up reads the current
-        // content, as every descriptor of a file does.
-        let stale = self.file_handle(fh, |_, upper, ino| {
-            (!upper && self.core.is_upper(ino)).then_some(ino)
-        });
-        if let Ok(Some(ino)) = stale
-            && let Ok(f) = self.core.open_data(ino)
-            && let Some(mut h) = self.handles.get_mut(&fh.0)
-            && let Handle::File { file, upper, .. } = &mut *h
-        {
-            *file = f;
-            *upper = true;
-        }
-        let r = self.with_file(fh, |file, _, _| {
-            let mut buf = vec![0u8; size as usize];
-            let mut filled = 0;
-            while filled < buf.len() {
-                match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                    Ok(0) => break,
-                    Ok(n) => filled += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(io_errno(e)),
-                }
-            }
-            buf.truncate(filled);
-            Ok(buf)
-        });
+        let r = self.handles.read(fh.0, offset, size);
         if let Ok(d) = &r {
             self.info.stats.read_bytes(d.len() as u64);
         }
@@ -594,10 +397,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyWrite,
     ) {
         let _t = self.info.stats.time(Op::Write);
-        let r = self.with_upper_file(fh, |file| {
-            file.write_all_at(data, offset).map_err(io_errno)?;
-            Ok(data.len() as u32)
-        });
+        let r = self.handles.write(fh.0, offset, data);
         if let Ok(n) = r {
             self.info.stats.wrote_bytes(u64::from(n));
         }
@@ -629,14 +429,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Release);
-        let wrote = matches!(
-            self.handles.remove(&fh.0),
-            Some((_, Handle::File { write: true, .. }))
-        );
-        // Drop the inode's slot once its last backing reference is gone.
-        self.backing
-            .remove_if(&ino(i), |_, b| b.id.strong_count() == 0);
-        self.core.release(ino(i), wrote);
+        self.handles.release(ino(i), fh.0);
         reply.ok();
     }
 
@@ -649,33 +442,16 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Fsync);
-        let r = self.with_file(fh, |file, upper, _| {
-            if !upper {
-                return Ok(());
-            }
-            if datasync {
-                file.sync_data()
-            } else {
-                file.sync_all()
-            }
-            .map_err(io_errno)
-        });
-        empty(reply, r.and_then(|()| self.core.sync_catalog()));
+        empty(reply, self.handles.fsync(fh.0, datasync));
     }
 
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Opendir);
-        match self.core.opendir(ino(i)) {
-            Ok(()) => {
-                let fh = self.add_handle(Handle::Dir {
-                    ino: ino(i),
-                    listing: Arc::default(),
-                });
-                reply.opened(
-                    FileHandle(fh),
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-                );
-            }
+        match self.handles.opendir(ino(i)) {
+            Ok(fh) => reply.opened(
+                FileHandle(fh),
+                FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+            ),
             Err(e) => reply.error(e),
         }
     }
@@ -689,7 +465,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectory,
     ) {
         let _t = self.info.stats.time(Op::Readdir);
-        let r = self.with_listing(fh, |list| {
+        let r = self.handles.with_listing(fh.0, |_, list| {
             for (idx, e) in list.iter().enumerate().skip(offset as usize) {
                 if reply.add(e.attr.ino, idx as u64 + 1, e.attr.kind, &e.name) {
                     break;
@@ -711,7 +487,7 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let _t = self.info.stats.time(Op::Readdirplus);
-        let r = self.with_listing(fh, |list| {
+        let r = self.handles.with_listing(fh.0, |_, list| {
             for (idx, e) in list.iter().enumerate().skip(offset as usize) {
                 // The kernel ignores the attributes of "." and ".."; every other entry's are read
                 // now (the listing's may be older than this request) and counted as a reference.
@@ -760,7 +536,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Releasedir);
-        self.handles.remove(&fh.0);
+        self.handles.releasedir(fh.0);
         reply.ok();
     }
 
@@ -824,9 +600,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Fallocate);
-        let r = self.with_upper_file(fh, |file| {
-            crate::sys::fallocate(file, mode, offset, length).map_err(io_errno)
-        });
+        let r = self.handles.fallocate(fh.0, mode, offset, length);
         empty(reply, r);
     }
 
@@ -840,9 +614,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyLseek,
     ) {
         let _t = self.info.stats.time(Op::Lseek);
-        let r = self.with_file(fh, |file, _, _| {
-            crate::sys::lseek(file, offset, whence).map_err(io_errno)
-        });
+        let r = self.handles.lseek(fh.0, offset, whence);
         match r {
             Ok(off) => reply.offset(off),
             Err(e) => reply.error(e),
@@ -863,15 +635,11 @@ impl Filesystem for FuseAdapter {
         reply: ReplyWrite,
     ) {
         let _t = self.info.stats.time(Op::CopyFileRange);
-        let src = match self.with_file(fh_in, |f, _, _| f.try_clone().map_err(io_errno)) {
-            Ok(f) => f,
-            Err(e) => return reply.error(e),
-        };
-        let r = self.with_upper_file(fh_out, |dst| {
-            let len = len.min(u32::MAX as u64 & !0xfff);
-            crate::sys::copy_file_range(&src, off_in, dst, off_out, len).map_err(io_errno)
-        });
-        written(reply, r.map(|n| n as u32));
+        written(
+            reply,
+            self.handles
+                .copy_file_range(fh_in.0, off_in, fh_out.0, off_out, len),
+        );
     }
 }
 

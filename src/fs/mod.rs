@@ -1,4 +1,4 @@
-//! The filesystem: [`core`] answers every request for one workspace without a kernel; [`fuse`] is the
+//! The filesystem: [`workspace`] answers every request for one workspace without a kernel; [`fuse`] is the
 //! thin fuser adapter that turns kernel requests into core calls and core results into replies
 //! (passthrough, TTLs, invalidation).
 //!
@@ -6,14 +6,15 @@
 //! [`crate::cow::blobcache`]; it never touches a mirror's working tree, HEAD or index. See
 //! `docs/inodes.md` for how inode numbers are chosen and why they are stable.
 
-pub mod core;
 pub mod fuse;
+pub mod handles;
 pub mod stats;
+pub mod workspace;
 
 // Everything the rest of the crate (and the tests) use from the core, by one path that does not
 // depend on how the core is split into files.
-pub use self::core::{
-    Behind, Caller, Change, ChangeKind, Changed, DirEntry, Listing, NAME_MAX, NodeMeta, Opened,
-    Presentation, ROOT_INO, SetAttr, SetTime, TreeChange, View, WorkspaceFs, XattrReply, path_ino,
-    unix_time,
+pub use self::workspace::{
+    BASE_TOKEN, BaseStat, Behind, Caller, Change, ChangeKind, Changed, DirEntry, Listing, NAME_MAX,
+    NodeMeta, Opened, Presentation, ROOT_INO, SetAttr, SetTime, TreeChange, View, WorkspaceFs,
+    XattrReply, base_stat, path_ino, unix_time,
 };

@@ -1,0 +1,404 @@
+//! Open file and directory handles of one mounted workspace, and the passthrough backing of each
+//! inode: what the kernel refers to by `fh`, kept apart from the fuser adapter so that tests can drive
+//! it without a kernel.
+//!
+//! Owns three rules:
+//! - **One backing per inode.** The kernel requires every concurrent passthrough open of one inode to
+//!   use the same backing file, so one backing id per inode is shared while any open holds it (the
+//!   pattern of fuser's passthrough example: a weak table by inode, a strong reference per handle).
+//!   The backing type is generic: the adapter uses fuser's `BackingId`, tests use anything.
+//! - **A writer never joins base readers.** A write-open (or truncate) of a base file that readers hold
+//!   open through passthrough moves the name to a new, copied-up inode and answers `ESTALE`, so the
+//!   kernel looks the name up again; the readers keep the base content, as after a rename-over.
+//! - **Handles follow copy-up.** A handle opened on base content before the file was copied up reads
+//!   the current content (as every descriptor of a file does); it never writes (`EBADF`).
+//!
+//! Locks (see `docs/locking.md`): the handle table and the backing table are `DashMap`s whose guards
+//! are held only to copy an `Arc` in or out, never across I/O. Opens of one inode with passthrough
+//! are serialized by that inode's backing slot mutex, held across the core's `open` (which may copy
+//! the file up): a concurrent open of the same inode waits, no other inode does. Touches the
+//! workspace only through [`WorkspaceFs`]'s request methods.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+
+use dashmap::DashMap;
+use fuser::Errno;
+
+use super::{Caller, DirEntry, Opened, WorkspaceFs};
+
+/// A directory handle's listing, read at most once.
+type DirListing = Arc<OnceLock<Result<Vec<DirEntry>, Errno>>>;
+
+enum Handle<B> {
+    File {
+        ino: u64,
+        file: Arc<File>,
+        /// The file is the workspace's data file (else the read-only blob-cache file).
+        upper: bool,
+        /// Counted as a writer by the core: its release must say so.
+        write: bool,
+        /// Held while this handle is open, keeping the inode's backing id alive.
+        _backing: Option<Arc<B>>,
+    },
+    /// A directory: its listing is read at the first readdir (when the kernel's cache of it is
+    /// valid, it never asks, and the listing is never computed).
+    Dir { ino: u64, listing: DirListing },
+}
+
+/// The passthrough backing of one inode while any open of it exists.
+struct Backing<B> {
+    id: Weak<B>,
+    /// Whether the backing file is the data file (else the blob-cache file).
+    upper: bool,
+}
+
+impl<B> Default for Backing<B> {
+    fn default() -> Self {
+        Backing {
+            id: Weak::new(),
+            upper: false,
+        }
+    }
+}
+
+type Slot<B> = Arc<Mutex<Backing<B>>>;
+
+/// A file handle just opened.
+#[derive(Debug)]
+pub struct FileOpen<B> {
+    pub fh: u64,
+    /// The handle reads the workspace's own data file (else immutable base content).
+    pub upper: bool,
+    /// The backing the kernel should pass I/O through to (`None`: I/O comes to the daemon).
+    pub backing: Option<Arc<B>>,
+    /// Registering a backing failed: passthrough does not work on this mount.
+    pub passthrough_failed: Option<std::io::Error>,
+}
+
+/// The handles of one mount.
+pub struct Handles<B> {
+    core: Arc<WorkspaceFs>,
+    next_fh: AtomicU64,
+    handles: DashMap<u64, Handle<B>>,
+    backing: DashMap<u64, Slot<B>>,
+}
+
+fn io_errno(e: std::io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<B> Handles<B> {
+    pub fn new(core: Arc<WorkspaceFs>) -> Self {
+        Handles {
+            core,
+            next_fh: AtomicU64::new(1),
+            handles: DashMap::new(),
+            backing: DashMap::new(),
+        }
+    }
+
+    pub fn core(&self) -> &WorkspaceFs {
+        &self.core
+    }
+
+    fn add(&self, h: Handle<B>) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.insert(fh, h);
+        fh
+    }
+
+    fn add_file(
+        &self,
+        ino: u64,
+        opened: Opened,
+        backing: Option<Arc<B>>,
+        passthrough_failed: Option<std::io::Error>,
+    ) -> FileOpen<B> {
+        let upper = opened.upper;
+        let fh = self.add(Handle::File {
+            ino,
+            file: Arc::new(opened.file),
+            upper,
+            write: opened.write,
+            _backing: backing.clone(),
+        });
+        FileOpen {
+            fh,
+            upper,
+            backing,
+            passthrough_failed,
+        }
+    }
+
+    /// Locks the backing slot of `ino` and runs `f` on it, the slot being the one in the table.
+    fn with_slot<R>(&self, ino: u64, f: impl FnOnce(&mut Backing<B>) -> R) -> R {
+        loop {
+            // The table's guard is held only to clone the Arc.
+            let slot = self.backing.entry(ino).or_default().clone();
+            let mut b = lock(&slot);
+            let current = self
+                .backing
+                .get(&ino)
+                .is_some_and(|s| Arc::ptr_eq(&s, &slot));
+            if current {
+                return f(&mut b);
+            }
+        }
+    }
+
+    /// Opens `ino` (`flags` as `open(2)`). With `register` (passthrough on), finds or registers the
+    /// inode's backing. `Err(ESTALE)` asks the kernel to look the name up again (the name now has a
+    /// new inode); `Err(EBUSY)` when the inode's backing cannot be shared with this open.
+    pub fn open(
+        &self,
+        ino: u64,
+        flags: i32,
+        register: Option<impl FnOnce(&File) -> std::io::Result<B>>,
+    ) -> Result<FileOpen<B>, Errno> {
+        let Some(register) = register else {
+            let opened = self.core.open(ino, flags)?;
+            return Ok(self.add_file(ino, opened, None, None));
+        };
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let r = self.with_slot(ino, |slot| {
+            let live = slot.id.upgrade();
+            if write && live.is_some() && !slot.upper {
+                // Readers hold the base content through passthrough: the kernel would refuse a
+                // second backing file for this inode, so the writer gets a new inode.
+                return Err(if self.core.reinode_for_write(ino)? {
+                    Errno::ESTALE
+                } else {
+                    Errno::EBUSY
+                });
+            }
+            let opened = self.core.open(ino, flags)?;
+            if let Some(id) = live {
+                if slot.upper == opened.upper {
+                    return Ok((opened, Some(id), None));
+                }
+                self.core.release(ino, opened.write);
+                return Err(Errno::EBUSY);
+            }
+            match register(&opened.file) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    *slot = Backing {
+                        id: Arc::downgrade(&id),
+                        upper: opened.upper,
+                    };
+                    Ok((opened, Some(id), None))
+                }
+                Err(e) => Ok((opened, None, Some(e))),
+            }
+        });
+        let (opened, backing, failed) = r?;
+        Ok(self.add_file(ino, opened, backing, failed))
+    }
+
+    /// `create`: a new regular file in `parent`, opened; with `register`, its backing registered.
+    pub fn create(
+        &self,
+        parent: u64,
+        name: &std::ffi::OsStr,
+        mode: u32,
+        flags: i32,
+        caller: Caller,
+        register: Option<impl FnOnce(&File) -> std::io::Result<B>>,
+    ) -> Result<(fuser::FileAttr, FileOpen<B>), Errno> {
+        let (attr, opened) = self.core.create(parent, name, mode, flags, caller)?;
+        let ino = attr.ino.0;
+        let (backing, failed) = match register.map(|r| r(&opened.file)) {
+            None => (None, None),
+            Some(Ok(id)) => {
+                let id = Arc::new(id);
+                self.with_slot(ino, |slot| {
+                    *slot = Backing {
+                        id: Arc::downgrade(&id),
+                        upper: true,
+                    }
+                });
+                (Some(id), None)
+            }
+            Some(Err(e)) => (None, Some(e)),
+        };
+        // A writer exactly when the core counted one: `O_RDONLY|O_CREAT` is none, and its release
+        // must not un-count another handle's write-open of the file.
+        Ok((attr, self.add_file(ino, opened, backing, failed)))
+    }
+
+    /// Before a truncate of `ino`: a base file that readers hold through passthrough moves its name
+    /// to a new inode first (`Err(ESTALE)`: look the name up again; `Err(EBUSY)`: not possible).
+    pub fn before_truncate(&self, ino: u64) -> Result<(), Errno> {
+        let live_base = self.backing.get(&ino).map(|s| s.clone()).is_some_and(|s| {
+            let b = lock(&s);
+            b.id.strong_count() > 0 && !b.upper
+        });
+        if !live_base || self.core.is_upper(ino) {
+            return Ok(());
+        }
+        match self.core.reinode_for_write(ino)? {
+            true => Err(Errno::ESTALE),
+            false => Err(Errno::EBUSY),
+        }
+    }
+
+    /// The file behind `fh`, whether it is the data file, and its inode.
+    fn file(&self, fh: u64) -> Result<(Arc<File>, bool, u64), Errno> {
+        match self.handles.get(&fh).as_deref() {
+            Some(Handle::File {
+                file, upper, ino, ..
+            }) => Ok((file.clone(), *upper, *ino)),
+            Some(Handle::Dir { .. }) => Err(Errno::EISDIR),
+            None => Err(Errno::EBADF),
+        }
+    }
+
+    /// The data file behind `fh`; a handle on base content is not open for writing (`EBADF`).
+    fn upper_file(&self, fh: u64) -> Result<Arc<File>, Errno> {
+        match self.file(fh)? {
+            (file, true, _) => Ok(file),
+            _ => Err(Errno::EBADF),
+        }
+    }
+
+    /// The file `fh` reads now: a handle opened on the base content before the file was copied up
+    /// switches to the data file.
+    fn current_file(&self, fh: u64) -> Result<Arc<File>, Errno> {
+        let (file, upper, ino) = self.file(fh)?;
+        if upper || !self.core.is_upper(ino) {
+            return Ok(file);
+        }
+        let Ok(data) = self.core.open_data(ino) else {
+            return Ok(file);
+        };
+        let data = Arc::new(data);
+        if let Some(mut h) = self.handles.get_mut(&fh)
+            && let Handle::File { file, upper, .. } = &mut *h
+        {
+            *file = data.clone();
+            *upper = true;
+        }
+        Ok(data)
+    }
+
+    /// Up to `size` bytes of `fh` at `offset` (short only at the end of the file).
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        let file = self.current_file(fh)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut filled = 0;
+        while filled < buf.len() {
+            match file.read_at(&mut buf[filled..], offset + filled as u64) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_errno(e)),
+            }
+        }
+        buf.truncate(filled);
+        Ok(buf)
+    }
+
+    /// Writes `data` at `offset` of `fh`.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+        let file = self.upper_file(fh)?;
+        file.write_all_at(data, offset).map_err(io_errno)?;
+        u32::try_from(data.len()).map_err(|_| Errno::EINVAL)
+    }
+
+    /// `fsync` of `fh`: its data file, then the catalog.
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<(), Errno> {
+        let (file, upper, _) = self.file(fh)?;
+        if upper {
+            if datasync {
+                file.sync_data()
+            } else {
+                file.sync_all()
+            }
+            .map_err(io_errno)?;
+        }
+        self.core.sync_catalog()
+    }
+
+    pub fn fallocate(&self, fh: u64, mode: i32, offset: u64, length: u64) -> Result<(), Errno> {
+        let file = self.upper_file(fh)?;
+        crate::sys::fallocate(&file, mode, offset, length).map_err(io_errno)
+    }
+
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64, Errno> {
+        let (file, _, _) = self.file(fh)?;
+        crate::sys::lseek(&file, offset, whence).map_err(io_errno)
+    }
+
+    /// Copies up to `len` bytes from `fh_in` at `off_in` to `fh_out` at `off_out`.
+    pub fn copy_file_range(
+        &self,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u32, Errno> {
+        let (src, _, _) = self.file(fh_in)?;
+        let dst = self.upper_file(fh_out)?;
+        let len = len.min(u64::from(u32::MAX) & !0xfff);
+        let n = crate::sys::copy_file_range(&src, off_in, &dst, off_out, len).map_err(io_errno)?;
+        u32::try_from(n).map_err(|_| Errno::EIO)
+    }
+
+    /// `release` of file handle `fh` of `ino`.
+    pub fn release(&self, ino: u64, fh: u64) {
+        let wrote = matches!(
+            self.handles.remove(&fh),
+            Some((_, Handle::File { write: true, .. }))
+        );
+        // Drop the inode's slot once its last backing reference is gone. A slot locked now is
+        // being used by an open of the inode: it stays.
+        self.backing.remove_if(&ino, |_, s| {
+            s.try_lock().is_ok_and(|b| b.id.strong_count() == 0)
+        });
+        self.core.release(ino, wrote);
+    }
+
+    /// `opendir`: a handle on directory `ino`.
+    pub fn opendir(&self, ino: u64) -> Result<u64, Errno> {
+        self.core.opendir(ino)?;
+        Ok(self.add(Handle::Dir {
+            ino,
+            listing: Arc::default(),
+        }))
+    }
+
+    /// Runs `f` on the listing of directory handle `fh`, read when first asked for.
+    pub fn with_listing(&self, fh: u64, f: impl FnOnce(u64, &[DirEntry])) -> Result<(), Errno> {
+        let (ino, listing) = match self.handles.get(&fh).as_deref() {
+            Some(Handle::Dir { ino, listing }) => (*ino, listing.clone()),
+            _ => return Err(Errno::EBADF),
+        };
+        let list = listing
+            .get_or_init(|| self.core.readdir(ino))
+            .as_ref()
+            .map_err(|e| *e)?;
+        f(ino, list);
+        Ok(())
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.handles.remove(&fh);
+    }
+
+    /// Open handles (files and directories).
+    pub fn len(&self) -> usize {
+        self.handles.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.handles.is_empty()
+    }
+}

@@ -1,0 +1,346 @@
+//! Attribute presentation and the read-side requests: `lookup`, `forget`, `getattr`, `readdir`,
+//! `readlink`, `access`, `statfs`, and `setattr`. The attributes of a derived inode come from
+//! [`super::presented`]; a copied-up file's size and times from its data file.
+
+use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
+use std::time::SystemTime;
+
+use fuser::{Errno, FileAttr, FileType, INodeNo};
+
+use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Ts};
+use crate::cow::upper::system_time;
+use crate::git::objects::{EntryKind, TreeEntry};
+
+use super::presented::{DIR_SIZE, base_mode, base_size};
+use super::{
+    NAME_MAX, ROOT_INO, WorkspaceFs, convert::check_name, convert::eio, convert::io_errno,
+    convert::join, convert::oid, convert::ts, tx::Tx, types::DirEntry, types::SetAttr,
+    types::SetTime,
+};
+
+impl WorkspaceFs {
+    pub(super) fn derived_rec(
+        &self,
+        parent: u64,
+        parent_path: &[u8],
+        e: &TreeEntry,
+        ino: u64,
+    ) -> Result<InodeRecord, Errno> {
+        let t = ts(self.pres.time);
+        let (kind, nlink) = match e.kind {
+            EntryKind::Tree => {
+                let subdirs = self
+                    .store
+                    .tree(e.id)
+                    .map_err(eio)?
+                    .iter()
+                    .filter(|c| matches!(c.kind, EntryKind::Tree | EntryKind::Gitlink))
+                    .count() as u32;
+                (Kind::Dir, 2 + subdirs)
+            }
+            EntryKind::Gitlink => (Kind::Dir, 2),
+            EntryKind::Blob | EntryKind::Executable => (Kind::File, 1),
+            EntryKind::Symlink => (Kind::Symlink, 1),
+        };
+        let mode = base_mode(e.kind);
+        Ok(InodeRecord {
+            ino,
+            kind,
+            base: Some(BaseRef {
+                oid: e.id.to_string(),
+                path: join(parent_path, &e.name),
+                gitlink: e.kind == EntryKind::Gitlink,
+            }),
+            upper: false,
+            target: None,
+            mode,
+            uid: self.pres.uid,
+            gid: self.pres.gid,
+            rdev: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            nlink,
+            parent,
+            name: e.name.to_vec(),
+            xattrs: BTreeMap::new(),
+            copied_ctime: None,
+            shared: None,
+        })
+    }
+
+    pub(super) fn attr(&self, rec: &InodeRecord) -> Result<FileAttr, Errno> {
+        let (mut atime, mut mtime, mut ctime) = (rec.atime, rec.mtime, rec.ctime);
+        let (size, blocks) = match rec.kind {
+            Kind::File if rec.upper => {
+                let m = std::fs::metadata(self.upper.data_path(rec.ino)).map_err(eio)?;
+                atime = Ts(m.atime(), m.atime_nsec() as u32);
+                mtime = Ts(m.mtime(), m.mtime_nsec() as u32);
+                let data_ctime = Ts(m.ctime(), m.ctime_nsec() as u32);
+                if rec.copied_ctime.is_none_or(|c| data_ctime > c) {
+                    ctime = ctime.max(data_ctime);
+                }
+                (m.len(), m.blocks())
+            }
+            Kind::File if rec.shared.is_some() => {
+                let m =
+                    std::fs::metadata(rec.shared.as_deref().unwrap_or_default()).map_err(eio)?;
+                (m.len(), m.blocks())
+            }
+            Kind::File | Kind::Symlink => {
+                let size = match (&rec.target, &rec.base) {
+                    (Some(t), _) => t.len() as u64,
+                    (None, Some(b)) => {
+                        base_size(&self.store, EntryKind::Blob, oid(&b.oid)?).map_err(eio)?
+                    }
+                    (None, None) => 0,
+                };
+                (size, size.div_ceil(512))
+            }
+            Kind::Dir => (DIR_SIZE, DIR_SIZE / 512),
+            _ => (0, 0),
+        };
+        Ok(FileAttr {
+            ino: INodeNo(rec.ino),
+            size,
+            blocks,
+            atime: system_time(atime),
+            mtime: system_time(mtime),
+            ctime: system_time(ctime),
+            crtime: system_time(ctime),
+            kind: match rec.kind {
+                Kind::File => FileType::RegularFile,
+                Kind::Dir => FileType::Directory,
+                Kind::Symlink => FileType::Symlink,
+                Kind::Fifo => FileType::NamedPipe,
+                Kind::Socket => FileType::Socket,
+                Kind::Char => FileType::CharDevice,
+                Kind::Block => FileType::BlockDevice,
+            },
+            perm: (rec.mode & 0o7777) as u16,
+            nlink: rec.nlink,
+            uid: rec.uid,
+            gid: rec.gid,
+            rdev: rec.rdev,
+            blksize: 4096,
+            flags: 0,
+        })
+    }
+
+    // ----- lookups and attributes -----
+
+    /// `lookup`: the attributes of `name` in `parent`, counting one kernel reference.
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+        let name = check_name(name)?;
+        let mut st = self.lock();
+        let ino = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
+        let n = st.node_mut(ino)?;
+        n.lookups += 1;
+        let rec = n.rec.clone();
+        self.attr(&rec)
+    }
+
+    /// `forget`: the kernel dropped `n` references to `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut st = self.lock();
+        if let Some(node) = st.live.inodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(n);
+        }
+        self.reap(&mut st, ino);
+    }
+
+    pub fn getattr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        let rec = self.lock().node(ino)?.rec.clone();
+        self.attr(&rec)
+    }
+
+    /// Whether the content of `ino` is the workspace's own data file.
+    pub fn is_upper(&self, ino: u64) -> bool {
+        self.lock()
+            .live
+            .inodes
+            .get(&ino)
+            .is_some_and(|n| n.rec.upper)
+    }
+
+    /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
+    /// references; readdirplus calls [`Self::listed`] for each one it returns.
+    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, Errno> {
+        let st = self.lock();
+        let n = st.node(ino)?;
+        if n.rec.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        let rec = n.rec.clone();
+        let dot = self.attr(&rec)?;
+        let parent_attr = FileAttr {
+            ino: INodeNo(if ino == ROOT_INO {
+                ROOT_INO
+            } else {
+                rec.parent
+            }),
+            ..dot
+        };
+        let mut out = vec![
+            DirEntry {
+                name: ".".into(),
+                attr: dot,
+            },
+            DirEntry {
+                name: "..".into(),
+                attr: parent_attr,
+            },
+        ];
+        if rec.nlink == 0 {
+            return Ok(out);
+        }
+        let overlay = st.live.dirs.get(&ino).cloned().unwrap_or_default();
+        if let Some((tree, path)) = Self::base_tree(&rec) {
+            let path = path.to_vec();
+            for e in self.store.tree(tree).map_err(eio)?.iter() {
+                if overlay.contains_key(&*e.name) {
+                    continue;
+                }
+                let child_path = join(&path, &e.name);
+                let child = Self::derived_ino(&st, &child_path);
+                let child_rec = match st.live.inodes.get(&child) {
+                    Some(n) => n.rec.clone(),
+                    None => self.derived_rec(ino, &path, e, child)?,
+                };
+                out.push(DirEntry {
+                    name: OsString::from_vec(e.name.to_vec()),
+                    attr: self.attr(&child_rec)?,
+                });
+            }
+        }
+        for (name, target) in &overlay {
+            let Some(child) = target else { continue };
+            let child_rec = st.node(*child)?.rec.clone();
+            out.push(DirEntry {
+                name: OsString::from_vec(name.clone()),
+                attr: self.attr(&child_rec)?,
+            });
+        }
+        drop(st);
+        Ok(out)
+    }
+
+    /// readdirplus hands the entry `name` of `parent` to the kernel: the current attributes of the
+    /// inode the name has now (`None`: the name is gone), counting the kernel's reference to it.
+    ///
+    /// The listing a readdirplus serves was read at the first readdir of its handle, and the kernel
+    /// applies the attributes of every entry to its cached inode as if they were current: served
+    /// from the listing, a file written since then would read as its old size (see
+    /// docs/caching.md). So they are read again here, when the request is answered.
+    pub fn listed(&self, parent: u64, name: &OsStr) -> Result<Option<FileAttr>, Errno> {
+        let mut st = self.lock();
+        let Some(ino) = self.resolve(&mut st, parent, name.as_bytes())? else {
+            return Ok(None);
+        };
+        let rec = st.node(ino)?.rec.clone();
+        let attr = self.attr(&rec)?;
+        st.node_mut(ino)?.lookups += 1;
+        Ok(Some(attr))
+    }
+
+    pub fn opendir(&self, ino: u64) -> Result<(), Errno> {
+        match self.lock().node(ino)?.rec.kind {
+            Kind::Dir => Ok(()),
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+        let rec = self.lock().node(ino)?.rec.clone();
+        if rec.kind != Kind::Symlink {
+            return Err(Errno::EINVAL);
+        }
+        match (rec.target, rec.base) {
+            (Some(t), _) => Ok(t),
+            (None, Some(b)) => self.store.blob(oid(&b.oid)?).map_err(eio),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+
+    pub fn access(&self, ino: u64, _mask: i32) -> Result<(), Errno> {
+        self.lock().node(ino).map(|_| ())
+    }
+
+    pub fn statfs(&self) -> Result<crate::sys::FsStats, Errno> {
+        crate::sys::statvfs(&self.statfs_path)
+            .map(|mut s| {
+                s.namelen = NAME_MAX as u32;
+                s
+            })
+            .map_err(io_errno)
+    }
+
+    // ----- attributes and extended attributes -----
+
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<FileAttr, Errno> {
+        let mut st = self.lock();
+        let rec = st.node(ino)?.rec.clone();
+        let now = Ts::now();
+        if let Some(size) = set.size {
+            match rec.kind {
+                Kind::File => {}
+                Kind::Dir => return Err(Errno::EISDIR),
+                _ => return Err(Errno::EINVAL),
+            }
+            if !rec.upper {
+                self.copy_up(&mut st, ino, size == 0)?;
+            }
+            let f = self.upper.open_data(ino).map_err(io_errno)?;
+            f.set_len(size).map_err(io_errno)?;
+        }
+        let upper = st.node(ino)?.rec.upper;
+        if upper && (set.atime.is_some() || set.mtime.is_some()) {
+            let f = self.upper.open_data(ino).map_err(io_errno)?;
+            let mut times = std::fs::FileTimes::new();
+            if let Some(t) = set.atime {
+                times = times.set_accessed(match t {
+                    SetTime::Now => SystemTime::now(),
+                    SetTime::At(t) => t,
+                });
+            }
+            if let Some(t) = set.mtime {
+                times = times.set_modified(match t {
+                    SetTime::Now => SystemTime::now(),
+                    SetTime::At(t) => t,
+                });
+            }
+            f.set_times(times).map_err(io_errno)?;
+        }
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        let r = st.rec(&mut tx, ino)?;
+        if let Some(m) = set.mode {
+            r.mode = m & 0o7777;
+        }
+        if let Some(u) = set.uid {
+            r.uid = u;
+        }
+        if let Some(g) = set.gid {
+            r.gid = g;
+        }
+        let pick = |t: SetTime| match t {
+            SetTime::Now => now,
+            SetTime::At(t) => ts(t),
+        };
+        if let Some(t) = set.atime {
+            r.atime = pick(t);
+        }
+        if let Some(t) = set.mtime {
+            r.mtime = pick(t);
+        }
+        r.ctime = set.ctime.map(ts).unwrap_or(now);
+        let changed = r.clone();
+        st.commit(tx)?;
+        self.journal_ino(&mut st, ino);
+        drop(st);
+        self.attr(&changed)
+    }
+}

@@ -1,0 +1,189 @@
+//! The fsmonitor journal: paths changed through the mount, in order, and git's fsmonitor query answered
+//! from it (or, for the shared index's [`BASE_TOKEN`], from the catalog). In memory only; reads and
+//! writes nothing on disk.
+
+use std::collections::VecDeque;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::cow::catalog::Kind;
+
+use super::{ROOT_INO, State, WorkspaceFs, convert::join};
+
+/// Paths changed through the mount, in order, for git's file-system monitor: a token names a
+/// position; a query answers every path changed after it. Kept in memory: a token from another
+/// daemon run (other epoch) or older than what is retained answers "everything", which is always safe.
+pub(super) struct Journal {
+    pub(super) epoch: u64,
+    pub(super) seq: u64,
+    /// The sequence number just before the oldest retained entry.
+    pub(super) floor: u64,
+    /// (sequence, path); an empty path means "everything".
+    pub(super) entries: VecDeque<(u64, Vec<u8>)>,
+}
+
+const JOURNAL_MAX: usize = 1 << 16;
+
+/// The fsmonitor token that names "the state of the fork's base": the shared index of a new
+/// workspace carries it, so the first `git status` asks what changed since the fork instead of
+/// examining every file. Answered from the catalog (what differs from the base), not the journal.
+pub const BASE_TOKEN: &str = "octofs:base";
+
+/// What changed since an fsmonitor token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changed {
+    Everything,
+    Paths(Vec<Vec<u8>>),
+}
+
+impl Journal {
+    pub(super) fn new() -> Journal {
+        let epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+            ^ u64::from(std::process::id());
+        Journal {
+            epoch,
+            seq: 0,
+            floor: 0,
+            entries: VecDeque::new(),
+        }
+    }
+
+    pub(super) fn note(&mut self, path: Vec<u8>) {
+        // git ignores what happens inside its own directory.
+        if path == b".git" || path.starts_with(b".git/") {
+            return;
+        }
+        self.seq += 1;
+        self.entries.push_back((self.seq, path));
+        if self.entries.len() > JOURNAL_MAX
+            && let Some((s, _)) = self.entries.pop_front()
+        {
+            self.floor = s;
+        }
+    }
+
+    pub(super) fn token(&self) -> String {
+        format!("octofs:{}:{}", self.epoch, self.seq)
+    }
+
+    /// Entries after `token`, or `None` when the token cannot be trusted.
+    pub(super) fn since(&self, token: &str) -> Option<Vec<Vec<u8>>> {
+        let mut parts = token.trim().split(':');
+        if parts.next() != Some("octofs") {
+            return None;
+        }
+        let epoch: u64 = parts.next()?.parse().ok()?;
+        let seq: u64 = parts.next()?.parse().ok()?;
+        if epoch != self.epoch || seq < self.floor || seq > self.seq {
+            return None;
+        }
+        let mut out = Vec::new();
+        for (s, p) in &self.entries {
+            if *s > seq {
+                if p.is_empty() {
+                    return None;
+                }
+                out.push(p.clone());
+            }
+        }
+        Some(out)
+    }
+}
+
+impl WorkspaceFs {
+    /// unique (a file with several links) or not known.
+    pub(super) fn path_of(st: &State, ino: u64) -> Option<Vec<u8>> {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        let mut cur = ino;
+        for _ in 0..4096 {
+            if cur == ROOT_INO {
+                parts.reverse();
+                return Some(parts.join(&b'/'));
+            }
+            let n = st.live.inodes.get(&cur)?;
+            if n.rec.kind != Kind::Dir && n.rec.nlink > 1 {
+                return None;
+            }
+            parts.push(&n.rec.name);
+            cur = n.rec.parent;
+        }
+        None
+    }
+
+    pub(super) fn journal_ino(&self, st: &mut State, ino: u64) {
+        let path = Self::path_of(st, ino).map(|mut p| {
+            if st
+                .live
+                .inodes
+                .get(&ino)
+                .is_some_and(|n| n.rec.kind == Kind::Dir)
+                && !p.is_empty()
+            {
+                p.push(b'/');
+            }
+            p
+        });
+        st.journal.note(path.unwrap_or_default());
+    }
+
+    pub(super) fn journal_name(&self, st: &mut State, dir: u64, name: &[u8], is_dir: bool) {
+        let path = Self::path_of(st, dir).map(|p| {
+            let mut p = join(&p, name);
+            if is_dir {
+                p.push(b'/');
+            }
+            p
+        });
+        st.journal.note(path.unwrap_or_default());
+    }
+
+    /// git's fsmonitor query: the new token and what changed since `token` (paths relative to the
+    /// workspace root; directories end in `/`), including files open for writing right now.
+    pub fn fsmonitor_query(&self, token: &str) -> (String, Changed) {
+        if token == BASE_TOKEN {
+            // The state the shared index describes: what differs from the base is in the catalog.
+            let new = self.lock().journal.token();
+            return match self.changes() {
+                Ok(changes) => {
+                    let st = self.lock();
+                    let mut paths: Vec<Vec<u8>> = changes
+                        .into_iter()
+                        .map(|c| {
+                            let mut p = c.path.into_bytes();
+                            if c.dir {
+                                p.push(b'/');
+                            }
+                            p
+                        })
+                        .collect();
+                    for n in st.live.inodes.values().filter(|n| n.writers > 0) {
+                        match Self::path_of(&st, n.rec.ino) {
+                            Some(p) => paths.push(p),
+                            None => return (new, Changed::Everything),
+                        }
+                    }
+                    paths.sort();
+                    paths.dedup();
+                    (new, Changed::Paths(paths))
+                }
+                Err(_) => (new, Changed::Everything),
+            };
+        }
+        let st = self.lock();
+        let new = st.journal.token();
+        let Some(mut paths) = st.journal.since(token) else {
+            return (new, Changed::Everything);
+        };
+        for n in st.live.inodes.values().filter(|n| n.writers > 0) {
+            match Self::path_of(&st, n.rec.ino) {
+                Some(p) => paths.push(p),
+                None => return (new, Changed::Everything),
+            }
+        }
+        paths.sort();
+        paths.dedup();
+        (new, Changed::Paths(paths))
+    }
+}

@@ -1,0 +1,124 @@
+//! The request and reply types of the workspace core: what callers (the fuser adapter, the daemon,
+//! the tests) pass in and get back. Plain data; no behaviour and no state.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::time::SystemTime;
+
+use fuser::{FileAttr, FileType};
+use gix::ObjectId;
+
+use crate::cow::catalog::Ts;
+use crate::git::snapshot::ViewEdit;
+
+use super::posix::NodeMeta;
+
+/// Who is asking (from the FUSE request header).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// How the workspace presents what nobody changed.
+#[derive(Debug, Clone, Copy)]
+pub struct Presentation {
+    pub uid: u32,
+    pub gid: u32,
+    /// The base commit's committer time: mtime, ctime and atime of every unmodified entry.
+    pub time: SystemTime,
+}
+
+/// A directory entry with its attributes (readdirplus needs both).
+#[derive(Debug, Clone)]
+pub struct DirEntry {
+    pub name: OsString,
+    pub attr: FileAttr,
+}
+
+/// The names in a directory (as bytes) and their kinds.
+pub type Listing = Vec<(Vec<u8>, FileType)>;
+
+/// A time to set: now, or a given time.
+#[derive(Debug, Clone, Copy)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of one `setattr`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<SystemTime>,
+}
+
+/// What `open` hands the adapter.
+#[derive(Debug)]
+pub struct Opened {
+    pub file: File,
+    /// The file is the workspace's own data file (else the read-only blob-cache file of the base).
+    pub upper: bool,
+    /// Counted as a writer of the inode (write access or `O_TRUNC`): its release must say so, and
+    /// only then (an `O_RDONLY|O_CREAT` create is no writer).
+    pub write: bool,
+}
+
+/// Result of `getxattr`/`listxattr`: the size asked for, or the bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum XattrReply {
+    Size(u32),
+    Data(Vec<u8>),
+}
+
+/// A change from the base, as `status` and `diff` list it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Change {
+    pub path: String,
+    pub kind: ChangeKind,
+    /// A directory (everything below it may differ too).
+    pub dir: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Behind {
+    /// Name `name` in directory `parent` was created, removed or now leads to another inode: the
+    /// kernel's entry (or cached absence) of it, and the directory's listing and attributes.
+    Entry { parent: u64, name: Vec<u8> },
+    /// The attributes or content of inode `ino` changed.
+    Inode(u64),
+}
+
+/// A consistent view of what differs from the base, read in one critical section.
+#[derive(Debug, Clone)]
+pub struct View {
+    pub base_tree: ObjectId,
+    pub edits: Vec<ViewEdit>,
+    /// The metadata of every changed node, by path (what git drops of it goes into the
+    /// snapshot's POSIX record).
+    pub meta: Vec<NodeMeta>,
+    /// The workspace's generation when the view was read.
+    pub generation: u64,
+    /// When the view was read.
+    pub taken_at: Ts,
+}
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TreeChange {
+    Remove,
+    File { id: ObjectId, exec: bool },
+    Symlink { id: ObjectId },
+    Gitlink { id: ObjectId },
+}

@@ -1,0 +1,223 @@
+//! The handle table of a mount without a kernel: the stale-base-handle rule, `EBADF` on base handles,
+//! one passthrough backing per inode, and a writer (or truncate) never joining base readers.
+//! The backing type is a plain number here; the adapter uses fuser's `BackingId`.
+
+use std::cell::Cell;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::sync::Arc;
+
+use fuser::Errno;
+use octofs::cow::blobcache::BlobCache;
+use octofs::fs::handles::Handles;
+use octofs::fs::{ROOT_INO, WorkspaceFs};
+use octofs::git::objects::ObjectStore;
+
+mod common;
+
+use common::{DATE1, GitRepo, load_core};
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    core: Arc<WorkspaceFs>,
+    handles: Handles<u32>,
+}
+
+fn fixture() -> Fixture {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(&repo).expect("mkdir");
+    let r = GitRepo::init(&repo);
+    r.write("f.txt", "base content\n");
+    r.write("d/g.txt", "g\n");
+    r.commit_all("one", DATE1);
+    let store = Arc::new(ObjectStore::open(&repo).expect("store"));
+    let base = store.resolve(None).expect("HEAD");
+    let blobs = Arc::new(BlobCache::new(&tmp.path().join("cache")).expect("cache"));
+    let core = Arc::new(load_core(
+        &store,
+        &blobs,
+        base.tree,
+        base.time,
+        &tmp.path().join("upper"),
+        tmp.path(),
+    ));
+    Fixture {
+        handles: Handles::new(core.clone()),
+        core,
+        _tmp: tmp,
+    }
+}
+
+/// The inode of `name` in the root, looked up as the kernel does (holding a reference to it).
+fn ino_of(core: &WorkspaceFs, name: &str) -> u64 {
+    core.lookup(ROOT_INO, OsStr::new(name))
+        .expect("lookup")
+        .ino
+        .0
+}
+
+fn no_passthrough() -> Option<fn(&File) -> std::io::Result<u32>> {
+    None
+}
+
+/// A registration that counts how often it ran and hands out that count as the backing id.
+fn counting(calls: &Cell<u32>) -> Option<impl FnOnce(&File) -> std::io::Result<u32> + '_> {
+    Some(move |_: &File| {
+        calls.set(calls.get() + 1);
+        Ok(calls.get())
+    })
+}
+
+#[test]
+fn a_base_handle_reads_the_copied_up_content_and_never_writes() {
+    let fx = fixture();
+    let ino = ino_of(&fx.core, "f.txt");
+    let reader = fx
+        .handles
+        .open(ino, libc::O_RDONLY, no_passthrough())
+        .expect("open ro");
+    assert!(!reader.upper, "a read-only open serves the base content");
+    assert_eq!(
+        fx.handles.write(reader.fh, 0, b"x"),
+        Err(Errno::EBADF),
+        "a base handle is not open for writing"
+    );
+    let writer = fx
+        .handles
+        .open(ino, libc::O_RDWR, no_passthrough())
+        .expect("open rw");
+    assert!(writer.upper, "a write-open copies up");
+    assert_eq!(fx.handles.write(writer.fh, 0, b"BASE"), Ok(4));
+    // The reader opened before the copy-up reads the current content, as any descriptor would.
+    assert_eq!(
+        fx.handles.read(reader.fh, 0, 100).expect("read"),
+        b"BASE content\n"
+    );
+    // ... and from then on it is a handle on the data file.
+    assert_eq!(fx.handles.write(reader.fh, 0, b"b"), Ok(1));
+    fx.handles.release(ino, reader.fh);
+    fx.handles.release(ino, writer.fh);
+    assert!(fx.handles.is_empty());
+    assert_eq!(fx.handles.read(reader.fh, 0, 1), Err(Errno::EBADF));
+}
+
+#[test]
+fn opens_of_one_inode_share_one_backing_while_any_is_open() {
+    let fx = fixture();
+    let ino = ino_of(&fx.core, "f.txt");
+    let calls = Cell::new(0);
+    let a = fx
+        .handles
+        .open(ino, libc::O_RDONLY, counting(&calls))
+        .expect("open a");
+    let b = fx
+        .handles
+        .open(ino, libc::O_RDONLY, counting(&calls))
+        .expect("open b");
+    assert_eq!(calls.get(), 1, "the second open reuses the inode's backing");
+    let (ida, idb) = (a.backing.expect("backing a"), b.backing.expect("backing b"));
+    assert!(Arc::ptr_eq(&ida, &idb));
+    drop((ida, idb));
+    fx.handles.release(ino, a.fh);
+    let c = fx
+        .handles
+        .open(ino, libc::O_RDONLY, counting(&calls))
+        .expect("open c");
+    assert_eq!(calls.get(), 1, "still held by b");
+    drop(c.backing);
+    fx.handles.release(ino, b.fh);
+    fx.handles.release(ino, c.fh);
+    let d = fx
+        .handles
+        .open(ino, libc::O_RDONLY, counting(&calls))
+        .expect("open d");
+    assert_eq!(calls.get(), 2, "the last release dropped the backing");
+    drop(d.backing);
+    fx.handles.release(ino, d.fh);
+}
+
+#[test]
+fn a_writer_never_joins_passthrough_readers_of_the_base() {
+    let fx = fixture();
+    let ino = ino_of(&fx.core, "f.txt");
+    let calls = Cell::new(0);
+    let reader = fx
+        .handles
+        .open(ino, libc::O_RDONLY, counting(&calls))
+        .expect("open ro");
+    assert_eq!(
+        fx.handles
+            .open(ino, libc::O_WRONLY, counting(&calls))
+            .map(|o| o.fh),
+        Err(Errno::ESTALE),
+        "the kernel must look the name up again"
+    );
+    let moved = ino_of(&fx.core, "f.txt");
+    assert_ne!(moved, ino, "the name now leads to a new, copied-up inode");
+    assert!(fx.core.is_upper(moved));
+    let writer = fx
+        .handles
+        .open(moved, libc::O_WRONLY, counting(&calls))
+        .expect("open the new inode");
+    fx.handles.write(writer.fh, 0, b"NEW!").expect("write");
+    assert_eq!(
+        fx.handles.read(reader.fh, 0, 100).expect("read"),
+        b"base content\n",
+        "the readers keep the base content, as after a rename-over"
+    );
+    drop((reader.backing, writer.backing));
+    fx.handles.release(ino, reader.fh);
+    fx.handles.release(moved, writer.fh);
+}
+
+#[test]
+fn a_truncate_of_a_base_file_readers_hold_moves_the_name_first() {
+    let fx = fixture();
+    let ino = ino_of(&fx.core, "f.txt");
+    assert_eq!(
+        fx.handles.before_truncate(ino),
+        Ok(()),
+        "nobody holds it: truncate in place"
+    );
+    let calls = Cell::new(0);
+    let reader = fx
+        .handles
+        .open(ino, libc::O_RDONLY, counting(&calls))
+        .expect("open ro");
+    assert_eq!(fx.handles.before_truncate(ino), Err(Errno::ESTALE));
+    assert_ne!(ino_of(&fx.core, "f.txt"), ino);
+    drop(reader.backing);
+    fx.handles.release(ino, reader.fh);
+}
+
+#[test]
+fn directory_handles_list_once_and_are_not_files() {
+    let fx = fixture();
+    let fh = fx.handles.opendir(ROOT_INO).expect("opendir");
+    let mut names = Vec::new();
+    fx.handles
+        .with_listing(fh, |ino, list| {
+            assert_eq!(ino, ROOT_INO);
+            names = list.iter().map(|e| e.name.clone()).collect();
+        })
+        .expect("listing");
+    assert_eq!(names, [".", "..", "d", "f.txt"]);
+    // Read once: a name created since does not appear in this handle's listing.
+    fx.core
+        .mkdir(
+            ROOT_INO,
+            OsStr::new("new"),
+            0o755,
+            octofs::fs::Caller { uid: 0, gid: 0 },
+        )
+        .expect("mkdir");
+    fx.handles
+        .with_listing(fh, |_, list| assert_eq!(list.len(), 4))
+        .expect("listing");
+    assert_eq!(fx.handles.read(fh, 0, 1), Err(Errno::EISDIR));
+    let ino = ino_of(&fx.core, "f.txt");
+    assert_eq!(fx.handles.opendir(ino), Err(Errno::ENOTDIR));
+    fx.handles.releasedir(fh);
+    assert_eq!(fx.handles.with_listing(fh, |_, _| ()), Err(Errno::EBADF));
+}
