@@ -104,12 +104,12 @@ fn readdir(b: Bencher, dir: &str) {
         .bench_local(|| w.fs.readdir(ino).expect("readdir"));
 }
 
-/// Create a new empty file in a base directory, release it, forget it, unlink it: one catalog
-/// batch for the create and one for the unlink.
-#[divan::bench]
-fn create_unlink(b: Bencher) {
+/// Create a new empty file in a base directory of 1,000 and of 10,000 entries, release it,
+/// forget it, unlink it: one catalog batch for the create and one for the unlink.
+#[divan::bench(args = ["d00", "big"])]
+fn create_unlink(b: Bencher, dir: &str) {
     let w = BASE.workspace();
-    let dir = w.dir("d00");
+    let dir = w.dir(dir);
     let name = OsString::from("bench-new-file");
     b.bench_local(|| {
         let (attr, opened) =
@@ -177,24 +177,90 @@ fn view_after_edits(b: Bencher, n: usize) {
     b.bench_local(|| w.fs.view().expect("view"));
 }
 
+/// Log batches after which every commit counts the workspace's inodes (to decide on compaction).
+const LONG_LOG: usize = 20_000;
+
 /// An upper layer whose catalog holds 100,000 inode records (a chmod of every base file), left
-/// by a clean stop (`close`) or an unclean one (dropped, as a SIGKILL leaves it).
+/// by a clean stop (`close`) or an unclean one (dropped, as a SIGKILL leaves it; its log then
+/// holds the last 20,000 records, the snapshot the others).
+///
+/// Written in rounds of [`LONG_LOG`] chmods with a clean stop (which compacts the log) between
+/// them: past that many batches in the log every commit counts all inodes (see `chmod`), and
+/// 100,000 chmods in one go would take minutes.
 fn catalog_100k(clean: bool) -> tempfile::TempDir {
-    let w = BASE.workspace();
     let set = SetAttr {
         mode: Some(0o600),
         ..SetAttr::default()
     };
-    for (d, n) in every_file(&w) {
-        let ino = w.fs.lookup(d, &n).expect("lookup").ino.0;
-        w.fs.setattr(ino, set).expect("chmod");
+    let mut w = BASE.workspace();
+    let names = every_file(&w);
+    for (i, round) in names.chunks(LONG_LOG).enumerate() {
+        if i > 0 {
+            w.fs.close();
+            let Workspace { upper, fs } = w;
+            drop::<WorkspaceFs>(fs);
+            let fs = BASE.load(upper.path());
+            w = Workspace { upper, fs };
+        }
+        for (d, n) in round {
+            let ino = w.fs.lookup(*d, n).expect("lookup").ino.0;
+            w.fs.setattr(ino, set).expect("chmod");
+        }
     }
     let Workspace { upper, fs } = w;
     if clean {
         fs.close();
     }
     drop::<WorkspaceFs>(fs);
+    // The catalog must really hold them (a record is well over 40 bytes of JSON).
+    let bytes: u64 = std::fs::read_dir(upper.path())
+        .expect("upper dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("catalog"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum();
+    assert!(
+        bytes > 40 * 100_000,
+        "the catalog holds {bytes} bytes after 100,000 chmods"
+    );
+    eprintln!(
+        "catalog after 100,000 chmods ({} stop): {:.1} MiB",
+        if clean { "clean" } else { "unclean" },
+        bytes as f64 / (1 << 20) as f64
+    );
     upper
+}
+
+/// A chmod of a base file (one catalog batch), with 100,000 inodes in the table: in a workspace
+/// whose log is short, and in one whose log holds more than [`LONG_LOG`] batches (where every
+/// commit counts the inodes to decide whether to compact).
+#[divan::bench(args = ["short log", "long log"], sample_count = 20)]
+fn chmod(b: Bencher, log: &str) {
+    let w = BASE.workspace();
+    let inos: Vec<u64> = every_file(&w)
+        .iter()
+        .map(|(d, n)| w.fs.lookup(*d, n).expect("lookup").ino.0)
+        .collect();
+    let mut mode = 0o600;
+    let mut set = |ino: u64| {
+        mode ^= 0o040;
+        let set = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        w.fs.setattr(ino, set).expect("chmod")
+    };
+    if log == "long log" {
+        for &ino in &inos[..LONG_LOG + 1] {
+            set(ino);
+        }
+    }
+    let mut i = 0;
+    b.bench_local(|| {
+        i += 1;
+        set(inos[(i * 7) % inos.len()])
+    });
 }
 
 static CLEAN_100K: LazyLock<tempfile::TempDir> = LazyLock::new(|| catalog_100k(true));

@@ -170,7 +170,8 @@ def render(doc):
             out += [f"Requests behind octofs's figures: FUSE requests per file of the workspace "
                     f"({n:,} files: tracked and ignored dependencies), median over the samples "
                     f"(`octofs stats` read before and after each one). Snapshots are written by the "
-                    f"daemon itself; their requests are what ran in the mount meanwhile.", "", t, ""]
+                    f"daemon itself; their requests are what ran in the mount meanwhile. FORGETs come "
+                    f"when the kernel drops inodes, which can be during a later sample.", "", t, ""]
     if first and any(first["methods"].get(m, {}).get(k) for m in methods for k in CORPUS_FREE):
         out += ["## Workloads in the tree (corpus-independent; in the first corpus's workspace)", "",
                 grid(CORPUS_FREE, first, methods, args, False), "",
@@ -180,7 +181,8 @@ def render(doc):
         if t:
             out += [f"Requests behind octofs's figures: per small file ({args.small_files:,}; the "
                     f"count includes the read-back check of every 20th file), and per run of the "
-                    f"sequential workload (one file).", "", t, ""]
+                    f"sequential workload (one file: nearly all its FORGETs are of inodes of earlier "
+                    f"figures that the kernel dropped meanwhile).", "", t, ""]
     mem = doc.get("memory") or {}
     if mem:
         out += ["## Daemon memory (RSS) with k workspaces mounted", "",
