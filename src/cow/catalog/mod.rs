@@ -50,6 +50,8 @@ pub struct Catalog {
     dir: PathBuf,
     log: Arc<Log>,
     log_batches: u64,
+    /// No compaction check (which counts the live records) before the log has this many batches.
+    next_check: u64,
     /// Batches found damaged when the log was replayed (they were skipped).
     damage: Vec<Damage>,
 }
@@ -145,6 +147,7 @@ impl Catalog {
             dir: dir.to_path_buf(),
             log: Arc::new(Log::new(log, good_len)),
             log_batches: batches,
+            next_check: 0,
             damage,
         };
         if !catalog.damage.is_empty() {
@@ -213,10 +216,21 @@ impl Catalog {
         LogSync(self.log.clone())
     }
 
-    /// Whether the log has grown enough, relative to the live state, to be worth compacting
-    /// (`live_records` is only asked for once the log is long).
-    pub fn wants_compaction(&self, live_records: impl FnOnce() -> usize) -> bool {
-        self.log_batches > 20_000 && self.log_batches as usize > 4 * live_records().max(1)
+    /// Whether the log has grown enough, relative to the live state, to be worth compacting.
+    /// `live_records` (a walk of the inode table) is asked for only once the log is long, and then
+    /// again only after the log grew by another eighth: counting on every commit made each commit
+    /// of a workspace with a long log cost a walk of its whole table (1.5 ms instead of 13 µs at
+    /// 100,000 records); compaction is at most an eighth of the log late.
+    pub fn wants_compaction(&mut self, live_records: impl FnOnce() -> usize) -> bool {
+        const MIN_BATCHES: u64 = 20_000;
+        if self.log_batches <= MIN_BATCHES || self.log_batches < self.next_check {
+            return false;
+        }
+        if self.log_batches as usize > 4 * live_records().max(1) {
+            return true;
+        }
+        self.next_check = self.log_batches + (self.log_batches / 8).max(1);
+        false
     }
 
     /// Writes `state` as the new snapshot and starts an empty log. Crash-safe at every step: the old
@@ -229,6 +243,7 @@ impl Catalog {
         crate::records::write_atomic(&self.dir.join(SNAP), &bytes)?;
         self.log.truncate()?;
         self.log_batches = 0;
+        self.next_check = 0;
         Ok(())
     }
 

@@ -415,3 +415,34 @@ fn snapshots_of_the_old_format_load_and_are_rewritten_framed() {
     let (_, s, _) = Catalog::open(d.path()).unwrap();
     assert_eq!(s, state);
 }
+
+#[test]
+fn a_long_log_counts_its_live_records_once_per_eighth_of_growth() {
+    // A commit asks whether to compact; counting the live records walks the whole inode table, so a
+    // long log that is not yet worth compacting must not pay that walk on every commit.
+    let d = tempfile::tempdir().unwrap();
+    let (mut c, _, _) = Catalog::open(d.path()).unwrap();
+    let mut counts = 0;
+    let live = 10_000; // 4 × live = 40,000 batches before compaction is worth it
+    for i in 0..30_000u64 {
+        c.append(&[Record::Inode(rec(i % 64 + 2))]).unwrap();
+        assert!(!c.wants_compaction(|| {
+            counts += 1;
+            live
+        }));
+    }
+    // Checks at 20,001 and then every eighth: 20,001 → 22,501 → 25,313 → 28,477 (and not past 30,000).
+    assert!(
+        (1..=5).contains(&counts),
+        "counted the live records {counts} times"
+    );
+    let mut asked = false;
+    for i in 0..15_000u64 {
+        c.append(&[Record::Inode(rec(i % 64 + 2))]).unwrap();
+        if c.wants_compaction(|| live) {
+            asked = true;
+            break;
+        }
+    }
+    assert!(asked, "a log 4.5× the live state must be compacted");
+}
