@@ -1,9 +1,10 @@
 //! octofs: per-thread copy-on-write git workspaces served as FUSE mounts.
 //!
 //! The layers, each in its own module and depending only on the ones listed before it:
-//! - [`names`], [`layout`], [`records`] and [`sys`]: validated names, where state lives, durable JSON
-//!   records, and the only `unsafe` code.
-//! - [`git`]: mirrors (one pristine checkout per project) and read access to their object stores.
+//! - [`names`], [`layout`], [`records`], [`errno`], [`sys`] and [`sys_uring`]: validated names, where
+//!   state lives, durable JSON records, how an errno is shown, and the only `unsafe` code
+//!   (`sys_uring`: io_uring for the FUSE ring transport).
+//! - [`git`](mod@git): mirrors (one pristine checkout per project) and read access to their object stores.
 //! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
 //! - [`workspace`]: a thread's durable workspace record (project, base commit, mounted or not).
@@ -15,10 +16,13 @@
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 
+#![deny(unsafe_code)]
+
 pub mod access;
 pub mod client;
 pub mod cow;
 pub mod daemon;
+pub mod errno;
 pub mod fs;
 pub mod git;
 pub mod layout;
@@ -26,5 +30,8 @@ pub mod names;
 pub mod own_repo;
 pub mod records;
 pub mod repo;
+#[allow(unsafe_code)]
 pub mod sys;
+#[allow(unsafe_code)]
+pub mod sys_uring;
 pub mod workspace;

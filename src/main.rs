@@ -2,15 +2,22 @@
 //! speaks to the daemon (starting one when none runs). Results go to stdout; errors are one line on
 //! stderr with a non-zero exit.
 
+#![forbid(unsafe_code)]
+
+mod cli;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use serde_json::Value;
 
+use cli::{AllowArgs, parse_duration, print_stats, print_status, resolve_upstream, short};
 use octofs::client;
-use octofs::daemon::proto::{Access, Request, StatsAnswer, StatsReport, WorkspaceStatus};
-use octofs::git::mirror::{MirrorInfo, SyncOutcome};
+use octofs::daemon::proto::{
+    Access, DiffAnswer, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request, Snapshotted,
+    StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
+};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
 
@@ -50,6 +57,10 @@ enum Cmd {
         /// Clone and fetch give up after this long without progress (e.g. 300, 5m)
         #[arg(long, default_value = "5m", value_parser = parse_duration, env = "OCTOFS_FETCH_TIMEOUT")]
         fetch_timeout: u64,
+        /// How mounts receive requests: dev (/dev/fuse threads), auto (FUSE over io_uring when the
+        /// kernel offers it), uring (or the mount fails); see docs/transport.md
+        #[arg(long, default_value = "dev", env = "OCTOFS_TRANSPORT")]
+        transport: octofs::fs::uring::Transport,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -158,51 +169,6 @@ enum MirrorCmd {
     },
 }
 
-/// Who may bind a project; without any, every local user may.
-#[derive(clap::Args)]
-struct AllowArgs {
-    /// A user (name or uid) allowed to bind the project (repeatable)
-    #[arg(long = "allow-user", value_name = "USER")]
-    allow_user: Vec<String>,
-    /// A group (name or gid) whose members may bind the project (repeatable)
-    #[arg(long = "allow-group", value_name = "GROUP")]
-    allow_group: Vec<String>,
-}
-
-impl AllowArgs {
-    fn is_empty(&self) -> bool {
-        self.allow_user.is_empty() && self.allow_group.is_empty()
-    }
-
-    /// Resolves names to ids here, where the caller's user database is.
-    fn resolve(&self) -> Result<Access, String> {
-        let user = |u: &String| match u.parse::<u32>() {
-            Ok(id) => Ok(id),
-            Err(_) => match octofs::sys::user_by_name(u) {
-                Ok(Some((uid, _))) => Ok(uid),
-                Ok(None) => Err(format!("no such user {u:?}")),
-                Err(e) => Err(format!("cannot look up user {u:?}: {e}")),
-            },
-        };
-        let group = |g: &String| match g.parse::<u32>() {
-            Ok(id) => Ok(id),
-            Err(_) => match octofs::sys::group_by_name(g) {
-                Ok(Some(gid)) => Ok(gid),
-                Ok(None) => Err(format!("no such group {g:?}")),
-                Err(e) => Err(format!("cannot look up group {g:?}: {e}")),
-            },
-        };
-        Ok(Access {
-            users: self.allow_user.iter().map(user).collect::<Result<_, _>>()?,
-            groups: self
-                .allow_group
-                .iter()
-                .map(group)
-                .collect::<Result<_, _>>()?,
-        })
-    }
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.cmd, Cmd::Serve { .. }) {
@@ -236,49 +202,6 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
     serde_json::from_value(v).map_err(|e| format!("bad answer from the daemon: {e}"))
 }
 
-/// A duration: plain seconds, or a number with s, m, h or d.
-fn parse_duration(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {s:?} (use e.g. 90s, 30m, 2h, 1d)"))?;
-    let mult = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("bad duration {s:?} (use e.g. 90s, 30m, 2h, 1d)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("duration {s:?} is too long"))
-}
-
-/// An upstream as the daemon must see it: a path is made absolute against the caller's working
-/// directory (the daemon's is another); a URL is sent as given. Refused up front: anything git could
-/// read as an option.
-fn resolve_upstream(upstream: &str) -> Result<String, String> {
-    if upstream.starts_with('-') {
-        // The daemon refuses it too; checked here so that it is not made a path below.
-        return octofs::git::mirror::check_upstream(upstream).map(|()| upstream.to_string());
-    }
-    if upstream.is_empty() || octofs::git::mirror::is_url(upstream) || upstream.contains("::") {
-        return Ok(upstream.to_string());
-    }
-    // Canonical when it exists; a missing path is left for the daemon to report.
-    std::fs::canonicalize(upstream)
-        .or_else(|_| std::path::absolute(upstream))
-        .map(|p| p.to_string_lossy().into_owned())
-        .map_err(|e| format!("upstream {upstream}: {e}"))
-}
-
-fn short(id: &str) -> &str {
-    &id[..id.len().min(12)]
-}
-
 fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
     match cmd {
         Cmd::Serve {
@@ -287,6 +210,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             sweep_idle,
             sweep_every,
             fetch_timeout,
+            transport,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -303,6 +227,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     sweep_idle,
                     sweep_every,
                     fetch_timeout_secs: fetch_timeout,
+                    transport,
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -425,15 +350,15 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             if let Some(p) = &project {
                 validate(NameKind::Project, p)?;
             }
-            let v = request(
+            let opened: Opened = parse(request(
                 layout,
                 Request::Open {
                     thread,
                     project,
                     git_ref,
                 },
-            )?;
-            println!("{}", v.as_str().unwrap_or_default());
+            )?)?;
+            println!("{}", opened.path);
             Ok(())
         }
         Cmd::List { json } => {
@@ -457,8 +382,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
         }
         Cmd::Snapshot { thread } => {
             validate(NameKind::Thread, &thread)?;
-            let v = request(layout, Request::Snapshot { thread })?;
-            println!("{}", v.as_str().unwrap_or_default());
+            let s: Snapshotted = parse(request(layout, Request::Snapshot { thread })?)?;
+            println!("{}", s.commit);
             Ok(())
         }
         Cmd::Release {
@@ -467,22 +392,25 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             discard,
         } => {
             validate(NameKind::Thread, &thread)?;
-            let v = request(
+            let r: ReleaseAnswer = parse(request(
                 layout,
                 Request::Release {
                     thread: thread.clone(),
                     force,
                     discard,
                 },
-            )?;
-            if v["released"].as_bool() == Some(true) {
-                match v["snapshot"].as_str() {
+            )?)?;
+            if r.released {
+                match r.snapshot {
                     Some(s) => println!("released {thread} (snapshot {s})"),
                     None if discard => println!("released {thread} (discarded, not saved)"),
                     None => println!("released {thread}"),
                 }
             } else {
-                println!("{thread} is still in use by {} other user(s)", v["users"]);
+                println!(
+                    "{thread} is still in use by {} other user(s)",
+                    r.users.unwrap_or_default()
+                );
             }
             Ok(())
         }
@@ -492,15 +420,12 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 println!("{v}");
                 return Ok(());
             }
-            for t in v["released"].as_array().into_iter().flatten() {
-                println!("released {}", t.as_str().unwrap_or_default());
+            let s: SweepAnswer = parse(v)?;
+            for t in s.released {
+                println!("released {t}");
             }
-            for k in v["kept"].as_array().into_iter().flatten() {
-                println!(
-                    "kept {} ({})",
-                    k["thread"].as_str().unwrap_or_default(),
-                    k["why"].as_str().unwrap_or_default()
-                );
+            for k in s.kept {
+                println!("kept {} ({})", k.thread, k.why);
             }
             Ok(())
         }
@@ -511,7 +436,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             patch,
         } => {
             validate(NameKind::Thread, &thread)?;
-            let v = request(
+            let d: DiffAnswer = parse(request(
                 layout,
                 Request::Diff {
                     thread,
@@ -519,10 +444,9 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     to,
                     patch,
                 },
-            )?;
-            let d = v["diff"].as_str().unwrap_or_default();
-            if !d.is_empty() {
-                println!("{d}");
+            )?)?;
+            if !d.diff.is_empty() {
+                println!("{}", d.diff);
             }
             Ok(())
         }
@@ -547,7 +471,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             if !resp.ok {
                 return Err(resp.error.unwrap_or_default());
             }
-            let a: octofs::daemon::proto::FsmonitorAnswer = parse(resp.result)?;
+            let a: FsmonitorAnswer = parse(resp.result)?;
             let mut out = Vec::new();
             out.extend_from_slice(a.token.as_bytes());
             out.push(0);
@@ -604,69 +528,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 return Ok(());
             }
             let w: WorkspaceStatus = parse(v)?;
-            println!("thread:        {}", w.thread);
-            println!("project:       {}", w.project);
-            println!("base:          {}", w.base_commit);
-            println!(
-                "branch:        {}",
-                w.branch.as_deref().unwrap_or("(detached)")
-            );
-            println!("path:          {}", w.path);
-            println!(
-                "state:         {}{}",
-                w.state,
-                if w.chat { " (chat)" } else { "" }
-            );
-            if w.users > 1 {
-                println!("users:         {}", w.users);
-            }
-            if let Some(p) = w.passthrough {
-                println!("passthrough:   {}", if p { "yes" } else { "no" });
-            }
-            println!("changed paths: {}", w.changed_paths);
-            println!("base reads:    {}", w.base_content_opens);
-            if w.quarantined > 0 {
-                println!(
-                    "quarantined:   {} (see <state>/workspaces/<thread>/upper/quarantine)",
-                    w.quarantined
-                );
-            }
-            if !w.damaged.is_empty() {
-                println!(
-                    "damaged:       {} catalog record(s) lost (see the quarantine README)",
-                    w.damaged.len()
-                );
-                for d in &w.damaged {
-                    println!("  {d}");
-                }
-            }
-            println!(
-                "last snapshot: {}",
-                w.last_snapshot.as_deref().unwrap_or("none")
-            );
+            print_status(&w);
             Ok(())
         }
     }
-}
-
-/// One table of request figures: opcode, count, p50, p99 (upper edge of a log2 bucket), total time.
-fn print_stats(s: &StatsReport) {
-    println!(
-        "{:<16} {:>12} {:>10} {:>10} {:>14}",
-        "opcode", "count", "p50 µs", "p99 µs", "total ms"
-    );
-    for o in &s.ops {
-        println!(
-            "{:<16} {:>12} {:>10} {:>10} {:>14.1}",
-            o.op,
-            o.count,
-            format!("≤{}", o.p50_us),
-            format!("≤{}", o.p99_us),
-            o.total_us as f64 / 1000.0
-        );
-    }
-    println!("{:<16} {:>12}", "all", s.requests());
-    println!("bytes read through the daemon:    {}", s.bytes_read);
-    println!("bytes written through the daemon: {}", s.bytes_written);
-    println!("passthrough opens:                {}", s.passthrough_opens);
 }

@@ -1,6 +1,11 @@
 """What the benchmark measures in each method's workspaces. Each figure is a list of samples
 (seconds, or bytes for disk and memory) stored under results[corpus][method][figure]; the
-report turns them into medians, ranges and ratios against the native checkout."""
+report turns them into medians, ranges and ratios against the native checkout.
+
+For octofs, every timed sample is bracketed by two reads of the mount's request counters
+(`octofs stats <thread> --json`, outside the timing): results[corpus]["octofs"]["requests"][figure]
+holds, per sample, the FUSE requests by opcode that the sample caused, so the report can say how
+many requests per file stand behind a figure and which ones."""
 
 import gc
 import os
@@ -72,6 +77,20 @@ class Runner:
                       rng.randrange(1024, 4097)) for i in range(self.args.small_files)]
         self.seqbuf = bytes(random.Random(99).randbytes(MIB))
 
+    @staticmethod
+    def counted(m, fork, res, key, fn):
+        """Runs fn (one timed sample of figure `key` in `fork`) and returns its result; for a
+        method that counts its requests (octofs), records the requests by opcode the sample
+        caused under res["requests"][key]."""
+        before = m.requests(fork)
+        if before is None:
+            return fn()
+        r = fn()
+        after = m.requests(fork) or {}
+        delta = {op: n - before.get(op, 0) for op, n in after.items() if n - before.get(op, 0) > 0}
+        res.setdefault("requests", {}).setdefault(key, []).append(delta)
+        return r
+
     def quiet(self):
         if self.args.quiet_wait:
             w = wait_quiet(self.args.quiet_wait)
@@ -88,13 +107,14 @@ class Runner:
         try:
             w = self.forks(m, res, add)
             stages = [("warm figures", lambda: self.warm(m, w, res, add)),
-                      ("checkout", lambda: self.checkout(corpus, w, add)),
-                      ("diff", lambda: self.diff(corpus, w, add)),
+                      ("checkout", lambda: self.checkout(corpus, m, w, res, add)),
+                      ("diff", lambda: self.diff(corpus, m, w, res, add)),
                       ("snapshots", lambda: self.snapshots(corpus, m, w, res, add))]
             if first_corpus:
-                stages.append(("small files and sequential I/O", lambda: self.io_figures(w, add)))
+                stages.append(("small files and sequential I/O",
+                               lambda: self.io_figures(m, w, res, add)))
             if not (self.args.quick and corpus.name == "real"):     # --quick: one build, not two
-                stages.append(("build", lambda: self.build(corpus, w, add)))
+                stages.append(("build", lambda: self.build(corpus, m, w, res, add)))
             for name, fn in stages:
                 if self.args.stages and name.split()[0] not in self.args.stages:
                     continue
@@ -116,9 +136,11 @@ class Runner:
             t, f = timed(m.fork)
             forks.append(f)
             add("fork", t)
+            if m.requests(f) is not None:      # a new mount: every request so far is the fork's
+                res.setdefault("requests", {}).setdefault("fork", []).append(m.requests(f))
             add("disk", m.new_bytes(f))
             drop_caches()
-            t, st = timed(lambda: status(f.path))
+            t, st = self.counted(m, f, res, "status_cold", lambda: timed(lambda: status(f.path)))
             add("status_cold", t)
             if st.strip():
                 raise BenchError(f"a new fork is not clean: `git status` lists "
@@ -133,9 +155,11 @@ class Runner:
         drop_caches()
         c0 = meminfo("Cached")
         for i, f in enumerate(forks):
-            t = timed_cmd(READ_CMD, f.path)
             if i == 0:
-                add("read_cold", t)
+                add("read_cold", self.counted(m, f, res, "read_cold",
+                                              lambda: timed_cmd(READ_CMD, f.path)))
+            else:
+                timed_cmd(READ_CMD, f.path)
         add("pagecache", meminfo("Cached") - c0)
         res["pagecache_n"] = len(forks)
         for f in forks[:-1]:
@@ -146,24 +170,27 @@ class Runner:
         runs = self.args.runs
         status(w.path)
         for _ in range(runs):
-            add("status_warm", timed(lambda: status(w.path))[0])
+            add("status_warm", self.counted(m, w, res, "status_warm",
+                                            lambda: timed(lambda: status(w.path))[0]))
         timed_cmd(STAT_CMD, w.path)
         for _ in range(runs):
-            add("stat", timed_cmd(STAT_CMD, w.path))
+            add("stat", self.counted(m, w, res, "stat", lambda: timed_cmd(STAT_CMD, w.path)))
         timed_cmd(READ_CMD, w.path)
         for _ in range(runs):
-            add("read", timed_cmd(READ_CMD, w.path))
+            add("read", self.counted(m, w, res, "read", lambda: timed_cmd(READ_CMD, w.path)))
         log(f"  {m.name}: status warm {fmt_t(res['status_warm'][-1])}, stat {fmt_t(res['stat'][-1])}, "
             f"read {fmt_t(res['read'][-1])}")
 
-    def checkout(self, corpus, w, add):
+    def checkout(self, corpus, m, w, res, add):
         """The moved commit and back, HEAD detached at both ends."""
-        for _ in range(self.args.slow_runs):
-            self.quiet()
+        def both_ways():
             t0 = time.perf_counter()
             run(["git", "checkout", "-q", "--detach", corpus.other], cwd=w.path)
             run(["git", "checkout", "-q", "--detach", corpus.base], cwd=w.path)
-            add("checkout", time.perf_counter() - t0)
+            return time.perf_counter() - t0
+        for _ in range(self.args.slow_runs):
+            self.quiet()
+            add("checkout", self.counted(m, w, res, "checkout", both_ways))
         head = out(run(["git", "rev-parse", "HEAD"], cwd=w.path))
         left = status(w.path).decode(errors="replace").splitlines()
         if head != corpus.base or left:
@@ -174,13 +201,14 @@ class Runner:
         files = tracked_regular(w.path, corpus.build.subdir)
         return random.Random(5).sample(files, min(len(files), max(SNAP_KS)))
 
-    def diff(self, corpus, w, add):
+    def diff(self, corpus, m, w, res, add):
         sample = self.sample(corpus, w)
         ten = sample[::max(1, len(sample) // 10)][:10]
         try:
             for k in range(self.args.runs):
                 append(w.path, ten, f"bench edit {k}\n")
-                t, r = timed(lambda: run(["git", "diff", "--stat"], cwd=w.path))
+                t, r = self.counted(m, w, res, "diff",
+                                    lambda: timed(lambda: run(["git", "diff", "--stat"], cwd=w.path)))
                 add("diff", t)
                 if f"{len(ten)} files changed" not in r.stdout.decode():
                     raise BenchError(f"`git diff --stat` after {len(ten)} edits says: "
@@ -194,21 +222,22 @@ class Runner:
             for k in range(self.args.slow_runs):
                 for n in SNAP_KS:
                     append(w.path, sample[:n], f"snapshot run {k} size {n}\n")
-                    add(f"snap{n}", m.snapshot(w, n))
+                    add(f"snap{n}", self.counted(m, w, res, f"snap{n}", lambda: m.snapshot(w, n)))
             log(f"  {m.name}: " + ", ".join(f"snapshot {n} {fmt_t(res[f'snap{n}'][-1])}" for n in SNAP_KS))
         finally:
             run(["git", "checkout", "-q", "--"] + sample, cwd=w.path)
 
     # --- corpus-independent I/O ---------------------------------------------------------------
 
-    def io_figures(self, w, add):
+    def io_figures(self, m, w, res, add):
         for _ in range(self.args.slow_runs):
             self.quiet()
-            c, d = self.small(w.path)
+            c, d = self.counted(m, w, res, "small", lambda: self.small(w.path))
             add("small", c + d)
         for _ in range(self.args.slow_runs):
             self.quiet()
-            for k, v in self.seq(w.path).items():
+            # One count for the write and the reads of a run (they are one call).
+            for k, v in self.counted(m, w, res, "seq", lambda: self.seq(w.path)).items():
                 add(k, v)
 
     def small(self, root):
@@ -288,7 +317,7 @@ class Runner:
 
     # --- the build ------------------------------------------------------------------------------
 
-    def build(self, corpus, w, add):
+    def build(self, corpus, m, w, res, add):
         b = corpus.build
         env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
         env["LC_ALL"] = "C"
@@ -297,10 +326,9 @@ class Runner:
             run(["git", "clean", "-fdxq", "--", "."], cwd=tree)
             os.sync()
             self.quiet()
-            t0 = time.perf_counter()
-            r = subprocess.run(b.cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-            t = time.perf_counter() - t0
+            t, r = self.counted(m, w, res, "build", lambda: timed(
+                lambda: subprocess.run(b.cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)))
             if r.returncode:
                 tail = r.stderr.decode(errors="replace").strip().splitlines()[-2:]
                 raise BenchError(f"build failed (exit {r.returncode}): {' / '.join(tail)}")

@@ -6,6 +6,7 @@ Every fork starts from the corpus's template checkout (with its ignored dependen
 the method itself cannot carry ignored files (clone, worktree, octofs), they are copied in with
 `cp -a` as part of the fork, as a user would have to."""
 
+import json
 import os
 import shutil
 import time
@@ -22,6 +23,11 @@ class Fork:
 
 class Method:
     name = "?"
+
+    def requests(self, fork):
+        """FUSE requests answered for the fork so far, by opcode: only octofs counts them."""
+        return None
+
     label = "?"
     desc = ""
     processes = None      # None: no process of its own (kernel or none)
@@ -296,6 +302,21 @@ class Octo(Method):
 
     def processes(self):
         return [self.octo.proc.pid]
+
+    def requests(self, fork):
+        """The FUSE requests the fork's mount has answered so far, by opcode (`octofs stats
+        <thread> --json`); {} when the daemon does not know the thread (yet)."""
+        r = self.octo.call("stats", fork.thread, "--json", check=False)
+        if r.returncode != 0:
+            return {}
+        try:
+            doc = json.loads(r.stdout)
+        except ValueError:
+            return {}
+        for w in doc.get("workspaces", []):
+            if w.get("thread") == fork.thread:
+                return {o["op"]: o["count"] for o in w["stats"]["ops"] if o.get("count")}
+        return {}
 
 
 ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo]

@@ -1,7 +1,8 @@
 """The markdown report: the machine, the methods, then per corpus a table of ratios against the
 native checkout (median, min–max over the runs) and a table of absolute numbers, the
 corpus-independent workloads, daemon memory, and every figure where octofs is behind an
-alternative."""
+alternative. Next to octofs's ratios: the FUSE requests per file behind each figure (total and the
+three most frequent opcodes), from the mount's request counters read around every sample."""
 
 import types
 
@@ -10,6 +11,10 @@ from .figures import CORPUS_FREE, FIGURES
 
 UNITS = {k: u for k, _, u in FIGURES}
 LABELS = {k: l for k, l, _ in FIGURES}
+
+
+# Request counts with no figure of their own: (label, the figure whose ratio is shown).
+REQUEST_ONLY = {"seq": ("sequential write + fsync, then cold and warm reads (per run)", "seq_write")}
 
 
 def fmt_abs(key, xs):
@@ -63,6 +68,44 @@ def grid(keys, corpus, methods, args, absolute):
                        ("1.00×" if m == "native" and xs else ratio_cell(xs, ref.get(k))))
         rows.append(row)
     return table(["figure"] + names, rows)
+
+
+def fmt_rq(x):
+    if x == 0:
+        return "0"
+    return f"{x:.3g}" if x < 1000 else f"{x:,.0f}"
+
+
+def per_file(samples, n):
+    """Median requests per file over the samples, and the three most frequent opcodes (median per
+    file each); None without samples or files."""
+    if not samples or not n:
+        return None
+    total = med([sum(s.values()) / n for s in samples])
+    ops = sorted({op for s in samples for op in s})
+    per_op = [(med([s.get(op, 0) / n for s in samples]), op) for op in ops]
+    top = sorted(per_op, key=lambda x: (-x[0], x[1]))[:3]
+    return total, [(v, op) for v, op in top if v > 0]
+
+
+def requests_table(keys, corpus, args, res, files_of):
+    """Requests per file behind octofs's figures, next to octofs's ratio against native."""
+    o = res.get("octofs", {})
+    rq = o.get("requests") or {}
+    ref = res.get("native", {})
+    rows = []
+    for k in keys:
+        pf = per_file(rq.get(k), files_of(k))
+        if pf is None:
+            continue
+        total, top = pf
+        label, fig = REQUEST_ONLY.get(k, (None, k))
+        label = label or figure_label(k, corpus, args, res)
+        rows.append([label, ratio_cell(o.get(fig), ref.get(fig)), fmt_rq(total),
+                     ", ".join(f"{op} {fmt_rq(v)}" for v, op in top) or "none"])
+    if not rows:
+        return None
+    return table(["figure", "octofs vs native", "requests per file", "top 3 opcodes (per file)"], rows)
 
 
 def behind(corpora, methods):
@@ -121,10 +164,23 @@ def render(doc):
         out += ["", "Ratios against the native checkout:", "",
                 grid(keys, corpus, methods, args, False), "", "Absolute:", "",
                 grid(keys, corpus, methods, args, True), ""]
+        n = corpus.get("files")
+        t = requests_table(keys, corpus, args, corpus["methods"], lambda k: n)
+        if t:
+            out += [f"Requests behind octofs's figures: FUSE requests per file of the workspace "
+                    f"({n:,} files: tracked and ignored dependencies), median over the samples "
+                    f"(`octofs stats` read before and after each one). Snapshots are written by the "
+                    f"daemon itself; their requests are what ran in the mount meanwhile.", "", t, ""]
     if first and any(first["methods"].get(m, {}).get(k) for m in methods for k in CORPUS_FREE):
         out += ["## Workloads in the tree (corpus-independent; in the first corpus's workspace)", "",
                 grid(CORPUS_FREE, first, methods, args, False), "",
                 grid(CORPUS_FREE, first, methods, args, True), ""]
+        t = requests_table(("small", "seq"), first, args, first["methods"],
+                           lambda k: args.small_files if k == "small" else 1)
+        if t:
+            out += [f"Requests behind octofs's figures: per small file ({args.small_files:,}; the "
+                    f"count includes the read-back check of every 20th file), and per run of the "
+                    f"sequential workload (one file).", "", t, ""]
     mem = doc.get("memory") or {}
     if mem:
         out += ["## Daemon memory (RSS) with k workspaces mounted", "",

@@ -1,15 +1,23 @@
 //! The data files of one workspace's upper layer: `<upper>/data/<inode as 16 hex digits>`.
 //!
-//! A data file appears complete or not at all (written under `data/.tmp-*`, then renamed), and before
-//! any catalog record points at it. Copy-up streams from the blob cache with `copy_file_range`, never
-//! holding a file in memory, and copies only the data ranges (`SEEK_DATA`/`SEEK_HOLE`): a sparse file
-//! stays sparse. Files the catalog does not know after an unclean
-//! stop are moved to `<upper>/quarantine/`, never deleted.
+//! A data file is created directly under its final name (one directory operation per new file) and
+//! filled before any catalog record points at it: until that record is appended, nothing refers to
+//! the file, so a crash half-way leaves an orphan, never a record pointing at a partial file. Copy-up
+//! streams from the blob cache with `copy_file_range`, never holding a file in memory, and copies only
+//! the data ranges (`SEEK_DATA`/`SEEK_HOLE`): a sparse file stays sparse.
+//!
+//! Orphans (data files the catalog does not know after an unclean stop) are removed when the stop is
+//! known to have been the daemon's alone — same boot (the kernel still holds everything the daemon
+//! wrote) and a catalog that replayed without damage: then an orphan is a create or copy-up that was
+//! never acknowledged, or the data of a file whose deletion was. Otherwise (a reboot or power loss
+//! may have lost catalog batches, or damage did) they are moved to `<upper>/quarantine/`, never
+//! deleted. Leftover `data/.tmp-*` files of older versions are removed.
 
 use std::fs::{File, FileTimes, OpenOptions};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::catalog::Ts;
 
@@ -77,6 +85,25 @@ fn copy_range(src: &File, dst: &File, mut at: u64, end: u64) -> io::Result<()> {
 #[derive(Debug)]
 pub struct Upper {
     dir: PathBuf,
+    /// The previous run that opened this upper layer did so on this boot of the kernel.
+    same_boot: bool,
+    /// A damaged catalog batch was noted since this open ([`Upper::note_damage`]).
+    damaged: AtomicBool,
+    /// This boot, until it is recorded in [`BOOT`] — by the first data file created after the
+    /// open, so only after every orphan of an earlier boot was dealt with (the check after an
+    /// unclean stop creates nothing before it has); a crash before that leaves the old boot there.
+    boot: Option<String>,
+    boot_recorded: AtomicBool,
+}
+
+/// The file recording the boot the upper layer was last opened on.
+const BOOT: &str = "boot";
+
+/// This boot of the kernel (changes with every reboot), when the kernel tells.
+fn boot_id() -> Option<String> {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let id = id.trim();
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 pub fn system_time(t: Ts) -> std::time::SystemTime {
@@ -91,8 +118,15 @@ pub fn system_time(t: Ts) -> std::time::SystemTime {
 impl Upper {
     pub fn open(dir: &Path) -> io::Result<Upper> {
         crate::layout::create_private_dir(&dir.join("data"))?;
+        let boot = boot_id();
+        let previous = std::fs::read_to_string(dir.join(BOOT)).ok();
+        let same_boot = boot.is_some() && previous.as_deref().map(str::trim) == boot.as_deref();
         Ok(Upper {
             dir: dir.to_path_buf(),
+            same_boot,
+            damaged: AtomicBool::new(false),
+            boot: if same_boot { None } else { boot },
+            boot_recorded: AtomicBool::new(false),
         })
     }
 
@@ -104,12 +138,10 @@ impl Upper {
         self.dir.join("data").join(format!("{ino:016x}"))
     }
 
-    fn tmp_path(&self, ino: u64) -> PathBuf {
-        self.dir.join("data").join(format!(".tmp-{ino:016x}"))
-    }
-
     /// Creates the data file of `ino` with the content of `from` (empty when `None`) and the given
-    /// times, atomically.
+    /// times, directly under its final name (one directory operation). Call it before any catalog
+    /// record points at the file: until then a partial file is an orphan (see the module doc). On
+    /// failure the file is removed again.
     pub fn create(
         &self,
         ino: u64,
@@ -117,14 +149,21 @@ impl Upper {
         atime: Ts,
         mtime: Ts,
     ) -> io::Result<()> {
-        let tmp = self.tmp_path(ino);
+        if let Some(b) = &self.boot
+            && !self.boot_recorded.load(Ordering::Acquire)
+        {
+            // Once per open on a new boot; torn by a crash, it reads as another boot: careful.
+            std::fs::write(self.dir.join(BOOT), b)?;
+            self.boot_recorded.store(true, Ordering::Release);
+        }
+        let path = self.data_path(ino);
         let result = (|| {
             let mut f = OpenOptions::new()
                 .write(true)
                 .create(true)
                 .truncate(true)
                 .mode(0o600)
-                .open(&tmp)?;
+                .open(&path)?;
             if let Some(src) = from {
                 copy_sparse(src, &mut f)?;
             }
@@ -132,11 +171,10 @@ impl Upper {
                 FileTimes::new()
                     .set_accessed(system_time(atime))
                     .set_modified(system_time(mtime)),
-            )?;
-            std::fs::rename(&tmp, self.data_path(ino))
+            )
         })();
         if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&path);
         }
         result
     }
@@ -194,7 +232,8 @@ impl Upper {
             let name = e.file_name();
             let name = name.to_string_lossy();
             if name.starts_with(".tmp-") {
-                // A copy-up that never completed holds only base content: nothing of the user's.
+                // A copy-up of an older version that never completed holds only base content:
+                // nothing of the user's.
                 let _ = std::fs::remove_file(e.path());
             } else if let Ok(ino) = u64::from_str_radix(&name, 16) {
                 out.push(ino);
@@ -219,8 +258,24 @@ impl Upper {
         Ok(dest)
     }
 
-    /// Records in `quarantine/README` that a damaged catalog batch was skipped.
+    /// After an unclean stop, the data file of `ino` has no catalog record: removed when it
+    /// provably holds nothing acknowledged (see the module doc; returns `None`), else quarantined
+    /// (returns where it went).
+    pub fn orphan(&self, ino: u64, why: &str) -> io::Result<Option<PathBuf>> {
+        if self.same_boot && !self.damaged.load(Ordering::Relaxed) {
+            match std::fs::remove_file(self.data_path(ino)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => return Ok(None),
+            }
+        }
+        self.quarantine(ino, why).map(Some)
+    }
+
+    /// Records in `quarantine/README` that a damaged catalog batch was skipped. Until the upper
+    /// layer is opened again, [`Upper::orphan`] quarantines every orphan: its record may have been
+    /// in the damaged batch.
     pub fn note_damage(&self, what: &str) -> io::Result<()> {
+        self.damaged.store(true, Ordering::Relaxed);
         let q = self.dir.join("quarantine");
         std::fs::create_dir_all(&q)?;
         use std::io::Write;
@@ -248,5 +303,64 @@ impl Upper {
         std::fs::read_dir(self.dir.join("quarantine"))
             .map(|d| d.flatten().filter(|e| e.file_name() != "README").count())
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_writes_the_final_name_directly_and_removes_it_on_failure() {
+        let d = tempfile::tempdir().unwrap();
+        let u = Upper::open(d.path()).unwrap();
+        let src_path = d.path().join("src");
+        std::fs::write(&src_path, b"base content").unwrap();
+        let mut src = File::open(&src_path).unwrap();
+        u.create(7, Some(&mut src), Ts(100, 5), Ts(200, 6)).unwrap();
+        assert_eq!(std::fs::read(u.data_path(7)).unwrap(), b"base content");
+        let m = std::fs::metadata(u.data_path(7)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!((m.mtime(), m.mtime_nsec()), (200, 6));
+        let names: Vec<_> = std::fs::read_dir(d.path().join("data"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(format!("{:016x}", 7))]);
+        // A source that cannot be read: nothing stays behind.
+        let mut bad = OpenOptions::new().write(true).open(&src_path).unwrap();
+        assert!(u.create(8, Some(&mut bad), Ts(1, 0), Ts(1, 0)).is_err());
+        assert!(!u.data_path(8).exists());
+        assert_eq!(u.data_inodes().unwrap(), vec![7]);
+    }
+
+    #[test]
+    fn orphans_are_removed_after_a_stop_on_this_boot_and_quarantined_otherwise() {
+        if boot_id().is_none() {
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        // Never opened before: the boot is unknown, so orphans are kept.
+        let u = Upper::open(d.path()).unwrap();
+        u.create(1, None, Ts(1, 0), Ts(1, 0)).unwrap();
+        assert!(u.orphan(1, "test").unwrap().is_some());
+        assert_eq!(u.quarantined(), 1);
+        // Opened again on the same boot (the daemon was killed): the orphan is an unacknowledged
+        // create, removed.
+        u.create(2, None, Ts(1, 0), Ts(1, 0)).unwrap();
+        let u = Upper::open(d.path()).unwrap();
+        assert_eq!(u.orphan(2, "test").unwrap(), None);
+        assert!(!u.data_path(2).exists());
+        // ... unless a damaged catalog batch may have held its record.
+        u.create(3, None, Ts(1, 0), Ts(1, 0)).unwrap();
+        let u = Upper::open(d.path()).unwrap();
+        u.note_damage("a batch").unwrap();
+        assert!(u.orphan(3, "test").unwrap().is_some());
+        // Another boot (power loss, reboot): kept.
+        u.create(4, None, Ts(1, 0), Ts(1, 0)).unwrap();
+        std::fs::write(d.path().join(BOOT), "some-other-boot\n").unwrap();
+        let u = Upper::open(d.path()).unwrap();
+        assert!(u.orphan(4, "test").unwrap().is_some());
+        assert_eq!(u.quarantined(), 3);
     }
 }

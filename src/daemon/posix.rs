@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use gix::ObjectId;
 use gix::objs::tree::EntryKind;
 
+use super::error::{Context, Error, on_workspace};
 use crate::fs::{NodeMeta, WorkspaceFs};
 use crate::git::posix_record::{self, PosixEntry, PosixKind, PosixRecord};
 use crate::git::snapshot as snap;
@@ -30,13 +31,13 @@ fn tree_kind(
     repo: &gix::Repository,
     tree: ObjectId,
     path: &[u8],
-) -> Result<Option<EntryKind>, String> {
+) -> Result<Option<EntryKind>, Error> {
     let t = repo
         .find_tree(tree)
-        .map_err(|e| format!("cannot read the snapshot tree {tree}: {e}"))?;
-    let found = t.lookup_entry(path.split(|b| *b == b'/')).map_err(|e| {
+        .context(|| format!("cannot read the snapshot tree {tree}"))?;
+    let found = t.lookup_entry(path.split(|b| *b == b'/')).context(|| {
         format!(
-            "cannot look up {} in the snapshot tree: {e}",
+            "cannot look up {} in the snapshot tree",
             String::from_utf8_lossy(path)
         )
     })?;
@@ -71,7 +72,7 @@ fn kind_at(
     tree: ObjectId,
     memo: &mut HashMap<Vec<u8>, Option<EntryKind>>,
     path: &[u8],
-) -> Result<Option<EntryKind>, String> {
+) -> Result<Option<EntryKind>, Error> {
     if let Some(k) = memo.get(path) {
         return Ok(*k);
     }
@@ -93,7 +94,7 @@ pub fn record_of(
     tree: ObjectId,
     meta: &[NodeMeta],
     owner: &Owner,
-) -> Result<Option<PosixRecord>, String> {
+) -> Result<Option<PosixRecord>, Error> {
     let mut memo: HashMap<Vec<u8>, Option<EntryKind>> = HashMap::new();
     let mut skip: Vec<&[u8]> = Vec::new();
     let mut entries: Vec<PosixEntry> = Vec::new();
@@ -193,28 +194,26 @@ pub fn restore(
     core: &WorkspaceFs,
     repo: &gix::Repository,
     snapshot: ObjectId,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let (tree, _, message, _) = snap::commit_info(repo, snapshot)?;
     let Some(blob) = posix_record::blob_of(&message) else {
         return Ok(());
     };
-    let obj = repo.find_object(blob).map_err(|e| {
-        format!("the POSIX record {blob} of snapshot {snapshot} is missing from the mirror: {e}")
+    let obj = repo.find_object(blob).context(|| {
+        format!("the POSIX record {blob} of snapshot {snapshot} is missing from the mirror")
     })?;
-    let record = PosixRecord::decode(&obj.data).map_err(|e| format!("{e} (blob {blob})"))?;
+    let record = PosixRecord::decode(&obj.data).context(|| format!("the POSIX record {blob}"))?;
     if record.tree != tree {
         tracing::warn!(%snapshot, %blob, record_tree = %record.tree, %tree,
             "the POSIX record describes another tree; not applied");
         return Ok(());
     }
     for e in &record.entries {
-        core.restore_entry(e).map_err(|x| {
-            format!(
-                "cannot restore the POSIX state of {} ({:?}): {x:?}",
-                String::from_utf8_lossy(&e.path),
-                e.kind
-            )
-        })?;
+        core.restore_entry(e).map_err(on_workspace(format!(
+            "cannot restore the POSIX state of {} ({:?})",
+            String::from_utf8_lossy(&e.path),
+            e.kind
+        )))?;
     }
     Ok(())
 }

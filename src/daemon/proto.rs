@@ -1,11 +1,23 @@
 //! The control protocol between the CLI and the daemon: one JSON request line, one JSON response line,
 //! over the Unix socket `<state>/octofs.sock`. Who is asking is never part of a request: the daemon
 //! takes it from the socket's peer credentials.
+//!
+//! Every command's answer (the response's `result`) has a type here, which the daemon serializes
+//! and the CLI reads: `mirror add` and `mirror list` [`MirrorInfo`], `mirror access` [`Access`],
+//! `mirror sync` [`SyncOutcome`], `open` [`Opened`], `list` and `status` [`WorkspaceStatus`],
+//! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
+//! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `ping` and `stop`
+//! [`Ack`].
 
 use serde::{Deserialize, Serialize};
 
 pub use crate::fs::stats::{OpStats, StatsReport};
-pub use crate::git::mirror::Access;
+pub use crate::git::mirror::{Access, MirrorInfo, SyncOutcome, is_url};
+
+/// Refuses, before it is sent, an upstream the daemon would refuse (the daemon's own check).
+pub fn check_upstream(upstream: &str) -> Result<(), String> {
+    crate::git::mirror::check_upstream(upstream).map_err(|e| e.to_string())
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "kebab-case")]
@@ -112,6 +124,9 @@ pub struct WorkspaceStatus {
     pub path: String,
     /// Whether reads are handed to the kernel (FUSE passthrough); `None` when not mounted.
     pub passthrough: Option<bool>,
+    /// The request transport ("uring (…)" or "dev (…)"); `None` when not mounted.
+    #[serde(default)]
+    pub transport: Option<String>,
     /// Paths that differ from the base (counted while mounted).
     pub changed_paths: u64,
     /// Files moved to `<state>/workspaces/<thread>/upper/quarantine` after an unclean stop.
@@ -155,4 +170,104 @@ pub struct StatsAnswer {
 pub struct WorkspaceStats {
     pub thread: String,
     pub stats: StatsReport,
+}
+
+/// The answer to `ping` ("pong") and `stop` ("stopping").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Ack(pub String);
+
+/// The answer to `open`: where the thread's workspace is mounted (a JSON string on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Opened {
+    pub path: String,
+}
+
+/// The answer to `snapshot`: the snapshot commit (a JSON string on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Snapshotted {
+    pub commit: String,
+}
+
+/// The answer to `release`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseAnswer {
+    pub thread: String,
+    /// Whether the workspace is gone (false: other users still share it).
+    pub released: bool,
+    /// The thread was released before: nothing was done.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub already: bool,
+    /// The users still sharing the workspace, when it was not released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<u32>,
+    /// The snapshot saved on the way out (none: discarded, a chat workspace, or not released).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+/// The answer to `sweep`: the threads released, and the ones kept with why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SweepAnswer {
+    pub released: Vec<String>,
+    pub kept: Vec<Kept>,
+}
+
+/// A workspace `sweep` kept, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Kept {
+    pub thread: String,
+    pub why: String,
+}
+
+/// The answer to `diff`: the two trees compared, and git's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiffAnswer {
+    pub from: String,
+    pub to: String,
+    pub diff: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wire stays what the CLI of the previous release read by key.
+    #[test]
+    fn answers_keep_their_wire_form() {
+        let v = serde_json::to_value(Opened {
+            path: "/r/t".into(),
+        })
+        .unwrap();
+        assert_eq!(v, serde_json::json!("/r/t"));
+        let r = ReleaseAnswer {
+            thread: "t".into(),
+            released: false,
+            already: false,
+            users: Some(2),
+            snapshot: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            serde_json::json!({"thread": "t", "released": false, "users": 2})
+        );
+        let back: ReleaseAnswer = serde_json::from_value(
+            serde_json::json!({"thread": "t", "released": true, "already": true}),
+        )
+        .unwrap();
+        assert!(back.already && back.released && back.snapshot.is_none());
+        let s = SweepAnswer {
+            released: vec!["a".into()],
+            kept: vec![Kept {
+                thread: "b".into(),
+                why: "active".into(),
+            }],
+        };
+        assert_eq!(
+            serde_json::to_value(&s).unwrap(),
+            serde_json::json!({"released": ["a"], "kept": [{"thread": "b", "why": "active"}]})
+        );
+    }
 }

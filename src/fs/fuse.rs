@@ -35,6 +35,8 @@ const TTL: Duration = Duration::from_secs(3600);
 #[derive(Debug, Default)]
 pub struct MountInfo {
     pub passthrough: AtomicBool,
+    /// The request transport the mount runs on ("uring (…)" or "dev (…)"), set once at mount.
+    pub transport: std::sync::OnceLock<String>,
     /// Every request this mount answered (recorded by a guard at the top of each method).
     pub stats: Stats,
 }
@@ -737,11 +739,14 @@ pub fn invalidate(notifier: &fuser::Notifier, behind: &[Behind]) {
     }
 }
 
-/// Mounts `adapter` at `mountpoint` and serves it on background threads.
+/// Mounts `adapter` at `mountpoint` and serves it on background threads over `transport`
+/// (`super::uring`).
 pub fn mount(
     adapter: FuseAdapter,
     mountpoint: &Path,
     cfg: &fuser::Config,
+    transport: super::uring::Transport,
 ) -> std::io::Result<fuser::BackgroundSession> {
-    fuser::Session::new(adapter, mountpoint, cfg)?.spawn()
+    let info = adapter.info.clone();
+    super::uring::mount(adapter, mountpoint, cfg, transport, &info.transport)
 }

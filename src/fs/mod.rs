@@ -1,6 +1,7 @@
 //! The filesystem: [`workspace`] answers every request for one workspace without a kernel; [`fuse`] is the
 //! thin fuser adapter that turns kernel requests into core calls and core results into replies
-//! (passthrough, TTLs, invalidation).
+//! (passthrough, TTLs, invalidation); [`uring`] is the request transport (FUSE over io_uring, or
+//! `/dev/fuse` threads).
 //!
 //! The core reads the base commit through [`crate::git::objects`] and file content through
 //! [`crate::cow::blobcache`]; it never touches a mirror's working tree, HEAD or index. See
@@ -10,6 +11,7 @@ pub mod failures;
 pub mod fuse;
 pub mod handles;
 pub mod stats;
+pub mod uring;
 pub mod workspace;
 
 // Everything the rest of the crate (and the tests) use from the core, by one path that does not

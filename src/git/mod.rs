@@ -1,116 +1,149 @@
 //! Git: the project mirrors and read access to their object stores.
 //!
-//! Owns `<state>/mirrors/*` and `<state>/projects/*`. Only [`mirror`] writes a mirror (add and sync);
-//! [`objects`] only reads. Nothing in this module knows about mounts or workspaces (invariant 1: a
-//! mirror is never written by a workspace).
+//! Owns `<state>/mirrors/*` and `<state>/projects/*`. Only [`mirror`] writes a mirror (add and sync),
+//! [`snapshot`] and [`posix_record`] add a thread's snapshot objects and refs to it; [`objects`]
+//! only reads. Nothing in this module knows about mounts or workspaces (invariant 1: a mirror is
+//! never written by a workspace). Every git process is started through `Git`, the one runner
+//! with the hardened environment; every failure is an [`Error`].
 
+pub mod error;
 pub mod mirror;
 pub mod objects;
 pub mod posix_record;
 pub mod snapshot;
 
+use std::ffi::OsStr;
+use std::path::Path;
 use std::process::{Command, Stdio};
 
+pub use error::Error;
+
+/// The one way the daemon runs git: a builder over [`std::process::Command`] whose environment no
+/// configuration but the repository's own can change — and the daemon runs git only in
+/// repositories it owns (mirrors, its own scratch repositories), never in a workspace (DESIGN.md
+/// "Trust model"). No system or global configuration, no system attributes, no `~` to find
+/// anything in, no replace refs, only the transports a project needs (no `ext::`/`fd::` remote
+/// helpers), never a prompt or a pager; git variables of the daemon's own environment that would
+/// redirect the repository or add configuration are dropped.
+///
+/// Every other way of running git is derived from it: [`Git::output`] and [`Git::output_bytes`]
+/// for a command's answer, [`Git::into_command`] for a process the caller drives itself (blob
+/// streaming, and clone/fetch with their stall timeout and credential header in `mirror`).
+pub(crate) struct Git {
+    cmd: Command,
+}
+
+/// Variables of the daemon's own environment that would redirect the repository, add
+/// configuration, or run another program in git's place.
+const DROPPED_ENV: [&str; 14] = [
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_COMMON_DIR",
+    "GIT_NAMESPACE",
+    "GIT_CONFIG",
+    "GIT_CONFIG_PARAMETERS",
+    "GIT_CONFIG_COUNT",
+    "GIT_EXTERNAL_DIFF",
+    "GIT_EXEC_PATH",
+    "GIT_TEMPLATE_DIR",
+    "GIT_ATTR_SOURCE",
+];
+
+/// The transports a project may use: what `GIT_ALLOW_PROTOCOL` lets any git of the daemon speak.
+pub(crate) const ALLOWED_PROTOCOLS: &str = "file:git:http:https:ssh";
+
+impl Git {
+    /// `git` (in `dir` when given) with the hardened environment.
+    pub(crate) fn new(dir: Option<&Path>) -> Git {
+        let mut cmd = Command::new("git");
+        if let Some(d) = dir {
+            cmd.arg("-C").arg(d);
+        }
+        for var in DROPPED_ENV {
+            cmd.env_remove(var);
+        }
+        // Nothing can be created below /dev/null: `~/.gitconfig`, `$XDG_CONFIG_HOME/git/*` and
+        // `~/.config/git/*` do not exist for these processes.
+        cmd.env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("HOME", "/dev/null")
+            .env("XDG_CONFIG_HOME", "/dev/null")
+            .env("GIT_ATTR_NOSYSTEM", "1")
+            .env("GIT_ALLOW_PROTOCOL", ALLOWED_PROTOCOLS)
+            .env("GIT_NO_REPLACE_OBJECTS", "1")
+            .env("GIT_NO_LAZY_FETCH", "1")
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_ASKPASS", "true")
+            .env("SSH_ASKPASS", "true")
+            .env("GIT_PAGER", "cat")
+            .env("PAGER", "cat")
+            .env("LC_ALL", "C")
+            .stdin(Stdio::null());
+        Git { cmd }
+    }
+
+    pub(crate) fn arg(mut self, arg: impl AsRef<OsStr>) -> Git {
+        self.cmd.arg(arg);
+        self
+    }
+
+    pub(crate) fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, args: I) -> Git {
+        self.cmd.args(args);
+        self
+    }
+
+    /// One more environment variable, set over the hardened ones (a scratch index, a credential
+    /// header: what one command needs, never policy).
+    pub(crate) fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> Git {
+        self.cmd.env(key, value);
+        self
+    }
+
+    /// Commits made by this command are octofs's own (author and committer).
+    pub(crate) fn by_octofs(self) -> Git {
+        self.env("GIT_AUTHOR_NAME", "octofs")
+            .env("GIT_AUTHOR_EMAIL", "octofs@localhost")
+            .env("GIT_COMMITTER_NAME", "octofs")
+            .env("GIT_COMMITTER_EMAIL", "octofs@localhost")
+    }
+
+    /// Runs it: trimmed stdout, or the last line of stderr as the error.
+    pub(crate) fn output(self) -> Result<String, Error> {
+        self.output_bytes()
+            .map(|out| String::from_utf8_lossy(&out).trim().to_string())
+    }
+
+    /// Runs it: stdout as it is (for `-z` output: names are bytes), or the last line of stderr.
+    pub(crate) fn output_bytes(mut self) -> Result<Vec<u8>, Error> {
+        let out = self.cmd.output().map_err(Error::Spawn)?;
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let line = err
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("git failed")
+                .trim()
+                .to_string();
+            Err(Error::Git(line))
+        }
+    }
+
+    /// The command itself, for a caller that drives the process (pipes, process group, timeout).
+    pub(crate) fn into_command(self) -> Command {
+        self.cmd
+    }
+}
+
 /// Runs `git` with `args` (in `dir` when given), returning trimmed stdout, or the last line of stderr
-/// as the error. The environment is pinned (see [`command`]).
-pub(crate) fn git(
-    dir: Option<&std::path::Path>,
-    args: &[&std::ffi::OsStr],
-) -> Result<String, String> {
-    git_env(dir, args, &[])
-}
-
-/// [`git`] with extra environment variables.
-pub(crate) fn git_env(
-    dir: Option<&std::path::Path>,
-    args: &[&std::ffi::OsStr],
-    env: &[(&str, &std::ffi::OsStr)],
-) -> Result<String, String> {
-    let mut cmd = command(dir);
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    run(cmd).map(|out| String::from_utf8_lossy(&out).trim().to_string())
-}
-
-/// [`git`], returning stdout as it is (for `-z` output: names are bytes).
-pub(crate) fn git_bytes(
-    dir: Option<&std::path::Path>,
-    args: &[&std::ffi::OsStr],
-) -> Result<Vec<u8>, String> {
-    let mut cmd = command(dir);
-    cmd.args(args);
-    run(cmd)
-}
-
-/// A `git` command (in `dir` when given) whose behaviour no configuration but the repository's
-/// own can change — and the daemon runs git only in repositories it owns (mirrors, its own
-/// scratch repositories), never in a workspace (DESIGN.md "Trust model"). No system or global
-/// configuration, no system attributes, no `~` to find anything in, no replace refs, only the
-/// transports a project needs (no `ext::`/`fd::` remote helpers), never a prompt or a pager; git
-/// variables of the daemon's own environment that would redirect the repository or add
-/// configuration are dropped.
-pub(crate) fn command(dir: Option<&std::path::Path>) -> Command {
-    let mut cmd = Command::new("git");
-    if let Some(d) = dir {
-        cmd.arg("-C").arg(d);
-    }
-    for var in [
-        "GIT_DIR",
-        "GIT_WORK_TREE",
-        "GIT_INDEX_FILE",
-        "GIT_OBJECT_DIRECTORY",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-        "GIT_COMMON_DIR",
-        "GIT_NAMESPACE",
-        "GIT_CONFIG",
-        "GIT_CONFIG_PARAMETERS",
-        "GIT_CONFIG_COUNT",
-        "GIT_EXTERNAL_DIFF",
-        "GIT_EXEC_PATH",
-        "GIT_TEMPLATE_DIR",
-        "GIT_ATTR_SOURCE",
-    ] {
-        cmd.env_remove(var);
-    }
-    // Nothing can be created below /dev/null: `~/.gitconfig`, `$XDG_CONFIG_HOME/git/*` and
-    // `~/.config/git/*` do not exist for these processes.
-    cmd.env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("HOME", "/dev/null")
-        .env("XDG_CONFIG_HOME", "/dev/null")
-        .env("GIT_ATTR_NOSYSTEM", "1")
-        .env("GIT_ALLOW_PROTOCOL", "file:git:http:https:ssh")
-        .env("GIT_NO_REPLACE_OBJECTS", "1")
-        .env("GIT_NO_LAZY_FETCH", "1")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .env("GIT_ASKPASS", "true")
-        .env("GIT_PAGER", "cat")
-        .env("PAGER", "cat")
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null());
-    cmd
-}
-
-/// Runs `cmd`; stdout on success, else the last line of stderr.
-fn run(mut cmd: Command) -> Result<Vec<u8>, String> {
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot run git: {e} (is git installed?)"))?;
-    if out.status.success() {
-        Ok(out.stdout)
-    } else {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let line = err
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("git failed")
-            .trim()
-            .to_string();
-        Err(line)
-    }
+/// as the error (what the [`git!`](crate::git!) macro calls).
+pub(crate) fn git(dir: Option<&Path>, args: &[&OsStr]) -> Result<String, Error> {
+    Git::new(dir).args(args).output()
 }
 
 /// Opens a repository the daemon owns (a mirror) with gix, reading only that repository's own

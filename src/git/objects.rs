@@ -4,6 +4,7 @@
 //! directory). It never writes. Parsed trees and blob sizes are cached, shared by every workspace of the
 //! mirror; stat data comes from object headers, never from reading content.
 
+use crate::git::error::{Context, Error};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
@@ -105,7 +106,7 @@ impl ObjectStore {
     /// Resolves `spec` (a branch, tag, remote branch, commit id or any rev-parse expression; the
     /// mirror's HEAD when `None`) to a commit. A branch that exists only upstream is found as
     /// `origin/<spec>`.
-    pub fn resolve(&self, spec: Option<&str>) -> Result<ResolvedRef, String> {
+    pub fn resolve(&self, spec: Option<&str>) -> Result<ResolvedRef, Error> {
         self.with_repo(|repo| {
             let shown = spec.unwrap_or("HEAD");
             let mut candidates = vec![shown.to_string()];
@@ -119,8 +120,11 @@ impl ObjectStore {
                         let commit = id
                             .object()
                             .and_then(|o| o.peel_to_commit())
-                            .map_err(|e| format!("ref {shown:?} does not name a commit: {e}"))?;
-                        let tree = commit.tree_id().map_err(|e| e.to_string())?.detach();
+                            .context(|| format!("ref {shown:?} does not name a commit"))?;
+                        let tree = commit
+                            .tree_id()
+                            .context(|| format!("commit {} has no tree", commit.id))?
+                            .detach();
                         let time = commit.time().map(|t| t.seconds).unwrap_or(0);
                         let branch = match spec {
                             None => repo
@@ -148,13 +152,13 @@ impl ObjectStore {
                     Err(e) => last_err = e.to_string(),
                 }
             }
-            Err(match spec {
+            Err(Error::Invalid(match spec {
                 Some(s) => {
                     tracing::debug!("resolve {s}: {last_err}");
                     format!("ref {s:?} does not resolve in the mirror (no branch, tag or commit of that name)")
                 }
                 None => format!("the mirror has no commits yet: {last_err}"),
-            })
+            }))
         })
     }
 
@@ -210,7 +214,8 @@ impl ObjectStore {
     /// never deltifies objects above `core.bigFileThreshold`). Git runs in the mirror through the
     /// daemon's one hardened git command, so only the daemon's own mirror config is read.
     pub fn blob_stream(&self, id: ObjectId) -> io::Result<BlobStream> {
-        let mut child = crate::git::command(Some(&self.path))
+        let mut child = crate::git::Git::new(Some(&self.path))
+            .into_command()
             .args(["cat-file", "blob"])
             .arg(id.to_string())
             .stdout(std::process::Stdio::piped())

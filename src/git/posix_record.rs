@@ -14,6 +14,7 @@
 //! moves, so a snapshot ref never points at a commit whose record is missing. See
 //! `docs/posix-record.md`.
 
+use crate::git::error::{Context, Error};
 use gix::ObjectId;
 use gix::bstr::ByteSlice;
 use gix::objs::tree::EntryKind;
@@ -104,14 +105,14 @@ impl PosixRecord {
         serde_json::to_vec(self).unwrap_or_default()
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<PosixRecord, String> {
+    pub fn decode(bytes: &[u8]) -> Result<PosixRecord, Error> {
         let r: PosixRecord =
-            serde_json::from_slice(bytes).map_err(|e| format!("bad POSIX record: {e}"))?;
+            serde_json::from_slice(bytes).context(|| "bad POSIX record".to_string())?;
         if r.version != VERSION {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "POSIX record version {} is not supported (this octofs reads version {VERSION})",
                 r.version
-            ));
+            )));
         }
         Ok(r)
     }
@@ -137,10 +138,10 @@ pub fn blob_of(message: &[u8]) -> Option<ObjectId> {
 }
 
 /// Writes the record's blob (no ref moves).
-pub fn write_blob(repo: &gix::Repository, record: &PosixRecord) -> Result<ObjectId, String> {
+pub fn write_blob(repo: &gix::Repository, record: &PosixRecord) -> Result<ObjectId, Error> {
     Ok(repo
         .write_blob(record.encode())
-        .map_err(|e| format!("cannot write the POSIX record: {e}"))?
+        .context(|| "cannot write the POSIX record".to_string())?
         .detach())
 }
 
@@ -151,7 +152,7 @@ pub fn keep(
     thread: &str,
     snapshot: ObjectId,
     blob: ObjectId,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let name = posix_ref(thread);
     let prev = snap::read_ref(repo, &name);
     let base = match prev {
@@ -160,12 +161,12 @@ pub fn keep(
     };
     let mut ed = repo
         .edit_tree(base)
-        .map_err(|e| format!("cannot edit the POSIX records of {thread}: {e}"))?;
+        .context(|| format!("cannot edit the POSIX records of {thread}"))?;
     ed.upsert(snapshot.to_string(), EntryKind::Blob, blob)
-        .map_err(|e| format!("cannot edit the POSIX records of {thread}: {e}"))?;
+        .context(|| format!("cannot edit the POSIX records of {thread}"))?;
     let tree = ed
         .write()
-        .map_err(|e| format!("cannot write the POSIX records of {thread}: {e}"))?
+        .context(|| format!("cannot write the POSIX records of {thread}"))?
         .detach();
     let commit = snap::write_commit(
         repo,
@@ -236,16 +237,16 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Result<Vec<u8>, String> {
+fn unhex(s: &str) -> Result<Vec<u8>, Error> {
     if !s.len().is_multiple_of(2) {
-        return Err(format!("odd-length hex {s:?}"));
+        return Err(Error::Invalid(format!("odd-length hex {s:?}")));
     }
     (0..s.len())
         .step_by(2)
         .map(|i| {
             s.get(i..i + 2)
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| format!("bad hex {s:?}"))
+                .ok_or_else(|| Error::Invalid(format!("bad hex {s:?}")))
         })
         .collect()
 }
@@ -331,7 +332,9 @@ mod tests {
                 .is_err(),
             "odd-length hex in a path"
         );
-        let err = PosixRecord::decode(br#"{"version":9,"tree":"x","entries":[]}"#).unwrap_err();
+        let err = PosixRecord::decode(br#"{"version":9,"tree":"x","entries":[]}"#)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("version 9"), "{err}");
     }
 

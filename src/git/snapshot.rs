@@ -6,6 +6,7 @@
 //! so a lost race is an error, never an overwrite, and a crash leaves the old or the new ref, never
 //! a ref to a missing object (objects are written before the ref).
 
+use crate::git::error::{Context, Error};
 use std::path::{Path, PathBuf};
 
 use gix::ObjectId;
@@ -122,13 +123,15 @@ pub fn head_of(message: &[u8]) -> HeadRef {
     HeadRef::Detached
 }
 
-fn err(what: &str) -> impl Fn(gix::Error) -> String + '_ {
-    move |e| format!("{what}: {e}")
+fn err<E: std::error::Error + Send + Sync + 'static>(what: &str) -> impl Fn(E) -> Error + '_ {
+    move |e| Error::Op {
+        what: what.to_string(),
+        source: Box::new(e),
+    }
 }
 
-pub fn open(mirror: &Path) -> Result<gix::Repository, String> {
-    super::open_owned(mirror)
-        .map_err(|e| format!("cannot open the mirror {}: {e}", mirror.display()))
+pub fn open(mirror: &Path) -> Result<gix::Repository, Error> {
+    super::open_owned(mirror).context(|| format!("cannot open the mirror {}", mirror.display()))
 }
 
 /// The commit a ref points at, if it exists.
@@ -143,13 +146,11 @@ pub fn read_ref(repo: &gix::Repository, name: &str) -> Option<ObjectId> {
 pub fn commit_info(
     repo: &gix::Repository,
     id: ObjectId,
-) -> Result<(ObjectId, Vec<ObjectId>, Vec<u8>, i64), String> {
+) -> Result<(ObjectId, Vec<ObjectId>, Vec<u8>, i64), Error> {
     let c = repo
         .find_commit(id)
-        .map_err(|e| format!("cannot read commit {id}: {e}"))?;
-    let d = c
-        .decode()
-        .map_err(|e| format!("cannot read commit {id}: {e}"))?;
+        .context(|| format!("cannot read commit {id}"))?;
+    let d = c.decode().context(|| format!("cannot read commit {id}"))?;
     let time = c.time().map(|t| t.seconds).unwrap_or(0);
     Ok((d.tree(), d.parents().collect(), d.message.to_vec(), time))
 }
@@ -159,11 +160,11 @@ pub fn build_tree(
     repo: &gix::Repository,
     base_tree: ObjectId,
     edits: &[ViewEdit],
-) -> Result<ObjectId, String> {
+) -> Result<ObjectId, Error> {
     let mut ed = repo
         .edit_tree(base_tree)
-        .map_err(|e| format!("cannot edit tree {base_tree}: {e}"))?;
-    let blob = |source: &ViewSource| -> Result<ObjectId, String> {
+        .context(|| format!("cannot edit tree {base_tree}"))?;
+    let blob = |source: &ViewSource| -> Result<ObjectId, Error> {
         Ok(match source {
             ViewSource::Object(id) => *id,
             ViewSource::File(p) => write_file_blob(repo, p)?,
@@ -194,7 +195,7 @@ pub fn build_tree(
                 ed.upsert(path, EntryKind::Link, id).map(|_| ())
             }
         };
-        r.map_err(|x| format!("cannot edit {}: {x}", path))?;
+        r.context(|| format!("cannot edit {}", path))?;
     }
     Ok(ed
         .write()
@@ -209,16 +210,15 @@ const IN_MEMORY_UP_TO: u64 = 8 << 20;
 /// memory first (5 GiB of daemon memory for a 5 GiB file), so a large file streams instead: one pass
 /// hashes it (a blob the mirror already has, e.g. from the last snapshot, is not written again), a
 /// second one hashes and compresses it into a loose object. Memory stays bounded whatever the size.
-fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<ObjectId, String> {
+fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<ObjectId, Error> {
     use gix::objs::Write as _;
     use std::io::Read as _;
-    let cannot =
-        |e: &dyn std::fmt::Display| format!("cannot write a blob from {}: {e}", p.display());
-    let open = || -> Result<(std::fs::File, u64), String> {
-        let f = std::fs::File::open(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+    let what = || format!("cannot write a blob from {}", p.display());
+    let open = || -> Result<(std::fs::File, u64), Error> {
+        let f = std::fs::File::open(p).context(|| format!("cannot read {}", p.display()))?;
         let size = f
             .metadata()
-            .map_err(|e| format!("cannot read {}: {e}", p.display()))?
+            .context(|| format!("cannot read {}", p.display()))?
             .len();
         Ok((f, size))
     };
@@ -233,8 +233,8 @@ fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<ObjectId, String>
         let mut buf = Vec::with_capacity(size as usize);
         exact(f, size)
             .read_to_end(&mut buf)
-            .map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-        return Ok(repo.write_blob(&buf).map_err(|e| cannot(&e))?.detach());
+            .context(|| format!("cannot read {}", p.display()))?;
+        return Ok(repo.write_blob(&buf).context(what)?.detach());
     }
     let id = gix::objs::compute_stream_hash(
         repo.object_hash(),
@@ -244,14 +244,14 @@ fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<ObjectId, String>
         &mut gix::utils::progress::Discard,
         &std::sync::atomic::AtomicBool::new(false),
     )
-    .map_err(|e| cannot(&e))?;
+    .context(what)?;
     if repo.has_object(id) {
         return Ok(id);
     }
     let (f, size) = open()?;
     repo.objects
         .write_stream(gix::objs::Kind::Blob, size, &mut exact(f, size))
-        .map_err(|e| cannot(&e))
+        .context(what)
 }
 
 /// Reads exactly `left` bytes of `inner`, and fails if it ends sooner.
@@ -294,7 +294,7 @@ pub fn write_commit(
     tree: ObjectId,
     parents: Vec<ObjectId>,
     message: &str,
-) -> Result<ObjectId, String> {
+) -> Result<ObjectId, Error> {
     let sig = signature();
     let commit = gix::objs::Commit {
         tree,
@@ -319,8 +319,8 @@ pub fn cas_ref(
     expected: Option<ObjectId>,
     new: ObjectId,
     log: &str,
-) -> Result<(), String> {
-    let full = FullName::try_from(name).map_err(|e| format!("bad ref name {name}: {e}"))?;
+) -> Result<(), Error> {
+    let full = FullName::try_from(name).context(|| format!("bad ref name {name}"))?;
     let edit = RefEdit {
         name: full,
         deref: false,
@@ -341,7 +341,7 @@ pub fn cas_ref(
     let mut tb = gix::date::parse::TimeBuf::default();
     repo.edit_references_as(Some(edit), Some(sig.to_ref(&mut tb)))
         .map(|_| ())
-        .map_err(|e| format!("{name} moved underneath (another snapshot won the race?): {e}"))
+        .context(|| format!("{name} moved underneath (another snapshot won the race?)"))
 }
 
 #[cfg(test)]

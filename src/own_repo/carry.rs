@@ -287,7 +287,12 @@ fn copy_packs(core: &WorkspaceFs, scratch: &Scratch) -> Result<(), String> {
     let dir: [&[u8]; 3] = [b".git", b"objects", b"pack"];
     let names = core
         .list_dir(&dir)
-        .map_err(|e| format!("cannot list .git/objects/pack: {e:?}"))?
+        .map_err(|e| {
+            format!(
+                "cannot list .git/objects/pack: {}",
+                crate::errno::describe_errno(e)
+            )
+        })?
         .unwrap_or_default();
     for (name, kind) in names {
         let Ok(name) = std::str::from_utf8(&name) else {

@@ -8,6 +8,12 @@
 
 #![allow(dead_code)]
 
+mod prng;
+
+// Not every test draws random numbers.
+#[allow(unused_imports)]
+pub use prng::{Rng, pseudo_random};
+
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs;
@@ -824,56 +830,6 @@ pub fn write_file(path: &Path, bytes: &[u8], mode: u32) {
     }
     fs::write(path, bytes).expect("write file");
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-/// A deterministic pseudo-random sequence (xorshift64*), the same on every platform.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    pub fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            0
-        } else {
-            (self.next() % n as u64) as usize
-        }
-    }
-
-    /// Inclusive range.
-    pub fn range(&mut self, lo: usize, hi: usize) -> usize {
-        lo + self.below(hi - lo + 1)
-    }
-
-    pub fn percent(&mut self, p: usize) -> bool {
-        self.below(100) < p
-    }
-
-    pub fn pick<T: Clone>(&mut self, v: &[T]) -> T {
-        v[self.below(v.len())].clone()
-    }
-}
-
-/// Deterministic pseudo-random bytes (the sequence of [`Rng`]).
-pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
-    let mut r = Rng::new(seed);
-    let mut v = Vec::with_capacity(len + 8);
-    while v.len() < len {
-        v.extend_from_slice(&r.next().to_le_bytes());
-    }
-    v.truncate(len);
-    v
 }
 
 /// `git archive --format=tar <rev>` of `repo`, extracted into `dest` (created) with tar.

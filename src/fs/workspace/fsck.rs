@@ -52,11 +52,14 @@ impl WorkspaceFs {
                 .get(&ino)
                 .is_some_and(|n| n.persisted && n.rec.upper);
             if !known {
-                let dest = self.upper.quarantine(
+                let dest = self.upper.orphan(
                     ino,
                     "data file without a catalog record after an unclean stop",
                 )?;
-                tracing::warn!(ino, "quarantined {}", dest.display());
+                match dest {
+                    Some(dest) => tracing::warn!(ino, "quarantined {}", dest.display()),
+                    None => tracing::info!(ino, "removed a data file nothing acknowledged"),
+                }
                 fixed += 1;
             }
         }

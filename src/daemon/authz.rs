@@ -1,0 +1,112 @@
+//! Who may do what: the caller (from the socket's peer credentials) against a thread's owner and a
+//! project's access list. A thread belongs to the user who first opened it; only its owner or root
+//! (or the daemon's own user) acts on it, and root alone manages mirrors and the daemon. Also the
+//! read grant on a mirror's objects that a workspace's owner gets.
+//!
+//! Decides only; it changes no workspace and no mirror (the grant changes file modes and ACLs of
+//! the mirror's objects, through `crate::access`).
+
+use super::Daemon;
+use super::error::Error;
+use super::mirrors::BLANK;
+use super::proto::Access;
+use crate::access::{Caller, describe_uid};
+use crate::git::mirror;
+use crate::workspace::{Owner, WorkspaceRecord};
+
+/// Whether `c` is among who may bind a project (an open project: anyone).
+pub(super) fn may_bind(c: &Caller, access: &Access) -> bool {
+    access.is_open()
+        || access.users.contains(&c.uid)
+        || access.groups.iter().any(|g| c.in_group(*g))
+}
+
+impl Daemon {
+    /// Root and the daemon's own user may do anything.
+    pub(super) fn is_admin(&self, c: &Caller) -> bool {
+        c.uid == 0 || c.uid == crate::sys::euid()
+    }
+
+    pub(super) fn require_admin(&self, c: &Caller, what: &str) -> Result<(), Error> {
+        if self.is_admin(c) {
+            Ok(())
+        } else {
+            Err(Error::PermissionDenied(format!(
+                "only root may {what} ({} is not root)",
+                describe_uid(c.uid)
+            )))
+        }
+    }
+
+    /// Refuses `c` acting on `thread`, owned by `owner`, unless it is theirs or `c` is root.
+    pub(super) fn require_owner(
+        &self,
+        c: &Caller,
+        thread: &str,
+        owner: Owner,
+    ) -> Result<(), Error> {
+        if self.is_admin(c) || c.uid == owner.uid {
+            Ok(())
+        } else {
+            Err(Error::PermissionDenied(format!(
+                "thread {thread} belongs to {}, not to {}",
+                describe_uid(owner.uid),
+                describe_uid(c.uid)
+            )))
+        }
+    }
+
+    /// Refuses `c` acting on `thread` unless it owns it or is root. An unknown thread passes: the
+    /// operation itself reports it. The caller holds the thread's lock (ownership cannot change
+    /// between this check and the operation).
+    pub(super) fn check_thread(&self, c: &Caller, thread: &str) -> Result<(), Error> {
+        if self.is_admin(c) {
+            return Ok(());
+        }
+        let owner = match WorkspaceRecord::load(&self.layout, thread)? {
+            Some(r) => Some(r.owner),
+            None => crate::workspace::Binding::load(&self.layout, thread)?.map(|b| b.owner),
+        };
+        match owner {
+            Some(o) => self.require_owner(c, thread, o),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses `c` binding (opening a thread of) `project` when the project limits who may.
+    pub(super) fn check_bind(&self, c: &Caller, project: &str) -> Result<(), Error> {
+        if self.is_admin(c) || project == BLANK {
+            return Ok(());
+        }
+        let p = mirror::require(&self.layout, project)?;
+        if may_bind(c, &p.access) {
+            Ok(())
+        } else {
+            Err(Error::PermissionDenied(format!(
+                "project {project} may be bound only by the users and groups root allowed, and {} is not among them",
+                describe_uid(c.uid)
+            )))
+        }
+    }
+
+    /// Lets a workspace's owner read the objects of its project's mirror (its `.git`'s alternates
+    /// point there, and the daemon's state is private); `recheck` walks every object file again.
+    /// A failure is a warning: the workspace works, but git in it may not find the history.
+    pub(super) fn grant_owner(&self, project: &str, owner: Owner, recheck: bool) -> Option<String> {
+        if owner.uid == 0 || owner.uid == crate::sys::euid() {
+            return None;
+        }
+        let mirror = self.layout.mirror(project);
+        match crate::access::grant_objects(&self.layout.mirrors(), &mirror, owner.uid, recheck) {
+            Ok(()) => None,
+            Err(e) => {
+                let w = format!(
+                    "cannot let {} read the objects of project {project} ({e}); git in the workspace may not find its history",
+                    describe_uid(owner.uid)
+                );
+                tracing::warn!("{w}");
+                Some(w)
+            }
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! `octofs diff`: what changed between two snapshots (or commits) of a thread, or from one to the
+//! live state (assembled as a snapshot's tree would be, without writing a commit or moving a ref).
+//! Runs git only in the thread's mirror.
+
+use super::error::{Context, Error};
+use super::proto::DiffAnswer;
+use super::snapshot::Goal;
+use super::{Daemon, Reply, lock};
+use crate::access::Caller;
+use crate::git::snapshot as snap;
+use crate::names::{NameKind, validate};
+use crate::workspace::{Binding, WorkspaceRecord};
+
+impl Daemon {
+    /// `octofs diff`: what changed between two commits (snapshots), or from one to the live state.
+    pub(super) fn diff(
+        &self,
+        thread: &str,
+        from: Option<&str>,
+        to: Option<&str>,
+        patch: bool,
+        c: &Caller,
+    ) -> Reply<DiffAnswer> {
+        validate(NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        self.check_thread(c, thread)?;
+        let binding = Binding::load(&self.layout, thread)?;
+        let live = WorkspaceRecord::load(&self.layout, thread)?;
+        let project = match (&live, &binding) {
+            (Some(r), _) if r.chat => {
+                return Err(Error::Refused(format!(
+                    "thread {thread} is a chat workspace: nothing is saved to diff"
+                )));
+            }
+            (Some(r), _) => r.project.clone(),
+            (None, Some(b)) => b.project.clone(),
+            (None, None) => return Err(Error::UnknownThread(thread.to_string())),
+        };
+        let mirror = self.layout.mirror(&project);
+        let repo = snap::open(&mirror)?;
+        let last = snap::read_ref(&repo, &snap::thread_ref(thread));
+        let resolve = |spec: &str| -> Result<gix::ObjectId, Error> {
+            let spec = if spec == "saved" || spec == "last" {
+                last.map(|l| l.to_string())
+                    .ok_or("the thread has no snapshot yet")?
+            } else {
+                spec.to_string()
+            };
+            let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{spec}^{{tree}}"))
+                .map_err(|_| format!("{spec:?} does not name a commit or tree in the mirror"))?;
+            gix::ObjectId::from_hex(out.as_bytes())
+                .context(|| format!("git rev-parse {spec:?} answered {out:?}"))
+        };
+        let from_tree = match (from, &live) {
+            (Some(f), _) => resolve(f)?,
+            (None, Some(r)) => {
+                gix::ObjectId::from_hex(r.base_tree.as_bytes()).map_err(|e| e.to_string())?
+            }
+            (None, None) => resolve("saved")?,
+        };
+        let to_tree = match (to, &live) {
+            (Some(t), _) => resolve(t)?,
+            (None, Some(r)) => self.assemble(&mut r.clone(), Goal::Tree)?,
+            (None, None) => resolve("saved")?,
+        };
+        let (a, b) = (from_tree.to_string(), to_tree.to_string());
+        let out = if patch {
+            crate::git!(Some(&mirror); "diff", "--no-color", "--no-ext-diff", "--no-textconv", &a, &b)
+        } else {
+            crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
+        }?;
+        Ok((
+            DiffAnswer {
+                from: a,
+                to: b,
+                diff: out,
+            },
+            vec![],
+        ))
+    }
+}

@@ -1,0 +1,84 @@
+//! The daemon's errors: why a request was refused or failed, in the one line the CLI prints. A
+//! request's error never carries more than that line; the daemon logs what it needs itself.
+
+use crate::errno::describe_errno;
+
+/// Why a request was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The git layer failed (a mirror, a snapshot's objects or refs).
+    #[error(transparent)]
+    Git(#[from] crate::git::Error),
+    /// The caller may not do this (peer credentials against owner or access list).
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("unknown thread {0:?}")]
+    UnknownThread(String),
+    #[error("thread {0} is released (open it to resume)")]
+    Released(String),
+    #[error("thread {0} is not mounted")]
+    NotMounted(String),
+    /// The request cannot be done in the thread's or project's current state, or as asked.
+    #[error("{0}")]
+    Refused(String),
+    /// An operation on a workspace's core failed: what, and the errno by name.
+    #[error("{what}: {}", describe_errno(*errno))]
+    Workspace { what: String, errno: fuser::Errno },
+    /// What the daemon was doing, and why it failed (a system call, a layer below).
+    #[error("{what}: {source}")]
+    Op {
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// A layer that reports its failures as one line (records, names, the workspace's `.git`
+    /// reader, repository seeding).
+    #[error("{0}")]
+    Layer(String),
+}
+
+impl From<String> for Error {
+    fn from(line: String) -> Error {
+        Error::Layer(line)
+    }
+}
+
+impl From<&str> for Error {
+    fn from(line: &str) -> Error {
+        Error::Layer(line.to_string())
+    }
+}
+
+/// `Error::Workspace` for a failed core operation: `.map_err(on_workspace("what"))`.
+pub(super) fn on_workspace(what: impl Into<String>) -> impl FnOnce(fuser::Errno) -> Error {
+    let what = what.into();
+    move |errno| Error::Workspace { what, errno }
+}
+
+/// Says what was being done when an error happened: `Error::Op { what, source }`.
+pub(super) trait Context<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Error>;
+}
+
+impl<T, E: Into<Box<dyn std::error::Error + Send + Sync>>> Context<T> for Result<T, E> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T, Error> {
+        self.map_err(|e| Error::Op {
+            what: what(),
+            source: e.into(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_workspace_operation_names_its_errno() {
+        let e = on_workspace("cannot read the workspace's changes")(fuser::Errno::ENOENT);
+        assert_eq!(
+            e.to_string(),
+            "cannot read the workspace's changes: ENOENT (No such file or directory)"
+        );
+    }
+}

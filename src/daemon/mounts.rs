@@ -1,0 +1,246 @@
+//! Mounting: a workspace's core loaded over its base and served at `<root>/<thread>` by its own
+//! fuser session; unmounting (refused when busy unless forced, then detached lazily); remounting
+//! every mounted workspace when the daemon starts and unmounting all when it stops; and telling
+//! the kernel what the daemon changed in a mount behind its back.
+//!
+//! The `mounts` map is locked only to insert, remove or clone out of it, never across a mount,
+//! an unmount or a question to the core.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::error::{Context, Error};
+use super::{Daemon, Mounted, lock};
+use crate::fs::fuse::{FuseAdapter, MountInfo};
+use crate::fs::{Presentation, WorkspaceFs, unix_time};
+use crate::workspace::WorkspaceRecord;
+
+impl Daemon {
+    pub(super) fn check_root(&self) -> Result<(), Error> {
+        match std::fs::metadata(&self.layout.root) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(Error::Refused(format!(
+                "root {} is not a directory",
+                self.layout.root.display()
+            ))),
+            Err(e) => Err(Error::Refused(format!(
+                "root {}: {e}",
+                self.layout.root.display()
+            ))),
+        }
+    }
+
+    /// Mounts the workspace of `rec` at its mount point. The caller holds the thread's lock.
+    pub(super) fn mount(&self, rec: &WorkspaceRecord) -> Result<(), Error> {
+        let core = self.load_core(rec)?;
+        self.mount_core(rec, core)
+    }
+
+    /// Loads the filesystem core of `rec`'s workspace (its upper layer over its base).
+    pub(super) fn load_core(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
+        let store = self.store(&rec.project)?;
+        let tree = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
+            .context(|| format!("thread {}: bad base tree", rec.thread))?;
+        let pres = Presentation {
+            uid: rec.owner.uid,
+            gid: rec.owner.gid,
+            time: unix_time(rec.base_time),
+        };
+        let core = WorkspaceFs::load(
+            store,
+            self.blobs.clone(),
+            tree,
+            pres,
+            &self.layout.workspace(&rec.thread).join("upper"),
+            self.layout.state.clone(),
+        )
+        .context(|| format!("thread {}: cannot open its upper layer", rec.thread))?;
+        Ok(Arc::new(core))
+    }
+
+    /// Mounts a loaded workspace at its mount point. The caller holds the thread's lock.
+    pub(super) fn mount_core(
+        &self,
+        rec: &WorkspaceRecord,
+        core: Arc<WorkspaceFs>,
+    ) -> Result<(), Error> {
+        let path = self.layout.mountpoint(&rec.thread);
+        if crate::sys::is_stale_mount(&path) {
+            let _ = crate::sys::lazy_unmount(&path);
+        }
+        // Whoever can write in the root must not redirect the mount (root's, content chosen by
+        // the workspace's owner) onto a directory elsewhere.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(Error::Refused(format!(
+                "mount point {} is a symlink: not followed",
+                path.display()
+            )));
+        }
+        match std::fs::read_dir(&path) {
+            Ok(mut d) => {
+                if d.next().is_some() {
+                    return Err(Error::Refused(format!(
+                        "mount point {} is not empty",
+                        path.display()
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::create_dir(&path)
+                    .context(|| format!("cannot create mount point {}", path.display()))?;
+            }
+            Err(e) => {
+                return Err(Error::Refused(format!(
+                    "mount point {}: {e}",
+                    path.display()
+                )));
+            }
+        }
+        let info = Arc::new(MountInfo::default());
+        let is_root = crate::sys::euid() == 0;
+        let adapter = FuseAdapter::new(
+            core.clone(),
+            is_root && self.settings.passthrough,
+            info.clone(),
+        );
+        // From here on, what the daemon changes other than through the mount is told to the kernel.
+        core.watch_kernel();
+        let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
+        let session = crate::fs::fuse::mount(adapter, &path, &cfg, self.settings.transport)
+            .context(|| format!("cannot mount {}", path.display()))?;
+        tracing::info!(thread = %rec.thread, path = %path.display(), "mounted");
+        lock(&self.mounts).insert(
+            rec.thread.clone(),
+            Mounted {
+                path,
+                session,
+                info,
+                core,
+                owner: rec.owner,
+            },
+        );
+        Ok(())
+    }
+
+    /// Tells the kernel serving `thread`'s mount what the daemon changed in it behind the kernel
+    /// (`docs/caching.md`), before the request that changed it is answered. This runs on a request
+    /// worker, never a FUSE thread, holding no lock a FUSE request waits for (the kernel may wait
+    /// for requests in flight on the same inodes first).
+    pub(super) fn tell_kernel(&self, thread: &str) {
+        let Some((core, notifier)) = lock(&self.mounts)
+            .get(thread)
+            .map(|m| (m.core.clone(), m.session.notifier()))
+        else {
+            return;
+        };
+        crate::fs::fuse::invalidate(&notifier, &core.take_behind());
+    }
+
+    /// Unmounts one thread's workspace. A busy mount (a process has its cwd or files in it) is
+    /// refused and stays mounted, unless `force`, which detaches it lazily.
+    pub(super) fn unmount_thread(&self, thread: &str, force: bool) -> Result<(), Error> {
+        let Some(m) = lock(&self.mounts).remove(thread) else {
+            return Ok(());
+        };
+        match crate::sys::unmount(&m.path) {
+            Ok(()) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let session = m.session;
+                std::thread::spawn(move || {
+                    let _ = tx.send(session.join());
+                });
+                let _ = rx.recv_timeout(Duration::from_secs(5));
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !force => {
+                let path = m.path.clone();
+                lock(&self.mounts).insert(thread.to_string(), m);
+                Err(Error::Refused(format!(
+                    "{} is busy (a process still has its working directory or files in it); stop them or use --force",
+                    path.display()
+                )))
+            }
+            Err(e) => {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    tracing::warn!(%thread, "busy mount detached lazily (--force)");
+                }
+                let _ = crate::sys::lazy_unmount(&m.path);
+                drop(m.session);
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) fn core_of(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
+        let served = lock(&self.mounts).get(&rec.thread).map(|m| m.core.clone());
+        if let Some(core) = served {
+            return Ok(core);
+        }
+        self.mount(rec)?;
+        lock(&self.mounts)
+            .get(&rec.thread)
+            .map(|m| m.core.clone())
+            .ok_or_else(|| Error::NotMounted(rec.thread.clone()))
+    }
+
+    /// Remounts every workspace that was mounted when the daemon last stopped.
+    pub(super) fn remount_all(&self) {
+        let records = match WorkspaceRecord::list(&self.layout) {
+            Ok(r) => r,
+            Err(e) => return tracing::error!("cannot list workspaces: {e}"),
+        };
+        for rec in records.into_iter().filter(|r| r.mounted) {
+            if let Err(e) = self.mount(&rec) {
+                tracing::error!(thread = %rec.thread, "cannot remount: {e}");
+            }
+            // Whatever changed the mirror's modes while the daemon was away, the owner keeps
+            // reading its objects (a failure is logged).
+            self.grant_owner(&rec.project, rec.owner, true);
+        }
+    }
+
+    /// Unmounts every workspace, leaving their records as they are so that the next daemon remounts
+    /// them. A busy mount is detached lazily: its users see the daemon gone, never a hang.
+    pub(super) fn unmount_all(&self) {
+        let mounts: Vec<_> = lock(&self.mounts).drain().collect();
+        for (thread, m) in mounts {
+            unmount(&thread, m);
+        }
+    }
+}
+
+fn unmount(thread: &str, m: Mounted) {
+    // fuser unmounts and joins the session threads; a busy mount fails fast with EBUSY and is then
+    // detached lazily, so its users see the daemon gone instead of a hang.
+    let Mounted { path, session, .. } = m;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(session.umount_and_join());
+    });
+    match rx.recv_timeout(Duration::from_secs(5)) {
+        Ok(Ok(())) => tracing::info!(%thread, "unmounted"),
+        outcome => {
+            let why = match outcome {
+                Ok(Err(e)) => e.to_string(),
+                _ => "no answer within 5 s".to_string(),
+            };
+            tracing::warn!(%thread, "unmount: {why}; detaching lazily");
+            if let Err(e) = crate::sys::lazy_unmount(&path) {
+                tracing::error!(%thread, "lazy unmount: {e}");
+            }
+        }
+    }
+}
+
+/// Unmounts stale mounts (daemon gone: ENOTCONN) under `root`.
+pub(super) fn clear_stale_mounts(root: &Path) {
+    for mp in crate::sys::fuse_mounts_under(root) {
+        if crate::sys::is_stale_mount(&mp) {
+            match crate::sys::lazy_unmount(&mp) {
+                Ok(()) => tracing::info!(path = %mp.display(), "cleared stale mount"),
+                Err(e) => tracing::warn!(path = %mp.display(), "cannot clear stale mount: {e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,347 @@
+//! The control socket (DESIGN.md "Trust model"): every request is authenticated by the socket's peer
+//! credentials, never by what the request says. Requests run on bounded pools of blocking threads:
+//! at most `HEAVY_WORKERS` for everything that may take time (clones, snapshots, listings),
+//! `FAST_WORKERS` of their own for git's fsmonitor queries, and `ping` inline, so that git's hook
+//! never queues behind a flood of heavy requests and no flood grows the daemon's threads.
+//! Connections past `MAX_CONNECTIONS` wait in the listen backlog; one user other than root holds at
+//! most `USER_CONNECTIONS` of them.
+//!
+//! Owns the wire (one JSON request line, one JSON reply line) and the dispatch of each request to
+//! the room that serves it; it decides nothing about threads or mirrors itself.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::error::Error;
+use super::proto::{Ack, Request, Response};
+use super::{Daemon, Reply, lock};
+use crate::access::Caller;
+
+/// Blocking threads for requests that may take time (clone, sync, open, snapshot, list, ...).
+const HEAVY_WORKERS: usize = 8;
+/// Blocking threads of their own for fsmonitor queries, which git waits on.
+const FAST_WORKERS: usize = 4;
+/// Every blocking thread the runtime may have: the request pools, the sweep timer, and a little
+/// slack. A flood of requests queues; it never grows the daemon's threads.
+pub(super) const BLOCKING_THREADS: usize = HEAVY_WORKERS + FAST_WORKERS + 4;
+/// Connections served at once; more wait in the listen backlog, costing the daemon nothing.
+const MAX_CONNECTIONS: usize = 2048;
+/// Connections one user other than root may have open at once: one user holding idle connections
+/// must not take every slot from the others (and their fsmonitor queries).
+const USER_CONNECTIONS: usize = 128;
+/// A request line longer than this is not one of ours.
+const MAX_REQUEST: usize = 64 << 10;
+/// How long a client may take to send its request line, and to take its answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Daemon {
+    fn handle(&self, req: Request, c: &Caller) -> Response {
+        match self.dispatch(req, c) {
+            Ok((v, w)) => Response::ok(v, w),
+            Err(e) => Response::err(e.to_string()),
+        }
+    }
+
+    pub(super) fn dispatch(&self, req: Request, c: &Caller) -> Reply<serde_json::Value> {
+        match req {
+            Request::Ping => answer(Ok((Ack("pong".into()), vec![]))),
+            Request::MirrorAdd {
+                project,
+                upstream,
+                credential,
+                access,
+            } => {
+                self.require_admin(c, "add mirrors")?;
+                answer(self.mirror_add(&project, &upstream, credential.as_deref(), access))
+            }
+            Request::MirrorAccess { project, access } => {
+                self.require_admin(c, "see or change who may bind a project")?;
+                answer(self.mirror_access(&project, access))
+            }
+            Request::MirrorSync { project } => {
+                self.require_admin(c, "sync mirrors")?;
+                answer(self.mirror_sync(&project))
+            }
+            Request::MirrorList => answer(self.mirror_list(c)),
+            Request::Open {
+                thread,
+                project,
+                git_ref,
+            } => answer(self.open(&thread, project.as_deref(), git_ref.as_deref(), c)),
+            Request::List => answer(self.list(c)),
+            Request::Status { thread } => answer(self.status(&thread, c)),
+            Request::Fsmonitor { thread, token } => answer(self.fsmonitor(&thread, &token, c)),
+            Request::Snapshot { thread } => answer(self.snapshot(&thread, c)),
+            Request::Release {
+                thread,
+                force,
+                discard,
+            } => answer(self.release(&thread, force, discard, c)),
+            Request::Sweep { idle_secs } => {
+                self.require_admin(c, "sweep every user's workspaces")?;
+                answer(self.sweep(idle_secs))
+            }
+            Request::Diff {
+                thread,
+                from,
+                to,
+                patch,
+            } => answer(self.diff(&thread, from.as_deref(), to.as_deref(), patch, c)),
+            Request::Stats { thread } => answer(self.stats(thread.as_deref(), c)),
+            Request::Stop => {
+                self.require_admin(c, "stop the daemon")?;
+                answer(Ok((Ack("stopping".into()), vec![])))
+            }
+        }
+    }
+}
+
+/// A typed answer as the `result` of a response.
+fn answer<T: serde::Serialize>(r: Reply<T>) -> Reply<serde_json::Value> {
+    let (v, warnings) = r?;
+    let v = serde_json::to_value(v).map_err(|e| Error::Op {
+        what: "cannot encode the answer".into(),
+        source: Box::new(e),
+    })?;
+    Ok((v, warnings))
+}
+
+pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
+    let sock = daemon.layout.socket();
+    let _ = std::fs::remove_file(&sock);
+    let listener = tokio::net::UnixListener::bind(&sock)
+        .with_context(|| format!("cannot listen on {}", sock.display()))?;
+    // Every local user must reach the socket (agents run the fsmonitor hook and `octofs open` as
+    // themselves), whatever the umask: each request is authorized by its peer credentials instead.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
+            .with_context(|| format!("cannot set the mode of {}", sock.display()))?;
+    }
+    tracing::info!(socket = %sock.display(), "octofs daemon ready");
+    let stop = Arc::new(tokio::sync::Notify::new());
+    if daemon.settings.sweep_idle > 0 && daemon.settings.sweep_every > 0 {
+        let d = daemon.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(d.settings.sweep_every));
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let d = d.clone();
+                let idle = d.settings.sweep_idle;
+                match tokio::task::spawn_blocking(move || d.sweep(idle)).await {
+                    Ok(Ok((v, _))) => {
+                        tracing::debug!(released = ?v.released, kept = v.kept.len(), "sweep")
+                    }
+                    Ok(Err(e)) => tracing::warn!("sweep: {e}"),
+                    Err(e) => tracing::warn!("sweep: {e}"),
+                }
+            }
+        });
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let pools = Arc::new(Pools {
+        heavy: Semaphore::new(HEAVY_WORKERS),
+        fast: Semaphore::new(FAST_WORKERS),
+    });
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_user: Arc<Mutex<HashMap<u32, usize>>> = Arc::default();
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            _ = stop.notified() => break,
+            conn = accept(&listener, &slots) => {
+                let (stream, slot) = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Out of file descriptors, most likely: let connections finish.
+                        tracing::warn!("control socket: accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let uid = stream.peer_cred().map(|c| c.uid()).ok();
+                let share = match uid {
+                    Some(uid) if !daemon.is_admin(&Caller { uid, ..Caller::default() }) => {
+                        match UserShare::take(&per_user, uid) {
+                            Some(s) => Some(s),
+                            None => {
+                                tokio::spawn(refuse(stream, uid));
+                                drop(slot);
+                                continue;
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                let d = daemon.clone();
+                let stop = stop.clone();
+                let pools = pools.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = connection(d, pools, stream, stop).await {
+                        tracing::debug!("control connection: {e}");
+                    }
+                    drop(share);
+                    drop(slot);
+                });
+            }
+        }
+    }
+    tracing::info!("stopping");
+    Ok(())
+}
+
+/// One of the `USER_CONNECTIONS` connections a user may have open; given back on drop.
+struct UserShare {
+    counts: Arc<Mutex<HashMap<u32, usize>>>,
+    uid: u32,
+}
+
+impl UserShare {
+    /// A share for `uid`, or `None` when it has all of its connections open already.
+    fn take(counts: &Arc<Mutex<HashMap<u32, usize>>>, uid: u32) -> Option<UserShare> {
+        let mut map = lock(counts);
+        let n = map.entry(uid).or_insert(0);
+        if *n >= USER_CONNECTIONS {
+            return None;
+        }
+        *n += 1;
+        Some(UserShare {
+            counts: counts.clone(),
+            uid,
+        })
+    }
+}
+
+impl Drop for UserShare {
+    fn drop(&mut self) {
+        let mut map = lock(&self.counts);
+        if let Some(n) = map.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Answers a connection over its user's share with an error, without reading it.
+async fn refuse(mut stream: tokio::net::UnixStream, uid: u32) {
+    let resp = Response::err(format!(
+        // Not `describe_uid`: a user lookup may block, and this runs on the accept path.
+        "uid {uid} has {USER_CONNECTIONS} connections to the daemon open already; close some"
+    ));
+    if let Ok(mut out) = serde_json::to_vec(&resp) {
+        out.push(b'\n');
+        let _ = tokio::time::timeout(IO_TIMEOUT, stream.write_all(&out)).await;
+    }
+}
+
+/// The bounded pools of blocking threads that serve requests.
+struct Pools {
+    heavy: Semaphore,
+    fast: Semaphore,
+}
+
+/// The next connection, once fewer than `MAX_CONNECTIONS` are being served.
+async fn accept(
+    listener: &tokio::net::UnixListener,
+    slots: &Arc<Semaphore>,
+) -> std::io::Result<(tokio::net::UnixStream, OwnedSemaphorePermit)> {
+    let slot = slots
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(std::io::Error::other)?;
+    let (stream, _) = listener.accept().await?;
+    Ok((stream, slot))
+}
+
+/// Reads one request line: at most `MAX_REQUEST` bytes of UTF-8 JSON.
+async fn read_request(r: tokio::net::unix::OwnedReadHalf) -> Result<Request, Error> {
+    use tokio::io::AsyncReadExt;
+    let mut line = Vec::new();
+    BufReader::new(r.take(MAX_REQUEST as u64 + 1))
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(|e| Error::Refused(format!("bad request: {e}")))?;
+    if line.len() > MAX_REQUEST {
+        return Err(Error::Refused(format!(
+            "bad request: longer than {} KiB",
+            MAX_REQUEST >> 10
+        )));
+    }
+    let text = std::str::from_utf8(&line).map_err(|e| {
+        Error::Refused(format!(
+            "bad request: not UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        ))
+    })?;
+    serde_json::from_str(text).map_err(|e| Error::Refused(format!("bad request: {e}")))
+}
+
+async fn connection(
+    daemon: Arc<Daemon>,
+    pools: Arc<Pools>,
+    stream: tokio::net::UnixStream,
+    stop: Arc<tokio::sync::Notify>,
+) -> anyhow::Result<()> {
+    // Who is asking is what the kernel says about the peer, never what the request says.
+    let caller = stream.peer_cred().map(|cred| Caller {
+        uid: cred.uid(),
+        gid: cred.gid(),
+        groups: crate::sys::peer_groups(&stream).unwrap_or_default(),
+    });
+    let (r, mut w) = stream.into_split();
+    let request = match tokio::time::timeout(IO_TIMEOUT, read_request(r)).await {
+        Ok(req) => req,
+        Err(_) => Err(Error::Refused(format!(
+            "bad request: no request line within {} s",
+            IO_TIMEOUT.as_secs()
+        ))),
+    };
+    let resp = match (request, caller) {
+        (Err(e), _) => Response::err(e.to_string()),
+        (Ok(_), Err(e)) => Response::err(format!("cannot tell who is asking: {e}")),
+        (Ok(req), Ok(caller)) => serve_request(daemon, &pools, req, caller, &stop).await,
+    };
+    let mut out = serde_json::to_vec(&resp)?;
+    out.push(b'\n');
+    tokio::time::timeout(IO_TIMEOUT, w.write_all(&out))
+        .await
+        .context("the client did not take its answer")??;
+    Ok(())
+}
+
+/// Answers `ping` at once, fsmonitor queries on their own pool, everything else on the heavy pool.
+async fn serve_request(
+    daemon: Arc<Daemon>,
+    pools: &Pools,
+    req: Request,
+    caller: Caller,
+    stop: &tokio::sync::Notify,
+) -> Response {
+    let pool = match req {
+        Request::Ping => return daemon.handle(req, &caller),
+        Request::Fsmonitor { .. } | Request::Stats { .. } | Request::Stop => &pools.fast,
+        _ => &pools.heavy,
+    };
+    let is_stop = matches!(req, Request::Stop);
+    let Ok(_worker) = pool.acquire().await else {
+        return Response::err("the daemon is stopping");
+    };
+    let resp = tokio::task::spawn_blocking(move || daemon.handle(req, &caller))
+        .await
+        .unwrap_or_else(|e| Response::err(format!("internal error: {e}")));
+    if is_stop && resp.ok {
+        stop.notify_one();
+    }
+    resp
+}

@@ -1,0 +1,330 @@
+//! Snapshot assembly (seed 000 "Saving"): the one place a workspace becomes a commit of its
+//! project's mirror. From the core's consistent view of what changed, through what `git add -A`
+//! would keep (ignore rules, nested repositories as gitlinks), to a tree, the agent's own commits
+//! carried into the mirror, the POSIX record of what the tree cannot hold, the commit and the
+//! compare-and-swap of `refs/octomate/threads/<thread>`.
+//!
+//! Reads the workspace only through its core (never through the mount, never with git);
+//! writes only the mirror's objects and the thread's refs, and the workspace's
+//! `.git/refs/octomate/saved` mark.
+
+use super::error::{Context, Error, on_workspace};
+use super::proto::Snapshotted;
+use super::{Daemon, Reply, lock};
+use crate::access::Caller;
+use crate::cow::catalog::Ts;
+use crate::fs::WorkspaceFs;
+use crate::git::posix_record;
+use crate::git::snapshot::{self as snap, HeadRef, ViewEdit};
+use crate::names::{NameKind, validate};
+use crate::own_repo::{add_all, carry};
+use crate::workspace::{SavedMark, WorkspaceRecord};
+
+/// Nested repositories (a directory holding `.git`) become gitlinks at their HEAD, as `git add -A`
+/// records them; one without a commit is left out.
+fn nested_repositories(core: &WorkspaceFs, edits: Vec<ViewEdit>) -> Vec<ViewEdit> {
+    let mut nested: Vec<Vec<u8>> = Vec::new();
+    for e in &edits {
+        let comps: Vec<&[u8]> = e.path().split(|b| *b == b'/').collect();
+        if let Some(i) = comps.iter().position(|c| *c == b".git")
+            && i > 0
+        {
+            let dir = comps[..i].join(&b'/');
+            if !nested.contains(&dir) {
+                nested.push(dir);
+            }
+        }
+    }
+    if nested.is_empty() {
+        return edits;
+    }
+    let inside = |p: &[u8], d: &[u8]| p == d || (p.starts_with(d) && p.get(d.len()) == Some(&b'/'));
+    let mut out: Vec<ViewEdit> = edits
+        .into_iter()
+        .filter(|e| {
+            matches!(e, ViewEdit::AddedDir { .. }) || !nested.iter().any(|d| inside(e.path(), d))
+        })
+        .collect();
+    for dir in nested {
+        let mut comps: Vec<&[u8]> = dir.split(|b| *b == b'/').collect();
+        comps.push(b".git");
+        if let Ok((id, _)) = read_head_at(core, &comps) {
+            out.push(ViewEdit::Remove { path: dir.clone() });
+            out.push(ViewEdit::Gitlink { path: dir, id });
+        }
+    }
+    out
+}
+
+/// Where HEAD of a workspace is: its commit and its branch (or detached), read through the core.
+fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), Error> {
+    read_head_at(core, &[b".git"])
+}
+
+/// The most a ref file (`HEAD`, a loose ref) or one line of `packed-refs` may hold. Real ones are
+/// one short line; the agent controls these files, and a sparse one of gigabytes costs it nothing,
+/// so nothing larger is read into the daemon's memory or shown in a message.
+const REF_LINE_MAX: u64 = 4096;
+
+/// HEAD of the repository whose git directory is at `git_dir` (path components in the workspace).
+fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId, HeadRef), Error> {
+    use std::io::{BufRead as _, Read as _};
+    let open = |rel: &[&[u8]]| {
+        let p: Vec<&[u8]> = git_dir.iter().chain(rel).copied().collect();
+        core.open_file(&p).map_err(on_workspace("cannot read .git"))
+    };
+    let read = |rel: &[&[u8]], shown: &str| -> Result<Option<Vec<u8>>, Error> {
+        let Some(f) = open(rel)? else {
+            return Ok(None);
+        };
+        let mut out = Vec::new();
+        f.take(REF_LINE_MAX + 1)
+            .read_to_end(&mut out)
+            .context(|| format!("cannot read .git/{shown}"))?;
+        if out.len() as u64 > REF_LINE_MAX {
+            return Err(Error::Refused(format!(
+                ".git/{shown} is larger than {REF_LINE_MAX} bytes: not a ref"
+            )));
+        }
+        Ok(Some(out))
+    };
+    let head = read(&[b"HEAD"], "HEAD")?.ok_or("the workspace has no .git/HEAD")?;
+    let head = String::from_utf8_lossy(&head).trim().to_string();
+    let parse = |s: &str| {
+        gix::ObjectId::from_hex(s.trim().as_bytes())
+            .context(|| format!("bad object id {s:?} in .git"))
+    };
+    let Some(name) = head.strip_prefix("ref: ") else {
+        return Ok((parse(&head)?, HeadRef::Detached));
+    };
+    let comps: Vec<&[u8]> = name.split('/').map(str::as_bytes).collect();
+    let branch = name.strip_prefix("refs/heads/").map(str::to_string);
+    let head_ref = branch.map(HeadRef::Branch).unwrap_or(HeadRef::Detached);
+    if let Some(loose) = read(&comps, name)? {
+        return Ok((parse(&String::from_utf8_lossy(&loose))?, head_ref));
+    }
+    // packed-refs may be long (every branch and tag of the mirror): read line by line, each
+    // bounded.
+    if let Some(f) = open(&[b"packed-refs"])? {
+        let mut rd = std::io::BufReader::new(f);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let n = (&mut rd)
+                .take(REF_LINE_MAX + 1)
+                .read_until(b'\n', &mut line)
+                .context(|| "cannot read .git/packed-refs".to_string())?;
+            if n == 0 {
+                break;
+            }
+            if n as u64 > REF_LINE_MAX {
+                return Err(Error::Refused(format!(
+                    ".git/packed-refs has a line longer than {REF_LINE_MAX} bytes: not refs"
+                )));
+            }
+            let line = String::from_utf8_lossy(&line);
+            if let Some((oid, n)) = line.trim_end_matches(['\n', '\r']).split_once(' ')
+                && n == name
+            {
+                return Ok((parse(oid)?, head_ref));
+            }
+        }
+    }
+    Err(Error::Refused(format!(
+        "HEAD ({name}) has no commit yet: nothing to snapshot"
+    )))
+}
+
+/// How far [`Daemon::assemble`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Goal {
+    /// The tree only (written to the mirror's objects; no commit, no ref): `diff`.
+    Tree,
+    /// The thread's next snapshot: commit, POSIX record, ref and saved mark.
+    Snapshot,
+}
+
+impl Daemon {
+    /// `octofs snapshot`: saves the working state; returns the snapshot commit.
+    pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply<Snapshotted> {
+        validate(NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        self.check_thread(c, thread)?;
+        let commit = self.snapshot_locked(thread)?;
+        Ok((Snapshotted { commit }, vec![]))
+    }
+
+    /// Snapshot with the thread's lock held (`snapshot`, `release`): the thread's next snapshot
+    /// commit.
+    pub(super) fn snapshot_locked(&self, thread: &str) -> Result<String, Error> {
+        let mut rec = self.live_record(thread)?;
+        if rec.chat {
+            return Err(Error::Refused(format!(
+                "thread {thread} is a chat workspace (no project): it is never saved"
+            )));
+        }
+        self.assemble(&mut rec, Goal::Snapshot)
+            .map(|id| id.to_string())
+    }
+
+    /// Snapshot assembly, the one entry point: the live workspace of `rec` as a tree of its
+    /// project's mirror (`Goal::Tree`), or as the thread's next snapshot (`Goal::Snapshot`: the
+    /// commit, its POSIX record, the compare-and-swap of the thread's ref and the workspace's saved
+    /// mark). The caller holds the thread's lock.
+    pub(super) fn assemble(
+        &self,
+        rec: &mut WorkspaceRecord,
+        goal: Goal,
+    ) -> Result<gix::ObjectId, Error> {
+        let thread = rec.thread.clone();
+        let thread = thread.as_str();
+        let core = self.core_of(rec)?;
+        // 1. A consistent view of what changed (the only step that holds the workspace's lock).
+        let view = core
+            .view()
+            .map_err(on_workspace("cannot read the workspace's changes"))?;
+        let head = match goal {
+            Goal::Snapshot => Some(read_head(&core)?),
+            Goal::Tree => None,
+        };
+        // 2. What `git add -A` would leave out; nested repositories become gitlinks.
+        let mut edits = add_all::keep(
+            &core,
+            &self.layout.state,
+            nested_repositories(&core, view.edits),
+        )?;
+        edits.sort_by(|a, b| a.path().cmp(b.path()));
+        // 3. Objects, then (for a snapshot) the commit and the ref.
+        let mirror = self.layout.mirror(&rec.project);
+        let project = &rec.project;
+        let gone = || {
+            format!(
+                "the mirror of project {project} is missing or broken: `octofs mirror sync {project}` clones it again; `octofs release {thread} --discard` drops the workspace without saving"
+            )
+        };
+        let mut repo = snap::open(&mirror).context(gone)?;
+        if !repo.has_object(view.base_tree) {
+            return Err(Error::Refused(format!(
+                "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
+                view.base_tree
+            )));
+        }
+        let Some((head, head_ref)) = head else {
+            return Ok(snap::build_tree(&repo, view.base_tree, &edits)?);
+        };
+        let tref = snap::thread_ref(thread);
+        let prev = snap::read_ref(&repo, &tref);
+        // The ref must be where this workspace last left it. One exception: a snapshot of this
+        // workspace that moved the ref just before the daemon died, before it was recorded here
+        // (its second parent is what was recorded).
+        let mut saved = rec
+            .saved
+            .as_ref()
+            .and_then(|m| m.commit.as_deref())
+            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        // A mirror re-created from its upstream has neither the ref nor the snapshot: nobody moved
+        // it, the chain starts again (the old snapshots went with the old mirror).
+        if prev.is_none()
+            && let Some(s) = saved
+            && !repo.has_object(s)
+        {
+            tracing::warn!(%thread, last = %s, "the mirror lost the thread's snapshots; starting a new chain");
+            saved = None;
+        }
+        if prev != saved {
+            let ours = match prev {
+                Some(p) => {
+                    let (_, pp, msg, _) = snap::commit_info(&repo, p)?;
+                    pp.get(1).copied() == saved
+                        && String::from_utf8_lossy(&msg)
+                            .starts_with(&format!("octofs snapshot of thread {thread}\n"))
+                }
+                None => false,
+            };
+            if !ours {
+                return Err(Error::Refused(format!(
+                    "{tref} moved underneath (expected {}, found {}); not overwriting it",
+                    saved.map_or("none".into(), |s| s.to_string()),
+                    prev.map_or("none".into(), |s| s.to_string())
+                )));
+            }
+        }
+        if !repo.has_object(head) {
+            // The agent's own commits: carried into the mirror (and kept reachable there).
+            let n = carry::carry(&core, &self.layout.state, &repo, thread, head)?;
+            tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
+            repo = snap::open(&mirror)?;
+        }
+        let tree = snap::build_tree(&repo, view.base_tree, &edits)?;
+        // What the tree cannot hold goes into the POSIX record, named by the commit's message.
+        let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
+            Some(r) => Some(posix_record::write_blob(&repo, &r)?),
+            None => None,
+        };
+        let mut message = snap::message(thread, &head_ref);
+        if let Some(b) = posix {
+            message.push_str(&posix_record::trailer(b));
+        }
+        if let Some(p) = prev {
+            let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
+            if ptree == tree
+                && pparents.first() == Some(&head)
+                && snap::head_of(&pmsg) == head_ref
+                && posix_record::blob_of(&pmsg) == posix
+            {
+                self.mark_saved(rec, &core, &p.to_string(), view.generation, view.taken_at)?;
+                return Ok(p);
+            }
+        }
+        let mut parents = vec![head];
+        parents.extend(prev);
+        let commit = snap::write_commit(&repo, tree, parents, &message)?;
+        // The record is reachable before the snapshot's ref names the commit that needs it.
+        if let Some(b) = posix {
+            posix_record::keep(&repo, thread, commit, b)?;
+        }
+        snap::cas_ref(
+            &repo,
+            &tref,
+            prev,
+            commit,
+            &format!("octofs: snapshot of {thread}"),
+        )?;
+        self.mark_saved(
+            rec,
+            &core,
+            &commit.to_string(),
+            view.generation,
+            view.taken_at,
+        )?;
+        tracing::info!(%thread, %commit, "snapshot");
+        Ok(commit)
+    }
+
+    fn mark_saved(
+        &self,
+        rec: &mut WorkspaceRecord,
+        core: &WorkspaceFs,
+        commit: &str,
+        generation: u64,
+        at: Ts,
+    ) -> Result<(), Error> {
+        let ino = core
+            .put_file_quietly(
+                &[".git", "refs", "octomate"],
+                "saved",
+                format!("{commit}\n").as_bytes(),
+            )
+            .map_err(on_workspace("cannot record refs/octomate/saved"))?;
+        // A process in the mount reads the new mark as soon as the snapshot is answered.
+        self.tell_kernel(&rec.thread);
+        rec.saved = Some(SavedMark {
+            commit: Some(commit.into()),
+            generation,
+            at,
+            bookkeeping: vec![ino],
+        });
+        Ok(rec.save(&self.layout)?)
+    }
+}

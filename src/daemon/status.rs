@@ -1,0 +1,187 @@
+//! What the daemon tells about workspaces: `list`, `status`, git's fsmonitor queries and request
+//! statistics. Read-only: nothing here changes a workspace, and the `mounts` map is locked only to
+//! clone out what a question needs (counting changes may take a while).
+
+use super::error::Error;
+use super::proto::{self, WorkspaceStatus};
+use super::{Daemon, Reply, lock};
+use crate::access::Caller;
+use crate::fs::WorkspaceFs;
+use crate::fs::fuse::MountInfo;
+use crate::names::{NameKind, validate};
+use crate::workspace::{Owner, WorkspaceRecord};
+
+impl Daemon {
+    fn status_of(&self, rec: &WorkspaceRecord) -> WorkspaceStatus {
+        #[derive(Clone, Copy)]
+        struct Served<'a> {
+            core: &'a WorkspaceFs,
+            info: &'a MountInfo,
+        }
+        // Only the Arcs are taken under the global lock: counting changes may take a while.
+        let taken = lock(&self.mounts)
+            .get(&rec.thread)
+            .map(|m| (m.core.clone(), m.info.clone()));
+        let m = taken.as_ref().map(|(core, info)| Served { core, info });
+        WorkspaceStatus {
+            thread: rec.thread.clone(),
+            project: rec.project.clone(),
+            base_commit: rec.base_commit.clone(),
+            branch: rec.branch.clone(),
+            requested_ref: rec.requested_ref.clone(),
+            mounted: m.is_some(),
+            path: self.layout.mountpoint(&rec.thread).display().to_string(),
+            passthrough: m.map(|m| {
+                m.info
+                    .passthrough
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            }),
+            transport: m.and_then(|m| m.info.transport.get().cloned()),
+            changed_paths: m
+                .and_then(|m| m.core.changes().ok())
+                .map(|c| c.len() as u64)
+                .unwrap_or(0),
+            quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
+            damaged: m.map(|m| m.core.damaged().to_vec()).unwrap_or_default(),
+            base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
+            last_snapshot: rec.saved.as_ref().and_then(|s| s.commit.clone()),
+            state: if m.is_some() { "mounted" } else { "unmounted" }.into(),
+            users: if m.is_some() { rec.users.max(1) } else { 0 },
+            chat: rec.chat,
+        }
+    }
+
+    /// A released thread: bound to its project, no workspace until it is opened again.
+    fn status_of_released(&self, b: &crate::workspace::Binding) -> WorkspaceStatus {
+        let last = crate::git::snapshot::open(&self.layout.mirror(&b.project))
+            .ok()
+            .and_then(|r| {
+                crate::git::snapshot::read_ref(&r, &crate::git::snapshot::thread_ref(&b.thread))
+            })
+            .map(|id| id.to_string());
+        WorkspaceStatus {
+            thread: b.thread.clone(),
+            project: b.project.clone(),
+            base_commit: last.clone().unwrap_or_else(|| b.base_commit.clone()),
+            branch: b.branch.clone(),
+            requested_ref: None,
+            mounted: false,
+            path: self.layout.mountpoint(&b.thread).display().to_string(),
+            passthrough: None,
+            transport: None,
+            changed_paths: 0,
+            quarantined: 0,
+            damaged: Vec::new(),
+            base_content_opens: 0,
+            last_snapshot: last,
+            state: "released".into(),
+            users: 0,
+            chat: false,
+        }
+    }
+
+    pub(super) fn fsmonitor(
+        &self,
+        thread: &str,
+        token: &str,
+        c: &Caller,
+    ) -> Reply<proto::FsmonitorAnswer> {
+        validate(NameKind::Thread, thread)?;
+        let (core, owner) = lock(&self.mounts)
+            .get(thread)
+            .map(|m| (m.core.clone(), m.owner))
+            .ok_or_else(|| Error::NotMounted(thread.to_string()))?;
+        // What changed in a workspace is its owner's business.
+        self.require_owner(c, thread, owner)?;
+        let (token, changed) = core.fsmonitor_query(token);
+        let mut answer = proto::FsmonitorAnswer {
+            token,
+            everything: false,
+            paths: Vec::new(),
+        };
+        match changed {
+            crate::fs::Changed::Everything => answer.everything = true,
+            crate::fs::Changed::Paths(paths) => {
+                for p in paths {
+                    match String::from_utf8(p) {
+                        Ok(s) => answer.paths.push(s),
+                        Err(_) => {
+                            answer.everything = true;
+                            answer.paths.clear();
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        Ok((answer, vec![]))
+    }
+
+    /// Request statistics of one mounted thread (its owner's business), or of every mount summed
+    /// (root only: the daemon-wide figures describe every user's activity).
+    pub(super) fn stats(&self, thread: Option<&str>, c: &Caller) -> Reply<proto::StatsAnswer> {
+        let mut answer = proto::StatsAnswer::default();
+        match thread {
+            Some(thread) => {
+                validate(NameKind::Thread, thread)?;
+                let (info, owner) = lock(&self.mounts)
+                    .get(thread)
+                    .map(|m| (m.info.clone(), m.owner))
+                    .ok_or_else(|| Error::NotMounted(thread.to_string()))?;
+                self.require_owner(c, thread, owner)?;
+                answer.workspaces.push(proto::WorkspaceStats {
+                    thread: thread.to_string(),
+                    stats: info.stats.report(),
+                });
+            }
+            None => {
+                self.require_admin(c, "see every workspace's statistics")?;
+                let mut infos: Vec<_> = lock(&self.mounts)
+                    .iter()
+                    .map(|(t, m)| (t.clone(), m.info.clone()))
+                    .collect();
+                infos.sort_by(|a, b| a.0.cmp(&b.0));
+                for (thread, info) in infos {
+                    answer.workspaces.push(proto::WorkspaceStats {
+                        thread,
+                        stats: info.stats.report(),
+                    });
+                }
+            }
+        }
+        for w in &answer.workspaces {
+            answer.total.add(&w.stats);
+        }
+        Ok((answer, vec![]))
+    }
+
+    /// Every thread of the caller (of everyone, for root).
+    pub(super) fn list(&self, c: &Caller) -> Reply<Vec<WorkspaceStatus>> {
+        let mine = |owner: Owner| self.is_admin(c) || owner.uid == c.uid;
+        let live = WorkspaceRecord::list(&self.layout)?;
+        let mut all: Vec<_> = live
+            .iter()
+            .filter(|r| mine(r.owner))
+            .map(|r| self.status_of(r))
+            .collect();
+        for b in crate::workspace::Binding::list(&self.layout)? {
+            if mine(b.owner) && !live.iter().any(|r| r.thread == b.thread) {
+                all.push(self.status_of_released(&b));
+            }
+        }
+        all.sort_by(|a, b| a.thread.cmp(&b.thread));
+        Ok((all, vec![]))
+    }
+
+    pub(super) fn status(&self, thread: &str, c: &Caller) -> Reply<WorkspaceStatus> {
+        validate(NameKind::Thread, thread)?;
+        if let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? {
+            self.require_owner(c, thread, rec.owner)?;
+            return Ok((self.status_of(&rec), vec![]));
+        }
+        let b = crate::workspace::Binding::load(&self.layout, thread)?
+            .ok_or_else(|| Error::UnknownThread(thread.to_string()))?;
+        self.require_owner(c, thread, b.owner)?;
+        Ok((self.status_of_released(&b), vec![]))
+    }
+}

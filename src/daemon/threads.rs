@@ -1,0 +1,564 @@
+//! A thread's workspace lifecycle (seed 000 "Forking", "Restoring", "Reclaiming", "Binding",
+//! "The chat workspace"): open (fork, resume, or share the live mount), release and sweep. Saving
+//! is `super::snapshot`.
+//!
+//! Policy only: the mechanisms are the filesystem core, `repo` (the workspace's `.git`) and the
+//! records of `workspace`. Nothing here runs git in a workspace or reads one through its mount.
+//! Every operation on a thread holds that thread's lock, and under it refuses a caller who neither
+//! owns the thread nor is root.
+
+use super::error::{Context, Error, on_workspace};
+use super::mirrors::{BLANK, blank_project};
+use super::proto::{Kept, Opened, ReleaseAnswer, SweepAnswer};
+use super::{Daemon, Reply, lock, now};
+use crate::access::Caller;
+use crate::fs::WorkspaceFs;
+use crate::git::mirror;
+use crate::git::snapshot::{self as snap, HeadRef};
+use crate::names::{NameKind, validate};
+use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
+
+/// What a new workspace is made of.
+struct Fork {
+    project: String,
+    /// The commit whose tree the files are, its tree and time.
+    base_commit: String,
+    base_tree: gix::ObjectId,
+    base_time: i64,
+    /// The tree the index describes (HEAD's tree).
+    index_tree: gix::ObjectId,
+    /// Where HEAD goes.
+    head_commit: String,
+    branch: Option<String>,
+    requested_ref: Option<String>,
+    /// The snapshot this workspace resumes (recorded as `refs/octomate/saved`).
+    saved: Option<String>,
+    /// Changes applied over the base before the first mount: the diff between these two trees.
+    apply: Option<(gix::ObjectId, gix::ObjectId)>,
+    chat: bool,
+}
+
+fn split_nul(out: &[u8]) -> Vec<Vec<u8>> {
+    out.split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+impl Daemon {
+    /// `octofs open`: the thread's one workspace, mounted — the live mount (counted), a remount,
+    /// a resume of its last snapshot, a new fork, or a chat workspace.
+    /// A thread that exists is its owner's (root may join it); a new one becomes the caller's.
+    pub(super) fn open(
+        &self,
+        thread: &str,
+        project: Option<&str>,
+        git_ref: Option<&str>,
+        c: &Caller,
+    ) -> Reply<Opened> {
+        validate(NameKind::Thread, thread)?;
+        if let Some(p) = project {
+            validate(NameKind::Project, p)?;
+        }
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        let binding = Binding::load(&self.layout, thread)?;
+        let live = WorkspaceRecord::load(&self.layout, thread)?;
+        let owner = match (&live, &binding) {
+            (Some(r), _) => Some(r.owner),
+            (None, Some(b)) => Some(b.owner),
+            (None, None) => None,
+        };
+        if let Some(o) = owner {
+            self.require_owner(c, thread, o)?;
+        }
+        let owner = owner.unwrap_or(crate::workspace::Owner {
+            uid: c.uid,
+            gid: c.gid,
+        });
+        let bound = match (&live, &binding) {
+            (Some(r), _) if r.chat => None,
+            (Some(r), _) => Some(r.project.as_str()),
+            (None, Some(b)) => Some(b.project.as_str()),
+            (None, None) => project,
+        };
+        if let Some(p) = bound {
+            self.check_bind(c, p)?;
+        }
+        if let (Some(b), Some(p)) = (&binding, project)
+            && b.project != p
+        {
+            return Err(Error::Refused(format!(
+                "thread {thread} is bound to project {}; it cannot be re-bound to {p}",
+                b.project
+            )));
+        }
+        if let (Some(rec), Some(p)) = (&live, project)
+            && rec.chat
+        {
+            return Err(Error::Refused(format!(
+                "thread {thread} has a chat workspace (no project); release it before binding it to {p}"
+            )));
+        }
+        if let (Some(rec), Some(r)) = (&live, git_ref) {
+            let resolved = self.store(&rec.project)?.resolve(Some(r))?;
+            if gix::ObjectId::from_hex(rec.base_commit.as_bytes()).ok() != Some(resolved.commit) {
+                return Err(Error::Refused(format!(
+                    "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
+                    rec.base_commit.get(..12).unwrap_or(&rec.base_commit)
+                )));
+            }
+        }
+        let path = Opened {
+            path: self.layout.mountpoint(thread).display().to_string(),
+        };
+        if let Some(mut rec) = live {
+            // One more user of the live workspace, counted in its record so that a restart keeps
+            // the count. A record the daemon serves (or should: its remount failed) keeps its users.
+            let served = lock(&self.mounts).contains_key(thread);
+            let before = rec.clone();
+            rec.users = if served || rec.mounted {
+                rec.users.max(1) + 1
+            } else {
+                1
+            };
+            rec.mounted = true;
+            rec.save(&self.layout)?;
+            if !served && let Err(e) = self.mount(&rec) {
+                let _ = before.save(&self.layout);
+                return Err(e);
+            }
+            let warnings = self.grant_owner(&rec.project, rec.owner, false);
+            return Ok((path, warnings.into_iter().collect()));
+        }
+        self.check_root()?;
+        let fork = match (&binding, project) {
+            (Some(b), _) => {
+                if git_ref.is_some() {
+                    return Err(Error::Refused(format!(
+                        "thread {thread} was released; it resumes from its last snapshot (--ref applies only when a thread is created)"
+                    )));
+                }
+                self.resume_fork(thread, b)?
+            }
+            (None, Some(p)) => {
+                let proj = mirror::require(&self.layout, p)?;
+                let base = self.store(p)?.resolve(git_ref)?;
+                // HEAD goes on the branch the caller named, else on a branch of the thread's own.
+                let branch = git_ref
+                    .and(base.branch.clone())
+                    .unwrap_or_else(|| format!("octofs/{thread}"));
+                Fork {
+                    project: proj.project,
+                    base_commit: base.commit.to_string(),
+                    base_tree: base.tree,
+                    base_time: base.time,
+                    index_tree: base.tree,
+                    head_commit: base.commit.to_string(),
+                    branch: Some(branch),
+                    requested_ref: git_ref.map(str::to_string),
+                    saved: None,
+                    apply: None,
+                    chat: false,
+                }
+            }
+            (None, None) => {
+                if git_ref.is_some() {
+                    return Err(Error::Refused(
+                        "a chat workspace (no --project) has no refs to choose from".into(),
+                    ));
+                }
+                self.ensure_blank()?;
+                let base = self.store(BLANK)?.resolve(None)?;
+                Fork {
+                    project: BLANK.into(),
+                    base_commit: base.commit.to_string(),
+                    base_tree: base.tree,
+                    base_time: base.time,
+                    index_tree: base.tree,
+                    head_commit: base.commit.to_string(),
+                    branch: Some("main".into()),
+                    requested_ref: None,
+                    saved: None,
+                    apply: None,
+                    chat: true,
+                }
+            }
+        };
+        let forked_project = fork.project.clone();
+        self.create(thread, fork, owner)?;
+        if binding.is_none() && project.is_some() {
+            let rec = WorkspaceRecord::load(&self.layout, thread)?.ok_or("workspace vanished")?;
+            let b = Binding {
+                thread: thread.into(),
+                project: rec.project.clone(),
+                base_commit: rec.base_commit.clone(),
+                branch: rec.branch.clone(),
+                created: now(),
+                owner,
+            };
+            if let Err(e) = b.save(&self.layout) {
+                self.discard(thread);
+                return Err(e.into());
+            }
+        }
+        let warnings = self.grant_owner(&forked_project, owner, false);
+        Ok((path, warnings.into_iter().collect()))
+    }
+
+    /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
+    /// tree, HEAD at its first parent on the branch it was on), or from its first base when it was
+    /// released with nothing saved.
+    fn resume_fork(&self, thread: &str, b: &Binding) -> Result<Fork, Error> {
+        let repo = snap::open(&self.layout.mirror(&b.project))?;
+        let Some(s) = snap::read_ref(&repo, &snap::thread_ref(thread)) else {
+            let base = self.store(&b.project)?.resolve(Some(&b.base_commit))?;
+            return Ok(Fork {
+                project: b.project.clone(),
+                base_commit: b.base_commit.clone(),
+                base_tree: base.tree,
+                base_time: base.time,
+                index_tree: base.tree,
+                head_commit: b.base_commit.clone(),
+                branch: b.branch.clone(),
+                requested_ref: None,
+                saved: None,
+                apply: None,
+                chat: false,
+            });
+        };
+        // The workspace comes back as a fork of HEAD (whose index is shared and usually already
+        // built) with the snapshot's changes applied over it: O(changed paths), and every change
+        // reads as uncommitted.
+        let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
+        let head = *parents.first().ok_or("the snapshot has no parent")?;
+        let (head_tree, _, _, head_time) = snap::commit_info(&repo, head)?;
+        let branch = match snap::head_of(&message) {
+            HeadRef::Branch(b) => Some(b),
+            HeadRef::Detached => None,
+        };
+        Ok(Fork {
+            project: b.project.clone(),
+            base_commit: head.to_string(),
+            base_tree: head_tree,
+            base_time: head_time,
+            index_tree: head_tree,
+            head_commit: head.to_string(),
+            branch,
+            requested_ref: None,
+            saved: Some(s.to_string()),
+            apply: Some((head_tree, tree)),
+            chat: false,
+        })
+    }
+
+    /// Creates, seeds and mounts a new workspace. On failure nothing of it remains.
+    fn create(
+        &self,
+        thread: &str,
+        fork: Fork,
+        owner: crate::workspace::Owner,
+    ) -> Result<(), Error> {
+        let proj = if fork.chat {
+            blank_project()
+        } else {
+            mirror::require(&self.layout, &fork.project)?
+        };
+        let mut rec = WorkspaceRecord {
+            thread: thread.into(),
+            project: fork.project.clone(),
+            base_commit: fork.base_commit.clone(),
+            base_tree: fork.base_tree.to_string(),
+            base_time: fork.base_time,
+            requested_ref: fork.requested_ref.clone(),
+            branch: fork.branch.clone(),
+            created: now(),
+            mounted: true,
+            chat: fork.chat,
+            saved: None,
+            owner,
+            users: 1,
+        };
+        rec.save(&self.layout)?;
+        let made = (|| {
+            let core = self.load_core(&rec)?;
+            let exe =
+                std::env::current_exe().context(|| "cannot find the octofs binary".to_string())?;
+            let plan = crate::repo::plan(
+                &self.layout,
+                &proj,
+                thread,
+                &fork.head_commit,
+                fork.branch.as_deref(),
+                &exe,
+            )?;
+            let index = {
+                let il = self
+                    .locks
+                    .get(&format!("index:{}-{}", fork.index_tree, fork.base_tree));
+                let _ig = lock(&il);
+                crate::repo::shared_index(
+                    &self.layout,
+                    &*self.store(&fork.project)?,
+                    fork.index_tree,
+                    fork.base_tree,
+                    fork.base_time,
+                    rec.owner.uid,
+                    rec.owner.gid,
+                )?
+            };
+            crate::repo::seed(&core, &plan, &index, fork.base_time)?;
+            if let Some((from, to)) = fork.apply {
+                self.apply_diff(&core, &fork.project, from, to)?;
+            }
+            // What git dropped (modes, owners, special files, empty directories) comes back
+            // before the mount exists: no moment where a file is wider than it was.
+            if let Some(s) = &fork.saved {
+                let id = gix::ObjectId::from_hex(s.as_bytes()).map_err(|e| e.to_string())?;
+                let repo = snap::open(&self.layout.mirror(&fork.project))?;
+                super::posix::restore(&core, &repo, id)?;
+            }
+            let mut bookkeeping = Vec::new();
+            if let Some(s) = &fork.saved {
+                bookkeeping.push(
+                    core.put_file_quietly(
+                        &[".git", "refs", "octomate"],
+                        "saved",
+                        format!("{s}\n").as_bytes(),
+                    )
+                    .map_err(on_workspace("cannot record refs/octomate/saved"))?,
+                );
+            }
+            rec.saved = Some(SavedMark {
+                commit: fork.saved.clone(),
+                generation: core.generation(),
+                at: core
+                    .clock()
+                    .map_err(on_workspace("cannot read the upper layer's clock"))?,
+                bookkeeping,
+            });
+            rec.save(&self.layout)?;
+            self.mount_core(&rec, core)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
+        }
+        made
+    }
+
+    /// Applies the difference between two trees of the mirror to a workspace: removals first
+    /// (deepest first), then additions and changes.
+    fn apply_diff(
+        &self,
+        core: &WorkspaceFs,
+        project: &str,
+        from: gix::ObjectId,
+        to: gix::ObjectId,
+    ) -> Result<(), Error> {
+        use crate::fs::TreeChange;
+        let mirror = self.layout.mirror(project);
+        let out = crate::git::Git::new(Some(&mirror))
+            .args(["diff-tree", "-r", "-z", "--no-renames", "--end-of-options"])
+            .args([from.to_string(), to.to_string()])
+            .output_bytes()
+            .context(|| "git diff-tree".to_string())?;
+        let fields = split_nul(&out);
+        let mut removals = Vec::new();
+        let mut additions = Vec::new();
+        for pair in fields.chunks(2) {
+            let [meta, path] = pair else { continue };
+            let meta = String::from_utf8_lossy(meta);
+            let f: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+            let [_, new_mode, _, new_id, status] = f[..] else {
+                return Err(Error::Refused(format!(
+                    "unexpected diff-tree output {meta:?}"
+                )));
+            };
+            let id = gix::ObjectId::from_hex(new_id.as_bytes()).map_err(|e| e.to_string())?;
+            let change = match (status, new_mode) {
+                ("D", _) => TreeChange::Remove,
+                (_, "100644") => TreeChange::File { id, exec: false },
+                (_, "100755") => TreeChange::File { id, exec: true },
+                (_, "120000") => TreeChange::Symlink { id },
+                (_, "160000") => TreeChange::Gitlink { id },
+                _ => {
+                    return Err(Error::Refused(format!(
+                        "unexpected diff-tree entry {meta:?}"
+                    )));
+                }
+            };
+            if change == TreeChange::Remove || status == "T" {
+                removals.push(path.clone());
+            }
+            if change != TreeChange::Remove {
+                additions.push((path.clone(), change));
+            }
+        }
+        removals.sort_by(|a, b| b.cmp(a));
+        for p in &removals {
+            core.apply(p, &TreeChange::Remove)
+                .map_err(on_workspace(format!(
+                    "cannot restore {}",
+                    String::from_utf8_lossy(p)
+                )))?;
+        }
+        for (p, c) in &additions {
+            core.apply(p, c).map_err(on_workspace(format!(
+                "cannot restore {}",
+                String::from_utf8_lossy(p)
+            )))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, Error> {
+        match WorkspaceRecord::load(&self.layout, thread)? {
+            Some(r) => Ok(r),
+            None if Binding::load(&self.layout, thread)?.is_some() => {
+                Err(Error::Released(thread.to_string()))
+            }
+            None => Err(Error::UnknownThread(thread.to_string())),
+        }
+    }
+
+    /// `octofs release`: one user fewer; the last one saves (if anything changed), unmounts and drops
+    /// the upper layer. A busy mount is refused unless `force`. `discard` drops the workspace at once
+    /// without saving (every user's, busy or not): the way out when it cannot be saved, e.g. its mirror
+    /// is gone; the thread's last snapshot stays where it was.
+    pub(super) fn release(
+        &self,
+        thread: &str,
+        force: bool,
+        discard: bool,
+        c: &Caller,
+    ) -> Reply<ReleaseAnswer> {
+        let force = force || discard;
+        validate(NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        self.check_thread(c, thread)?;
+        let mut rec = match WorkspaceRecord::load(&self.layout, thread)? {
+            Some(r) => r,
+            None if Binding::load(&self.layout, thread)?.is_some() => {
+                return Ok((
+                    ReleaseAnswer {
+                        thread: thread.into(),
+                        released: true,
+                        already: true,
+                        users: None,
+                        snapshot: None,
+                    },
+                    vec![],
+                ));
+            }
+            None => return Err(Error::UnknownThread(thread.to_string())),
+        };
+        if rec.users > 1 && !force {
+            rec.users -= 1;
+            rec.save(&self.layout)?;
+            return Ok((
+                ReleaseAnswer {
+                    thread: thread.into(),
+                    released: false,
+                    already: false,
+                    users: Some(rec.users),
+                    snapshot: None,
+                },
+                vec![],
+            ));
+        }
+        // A busy mount is refused before anything is saved: a refused release changes nothing.
+        // (`served` first, as a statement of its own: the guard of `mounts` must be gone before
+        // `is_busy` walks /proc.)
+        let served = lock(&self.mounts).contains_key(thread);
+        if !force && served && crate::sys::is_busy(&self.layout.mountpoint(thread)) {
+            return Err(Error::Refused(format!(
+                "{} is busy (a process still has its working directory or files in it); stop them or use --force",
+                self.layout.mountpoint(thread).display()
+            )));
+        }
+        let saved = if rec.chat || discard {
+            None
+        } else {
+            Some(self.snapshot_locked(thread)?)
+        };
+        if discard {
+            tracing::warn!(%thread, "discarding the workspace without saving it");
+        }
+        self.unmount_thread(thread, force)?;
+        let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
+        let _ = std::fs::remove_dir(self.layout.mountpoint(thread));
+        tracing::info!(%thread, "released");
+        Ok((
+            ReleaseAnswer {
+                thread: thread.into(),
+                released: true,
+                already: false,
+                users: None,
+                snapshot: saved,
+            },
+            vec![],
+        ))
+    }
+
+    /// Drops a workspace that failed to come into being.
+    fn discard(&self, thread: &str) {
+        let _ = self.unmount_thread(thread, true);
+        let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
+        let _ = std::fs::remove_dir(self.layout.mountpoint(thread));
+    }
+
+    /// `octofs sweep`: releases every project workspace idle for `idle` seconds whose state the
+    /// mirror has seen; never one with unsaved work, open files, or a chat workspace.
+    pub(super) fn sweep(&self, idle: u64) -> Reply<SweepAnswer> {
+        let threads: Vec<String> = lock(&self.mounts).keys().cloned().collect();
+        let mut released = Vec::new();
+        let mut kept = Vec::new();
+        for thread in threads {
+            let l = self.locks.get(&format!("thread:{thread}"));
+            let _g = lock(&l);
+            let Some(rec) = WorkspaceRecord::load(&self.layout, &thread)? else {
+                continue;
+            };
+            let Some(core) = lock(&self.mounts).get(&thread).map(|m| m.core.clone()) else {
+                continue;
+            };
+            let (last, open) = core.activity();
+            let why = if rec.chat {
+                Some("chat workspace")
+            } else if open {
+                Some("files open")
+            } else if now().saturating_sub(last) < idle {
+                Some("active")
+            } else if rec
+                .saved
+                .as_ref()
+                .is_none_or(|m| core.changed_since(m.generation, m.at, &m.bookkeeping))
+            {
+                Some("unsaved changes")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                kept.push(Kept {
+                    thread,
+                    why: why.into(),
+                });
+                continue;
+            }
+            match self.unmount_thread(&thread, false) {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir_all(self.layout.workspace(&thread));
+                    let _ = std::fs::remove_dir(self.layout.mountpoint(&thread));
+                    tracing::info!(%thread, "swept");
+                    released.push(thread);
+                }
+                Err(e) => kept.push(Kept {
+                    thread,
+                    why: e.to_string(),
+                }),
+            }
+        }
+        Ok((SweepAnswer { released, kept }, vec![]))
+    }
+}

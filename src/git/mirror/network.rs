@@ -1,0 +1,199 @@
+//! Clone and fetch: the only git commands that talk to an upstream. They run as every git of the
+//! daemon does ([`crate::git::Git`]: hardened environment, only the transports a project may use),
+//! plus the credentials (if any) in the child's environment,
+//! and a stall timeout: no progress for [`set_fetch_timeout`] seconds and the git process group is
+//! killed, leaving the mirror as it was. Errors are one redacted line.
+
+use crate::git::error::{Context, Error};
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::credentials::{credential_env, redact};
+use crate::git::Git;
+
+static FETCH_TIMEOUT_SECS: AtomicU64 = AtomicU64::new(300);
+
+/// Sets the stall timeout of clone and fetch: no progress for this many seconds ends them.
+pub fn set_fetch_timeout(secs: u64) {
+    FETCH_TIMEOUT_SECS.store(secs.max(1), Ordering::Relaxed);
+}
+
+/// What git said last on stderr, kept bounded.
+const STDERR_KEEP: usize = 64 * 1024;
+
+/// Runs a git command that talks to `upstream` (clone, fetch): only the allowed transports, the
+/// credentials (if any) through the environment, progress on stderr watched, and the whole process
+/// group killed after [`set_fetch_timeout`] seconds without any. Errors are one redacted line.
+pub(super) fn network_git(
+    dir: Option<&Path>,
+    args: &[&OsStr],
+    upstream: &str,
+    credential: Option<&str>,
+) -> Result<(), Error> {
+    let secs = FETCH_TIMEOUT_SECS.load(Ordering::Relaxed).max(1);
+    let stall = Duration::from_secs(secs);
+    let mut child = network_command(dir, args, upstream, credential, secs)
+        .spawn()
+        .map_err(Error::Spawn)?;
+    let last_progress = Arc::new(Mutex::new(Instant::now()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut stderr) = child.stderr.take() {
+        let last = last_progress.clone();
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = stderr.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                kept.extend_from_slice(&chunk[..n]);
+                if kept.len() > STDERR_KEEP {
+                    kept.drain(..kept.len() - STDERR_KEEP);
+                }
+                *last.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+            }
+            let _ = tx.send(kept);
+        });
+    }
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) => {}
+            Err(e) => {
+                let _ = crate::sys::kill_process_group(child.id());
+                let _ = child.wait();
+                return Err(e).context(|| "cannot wait for git".to_string());
+            }
+        }
+        let quiet = last_progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed();
+        if quiet >= stall {
+            // Not reaped yet, so the group id is still ours.
+            if let Err(e) = crate::sys::kill_process_group(child.id()) {
+                tracing::warn!("cannot kill a stalled git: {e}");
+            }
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stderr = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    match status {
+        None => Err(Error::Stalled {
+            upstream: redact(upstream),
+            secs,
+        }),
+        Some(s) if s.success() => Ok(()),
+        Some(s) => {
+            let text = String::from_utf8_lossy(&stderr);
+            let lines: Vec<&str> = text
+                .split(['\n', '\r'])
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect();
+            let line = lines
+                .iter()
+                .rev()
+                .find(|l| l.starts_with("fatal:") || l.starts_with("error:"))
+                .or(lines.last())
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| format!("git failed ({s})"));
+            let mut line = redact(&line);
+            if let Some(c) = credential
+                && let Some((_, secret)) = c.split_once(':')
+                && !secret.is_empty()
+            {
+                line = line.replace(secret, "***");
+            }
+            Err(Error::Git(line))
+        }
+    }
+}
+
+/// The command of [`network_git`]: the daemon's one hardened git ([`Git`]), plus what talking to
+/// an upstream needs (curl's own stall limit, the credential header, a process group of its own).
+fn network_command(
+    dir: Option<&Path>,
+    args: &[&OsStr],
+    upstream: &str,
+    credential: Option<&str>,
+    secs: u64,
+) -> Command {
+    let mut git = Git::new(dir)
+        .args(args)
+        // curl gives up on its own when less than a byte a second flows for the whole window.
+        .env("GIT_HTTP_LOW_SPEED_LIMIT", "1")
+        .env("GIT_HTTP_LOW_SPEED_TIME", secs.to_string());
+    if let Some(c) = credential {
+        for (k, v) in credential_env(upstream, c) {
+            git = git.env(k, v);
+        }
+    }
+    let mut cmd = git.into_command();
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        // Its own process group, so that a stall kills git and every helper it started.
+        .process_group(0);
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(cmd: &Command) -> Vec<(String, Option<String>)> {
+        cmd.get_envs()
+            .map(|(k, v)| {
+                (
+                    k.to_string_lossy().into_owned(),
+                    v.map(|v| v.to_string_lossy().into_owned()),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn clone_and_fetch_run_with_the_hardened_environment_and_the_credential_header() {
+        let cmd = network_command(
+            None,
+            &[OsStr::new("fetch")],
+            "https://example.com/x.git",
+            Some("u:tok"),
+            7,
+        );
+        let env = env_of(&cmd);
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        // Everything every git of the daemon gets (the network variant once had its own, thinner
+        // copy of the environment, without GIT_CONFIG_NOSYSTEM or GIT_CONFIG_GLOBAL).
+        for (k, v) in env_of(&Git::new(None).into_command()) {
+            if k == "GIT_CONFIG_COUNT" {
+                continue;
+            }
+            assert_eq!(get(&k), Some(v), "{k}");
+        }
+        assert_eq!(get("GIT_CONFIG_GLOBAL"), Some(Some("/dev/null".into())));
+        assert_eq!(get("GIT_CONFIG_NOSYSTEM"), Some(Some("1".into())));
+        // The header is set over the dropped GIT_CONFIG_COUNT, for the upstream's origin only.
+        assert_eq!(get("GIT_CONFIG_COUNT"), Some(Some("1".into())));
+        assert_eq!(
+            get("GIT_CONFIG_KEY_0"),
+            Some(Some("http.https://example.com/.extraHeader".into()))
+        );
+        assert_eq!(get("GIT_HTTP_LOW_SPEED_TIME"), Some(Some("7".into())));
+        // Without credentials, no configuration comes in through the environment.
+        let plain = network_command(None, &[OsStr::new("fetch")], "/srv/x", None, 7);
+        assert!(
+            env_of(&plain)
+                .iter()
+                .any(|(k, v)| k == "GIT_CONFIG_COUNT" && v.is_none())
+        );
+    }
+}

@@ -1,0 +1,135 @@
+//! Upstreams come in three kinds — a git URL, a git repository path, a plain directory — and are
+//! checked before git sees them: an absolute path or a URL of an allowed transport (`file`, `git`,
+//! `http(s)`, `ssh`), never an option (`-…`) nor a remote helper (`fd::`, `ext::`). Decides only;
+//! creates nothing.
+
+use crate::git::error::{Context, Error};
+use std::path::Path;
+
+use super::UpstreamKind;
+use super::credentials::redact;
+use crate::git;
+
+/// Whether `upstream` is a URL (`scheme://…` or scp-like `user@host:path`) rather than a path.
+pub fn is_url(upstream: &str) -> bool {
+    upstream.contains("://")
+        || (upstream.contains(':') && !upstream.starts_with('/') && upstream.contains('@'))
+}
+
+/// The URL schemes an upstream may use: the transports of [`crate::git::ALLOWED_PROTOCOLS`] (what
+/// `GIT_ALLOW_PROTOCOL` lets every git of the daemon speak), with ssh's aliases.
+const ALLOWED_SCHEMES: [&str; 7] = ["file", "git", "http", "https", "ssh", "git+ssh", "ssh+git"];
+
+/// Refuses, before anything is created, an upstream git could read as an option or hand to a remote
+/// helper or a transport a project does not need. `shown` is the upstream as messages show it.
+pub fn check_upstream(upstream: &str) -> Result<(), Error> {
+    let shown = redact(upstream);
+    if upstream.is_empty() {
+        return Err(Error::Refused("upstream must not be empty".into()));
+    }
+    if upstream.starts_with('-') {
+        return Err(Error::Refused(format!(
+            "upstream {shown:?} must not start with '-' (git would read it as an option)"
+        )));
+    }
+    if upstream.contains(['\0', '\n']) {
+        return Err(Error::Refused(format!(
+            "upstream {shown:?} contains a NUL or a newline"
+        )));
+    }
+    // `<transport>::<address>` makes git run `git-remote-<transport>` (`fd::`, `ext::` run
+    // anything): never an upstream.
+    if let Some((helper, _)) = upstream.split_once("::")
+        && !helper.is_empty()
+        && helper
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+    {
+        return Err(Error::Refused(format!(
+            "upstream {shown}: remote helpers ({helper}::) are not allowed; use a path or a file://, git://, http(s):// or ssh URL"
+        )));
+    }
+    if let Some((scheme, _)) = upstream.split_once("://")
+        && !ALLOWED_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())
+    {
+        return Err(Error::Refused(format!(
+            "upstream {shown}: transport {scheme:?} is not allowed (allowed: file, git, http, https, ssh)"
+        )));
+    }
+    if !is_url(upstream) && !Path::new(upstream).is_absolute() {
+        return Err(Error::Refused(format!(
+            "upstream path {shown} is relative: give an absolute path (the octofs command resolves it against its working directory)"
+        )));
+    }
+    Ok(())
+}
+
+/// Decides what kind of upstream `upstream` names, without creating anything.
+pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), Error> {
+    check_upstream(upstream)?;
+    if is_url(upstream) {
+        if let Some(path) = upstream.strip_prefix("file://")
+            && !Path::new(path).exists()
+        {
+            return Err(Error::Refused(format!(
+                "upstream {} does not exist",
+                redact(upstream)
+            )));
+        }
+        return Ok((UpstreamKind::Url, upstream.to_string()));
+    }
+    let path = std::path::absolute(upstream).context(|| format!("upstream {upstream}"))?;
+    let meta = match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::Refused(format!(
+                "upstream {upstream} does not exist"
+            )));
+        }
+        r => r.context(|| format!("upstream {upstream}"))?,
+    };
+    if !meta.is_dir() {
+        return Err(Error::Refused(format!(
+            "upstream {upstream} is not a git repository or a directory"
+        )));
+    }
+    let shown = path.to_string_lossy().into_owned();
+    let is_repo = path.join(".git").exists()
+        || (path.join("HEAD").is_file()
+            && path.join("objects").is_dir()
+            && path.join("refs").is_dir());
+    if is_repo {
+        git!(Some(&path); "rev-parse", "--git-dir", "--end-of-options")
+            .context(|| format!("upstream {upstream} is not a usable git repository"))?;
+        Ok((UpstreamKind::Repository, shown))
+    } else {
+        Ok((UpstreamKind::Directory, shown))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_options_helpers_and_other_transports() {
+        for bad in [
+            "-oProxyCommand=x",
+            "--upload-pack=x",
+            "fd::17",
+            "ext::sh -c x",
+            "ftp://h/x",
+            "relative/path",
+        ] {
+            assert!(check_upstream(bad).is_err(), "{bad}");
+        }
+        for good in [
+            "/abs",
+            "https://h/x",
+            "git@h:x.git",
+            "file:///x",
+            "ssh://h/x",
+        ] {
+            assert!(check_upstream(good).is_ok(), "{good}");
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! A workspace served over FUSE io_uring (`octofs serve --transport uring`): reads, writes,
+//! creates, renames, listings and `git status` work, `octofs status` says which transport a mount
+//! runs on, and the requests really are answered by the per-CPU ring threads (not the one
+//! `/dev/fuse` thread kept for FORGET and INTERRUPT). Skips, saying why, where the kernel has no
+//! FUSE over io_uring.
+
+mod common;
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const ENABLE: &str = "/sys/module/fuse/parameters/enable_uring";
+
+fn kernel_has_it() -> bool {
+    if Path::new(ENABLE).exists() {
+        return true;
+    }
+    eprintln!("skipped: this kernel has no FUSE over io_uring ({ENABLE} is missing)");
+    false
+}
+
+/// Voluntary context switches of the daemon's ring threads: each request served wakes one.
+fn ring_thread_wakeups(pid: u32) -> (usize, u64) {
+    let mut threads = 0;
+    let mut switches = 0;
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return (0, 0);
+    };
+    for t in tasks.flatten() {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("fuser-ring-") {
+            continue;
+        }
+        threads += 1;
+        let status = fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        switches += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    (threads, switches)
+}
+
+fn workspace(args: &[&str]) -> (tempfile::TempDir, Daemon, std::path::PathBuf) {
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    repo.write("README.md", "hello ring\n");
+    for i in 0..50 {
+        repo.write(&format!("src/f{i}.txt"), format!("file {i}\n"));
+    }
+    repo.commit_all("base", DATE1);
+    let mut d = Daemon::unstarted();
+    d.spawn_with(args);
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    d.cli_ok(["open", "t", "--project", "proj"]);
+    let mount = d.mount("t");
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    (src, d, mount)
+}
+
+#[test]
+fn a_workspace_served_over_io_uring_reads_writes_renames_and_runs_git() {
+    if !kernel_has_it() {
+        return;
+    }
+    let (_src, mut d, mnt) = workspace(&["--transport", "uring"]);
+    let status = d.cli_ok(["status", "t"]);
+    assert!(
+        status.contains("transport:     uring"),
+        "status should say uring:\n{status}"
+    );
+    let pid = d.pid().expect("daemon pid");
+    let (threads, before) = ring_thread_wakeups(pid);
+    let cpus = fs::read_to_string("/sys/devices/system/cpu/possible").unwrap_or_default();
+    assert!(threads >= 2, "ring threads: {threads} (cpus {cpus:?})");
+
+    let m = mnt.clone();
+    with_timeout(
+        "file operations over the ring",
+        Duration::from_secs(60),
+        move || {
+            let mnt = m;
+            assert_eq!(
+                fs::read_to_string(mnt.join("README.md")).unwrap(),
+                "hello ring\n"
+            );
+            for i in 0..50 {
+                let p = mnt.join(format!("src/f{i}.txt"));
+                assert_eq!(fs::read_to_string(&p).unwrap(), format!("file {i}\n"));
+            }
+            fs::create_dir_all(mnt.join("new/deep")).unwrap();
+            for i in 0..20 {
+                fs::write(mnt.join(format!("new/deep/n{i}")), vec![b'x'; 3000 + i]).unwrap();
+            }
+            // A write bigger than one page and than the kernel's default request size.
+            let big = pseudo_random(3 * 1024 * 1024 + 17, 5);
+            fs::write(mnt.join("new/big.bin"), &big).unwrap();
+            assert_eq!(fs::read(mnt.join("new/big.bin")).unwrap(), big);
+            fs::rename(mnt.join("new/deep/n0"), mnt.join("renamed")).unwrap();
+            fs::rename(mnt.join("src/f1.txt"), mnt.join("new/f1.txt")).unwrap();
+            fs::remove_file(mnt.join("src/f2.txt")).unwrap();
+            std::os::unix::fs::symlink("README.md", mnt.join("link")).unwrap();
+            assert_eq!(
+                fs::read_link(mnt.join("link")).unwrap(),
+                Path::new("README.md")
+            );
+            let mut names: Vec<String> = fs::read_dir(mnt.join("new/deep"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            assert_eq!(names.len(), 19, "{names:?}");
+            assert_eq!(fs::metadata(mnt.join("renamed")).unwrap().len(), 3000);
+        },
+    );
+    let out = run(
+        Command::new("git")
+            .arg("-C")
+            .arg(&mnt)
+            .args(["status", "--porcelain"]),
+        Duration::from_secs(60),
+    );
+    out.assert_ok();
+    let st = out.stdout_str();
+    for want in [
+        " D src/f1.txt",
+        " D src/f2.txt",
+        "?? link",
+        "?? new/",
+        "?? renamed",
+    ] {
+        assert!(st.contains(want), "git status lacks {want:?}:\n{st}");
+    }
+
+    let (_, after) = ring_thread_wakeups(pid);
+    eprintln!("ring threads: {threads}, wakeups: {}", after - before);
+    assert!(
+        after >= before + 100,
+        "the ring threads woke {} times for hundreds of requests: requests went elsewhere",
+        after - before
+    );
+    d.stop();
+}
+
+#[test]
+fn dev_transport_is_reported_and_has_no_ring_threads() {
+    if !kernel_has_it() {
+        return;
+    }
+    let (_src, mut d, mnt) = workspace(&["--transport", "dev"]);
+    assert_eq!(
+        fs::read_to_string(mnt.join("README.md")).unwrap(),
+        "hello ring\n"
+    );
+    let status = d.cli_ok(["status", "t"]);
+    assert!(status.contains("transport:     dev"), "{status}");
+    let (threads, _) = ring_thread_wakeups(d.pid().expect("pid"));
+    assert_eq!(threads, 0);
+    d.stop();
+}
+
+/// Serves with `--transport uring` and the fault `fault` injected in one ring entry's
+/// registration: opening a workspace must fail within a bounded time, saying why, leave nothing
+/// mounted and no caller blocked, and the daemon must go on serving (a `dev` daemon on the same
+/// state then mounts the workspace fine).
+fn registration_fault_fails_the_mount_cleanly(fault: &str) {
+    if !kernel_has_it() {
+        return;
+    }
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    repo.write("README.md", "hello ring\n");
+    repo.commit_all("base", DATE1);
+    let d = Daemon::unstarted();
+    let log = fs::File::create(d.base.join("fault.log")).expect("log");
+    let mut child = d
+        .command()
+        .args(["serve", "--transport", "uring"])
+        .env("OCTOFS_URING_FAULT", fault)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone().expect("dup"))
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .expect("spawn serve");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !(std::os::unix::net::UnixStream::connect(d.socket()).is_ok()
+            && d.cli(["list"]).success())
+        {
+            assert!(std::time::Instant::now() < deadline, "daemon not ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+        // A caller that enters the mount while the entries are (not) registering: the kernel holds
+        // its request; the abort must release it with an error.
+        let root = d.root.clone();
+        let caller = std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while mounts_under(&root).is_empty() {
+                if std::time::Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Some(try_run(
+                Command::new("stat").arg(root.join("t/README.md")),
+                Duration::from_secs(40),
+            ))
+        });
+        let t0 = std::time::Instant::now();
+        let out = d.cli(["open", "t", "--project", "proj"]);
+        assert!(!out.success(), "open should fail: {}", out.describe());
+        assert!(
+            out.stderr_str().contains("io_uring"),
+            "the error should name the transport: {}",
+            out.stderr_str()
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "took {:?}",
+            t0.elapsed()
+        );
+        assert!(
+            mounts_under(&d.root).is_empty(),
+            "left mounted: {:?}",
+            mounts_under(&d.root)
+        );
+        match caller.join().expect("caller thread") {
+            // The mount came and went before the caller looked: nothing could block.
+            None => {}
+            // Answered (before the abort, through /dev/fuse after a refused registration) or
+            // failed by the abort: either way it returned.
+            Some(Ok(_)) => {}
+            Some(Err(e)) => panic!("a caller stayed blocked in the failed mount: {e}"),
+        }
+        // The daemon still answers.
+        d.cli_ok(["list"]);
+    }));
+    let _ = d.cli(["stop"]);
+    if wait_timeout(&mut child, Duration::from_secs(20)).is_none() {
+        kill_child_group(&child);
+        let _ = child.wait();
+        umount_all_under(&d.root);
+        panic!("daemon did not stop after the failed mount");
+    }
+    if let Err(e) = result {
+        umount_all_under(&d.root);
+        eprintln!(
+            "--- daemon log ---\n{}",
+            fs::read_to_string(d.base.join("fault.log")).unwrap_or_default()
+        );
+        std::panic::resume_unwind(e);
+    }
+}
+
+#[test]
+fn a_refused_registration_aborts_the_mount_instead_of_hanging() {
+    registration_fault_fails_the_mount_cleanly("bad-queue");
+}
+
+#[test]
+fn an_entry_that_never_registers_aborts_the_mount_instead_of_hanging() {
+    registration_fault_fails_the_mount_cleanly("no-register");
+}
