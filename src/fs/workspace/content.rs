@@ -268,7 +268,9 @@ impl WorkspaceFs {
 
     /// Makes `fsync` of a file or directory durable for the catalog too: every batch appended
     /// before this call (so every change the caller was answered about) is on disk when it returns.
-    /// Not under the state lock: the log's own descriptor is synced, appends go on meanwhile.
+    /// Not under the state lock (the catalog's [`LogSync`]): appends go on meanwhile.
+    ///
+    /// [`LogSync`]: crate::cow::catalog::LogSync
     pub fn sync_catalog(&self) -> Result<(), Errno> {
         self.catalog_sync.sync().map_err(io_errno)
     }

@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use gix::ObjectId;
 
 use crate::cow::blobcache::BlobCache;
-use crate::cow::catalog::{BaseRef, Catalog, CatalogState, InodeRecord, Kind};
+use crate::cow::catalog::{BaseRef, Catalog, CatalogState, InodeRecord, Kind, LogSync};
 use crate::cow::upper::Upper;
 use crate::git::objects::{EntryKind, ObjectStore};
 
@@ -103,8 +103,8 @@ pub struct WorkspaceFs {
     any_xattr: AtomicBool,
     /// Signalled (with the state mutex) whenever an inode leaves [`State::copying`].
     copied: Condvar,
-    /// A second descriptor of the catalog's log: `fsync` makes it durable without the state lock.
-    catalog_sync: crate::cow::catalog::LogSync,
+    /// Syncs the catalog's log: `fsync` makes it durable without the state lock.
+    catalog_sync: LogSync,
 }
 
 /// Something the daemon changed in the workspace other than through a FUSE request, which the
