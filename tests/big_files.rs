@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
+/// What the commands that hash the whole 2 GiB file into the mirror may take on a loaded machine
+/// (46 s seen at load 10 on 2 vCPUs; the test is about memory and sparseness, not speed).
+const HASHING: Duration = Duration::from_secs(240);
 
 /// A `/proc/<pid>/status` field in bytes (`VmRSS`, `VmHWM`).
 fn vm(pid: u32, field: &str) -> u64 {
@@ -94,13 +97,13 @@ fn a_large_sparse_file_streams_in_bounded_memory_and_stays_sparse() {
             }
         },
     );
-    d.cli_ok(["snapshot", "big"]);
+    d.cli_ok_within(["snapshot", "big"], HASHING);
     eprintln!("snapshot after {:.1?}", started.elapsed());
     assert_bounded(pid, start_rss, "the snapshot");
     // Each phase on its own: the peak starts again from the current size.
     fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
     let start_rss = vm(pid, "VmRSS");
-    d.cli_ok(["release", "big"]);
+    d.cli_ok_within(["release", "big"], HASHING);
     // Nothing of the old blob cache: the resume reads the blob from the object store.
     let blobs = d.state.join("blobs");
     let mut cached = Vec::new();
@@ -108,7 +111,7 @@ fn a_large_sparse_file_streams_in_bounded_memory_and_stays_sparse() {
     for f in cached {
         fs::remove_file(f).unwrap();
     }
-    d.cli_ok(["open", "big", "--project", "proj"]);
+    d.cli_ok_within(["open", "big", "--project", "proj"], HASHING);
     let m = mount.clone();
     let back = with_timeout("reading back", Duration::from_secs(120), move || {
         let f = fs::File::open(m.join("sparse.bin")).unwrap();
@@ -186,6 +189,6 @@ fn a_large_sparse_file_streams_in_bounded_memory_and_stays_sparse() {
         on_disk / MIB,
         size / MIB
     );
-    d.cli_ok(["release", "big"]);
+    d.cli_ok_within(["release", "big"], HASHING);
     d.stop();
 }

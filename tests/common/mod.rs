@@ -389,6 +389,24 @@ impl Daemon {
         id
     }
 
+    /// Like [`Daemon::cli_ok`] with a longer limit, for commands whose work grows with the data
+    /// (hashing gigabytes into the mirror) and so with the machine's load.
+    #[track_caller]
+    pub fn cli_ok_within<I, S>(&self, args: I, limit: Duration) -> String
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let out = run(self.command().args(args), limit);
+        assert!(
+            out.success(),
+            "{}\n--- daemon log ---\n{}",
+            out.describe(),
+            self.log_tail()
+        );
+        out.stdout_str()
+    }
+
     /// Like [`Daemon::cli`] but asserts success and returns stdout.
     #[track_caller]
     pub fn cli_ok<I, S>(&self, args: I) -> String
