@@ -72,35 +72,25 @@ pub fn plan(
     exe: &Path,
 ) -> Result<RepoPlan, String> {
     let mirror = layout.mirror(&project.project);
-    let listing = crate::git!(Some(&mirror); "for-each-ref", "--format=%(objectname) %(refname) %(*objectname) %(symref)")
-        .map_err(|e| format!("cannot list the mirror's refs: {e}"))?;
+    let repo = crate::git::open_owned(&mirror)
+        .map_err(|e| format!("cannot open the mirror {}: {e}", mirror.display()))?;
     let has_origin = project.kind != UpstreamKind::Directory;
-    let mut refs = Vec::new();
-    let mut origin_head = None;
-    for line in listing.lines() {
-        let mut f = line.split(' ');
-        let (Some(oid), Some(name)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let peeled = f.next().filter(|p| !p.is_empty()).map(str::to_string);
-        let symref = f.next().filter(|s| !s.is_empty());
-        if name.starts_with("refs/octomate/") {
-            continue;
-        }
-        let keep = name.starts_with("refs/tags/")
-            || (has_origin && name.starts_with("refs/remotes/origin/"))
-            || (!has_origin && name.starts_with("refs/heads/"));
-        if !keep {
-            continue;
-        }
-        if let Some(target) = symref {
-            if name == "refs/remotes/origin/HEAD" {
-                origin_head = Some(target.to_string());
-            }
-            continue;
-        }
-        refs.push((name.to_string(), oid.to_string(), peeled));
-    }
+    let keep = |name: &str| {
+        !name.starts_with("refs/octomate/")
+            && (name.starts_with("refs/tags/")
+                || (has_origin && name.starts_with("refs/remotes/origin/"))
+                || (!has_origin && name.starts_with("refs/heads/")))
+    };
+    let listed = mirror_refs(&repo)?;
+    let origin_head = listed.symbolic.into_iter().find_map(|(name, target)| {
+        (name == "refs/remotes/origin/HEAD" && keep(&name)).then_some(target)
+    });
+    let mut refs: Vec<(String, String, Option<String>)> = listed
+        .direct
+        .into_iter()
+        .filter(|(name, _, _)| keep(name))
+        .map(|(name, id, peeled)| (name, id.to_string(), peeled.map(|p| p.to_string())))
+        .collect();
     if let Some(branch) = branch {
         let head_ref = format!("refs/heads/{branch}");
         refs.retain(|(n, _, _)| *n != head_ref);
@@ -132,6 +122,55 @@ pub fn plan(
     })
 }
 
+/// A repository's refs under `refs/`, read in process (what `git for-each-ref` lists).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct MirrorRefs {
+    /// (name, object id, the object an annotated tag peels to), sorted by name.
+    pub direct: Vec<(String, gix::ObjectId, Option<gix::ObjectId>)>,
+    /// (name, target name) of every symbolic ref, sorted by name.
+    pub symbolic: Vec<(String, String)>,
+}
+
+/// Lists the refs of `repo` (loose and packed) with gix: no `git for-each-ref` subprocess on the
+/// open path. A tag object is peeled to the first object that is not a tag (what `packed-refs`
+/// calls fully peeled); packed-refs' own peeled ids are used when present, so only loose refs cost
+/// an object lookup. A ref whose object is missing is listed without a peeled id.
+pub fn mirror_refs(repo: &gix::Repository) -> Result<MirrorRefs, String> {
+    let err = |e: &dyn std::fmt::Display| format!("cannot list the mirror's refs: {e}");
+    let platform = repo.references().map_err(|e| err(&e))?;
+    let mut out = MirrorRefs::default();
+    for r in platform.all().map_err(|e| err(&e))? {
+        let r = r.map_err(|e| err(&e))?;
+        let name = r.name().as_bstr().to_string();
+        if !name.starts_with("refs/") {
+            continue;
+        }
+        match r.target() {
+            gix::refs::TargetRef::Symbolic(target) => {
+                out.symbolic.push((name, target.as_bstr().to_string()));
+            }
+            gix::refs::TargetRef::Object(id) => {
+                let id = id.to_owned();
+                let peeled = match r.inner.peeled {
+                    Some(p) => Some(p),
+                    None => match repo.find_header(id) {
+                        Ok(h) if h.kind() == gix::object::Kind::Tag => repo
+                            .find_object(id)
+                            .ok()
+                            .and_then(|o| o.peel_tags_to_end().ok())
+                            .map(|o| o.id),
+                        _ => None,
+                    },
+                };
+                out.direct.push((name, id, peeled.filter(|p| *p != id)));
+            }
+        }
+    }
+    out.direct.sort();
+    out.symbolic.sort();
+    Ok(out)
+}
+
 /// The index of `index_tree` for a workspace whose files are `worktree_tree`, presented to owner
 /// `uid`/`gid` with base time `time`: an entry whose blob and mode are the same in both trees gets
 /// exactly the stat data the mount presents (git re-reads nothing); any other gets none, so git
@@ -147,9 +186,9 @@ pub fn shared_index(
     uid: u32,
     gid: u32,
 ) -> Result<PathBuf, String> {
+    let path = shared_index_path(layout, index_tree, worktree_tree, uid, gid);
     let dir = layout.state.join("indexes");
     let key = format!("{index_tree}-{worktree_tree}-{uid}-{gid}");
-    let path = dir.join(&key);
     if path.exists() {
         return Ok(path);
     }
@@ -226,6 +265,20 @@ pub fn shared_index(
         return Err(format!("cannot write the shared index: {e}"));
     }
     Ok(path)
+}
+
+/// Where [`shared_index`] keeps the index of (`index_tree`, `worktree_tree`) for owner `uid`/`gid`.
+pub fn shared_index_path(
+    layout: &Layout,
+    index_tree: gix::ObjectId,
+    worktree_tree: gix::ObjectId,
+    uid: u32,
+    gid: u32,
+) -> PathBuf {
+    layout
+        .state
+        .join("indexes")
+        .join(format!("{index_tree}-{worktree_tree}-{uid}-{gid}"))
 }
 
 /// The index stat data of a base entry presented as `st`: what git finds when it `lstat`s the file

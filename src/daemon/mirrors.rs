@@ -2,18 +2,74 @@
 //! repository chat workspaces fork from, and the cache of open object stores the mounts read.
 //!
 //! Mechanism (cloning, fetching, credentials) is `git::mirror`; this module only serializes it per
-//! project and decides who loses the read grant when a project's access list changes.
+//! project, decides who loses the read grant when a project's access list changes, and starts the
+//! background build of the shared index of each project's default branch (after `mirror add`, after
+//! a sync, at daemon start) so that the first fork of a base does not pay for it. The build itself
+//! is `repo::shared_index`; it runs on a thread of its own, holding only its `index:` lock.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::error::{Context, Error};
 use super::proto::{Access, MirrorInfo, SyncOutcome};
-use super::{Daemon, Reply, lock};
+use super::{Daemon, KeyedLocks, Reply, lock};
 use crate::access::Caller;
 use crate::git::Git;
 use crate::git::mirror::{self, Project, UpstreamKind};
 use crate::git::objects::ObjectStore;
+use crate::layout::Layout;
 use crate::names::{NameKind, validate};
+use crate::workspace::{Binding, Owner, WorkspaceRecord};
+
+/// One shared index to build ahead of the first fork that needs it.
+pub(super) struct IndexJob {
+    project: String,
+    store: Arc<ObjectStore>,
+    tree: gix::ObjectId,
+    time: i64,
+    owner: Owner,
+}
+
+/// The keyed lock every build of the shared index of (`index_tree`, `worktree_tree`) holds: a fork
+/// that finds a build under way waits for it instead of building a second one.
+pub(super) fn index_lock_key(index_tree: gix::ObjectId, worktree_tree: gix::ObjectId) -> String {
+    format!("index:{index_tree}-{worktree_tree}")
+}
+
+/// Builds `jobs` one after the other, each under its `index:` lock and nothing else. A failure is
+/// logged: the fork that needs that index builds it then, as it would have without the job.
+fn run_index_jobs(layout: &Layout, locks: &KeyedLocks, jobs: Vec<IndexJob>) {
+    for job in jobs {
+        let l = locks.get(&index_lock_key(job.tree, job.tree));
+        let _g = lock(&l);
+        let started = Instant::now();
+        let done = crate::repo::shared_index(
+            layout,
+            &job.store,
+            job.tree,
+            job.tree,
+            job.time,
+            job.owner.uid,
+            job.owner.gid,
+        );
+        match done {
+            Ok(_) => tracing::info!(
+                project = %job.project,
+                tree = %job.tree,
+                uid = job.owner.uid,
+                gid = job.owner.gid,
+                ms = started.elapsed().as_millis() as u64,
+                "shared index ready"
+            ),
+            Err(e) => tracing::warn!(
+                project = %job.project,
+                tree = %job.tree,
+                uid = job.owner.uid,
+                "cannot build the shared index ahead of time (the first fork will): {e}"
+            ),
+        }
+    }
+}
 
 /// The internal project every chat workspace forks from (a name users cannot pick).
 pub const BLANK: &str = ".blank";
@@ -48,7 +104,100 @@ impl Daemon {
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
         let info = mirror::add(&self.layout, project, upstream, credential, access)?;
+        drop(_g);
+        self.spawn_index_builds(self.index_jobs(project));
         Ok((info, vec![]))
+    }
+
+    /// The shared indexes of `project`'s default branch (the mirror's HEAD) that are missing: one per
+    /// owner a fork of it is likely to have — root, the daemon's own user, and the owner of every
+    /// workspace record and thread binding of the project. Reads records and the mirror's HEAD; takes
+    /// no keyed lock.
+    pub(super) fn index_jobs(&self, project: &str) -> Vec<IndexJob> {
+        let store = match self.store(project) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(%project, "cannot prebuild the shared index: {e}");
+                return Vec::new();
+            }
+        };
+        // A mirror without commits has nothing to index.
+        let Ok(base) = store.resolve(None) else {
+            return Vec::new();
+        };
+        let mut owners = vec![
+            Owner { uid: 0, gid: 0 },
+            Owner {
+                uid: crate::sys::euid(),
+                gid: crate::sys::egid(),
+            },
+        ];
+        match WorkspaceRecord::list(&self.layout) {
+            Ok(recs) => owners.extend(
+                recs.into_iter()
+                    .filter(|r| r.project == project)
+                    .map(|r| r.owner),
+            ),
+            Err(e) => tracing::warn!("cannot list the workspaces: {e}"),
+        }
+        match Binding::list(&self.layout) {
+            Ok(bs) => owners.extend(
+                bs.into_iter()
+                    .filter(|b| b.project == project)
+                    .map(|b| b.owner),
+            ),
+            Err(e) => tracing::warn!("cannot list the threads: {e}"),
+        }
+        owners.sort_by_key(|o| (o.uid, o.gid));
+        owners.dedup_by_key(|o| (o.uid, o.gid));
+        owners
+            .into_iter()
+            .filter(|o| {
+                !crate::repo::shared_index_path(&self.layout, base.tree, base.tree, o.uid, o.gid)
+                    .exists()
+            })
+            .map(|owner| IndexJob {
+                project: project.to_string(),
+                store: store.clone(),
+                tree: base.tree,
+                time: base.time,
+                owner,
+            })
+            .collect()
+    }
+
+    /// Builds `jobs` on a background thread (never on the caller's, never under a lock the caller
+    /// holds). Without a thread (the system refuses one) the jobs are dropped: forks build what
+    /// they need, as they would have.
+    pub(super) fn spawn_index_builds(&self, jobs: Vec<IndexJob>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let layout = self.layout.clone();
+        let locks = self.locks.clone();
+        let spawned = std::thread::Builder::new()
+            .name("octofs-index".into())
+            .spawn(move || run_index_jobs(&layout, &locks, jobs));
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start the shared index build: {e}");
+        }
+    }
+
+    /// At start: the missing default-branch indexes of every project, built one after the other on
+    /// one background thread.
+    pub(super) fn prebuild_all_indexes(&self) {
+        let projects = match mirror::list(&self.layout) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!("cannot list the projects to prebuild their indexes: {e}");
+                return;
+            }
+        };
+        let jobs = projects
+            .iter()
+            .flat_map(|m| self.index_jobs(&m.project.project))
+            .collect();
+        self.spawn_index_builds(jobs);
     }
 
     /// Who may bind `project`; replaced first when `access` is given.
@@ -102,6 +251,10 @@ impl Daemon {
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
         let out = mirror::sync(&self.layout, project, self.settings.freshness_secs)?;
+        drop(_g);
+        // Also after a sync that moved nothing: it costs one `stat` per owner when the index is
+        // there, and builds it when it is not (a new owner, an index removed).
+        self.spawn_index_builds(self.index_jobs(project));
         let warnings = out.warning.iter().cloned().collect();
         Ok((out, warnings))
     }

@@ -112,7 +112,7 @@ pub struct Daemon {
     /// The workspaces being served, by thread.
     mounts: Mutex<HashMap<String, Mounted>>,
     /// `project:<name>`, `thread:<name>` and `index:<trees>` locks.
-    locks: KeyedLocks,
+    locks: Arc<KeyedLocks>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -131,7 +131,7 @@ impl Daemon {
             blobs: Arc::new(blobs),
             stores: Mutex::new(HashMap::new()),
             mounts: Mutex::new(HashMap::new()),
-            locks: KeyedLocks::default(),
+            locks: Arc::default(),
         })
     }
 }
@@ -203,6 +203,7 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
 
     let daemon = Arc::new(Daemon::new(layout.clone(), settings)?);
     daemon.remount_all();
+    daemon.prebuild_all_indexes();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

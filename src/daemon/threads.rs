@@ -293,9 +293,10 @@ impl Daemon {
                 &exe,
             )?;
             let index = {
-                let il = self
-                    .locks
-                    .get(&format!("index:{}-{}", fork.index_tree, fork.base_tree));
+                let il = self.locks.get(&super::mirrors::index_lock_key(
+                    fork.index_tree,
+                    fork.base_tree,
+                ));
                 let _ig = lock(&il);
                 crate::repo::shared_index(
                     &self.layout,
