@@ -22,7 +22,7 @@ pub fn describe_errno(e: fuser::Errno) -> String {
 }
 
 /// The symbolic name of the errnos a workspace operation can end with.
-fn name(code: i32) -> Option<&'static str> {
+pub fn name(code: i32) -> Option<&'static str> {
     Some(match code {
         libc::EPERM => "EPERM",
         libc::ENOENT => "ENOENT",

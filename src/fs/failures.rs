@@ -44,41 +44,13 @@ pub fn failed(cx: &Cx, e: Errno) -> Errno {
     e
 }
 
-/// The symbolic name of an errno (`ENOENT`), or its number for one without a name here.
+/// The symbolic name of an errno (`ENOENT`), or its number for one without a name
+/// ([`crate::errno::name`]).
 pub fn errno_name(e: Errno) -> std::borrow::Cow<'static, str> {
-    let name = match e.code() {
-        libc::EPERM => "EPERM",
-        libc::ENOENT => "ENOENT",
-        libc::EIO => "EIO",
-        libc::ENXIO => "ENXIO",
-        libc::E2BIG => "E2BIG",
-        libc::EBADF => "EBADF",
-        libc::EAGAIN => "EAGAIN",
-        libc::ENOMEM => "ENOMEM",
-        libc::EACCES => "EACCES",
-        libc::EBUSY => "EBUSY",
-        libc::EEXIST => "EEXIST",
-        libc::EXDEV => "EXDEV",
-        libc::ENOTDIR => "ENOTDIR",
-        libc::EISDIR => "EISDIR",
-        libc::EINVAL => "EINVAL",
-        libc::EMFILE => "EMFILE",
-        libc::EFBIG => "EFBIG",
-        libc::ENOSPC => "ENOSPC",
-        libc::EROFS => "EROFS",
-        libc::EMLINK => "EMLINK",
-        libc::ERANGE => "ERANGE",
-        libc::ENAMETOOLONG => "ENAMETOOLONG",
-        libc::ENOSYS => "ENOSYS",
-        libc::ENOTEMPTY => "ENOTEMPTY",
-        libc::ELOOP => "ELOOP",
-        libc::ENODATA => "ENODATA",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::EDQUOT => "EDQUOT",
-        libc::ESTALE => "ESTALE",
-        n => return format!("errno {n}").into(),
-    };
-    name.into()
+    match crate::errno::name(e.code()) {
+        Some(name) => name.into(),
+        None => format!("errno {}", e.code()).into(),
+    }
 }
 
 #[cfg(test)]
