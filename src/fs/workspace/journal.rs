@@ -148,7 +148,7 @@ impl WorkspaceFs {
             return match self.changes() {
                 Ok(changes) => {
                     let st = self.lock();
-                    let mut paths: Vec<Vec<u8>> = changes
+                    let paths: Vec<Vec<u8>> = changes
                         .into_iter()
                         .map(|c| {
                             let mut p = c.path.into_bytes();
@@ -158,32 +158,31 @@ impl WorkspaceFs {
                             p
                         })
                         .collect();
-                    for n in st.live.inodes.values().filter(|n| n.writers > 0) {
-                        match Self::path_of(&st, n.rec.ino) {
-                            Some(p) => paths.push(p),
-                            None => return (new, Changed::Everything),
-                        }
-                    }
-                    paths.sort();
-                    paths.dedup();
-                    (new, Changed::Paths(paths))
+                    (new, Self::with_open_writers(&st, paths))
                 }
                 Err(_) => (new, Changed::Everything),
             };
         }
         let st = self.lock();
         let new = st.journal.token();
-        let Some(mut paths) = st.journal.since(token) else {
+        let Some(paths) = st.journal.since(token) else {
             return (new, Changed::Everything);
         };
+        (new, Self::with_open_writers(&st, paths))
+    }
+
+    /// `paths` plus every file open for writing right now (its content may change without a
+    /// journal entry until it is closed), sorted and without repeats; everything when the path of
+    /// such a file cannot be told.
+    fn with_open_writers(st: &State, mut paths: Vec<Vec<u8>>) -> Changed {
         for n in st.live.inodes.values().filter(|n| n.writers > 0) {
-            match Self::path_of(&st, n.rec.ino) {
+            match Self::path_of(st, n.rec.ino) {
                 Some(p) => paths.push(p),
-                None => return (new, Changed::Everything),
+                None => return Changed::Everything,
             }
         }
         paths.sort();
         paths.dedup();
-        (new, Changed::Paths(paths))
+        Changed::Paths(paths)
     }
 }
