@@ -3,9 +3,10 @@
 //!
 //! Mechanism (cloning, fetching, credentials) is `git::mirror`; this module only serializes it per
 //! project, decides who loses the read grant when a project's access list changes, and starts the
-//! background build of the shared index of each project's default branch (after `mirror add`, after
-//! a sync, at daemon start) so that the first fork of a base does not pay for it. The build itself
-//! is `repo::shared_index`; it runs on a thread of its own, holding only its `index:` lock.
+//! build of the shared index of each project's default branch ahead of the first fork, so that fork
+//! does not pay for it: before `mirror add` and `mirror sync` answer (outside the project's lock,
+//! so the mirror is never held by it), and on a background thread at daemon start. The build itself
+//! is `repo::shared_index`, holding only its `index:` lock.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -105,7 +106,10 @@ impl Daemon {
         let _g = lock(&l);
         let info = mirror::add(&self.layout, project, upstream, credential, access)?;
         drop(_g);
-        self.spawn_index_builds(self.index_jobs(project));
+        // Before the answer: a caller that forks right after `mirror add` finds the index, and the
+        // state directory does not change behind a command that follows (a build still writing its
+        // temporary file when the next command runs would look like that command's doing).
+        run_index_jobs(&self.layout, &self.locks, self.index_jobs(project));
         Ok((info, vec![]))
     }
 
@@ -253,8 +257,9 @@ impl Daemon {
         let out = mirror::sync(&self.layout, project, self.settings.freshness_secs)?;
         drop(_g);
         // Also after a sync that moved nothing: it costs one `stat` per owner when the index is
-        // there, and builds it when it is not (a new owner, an index removed).
-        self.spawn_index_builds(self.index_jobs(project));
+        // there, and builds it when it is not (a new owner, an index removed). Before the answer,
+        // as after `mirror add`.
+        run_index_jobs(&self.layout, &self.locks, self.index_jobs(project));
         let warnings = out.warning.iter().cloned().collect();
         Ok((out, warnings))
     }
