@@ -136,6 +136,10 @@ enum Cmd {
         version: Option<String>,
         token: Option<String>,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell)
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (octofs.1 and one per command, e.g. octofs-mirror-add.1) into DIR
+    Man { dir: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -204,6 +208,18 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
 
 fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
     match cmd {
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "octofs", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Man { dir } => {
+            use clap::CommandFactory;
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .map_err(|e| format!("cannot write the man pages into {}: {e}", dir.display()))
+        }
         Cmd::Serve {
             freshness,
             passthrough,
