@@ -140,6 +140,16 @@ enum Cmd {
     Completions { shell: clap_complete::Shell },
     /// Write the man pages (octofs.1 and one per command, e.g. octofs-mirror-add.1) into DIR
     Man { dir: PathBuf },
+    /// Find stale or hung mounts, orphaned or broken workspaces, corrupt cache files and indexes,
+    /// and moved mirrors; exits non-zero while anything is left unresolved
+    Doctor {
+        /// Repair what is safe: unmount stale mounts, remove corrupt derived data, move broken
+        /// workspaces to <state>/quarantine (never delete them)
+        #[arg(long)]
+        fix: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -212,6 +222,21 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "octofs", &mut std::io::stdout());
             Ok(())
+        }
+        Cmd::Doctor { fix, json } => {
+            let r = octofs::doctor::run(layout, fix);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&r).map_err(|e| format!("cannot encode: {e}"))?
+                );
+            } else {
+                octofs::doctor::print(&r, fix);
+            }
+            match r.unresolved() {
+                0 => Ok(()),
+                n => Err(format!("{n} finding(s) unresolved")),
+            }
         }
         Cmd::Man { dir } => {
             use clap::CommandFactory;
