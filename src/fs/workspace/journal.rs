@@ -28,6 +28,9 @@ const JOURNAL_MAX: usize = 1 << 16;
 /// examining every file. Answered from the catalog (what differs from the base), not the journal.
 pub const BASE_TOKEN: &str = "octofs:base";
 
+/// One journal entry for a watcher: the token naming the state just after it, and the path.
+pub type Watched = (String, Vec<u8>);
+
 /// What changed since an fsmonitor token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Changed {
@@ -145,7 +148,7 @@ impl WorkspaceFs {
     /// is retained, or a change whose path could not be told): the watcher must rescan. Unlike the
     /// fsmonitor query, files open for writing are not added: a watcher sees a write when it is
     /// closed.
-    pub fn watch_query(&self, token: &str) -> (String, Option<Vec<(String, Vec<u8>)>>) {
+    pub fn watch_query(&self, token: &str) -> (String, Option<Vec<Watched>>) {
         let st = self.lock();
         let j = &st.journal;
         let new = j.token();
