@@ -35,8 +35,14 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A layer that reports its failures as one line (records, names, the workspace's `.git`
-    /// reader, repository seeding).
+    /// A thread's binding or workspace record could not be read or written.
+    #[error(transparent)]
+    Record(#[from] crate::records::RecordError),
+    /// A thread or project name was refused.
+    #[error(transparent)]
+    Name(#[from] crate::names::InvalidName),
+    /// A layer that reports its failures as one line (the workspace's `.git` reader, repository
+    /// seeding).
     #[error("{0}")]
     Layer(String),
 }
