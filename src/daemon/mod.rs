@@ -20,6 +20,7 @@
 //! - [`proto`]: the request and reply types of the control protocol.
 
 mod authz;
+mod commit;
 mod diff;
 pub mod error;
 mod mirrors;
@@ -27,6 +28,7 @@ mod mounts;
 pub mod notify;
 mod posix;
 pub mod proto;
+mod push;
 mod server;
 mod snapshot;
 mod status;

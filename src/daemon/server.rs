@@ -98,6 +98,26 @@ impl Daemon {
                 answer(Ok((Ack("stopping".into()), vec![])))
             }
             Request::Watch { thread, token } => answer(self.watch(&thread, &token, c)),
+            Request::Commit {
+                thread,
+                message,
+                paths,
+                gates,
+            } => answer(self.commit(&thread, &message, &paths, &gates, c)),
+            Request::Push {
+                thread,
+                remote,
+                branch,
+                lease,
+                gates,
+            } => answer(self.push(
+                &thread,
+                remote.as_deref(),
+                branch.as_deref(),
+                lease.as_deref(),
+                &gates,
+                c,
+            )),
         }
     }
 }

@@ -176,6 +176,13 @@ fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, Stri
     }
 }
 
+/// Whether each of `paths` (files) is ignored by the workspace's rules, exactly as [`keep`] decides
+/// for an untracked path (whether it is tracked does not matter here): the commit gate `excludes`.
+pub fn ignored(core: &WorkspaceFs, paths: &[&[u8]]) -> Result<Vec<bool>, String> {
+    let mut rules = Rules::new(core)?;
+    paths.iter().map(|p| rules.ignored(p, false)).collect()
+}
+
 /// The ignore state of one directory of the workspace.
 struct DirRules {
     /// The directory is ignored (so is everything below it).
