@@ -69,6 +69,40 @@ pub(super) fn check_gates(
     }
 }
 
+/// Carries the stat data of the workspace's current index over to `index` (built from the new
+/// tree, without any) for every entry whose object and mode did not change, so that `git status`
+/// after the commit re-reads only what the commit changed, not every file. An entry git would
+/// consider racily clean (modified in or after the second the old index was written) keeps no
+/// stat, so its content is compared. Without a readable old index nothing is carried (slower, not
+/// wrong).
+fn keep_stat(core: &WorkspaceFs, state: &std::path::Path, index: &mut gix::index::File) {
+    use std::ffi::OsStr;
+    let old_written = core
+        .lookup(ROOT_INO, OsStr::new(".git"))
+        .and_then(|git| {
+            core.forget(git.ino.0, 1);
+            core.lookup(git.ino.0, OsStr::new("index"))
+        })
+        .map(|attr| {
+            core.forget(attr.ino.0, 1);
+            attr.mtime
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        });
+    let (Ok(old), Ok(written)) = (add_all::read_index(core, state), old_written) else {
+        return;
+    };
+    for (e, path) in index.entries_mut_with_paths() {
+        if let Some(o) = old.entry_by_path(path)
+            && o.id == e.id
+            && o.mode == e.mode
+            && u64::from(o.stat.mtime.secs) < written
+        {
+            e.stat = o.stat;
+        }
+    }
+}
+
 /// Replaces the workspace's `.git/index` the way git does: the new index complete in
 /// `.git/index.lock`, renamed over `.git/index` (the index a workspace starts with is a shared
 /// host-wide file, which cannot be rewritten in place). A present `index.lock` means git is at
@@ -193,10 +227,11 @@ impl Daemon {
         let commit = snap::write_commit(&repo, tree, vec![head], message)?;
         // The index first (a crash leaves the old HEAD with an index of the new tree: `git status`
         // shows the commit's changes staged, nothing lost), then the branch.
-        let index = repo.index_from_tree(&tree).map_err(|e| Error::Op {
+        let mut index = repo.index_from_tree(&tree).map_err(|e| Error::Op {
             what: "cannot build the index of the new commit".into(),
             source: Box::new(e),
         })?;
+        keep_stat(&core, &self.layout.state, &mut index);
         let mut bytes = Vec::new();
         index
             .write_to(&mut bytes, Default::default())

@@ -136,7 +136,7 @@ fn core_kind(core: &WorkspaceFs, path: &[u8]) -> Result<Option<fuser::FileType>,
 
 /// The workspace's index (`.git/index`; empty when there is none), read from a private copy. A
 /// split index (`core.splitIndex`) names its shared part, which is copied beside it on demand.
-fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, String> {
+pub(crate) fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, String> {
     let scratch = Scratch::new(state, "index")?;
     let path = scratch.path().join("index");
     if !scratch.copy_in(core, &[b".git", b"index"], Path::new("index"))? {
