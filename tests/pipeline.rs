@@ -383,3 +383,27 @@ fn push_reaches_a_bare_upstream_within_its_lease_and_gates() {
     );
     assert_eq!(g(&bare, &["rev-parse", "main"]), c4);
 }
+
+#[test]
+fn commit_and_push_on_top_of_the_agents_own_commit() {
+    // The agent committed with its own git (the commit is only in the workspace's objects): an
+    // `octofs commit` goes on top of it, and a push carries both.
+    let d = Daemon::start();
+    let bare = bare_project(&d, "p", FILES);
+    let ws = d.open_thread("t6", &["--project", "p"]);
+    put(&ws, "a.txt", b"by the agent\n");
+    g(&ws, &["commit", "-q", "-am", "agent's own"]);
+    let agents = g(&ws, &["rev-parse", "HEAD"]);
+    put(&ws, "c.txt", b"by octofs commit\n");
+    let id = d
+        .cli_ok(["commit", "t6", "-m", "on top"])
+        .trim()
+        .to_string();
+    assert_eq!(g(&ws, &["rev-parse", "HEAD^"]), agents);
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), id);
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    let own = g(&ws, &["symbolic-ref", "--short", "HEAD"]);
+    d.cli_ok(["push", "t6"]);
+    assert_eq!(g(&bare, &["rev-parse", &own]), id);
+    assert_eq!(g(&bare, &["rev-parse", &format!("{own}^")]), agents);
+}
