@@ -747,7 +747,7 @@ fn release_when_idle_waits_for_the_last_process() {
 // ---------------------------------------------------------------------------------------------
 // 5. Figures
 
-/// Builds a repository of `n` small files with one `git fast-import`, checked out.
+/// Builds a repository of `n` small files with one `git fast-import` (nothing checked out).
 fn generated_repo(path: &Path, n: usize) -> GitRepo {
     let repo = GitRepo::init(path);
     let mut stream = Vec::new();
@@ -784,7 +784,7 @@ fn generated_repo(path: &Path, n: usize) -> GitRepo {
         Duration::from_secs(120),
     )
     .assert_ok();
-    repo.git(["checkout", "-q", "-f", "main"]);
+    // Not checked out: the mirror clones the history, and 100k files would only cost time here.
     repo
 }
 
@@ -833,6 +833,17 @@ fn fork_of_a_large_workspace_is_o1() {
         d.cli_ok_within(["fork", "src", &to], Duration::from_secs(60));
         times.push(t0.elapsed());
         disks.push(disk_usage(&d.state.join("workspaces").join(&to)));
+        if i == 0 {
+            let out = run(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg("du -ab \"$1\" | sort -n | tail -6")
+                    .arg("sh")
+                    .arg(d.state.join("workspaces").join(&to)),
+                CMD_TIMEOUT,
+            );
+            eprintln!("the largest parts of a fork's state:\n{}", out.stdout_str());
+        }
         let m = d.mount(&to);
         let p = m.join("d000/s0/f0.txt");
         assert_eq!(read_ws(&p).unwrap(), b"file 0\nchanged\n");
@@ -846,10 +857,12 @@ fn fork_of_a_large_workspace_is_o1() {
          {disks:?} bytes; mirror growth over 10 forks: {mirror_growth} bytes",
         sorted[5], sorted[9]
     );
+    // O(changed paths), never O(files) nor a copy of the changed files' content: 1,000 copied
+    // files would take at least 4 MiB of blocks on their own, a copied 100k-entry index ~10 MiB.
     for (i, b) in disks.iter().enumerate() {
         assert!(
-            *b <= 1 << 20,
-            "fork f{i} takes {b} bytes of disk (more than 1 MiB)"
+            *b <= 3 << 20,
+            "fork f{i} takes {b} bytes of disk (more than 3 MiB)"
         );
     }
     for i in 0..10 {

@@ -172,6 +172,7 @@ impl Daemon {
             gid: c.gid,
         };
 
+        let started = std::time::Instant::now();
         // 1. The source's state: a snapshot of the live workspace (unchanged since the last one:
         // the same commit, nothing written), or the released thread's last one.
         let state = match &live {
@@ -184,6 +185,7 @@ impl Daemon {
                 snap::read_ref(&repo, &snap::thread_ref(from))
             }
         };
+        let saved_in = started.elapsed();
         let ignored = match (&live, copy_ignored) {
             (Some(r), true) => self.small_ignored_files(r)?,
             _ => Vec::new(),
@@ -256,6 +258,7 @@ impl Daemon {
             created: now(),
             owner: me,
         };
+        let filed_in = started.elapsed();
         let made = (|| {
             let fork = self.resume_fork(to, &binding)?;
             self.create(to, fork, me)?;
@@ -279,7 +282,13 @@ impl Daemon {
                 Err(e) => warnings.push(format!("the small ignored files were not copied: {e}")),
             }
         }
-        tracing::info!(%from, %to, %commit, "carried a thread's state");
+        tracing::info!(
+            %from, %to, %commit,
+            source_saved_ms = saved_in.as_millis() as u64,
+            filed_ms = filed_in.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "carried a thread's state"
+        );
         Ok((
             Forked {
                 thread: to.into(),

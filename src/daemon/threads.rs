@@ -1,6 +1,7 @@
 //! A thread's workspace lifecycle (seed 000 "Forking", "Restoring", "Reclaiming", "Binding",
-//! "The chat workspace"): open (fork, resume, or share the live mount), release and sweep. Saving
-//! is `super::snapshot`.
+//! "The chat workspace"): open (fork, resume, or share the live mount), release (now, or when the
+//! mount's last process has left) and sweep. Saving is `super::snapshot`; carrying a state to a new
+//! thread is `super::moves`.
 //!
 //! Policy only: the mechanisms are the filesystem core, `repo` (the workspace's `.git`) and the
 //! records of `workspace`. Nothing here runs git in a workspace or reads one through its mount.
