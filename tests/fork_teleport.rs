@@ -355,6 +355,37 @@ fn fork_carries_the_live_state_and_leaves_the_source_running() {
             .ends_with(b"through the held fd\n")
     );
 
+    // A change made after the source's last save reaches the next fork; a fork of an unchanged
+    // source carries the same tree again (without a new snapshot of the source).
+    d.snapshot_id("src");
+    let s2 = src.clone();
+    fsop("a change after the save", move || {
+        write_file(&s2.join("after-save.txt"), b"after\n", 0o644)
+    });
+    d.cli_ok(["fork", "src", "dst2"]);
+    assert_eq!(
+        read_ws(&d.mount("dst2").join("after-save.txt")).unwrap(),
+        b"after\n"
+    );
+    let saved = thread_ref(&d, "p", "src").unwrap();
+    d.cli_ok(["fork", "src", "dst3"]);
+    assert_eq!(
+        thread_ref(&d, "p", "src").unwrap(),
+        saved,
+        "an unchanged source was saved again"
+    );
+    let tree = |t: &str| {
+        g(
+            &d.mirror("p"),
+            &[
+                "rev-parse",
+                &format!("{}^{{tree}}", thread_ref(&d, "p", t).unwrap()),
+            ],
+        )
+    };
+    assert_eq!(tree("dst3"), tree("dst2"));
+    assert_eq!(tree("dst3"), tree("src"));
+
     // The fork's state is filed under its own ref; its snapshots chain from there, and it is
     // its caller's, bound to the project.
     let first = thread_ref(&d, "p", "dst").expect("refs/octomate/threads/dst");
@@ -400,7 +431,7 @@ fn fork_carries_the_live_state_and_leaves_the_source_running() {
     );
 
     drop(_sleeper);
-    for t in ["src", "dst", "feat2", "feat3"] {
+    for t in ["src", "dst", "dst2", "dst3", "feat2", "feat3"] {
         d.cli_ok(["release", t]);
     }
 }

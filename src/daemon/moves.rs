@@ -176,10 +176,13 @@ impl Daemon {
         // 1. The source's state: a snapshot of the live workspace (unchanged since the last one:
         // the same commit, nothing written), or the released thread's last one.
         let state = match &live {
-            Some(_) => {
-                let s = self.snapshot_locked(from)?;
-                Some(gix::ObjectId::from_hex(s.as_bytes()).map_err(|e| e.to_string())?)
-            }
+            Some(r) => match self.unchanged_since_saved(r)? {
+                Some(s) => Some(s),
+                None => {
+                    let s = self.snapshot_locked(from)?;
+                    Some(gix::ObjectId::from_hex(s.as_bytes()).map_err(|e| e.to_string())?)
+                }
+            },
             None => {
                 let repo = snap::open(&self.layout.mirror(&project))?;
                 snap::read_ref(&repo, &snap::thread_ref(from))
@@ -300,6 +303,33 @@ impl Daemon {
             },
             warnings,
         ))
+    }
+
+    /// The last snapshot of a live workspace when nothing in it changed since (no write, no file
+    /// open for writing, its ref still there): what a new snapshot would be, without reading the
+    /// changes again (a fork of a workspace saved at the end of its turn, or forked twice).
+    fn unchanged_since_saved(&self, rec: &WorkspaceRecord) -> Result<Option<gix::ObjectId>, Error> {
+        let Some(mark) = &rec.saved else {
+            return Ok(None);
+        };
+        let Some(commit) = mark
+            .commit
+            .as_deref()
+            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok())
+        else {
+            return Ok(None);
+        };
+        let Some(core) = lock(&self.mounts).get(&rec.thread).map(|m| m.core.clone()) else {
+            return Ok(None);
+        };
+        if core.changed_since(mark.generation, mark.at, &mark.bookkeeping) {
+            return Ok(None);
+        }
+        let repo = snap::open(&self.layout.mirror(&rec.project))?;
+        Ok(
+            (snap::read_ref(&repo, &snap::thread_ref(&rec.thread)) == Some(commit))
+                .then_some(commit),
+        )
     }
 
     /// The small ignored files of a live workspace: (path, mode, content) of every regular file
