@@ -11,8 +11,9 @@
 //! 3. [`teleport_with_a_project_binds_at_a_validated_ref`] and
 //!    [`teleport_carries_the_state_and_small_ignored_files`].
 //! 4. [`release_when_idle_waits_for_the_last_process`].
-//! 5. [`fork_of_a_large_workspace_is_o1`]: the figures of a fork of a 100k-file workspace with
-//!    1,000 changed files (printed; the disk per fork is asserted).
+//! 5. [`fork_of_a_large_workspace_is_o1`]: the figures of a fork of a large workspace with 1,000
+//!    changed files (20k files, `OCTOFS_FORK_FILES=100000` for the issue's 100k; times printed,
+//!    the disk per fork asserted to be O(changed paths)).
 
 mod common;
 
@@ -834,7 +835,12 @@ fn disk_usage(p: &Path) -> u64 {
 #[test]
 fn fork_of_a_large_workspace_is_o1() {
     let d = Daemon::start();
-    let n = 100_000;
+    // 20,000 files by default (setting up and removing 100k files costs minutes on a loaded
+    // machine); `OCTOFS_FORK_FILES=100000` for the figures of the issue.
+    let n: usize = std::env::var("OCTOFS_FORK_FILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
     let repo = generated_repo(&d.base.join("big"), n);
     d.cli_ok_within(
         ["mirror", "add", "big", repo.path.to_str().unwrap()],
@@ -842,14 +848,12 @@ fn fork_of_a_large_workspace_is_o1() {
     );
     let ws = d.open_thread("src", &["--project", "big"]);
     let w = ws.clone();
+    // 1,000 files spread over the tree.
+    let stride = n / 1000;
     with_timeout("1,000 edits", Duration::from_secs(120), move || {
         for i in 0..1000 {
-            let p = w.join(format!(
-                "d{:03}/s{}/f{}.txt",
-                (i * 97) / 1000,
-                (i * 97) % 10,
-                i * 97
-            ));
+            let k = i * stride;
+            let p = w.join(format!("d{:03}/s{}/f{k}.txt", k / 1000, k % 10));
             append(&p, "changed\n");
         }
     });
@@ -883,7 +887,7 @@ fn fork_of_a_large_workspace_is_o1() {
     let mut sorted = times.clone();
     sorted.sort();
     eprintln!(
-        "fork of a {n}-file workspace with 1,000 changed files (debug build, CLI wall time): \
+        "fork of a {n}-file workspace with 1,000 changed files (dev profile, opt-level 1; CLI wall time): \
          median {:?}, max {:?}, all {times:?}; disk per fork (du of <state>/workspaces/<to>): \
          {disks:?} bytes; mirror growth over 10 forks: {mirror_growth} bytes",
         sorted[5], sorted[9]
