@@ -6,8 +6,9 @@
 //! and the CLI reads: `mirror add` and `mirror list` [`MirrorInfo`], `mirror access` [`Access`],
 //! `mirror sync` [`SyncOutcome`], `open` [`Opened`], `list` and `status` [`WorkspaceStatus`],
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
-//! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `ping` and `stop`
-//! [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle` [`ReleaseAnswer`].
+//! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
+//! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
+//! [`ReleaseAnswer`].
 
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +82,12 @@ pub enum Request {
         thread: Option<String>,
     },
     Stop,
+    /// `octofs watch`: the thread's journal entries after `token` (empty: from now).
+    Watch {
+        thread: String,
+        #[serde(default)]
+        token: String,
+    },
     /// A new thread `to` with `from`'s current state (a fork of its own, on a branch of its own).
     Fork {
         from: String,
@@ -170,6 +177,28 @@ pub struct WorkspaceStatus {
     /// `release --when-idle` is pending: released once no process uses the mount.
     #[serde(default)]
     pub release_when_idle: bool,
+}
+
+/// The answer to a watch query.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WatchAnswer {
+    /// Names the state after every entry below.
+    pub token: String,
+    /// The token given cannot be trusted (another daemon run, or too old): rescan.
+    pub everything: bool,
+    pub entries: Vec<WatchEntry>,
+}
+
+/// One change: a path (relative to the workspace root; a directory ends in `/`) and the token
+/// that names the state just after it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WatchEntry {
+    pub token: String,
+    /// The path as UTF-8 (invalid bytes replaced).
+    pub path: String,
+    /// The path's bytes in hex, when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_hex: Option<String>,
 }
 
 /// The answer to an fsmonitor query.
