@@ -44,6 +44,10 @@ pub struct WorkspaceRecord {
     /// (records written before it was kept count as one).
     #[serde(default)]
     pub users: u32,
+    /// `release --when-idle` was asked: the daemon releases the workspace once no process uses the
+    /// mount; a new `open` clears it. Kept here so that a daemon restart keeps waiting.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub release_when_idle: bool,
 }
 
 /// A local user (and primary group) that owns a workspace.
