@@ -97,6 +97,7 @@ impl Daemon {
                 self.require_admin(c, "stop the daemon")?;
                 answer(Ok((Ack("stopping".into()), vec![])))
             }
+            Request::Watch { thread, token } => answer(self.watch(&thread, &token, c)),
         }
     }
 }
@@ -124,6 +125,7 @@ pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
             .with_context(|| format!("cannot set the mode of {}", sock.display()))?;
     }
     tracing::info!(socket = %sock.display(), "octofs daemon ready");
+    super::notify::ready();
     let stop = Arc::new(tokio::sync::Notify::new());
     if daemon.settings.sweep_idle > 0 && daemon.settings.sweep_every > 0 {
         let d = daemon.clone();
@@ -330,7 +332,10 @@ async fn serve_request(
 ) -> Response {
     let pool = match req {
         Request::Ping => return daemon.handle(req, &caller),
-        Request::Fsmonitor { .. } | Request::Stats { .. } | Request::Stop => &pools.fast,
+        Request::Fsmonitor { .. }
+        | Request::Stats { .. }
+        | Request::Watch { .. }
+        | Request::Stop => &pools.fast,
         _ => &pools.heavy,
     };
     let is_stop = matches!(req, Request::Stop);
