@@ -80,6 +80,9 @@ struct State {
     /// Inodes whose data file is being prepared without the lock (copy-up, re-inode): other
     /// requests that would change or copy the same inode wait on [`WorkspaceFs::copied`].
     copying: HashSet<u64>,
+    /// Committed transactions since load, quiet ones included: a directory listing read at one
+    /// value is still the listing while it holds (see [`WorkspaceFs::dir_names`]).
+    commits: u64,
 }
 
 /// The filesystem of one workspace.
@@ -201,6 +204,7 @@ impl WorkspaceFs {
                 },
                 journal: Journal::new(),
                 copying: HashSet::new(),
+                commits: 0,
             }),
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),

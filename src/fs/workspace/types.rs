@@ -36,6 +36,14 @@ pub struct DirEntry {
     pub attr: FileAttr,
 }
 
+/// One name of a directory as `readdir` reports it: the inode it names now and its kind.
+#[derive(Debug, Clone)]
+pub struct DirName {
+    pub name: OsString,
+    pub ino: u64,
+    pub kind: FileType,
+}
+
 /// The names in a directory (as bytes) and their kinds.
 pub type Listing = Vec<(Vec<u8>, FileType)>;
 
