@@ -174,6 +174,26 @@ fn xattrs_survive_the_lock_free_answer() {
     assert_eq!(py(get, &f), "v1");
     let g = d.mount("t").join("f2.txt");
     assert_eq!(py(get, &g), format!("errno {}", libc_enodata()));
+
+    // security.capability is answered without the lock until one is set, other attributes or not;
+    // one set before a restart is still read after it.
+    let cap = "import os,sys\ntry:\n print(os.getxattr(sys.argv[1], 'security.capability').hex())\nexcept OSError as e:\n print('errno', e.errno)";
+    assert_eq!(py(cap, &f), format!("errno {}", libc_enodata()));
+    // VFS_CAP_REVISION_2, CAP_NET_BIND_SERVICE permitted.
+    let blob = "0000000200040000000000000000000000000000";
+    py(
+        &format!(
+            "import os,sys\nos.setxattr(sys.argv[1], 'security.capability', bytes.fromhex('{blob}'))"
+        ),
+        &g,
+    );
+    assert_eq!(py(cap, &g), blob);
+    assert_eq!(py(cap, &f), format!("errno {}", libc_enodata()));
+    d.stop();
+    d.spawn();
+    wait_mounted(&[d.mount("t")], Duration::from_secs(20));
+    assert_eq!(py(cap, &g), blob);
+    assert_eq!(py(get, &f), "v1");
 }
 
 fn libc_enodata() -> i32 {

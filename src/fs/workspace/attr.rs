@@ -15,6 +15,7 @@ use crate::cow::upper::system_time;
 use crate::git::objects::{EntryKind, TreeEntry};
 
 use super::presented::{DIR_SIZE, base_mode, base_size};
+use super::xattr::CAPABILITY;
 use super::{
     NAME_MAX, ROOT_INO, WorkspaceFs, convert::check_name, convert::eio, convert::io_errno,
     convert::join, convert::oid, convert::ts, tx::Tx, types::DirEntry, types::SetAttr,
@@ -412,9 +413,6 @@ impl WorkspaceFs {
         self.attr(&changed)
     }
 }
-
-/// The extended attribute holding a file's capabilities, dropped with set-user-ID.
-const CAPABILITY: &[u8] = b"security.capability";
 
 /// `mode` without the privileges a write, truncate or chown drops (as `setattr_should_drop_suidgid`
 /// in the kernel): set-user-ID always, set-group-ID only with group execution (without it the bit
