@@ -15,6 +15,8 @@
 //!   what `git add -A` would add, and the agent's own commits carried into the mirror.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
+//! - [`doctor`]: finds (and with `--fix` repairs what is safe of) what crashes and kills left behind
+//!   in the state directory and under the root, reading them directly.
 
 #![deny(unsafe_code)]
 
@@ -22,6 +24,7 @@ pub mod access;
 pub mod client;
 pub mod cow;
 pub mod daemon;
+pub mod doctor;
 pub mod errno;
 pub mod fs;
 pub mod git;

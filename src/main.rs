@@ -136,6 +136,20 @@ enum Cmd {
         version: Option<String>,
         token: Option<String>,
     },
+    /// Print the shell completion script for SHELL (bash, zsh, fish, elvish, powershell)
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages (octofs.1 and one per command, e.g. octofs-mirror-add.1) into DIR
+    Man { dir: PathBuf },
+    /// Find stale or hung mounts, orphaned or broken workspaces, corrupt cache files and indexes,
+    /// and moved mirrors; exits non-zero while anything is left unresolved
+    Doctor {
+        /// Repair what is safe: unmount stale mounts, remove corrupt derived data, move broken
+        /// workspaces to <state>/quarantine (never delete them)
+        #[arg(long)]
+        fix: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -204,6 +218,33 @@ fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
 
 fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
     match cmd {
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "octofs", &mut std::io::stdout());
+            Ok(())
+        }
+        Cmd::Doctor { fix, json } => {
+            let r = octofs::doctor::run(layout, fix);
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&r).map_err(|e| format!("cannot encode: {e}"))?
+                );
+            } else {
+                octofs::doctor::print(&r, fix);
+            }
+            match r.unresolved() {
+                0 => Ok(()),
+                n => Err(format!("{n} finding(s) unresolved")),
+            }
+        }
+        Cmd::Man { dir } => {
+            use clap::CommandFactory;
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            clap_mangen::generate_to(Cli::command(), &dir)
+                .map_err(|e| format!("cannot write the man pages into {}: {e}", dir.display()))
+        }
         Cmd::Serve {
             freshness,
             passthrough,

@@ -24,6 +24,7 @@ mod diff;
 pub mod error;
 mod mirrors;
 mod mounts;
+pub mod notify;
 mod posix;
 pub mod proto;
 mod server;
@@ -212,6 +213,7 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     let result = rt.block_on(server::run(daemon.clone()));
+    notify::stopping();
     daemon.unmount_all();
     let _ = std::fs::remove_file(layout.socket());
     drop(lock_file);

@@ -124,6 +124,7 @@ pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
             .with_context(|| format!("cannot set the mode of {}", sock.display()))?;
     }
     tracing::info!(socket = %sock.display(), "octofs daemon ready");
+    super::notify::ready();
     let stop = Arc::new(tokio::sync::Notify::new());
     if daemon.settings.sweep_idle > 0 && daemon.settings.sweep_every > 0 {
         let d = daemon.clone();

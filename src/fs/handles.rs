@@ -2,7 +2,7 @@
 //! inode: what the kernel refers to by `fh`, kept apart from the fuser adapter so that tests can drive
 //! it without a kernel.
 //!
-//! Owns three rules:
+//! Owns four rules:
 //! - **One backing per inode.** The kernel requires every concurrent passthrough open of one inode to
 //!   use the same backing file, so one backing id per inode is shared while any open holds it (the
 //!   pattern of fuser's passthrough example: a weak table by inode, a strong reference per handle).
@@ -12,6 +12,13 @@
 //!   kernel looks the name up again; the readers keep the base content, as after a rename-over.
 //! - **Handles follow copy-up.** A handle opened on base content before the file was copied up reads
 //!   the current content (as every descriptor of a file does); it never writes (`EBADF`).
+//! - **A running program is never truncated.** The kernel sends `O_TRUNC` to the open (octofs asks
+//!   for atomic `O_TRUNC`) and refuses a running executable with `ETXTBSY` only after that open
+//!   answered; for `O_RDONLY|O_TRUNC` nothing refused it before, so the file would already be empty
+//!   (and the program killed by `SIGBUS`) when the caller is told `ETXTBSY`. The kernel's exec
+//!   opens carry `FMODE_EXEC`; while one of an inode is open, `O_RDONLY|O_TRUNC` gets `ETXTBSY`
+//!   here, before anything is truncated. (Write opens are refused by the kernel before they are
+//!   sent.)
 //!
 //! Locks (see `docs/locking.md`): the handle table and the backing table are `DashMap`s whose guards
 //! are held only to copy an `Arc` in or out, never across I/O. Opens of one inode with passthrough
@@ -40,6 +47,8 @@ enum Handle<B> {
         upper: bool,
         /// Counted as a writer by the core: its release must say so.
         write: bool,
+        /// Opened by the kernel to execute the file (`FMODE_EXEC`): counted in `executing`.
+        exec: bool,
         /// Held while this handle is open, keeping the inode's backing id alive.
         _backing: Option<Arc<B>>,
     },
@@ -84,7 +93,13 @@ pub struct Handles<B> {
     next_fh: AtomicU64,
     handles: DashMap<u64, Handle<B>>,
     backing: DashMap<u64, Slot<B>>,
+    /// Inodes with open exec handles, and how many.
+    executing: DashMap<u64, usize>,
 }
+
+/// The kernel's `__FMODE_EXEC` open flag: the open of a program by `execve` (or of its interpreter).
+/// The kernel passes it in the flags of FUSE OPEN; `libc` has no constant for it.
+pub const FMODE_EXEC: i32 = 0x20;
 
 fn io_errno(e: std::io::Error) -> Errno {
     Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
@@ -101,6 +116,7 @@ impl<B> Handles<B> {
             next_fh: AtomicU64::new(1),
             handles: DashMap::new(),
             backing: DashMap::new(),
+            executing: DashMap::new(),
         }
     }
 
@@ -118,15 +134,20 @@ impl<B> Handles<B> {
         &self,
         ino: u64,
         opened: Opened,
+        exec: bool,
         backing: Option<Arc<B>>,
         passthrough_failed: Option<std::io::Error>,
     ) -> FileOpen<B> {
         let upper = opened.upper;
+        if exec {
+            *self.executing.entry(ino).or_default() += 1;
+        }
         let fh = self.add(Handle::File {
             ino,
             file: Arc::new(opened.file),
             upper,
             write: opened.write,
+            exec,
             _backing: backing.clone(),
         });
         FileOpen {
@@ -162,9 +183,16 @@ impl<B> Handles<B> {
         flags: i32,
         register: Option<impl FnOnce(&File) -> std::io::Result<B>>,
     ) -> Result<FileOpen<B>, Errno> {
+        let exec = flags & FMODE_EXEC != 0;
+        if flags & libc::O_ACCMODE == libc::O_RDONLY
+            && flags & libc::O_TRUNC != 0
+            && self.executing.get(&ino).is_some_and(|n| *n > 0)
+        {
+            return Err(Errno::ETXTBSY);
+        }
         let Some(register) = register else {
             let opened = self.core.open(ino, flags)?;
-            return Ok(self.add_file(ino, opened, None, None));
+            return Ok(self.add_file(ino, opened, exec, None, None));
         };
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let r = self.with_slot(ino, |slot| {
@@ -199,7 +227,7 @@ impl<B> Handles<B> {
             }
         });
         let (opened, backing, failed) = r?;
-        Ok(self.add_file(ino, opened, backing, failed))
+        Ok(self.add_file(ino, opened, exec, backing, failed))
     }
 
     /// `create`: a new regular file in `parent`, opened; with `register`, its backing registered.
@@ -230,7 +258,7 @@ impl<B> Handles<B> {
         };
         // A writer exactly when the core counted one: `O_RDONLY|O_CREAT` is none, and its release
         // must not un-count another handle's write-open of the file.
-        Ok((attr, self.add_file(ino, opened, backing, failed)))
+        Ok((attr, self.add_file(ino, opened, false, backing, failed)))
     }
 
     /// Before a truncate of `ino`: a base file that readers hold through passthrough moves its name
@@ -354,10 +382,16 @@ impl<B> Handles<B> {
 
     /// `release` of file handle `fh` of `ino`.
     pub fn release(&self, ino: u64, fh: u64) {
-        let wrote = matches!(
-            self.handles.remove(&fh),
-            Some((_, Handle::File { write: true, .. }))
-        );
+        let (wrote, exec) = match self.handles.remove(&fh) {
+            Some((_, Handle::File { write, exec, .. })) => (write, exec),
+            _ => (false, false),
+        };
+        if exec {
+            self.executing.remove_if_mut(&ino, |_, n| {
+                *n = n.saturating_sub(1);
+                *n == 0
+            });
+        }
         // Drop the inode's slot once its last backing reference is gone. A slot locked now is
         // being used by an open of the inode: it stays.
         self.backing.remove_if(&ino, |_, s| {

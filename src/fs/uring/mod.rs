@@ -258,7 +258,7 @@ fn possible_cpus() -> io::Result<usize> {
 /// Aborts the FUSE connection behind `mountpoint` through fusectl (`/sys/fs/fuse/connections/N/
 /// abort`), so nothing stays blocked on it; mounts fusectl if needed. The connection number is
 /// the mount's device minor, read from mountinfo (a stat would itself wait on the connection).
-fn abort_connection(mountpoint: &Path) -> io::Result<()> {
+pub(crate) fn abort_connection(mountpoint: &Path) -> io::Result<()> {
     let info = std::fs::read_to_string("/proc/self/mountinfo")?;
     let want = mountpoint.to_string_lossy();
     let minor = info

@@ -1,0 +1,579 @@
+//! `octofs doctor`: finds what a crash, a kill, a full disk or a hand in the state directory left
+//! behind, explains each finding in one line, and with `--fix` repairs what is safe to repair.
+//!
+//! What it looks at: the daemon (does its socket answer within a bounded time), every FUSE mount
+//! under the root (stale: `ENOTCONN`; hung: no answer within [`PROBE`]), every workspace directory
+//! (its record, its upper layer, its binding, whether it is mounted), the shared indexes (leftover
+//! temporary files, checksums), the blob cache (every file must hash to its name) and the mirrors
+//! (a mirror is a checkout on its default branch that only octofs writes).
+//!
+//! What `--fix` does, and never more: unmounts stale mounts (and hung ones when the daemon does not
+//! answer, after aborting their connection); removes derived data that is wrong (a blob-cache file
+//! that does not hash to its id, a shared index whose checksum fails, temporary files of fills and
+//! builds) — all of it is rebuilt from the mirror on demand; and moves a workspace directory that
+//! cannot be served to `<state>/quarantine/` (never deletes it: it may hold a user's files). Changes
+//! to workspaces and temporary files are made only while no daemon runs (it holds the daemon lock),
+//! so a fix never races a live `open`. It reads the state directory directly (root, or the daemon's
+//! user) and runs no git; it never touches a mirror (a finding there says what to run).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::layout::Layout;
+use crate::workspace::{Binding, WorkspaceRecord};
+
+/// How long a mount or the daemon may take to answer before it counts as hung.
+pub const PROBE: Duration = Duration::from_secs(3);
+
+/// One thing found wrong.
+#[derive(Debug, Serialize)]
+pub struct Finding {
+    /// A stable name: `stale-mount`, `hung-mount`, `unknown-mount`, `daemon-unresponsive`,
+    /// `orphaned-workspace`, `bad-record`, `missing-upper`, `missing-binding`, `not-mounted`,
+    /// `index-leftover`, `corrupt-index`, `blob-leftover`, `corrupt-blob`, `mirror-broken`,
+    /// `mirror-changed`.
+    pub kind: &'static str,
+    pub path: String,
+    /// What is wrong, in one line.
+    pub detail: String,
+    /// What `--fix` does about it, or what the operator should do.
+    pub remedy: String,
+    /// `--fix` repaired it.
+    pub fixed: bool,
+}
+
+/// Counts of what was looked at.
+#[derive(Debug, Default, Serialize)]
+pub struct Checked {
+    pub mounts: usize,
+    pub workspaces: usize,
+    pub indexes: usize,
+    pub blobs: usize,
+    pub mirrors: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// `running`, `not running` or `not answering`.
+    pub daemon: &'static str,
+    pub checked: Checked,
+    pub findings: Vec<Finding>,
+}
+
+impl Report {
+    /// Findings `--fix` did not repair.
+    pub fn unresolved(&self) -> usize {
+        self.findings.iter().filter(|f| !f.fixed).count()
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DaemonState {
+    Running,
+    NotRunning,
+    NotAnswering,
+}
+
+/// Runs every check; with `fix`, repairs what is safe (module doc).
+pub fn run(layout: &Layout, fix: bool) -> Report {
+    let daemon = probe_daemon(layout);
+    let mut r = Report {
+        daemon: match daemon {
+            DaemonState::Running => "running",
+            DaemonState::NotRunning => "not running",
+            DaemonState::NotAnswering => "not answering",
+        },
+        checked: Checked::default(),
+        findings: Vec::new(),
+    };
+    if daemon == DaemonState::NotAnswering {
+        r.findings.push(Finding {
+            kind: "daemon-unresponsive",
+            path: layout.socket().display().to_string(),
+            detail: format!(
+                "the daemon accepts connections but did not answer within {} s",
+                PROBE.as_secs()
+            ),
+            remedy: format!(
+                "see {}; stop it (SIGTERM to its pid) and start it again",
+                layout.log_file().display()
+            ),
+            fixed: false,
+        });
+    }
+    // Changes to workspaces and temporary files only while no daemon can be making them.
+    let lock = if fix { take_daemon_lock(layout) } else { None };
+    let quiet = lock.is_some();
+    check_mounts(layout, daemon, fix, &mut r);
+    check_workspaces(layout, daemon, fix && quiet, &mut r);
+    check_indexes(layout, fix, quiet, &mut r);
+    check_blobs(layout, fix, quiet, &mut r);
+    check_mirrors(layout, &mut r);
+    if fix && !quiet {
+        for f in r.findings.iter_mut().filter(|f| !f.fixed) {
+            if matches!(
+                f.kind,
+                "orphaned-workspace"
+                    | "bad-record"
+                    | "missing-upper"
+                    | "index-leftover"
+                    | "blob-leftover"
+                    | "corrupt-index"
+            ) {
+                f.remedy = format!(
+                    "stop the daemon, then run doctor --fix again ({})",
+                    f.remedy
+                );
+            }
+        }
+    }
+    drop(lock);
+    r
+}
+
+fn probe_daemon(layout: &Layout) -> DaemonState {
+    let Ok(mut s) = UnixStream::connect(layout.socket()) else {
+        return DaemonState::NotRunning;
+    };
+    let _ = s.set_read_timeout(Some(PROBE));
+    let _ = s.set_write_timeout(Some(PROBE));
+    let Ok(mut req) = serde_json::to_vec(&crate::daemon::proto::Request::List) else {
+        return DaemonState::NotAnswering;
+    };
+    req.push(b'\n');
+    if s.write_all(&req).is_err() {
+        return DaemonState::NotAnswering;
+    }
+    let mut line = String::new();
+    match BufReader::new(s).read_line(&mut line) {
+        Ok(n) if n > 0 => DaemonState::Running,
+        _ => DaemonState::NotAnswering,
+    }
+}
+
+/// The daemon's lock, when no daemon holds it.
+fn take_daemon_lock(layout: &Layout) -> Option<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(layout.daemon_lock())
+        .ok()?;
+    f.try_lock().ok().map(|()| f)
+}
+
+/// How a mount answered a `statfs` within [`PROBE`].
+enum Probe {
+    Ok,
+    Stale,
+    Hung,
+    Failed(std::io::Error),
+}
+
+fn probe_mount(path: &Path) -> Probe {
+    let (tx, rx) = mpsc::channel();
+    let p = path.to_path_buf();
+    // A hung mount blocks the probing thread; it is left behind (the process exits soon).
+    let spawned = std::thread::Builder::new()
+        .name("octofs-doctor-probe".into())
+        .spawn(move || {
+            let _ = tx.send(crate::sys::statvfs(&p).map(|_| ()));
+        });
+    if spawned.is_err() {
+        return Probe::Failed(std::io::Error::other("cannot start a probe thread"));
+    }
+    match rx.recv_timeout(PROBE) {
+        Ok(Ok(())) => Probe::Ok,
+        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => Probe::Stale,
+        Ok(Err(e)) => Probe::Failed(e),
+        Err(_) => Probe::Hung,
+    }
+}
+
+fn check_mounts(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report) {
+    for mp in crate::sys::fuse_mounts_under(&layout.root) {
+        r.checked.mounts += 1;
+        let path = mp.display().to_string();
+        match probe_mount(&mp) {
+            Probe::Ok => {
+                let known = mp
+                    .strip_prefix(&layout.root)
+                    .ok()
+                    .and_then(|t| t.to_str())
+                    .is_some_and(|t| layout.workspace(t).join("workspace.json").exists());
+                if !known && daemon != DaemonState::Running {
+                    r.findings.push(Finding {
+                        kind: "unknown-mount",
+                        path,
+                        detail: "a FUSE mount under the root that no workspace of this state \
+                                 directory serves"
+                            .into(),
+                        remedy: "unmount it if it is not another octofs's (umount -l)".into(),
+                        fixed: false,
+                    });
+                }
+            }
+            Probe::Stale => {
+                let fixed = fix && crate::sys::lazy_unmount(&mp).is_ok();
+                r.findings.push(Finding {
+                    kind: "stale-mount",
+                    path,
+                    detail: "the mount answers ENOTCONN: the daemon that served it is gone".into(),
+                    remedy: "unmount it (lazily); the workspace is remounted by the next open or \
+                             daemon start, nothing in it is lost"
+                        .into(),
+                    fixed,
+                });
+            }
+            Probe::Hung => {
+                let may = daemon != DaemonState::Running;
+                let fixed = fix
+                    && may
+                    && crate::fs::uring::abort_connection(&mp).is_ok()
+                    && crate::sys::lazy_unmount(&mp).is_ok();
+                r.findings.push(Finding {
+                    kind: "hung-mount",
+                    path,
+                    detail: format!("the mount did not answer within {} s", PROBE.as_secs()),
+                    remedy: if may {
+                        "abort its FUSE connection and unmount it (lazily); the workspace's \
+                         files are in its upper layer"
+                            .into()
+                    } else {
+                        "the daemon answers but this mount does not: see the daemon log; \
+                         restart the daemon"
+                            .into()
+                    },
+                    fixed,
+                });
+            }
+            Probe::Failed(e) => r.findings.push(Finding {
+                kind: "hung-mount",
+                path,
+                detail: format!("statfs failed: {e}"),
+                remedy: "see the daemon log".into(),
+                fixed: false,
+            }),
+        }
+    }
+}
+
+/// Moves `dir` to `<state>/quarantine/<what>-<name>-<unix time>`; the new path.
+fn quarantine(layout: &Layout, dir: &Path, what: &str) -> std::io::Result<PathBuf> {
+    let q = layout.state.join("quarantine");
+    crate::layout::create_private_dir(&q)?;
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let dest = q.join(format!("{what}-{name}-{secs}"));
+    std::fs::rename(dir, &dest)?;
+    Ok(dest)
+}
+
+fn check_workspaces(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report) {
+    let Ok(dir) = std::fs::read_dir(layout.workspaces()) else {
+        return;
+    };
+    let mounted = crate::sys::fuse_mounts_under(&layout.root);
+    for e in dir.flatten() {
+        let ws = e.path();
+        if !ws.is_dir() {
+            continue;
+        }
+        let Some(thread) = e.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        r.checked.workspaces += 1;
+        let path = ws.display().to_string();
+        let has_upper = ws.join("upper").is_dir();
+        let record = if ws.join("workspace.json").exists() {
+            WorkspaceRecord::load(layout, &thread).map_err(|e| e.to_string())
+        } else {
+            Ok(None)
+        };
+        let mut finding = |kind, detail: String, remedy: &str, movable: bool| {
+            let fixed = fix && movable && quarantine(layout, &ws, "workspace").is_ok();
+            r.findings.push(Finding {
+                kind,
+                path: path.clone(),
+                detail,
+                remedy: remedy.into(),
+                fixed,
+            });
+        };
+        match record {
+            Err(e) => finding(
+                "bad-record",
+                format!("its record cannot be read: {e}"),
+                "move the workspace to <state>/quarantine (its files stay there); the thread's \
+                 next open resumes from its last snapshot",
+                true,
+            ),
+            Ok(None) if has_upper => finding(
+                "orphaned-workspace",
+                "an upper layer without a workspace record (an open or release cut short)".into(),
+                "move it to <state>/quarantine; nothing is deleted",
+                true,
+            ),
+            Ok(None) => finding(
+                "orphaned-workspace",
+                "a workspace directory without a record or an upper layer".into(),
+                "move it to <state>/quarantine",
+                true,
+            ),
+            Ok(Some(rec)) => {
+                if !has_upper {
+                    finding(
+                        "missing-upper",
+                        "the record names a workspace whose upper layer is gone".into(),
+                        "move the record to <state>/quarantine; the thread's next open resumes \
+                         from its last snapshot",
+                        true,
+                    );
+                    continue;
+                }
+                if !rec.chat && !matches!(Binding::load(layout, &thread), Ok(Some(_))) {
+                    finding(
+                        "missing-binding",
+                        format!("no binding of thread {thread} to project {}", rec.project),
+                        "open the thread with --project to bind it again",
+                        false,
+                    );
+                }
+                let mp = layout.mountpoint(&thread);
+                if daemon == DaemonState::Running && rec.mounted && !mounted.contains(&mp) {
+                    finding(
+                        "not-mounted",
+                        format!("recorded as mounted at {}, but not mounted", mp.display()),
+                        "octofs open <thread> mounts it again",
+                        false,
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn remove_leftovers(
+    dir: &Path,
+    prefix: &str,
+    kind: &'static str,
+    fix: bool,
+    quiet: bool,
+    r: &mut Report,
+) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let fixed = fix && quiet && std::fs::remove_file(e.path()).is_ok();
+        r.findings.push(Finding {
+            kind,
+            path: e.path().display().to_string(),
+            detail: "a temporary file of a build or fill that did not finish".into(),
+            remedy: "remove it (it is rebuilt when needed)".into(),
+            fixed,
+        });
+    }
+}
+
+fn check_indexes(layout: &Layout, fix: bool, quiet: bool, r: &mut Report) {
+    let dir = layout.state.join("indexes");
+    remove_leftovers(&dir, ".tmp-", "index-leftover", fix, quiet, r);
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if e.file_name().to_string_lossy().starts_with('.') || !p.is_file() {
+            continue;
+        }
+        r.checked.indexes += 1;
+        if let Err(why) = index_checksum(&p) {
+            let fixed = fix && quiet && std::fs::remove_file(&p).is_ok();
+            r.findings.push(Finding {
+                kind: "corrupt-index",
+                path: p.display().to_string(),
+                detail: why,
+                remedy: "remove it (the next fork of its base builds it again)".into(),
+                fixed,
+            });
+        }
+    }
+}
+
+/// A git index ends with the hash of everything before it.
+fn index_checksum(p: &Path) -> Result<(), String> {
+    let data = std::fs::read(p).map_err(|e| format!("cannot read it: {e}"))?;
+    if data.len() < 12 + 20 || &data[..4] != b"DIRC" {
+        return Err("not a git index".into());
+    }
+    let (body, sum) = data.split_at(data.len() - 20);
+    let mut h = gix::hash::hasher(gix::hash::Kind::Sha1);
+    h.update(body);
+    let got = h.try_finalize().map_err(|e| e.to_string())?;
+    if got.as_bytes() != sum {
+        return Err("its checksum does not match its content".into());
+    }
+    Ok(())
+}
+
+fn check_blobs(layout: &Layout, fix: bool, quiet: bool, r: &mut Report) {
+    let blobs = layout.blobs();
+    remove_leftovers(&blobs.join("tmp"), "", "blob-leftover", fix, quiet, r);
+    let Ok(rd) = std::fs::read_dir(&blobs) else {
+        return;
+    };
+    for fan in rd.flatten() {
+        let prefix = fan.file_name().to_string_lossy().into_owned();
+        if prefix.len() != 2 || !prefix.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        let Ok(files) = std::fs::read_dir(fan.path()) else {
+            continue;
+        };
+        for f in files.flatten() {
+            r.checked.blobs += 1;
+            let p = f.path();
+            let name = format!("{prefix}{}", f.file_name().to_string_lossy());
+            let why = match gix::ObjectId::from_hex(name.as_bytes()) {
+                Err(_) => Some("its name is not an object id".to_string()),
+                Ok(id) => match blob_id(&p, id.kind()) {
+                    Ok(got) if got == id => None,
+                    Ok(got) => Some(format!("its content hashes to {got}")),
+                    Err(e) => Some(format!("cannot read it: {e}")),
+                },
+            };
+            if let Some(detail) = why {
+                // Removing is safe with a daemon running: open descriptors keep the old file,
+                // the next open fills it again from the mirror (verified).
+                let fixed = fix && std::fs::remove_file(&p).is_ok();
+                r.findings.push(Finding {
+                    kind: "corrupt-blob",
+                    path: p.display().to_string(),
+                    detail,
+                    remedy: "remove it (the next read fills it again from the mirror)".into(),
+                    fixed,
+                });
+            }
+        }
+    }
+}
+
+/// The git blob id of the file's content, read in chunks.
+fn blob_id(p: &Path, kind: gix::hash::Kind) -> std::io::Result<gix::ObjectId> {
+    let mut f = std::fs::File::open(p)?;
+    let size = f.metadata()?.len();
+    let mut h = gix::hash::hasher(kind);
+    h.update(format!("blob {size}\0").as_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    h.try_finalize()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))
+}
+
+fn check_mirrors(layout: &Layout, r: &mut Report) {
+    let Ok(rd) = std::fs::read_dir(layout.mirrors()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !e.path().is_dir() {
+            continue;
+        }
+        r.checked.mirrors += 1;
+        let path = e.path().display().to_string();
+        let repo = match gix::open(e.path()) {
+            Ok(repo) => repo,
+            Err(err) => {
+                r.findings.push(Finding {
+                    kind: "mirror-broken",
+                    path,
+                    detail: format!("not a git repository: {err}"),
+                    remedy: format!(
+                        "octofs mirror sync {name} (a broken mirror is set aside and cloned again)"
+                    ),
+                    fixed: false,
+                });
+                continue;
+            }
+        };
+        let head = repo
+            .head_name()
+            .ok()
+            .flatten()
+            .map(|h| h.as_bstr().to_string());
+        // The project's record names the branch the mirror must be on.
+        let default = std::fs::read(layout.projects().join(format!("{name}.json")))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v.get("default_branch")?.as_str().map(str::to_string));
+        let wrong = match (&head, &default) {
+            (None, _) => Some("its HEAD is detached".to_string()),
+            (Some(h), Some(d)) if *h != format!("refs/heads/{d}") => {
+                Some(format!("its HEAD is {h}, not its default branch {d}"))
+            }
+            _ => None,
+        };
+        if let Some(detail) = wrong {
+            r.findings.push(Finding {
+                kind: "mirror-changed",
+                path,
+                detail: format!("{detail}; only octofs may move a mirror's HEAD"),
+                remedy: format!(
+                    "git -C {} checkout {}, then octofs mirror sync {name}",
+                    e.path().display(),
+                    default.as_deref().unwrap_or("<default branch>")
+                ),
+                fixed: false,
+            });
+        }
+    }
+}
+
+/// `octofs doctor` for people: one line per finding, then a summary.
+pub fn print(r: &Report, fix: bool) {
+    for f in &r.findings {
+        let state = if f.fixed {
+            "fixed"
+        } else if fix {
+            "left"
+        } else {
+            "found"
+        };
+        println!("{state:5} {:20} {}: {}", f.kind, f.path, f.detail);
+        if !f.fixed {
+            println!("      {:20} → {}", "", f.remedy);
+        }
+    }
+    let c = &r.checked;
+    println!(
+        "daemon {}; checked {} mounts, {} workspaces, {} indexes, {} blobs, {} mirrors: {} findings, {} unresolved",
+        r.daemon,
+        c.mounts,
+        c.workspaces,
+        c.indexes,
+        c.blobs,
+        c.mirrors,
+        r.findings.len(),
+        r.unresolved()
+    );
+}
