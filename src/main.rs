@@ -140,6 +140,13 @@ enum Cmd {
     Completions { shell: clap_complete::Shell },
     /// Write the man pages (octofs.1 and one per command, e.g. octofs-mirror-add.1) into DIR
     Man { dir: PathBuf },
+    /// Stream the thread's changes as JSON lines (path, kind, token) until it is released
+    Watch {
+        thread: String,
+        /// Start after this token (from an earlier line); default: from now
+        #[arg(long)]
+        since: Option<String>,
+    },
     /// Find stale or hung mounts, orphaned or broken workspaces, corrupt cache files and indexes,
     /// and moved mirrors; exits non-zero while anything is left unresolved
     Doctor {
@@ -212,6 +219,81 @@ fn request(layout: &Layout, req: Request) -> Result<Value, String> {
     }
 }
 
+/// `octofs watch`: polls the daemon's journal of the thread every 100 ms and prints one JSON line per
+/// change — `{"path", "kind", "token"}`, kind `changed`, `removed` or `directory` as the path is now
+/// in the mount — a `rescan` line when the token cannot be trusted, and a `released` line (exit 0)
+/// when the workspace goes away. Each line's token resumes the stream after it (`--since`).
+fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), String> {
+    use octofs::daemon::proto::WatchAnswer;
+    use std::io::Write;
+    let mount = layout.mountpoint(&thread);
+    let mut token = since.unwrap_or_default();
+    let mut first = true;
+    loop {
+        let req = Request::Watch {
+            thread: thread.clone(),
+            token: token.clone(),
+        };
+        let resp = match client::call(layout, &req, false) {
+            Ok(r) => r,
+            // The daemon stopped: the workspace is gone with it.
+            Err(_) if !first => octofs::daemon::proto::Response {
+                ok: false,
+                ..Default::default()
+            },
+            Err(e) => return Err(e.to_string()),
+        };
+        if !resp.ok {
+            if first {
+                return Err(resp.error.unwrap_or_default());
+            }
+            println!(
+                "{}",
+                serde_json::json!({"kind": "released", "token": token})
+            );
+            return Ok(());
+        }
+        first = false;
+        let a: WatchAnswer = parse(resp.result)?;
+        let mut out = std::io::stdout().lock();
+        let mut line = |v: Value| writeln!(out, "{v}").and_then(|()| out.flush());
+        let written = if a.everything {
+            line(serde_json::json!({"kind": "rescan", "token": a.token}))
+        } else {
+            a.entries.iter().try_for_each(|e| {
+                let dir = e.path.ends_with('/');
+                let exists = match &e.path_hex {
+                    None => std::fs::symlink_metadata(mount.join(&e.path)).is_ok(),
+                    Some(hex) => {
+                        let bytes: Vec<u8> = (0..hex.len() / 2)
+                            .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+                            .collect();
+                        use std::os::unix::ffi::OsStrExt;
+                        let rel = std::ffi::OsStr::from_bytes(&bytes);
+                        std::fs::symlink_metadata(mount.join(rel)).is_ok()
+                    }
+                };
+                let kind = match (exists, dir) {
+                    (false, _) => "removed",
+                    (true, true) => "directory",
+                    (true, false) => "changed",
+                };
+                let mut v = serde_json::json!({"path": e.path, "kind": kind, "token": e.token});
+                if let Some(h) = &e.path_hex {
+                    v["path_hex"] = Value::String(h.clone());
+                }
+                line(v)
+            })
+        };
+        if written.is_err() {
+            // The reader went away.
+            return Ok(());
+        }
+        token = a.token;
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
     serde_json::from_value(v).map_err(|e| format!("bad answer from the daemon: {e}"))
 }
@@ -222,6 +304,10 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "octofs", &mut std::io::stdout());
             Ok(())
+        }
+        Cmd::Watch { thread, since } => {
+            validate(NameKind::Thread, &thread)?;
+            watch(layout, thread, since)
         }
         Cmd::Doctor { fix, json } => {
             let r = octofs::doctor::run(layout, fix);

@@ -3,6 +3,22 @@
 //! Every name that reaches a path or a ref goes through [`validate`] first, so that a bad name is refused
 //! before any state is touched.
 
+/// A refused name: what it was for, the name, and what to change.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {kind} name {name:?}: {why}")]
+pub struct InvalidName {
+    pub kind: NameKind,
+    pub name: String,
+    pub why: String,
+}
+
+/// The CLI refuses a name with this one line.
+impl From<InvalidName> for String {
+    fn from(e: InvalidName) -> String {
+        e.to_string()
+    }
+}
+
 /// What a name is used for; only changes the wording of the error.
 #[derive(Debug, Clone, Copy)]
 pub enum NameKind {
@@ -22,8 +38,14 @@ impl std::fmt::Display for NameKind {
 /// Accepts 1–128 characters of `[A-Za-z0-9._-]`, not starting with `.` or `-`, that are also a valid
 /// last component of a git ref: a thread's snapshots live under `refs/octomate/threads/<thread>`, so a
 /// name git refuses there (`a..b`, `x.lock`, `z.`) could be opened but never saved or released.
-pub fn validate(kind: NameKind, name: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(format!("invalid {kind} name {name:?}: {why}"));
+pub fn validate(kind: NameKind, name: &str) -> Result<(), InvalidName> {
+    let bad = |why: &str| {
+        Err(InvalidName {
+            kind,
+            name: name.to_string(),
+            why: why.to_string(),
+        })
+    };
     if name.is_empty() {
         return bad("must not be empty");
     }
@@ -97,7 +119,7 @@ mod tests {
             "a.b.",
             "x..",
         ] {
-            let err = validate(NameKind::Project, bad).unwrap_err();
+            let err = validate(NameKind::Project, bad).unwrap_err().to_string();
             assert!(err.starts_with("invalid project name"), "{err}");
         }
     }

@@ -9,6 +9,53 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+/// Why a record could not be loaded, saved or listed: one line naming the record and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("{key_kind} {key}: corrupt {}: {source}", path.display())]
+    Corrupt {
+        key_kind: &'static str,
+        key: String,
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{key_kind} {key}: cannot read {}: {source}", path.display())]
+    Read {
+        key_kind: &'static str,
+        key: String,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot encode {noun} {key}: {source}")]
+    Encode {
+        noun: &'static str,
+        key: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("cannot save {noun} {key}: {source}")]
+    Save {
+        noun: &'static str,
+        key: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot list {noun}s: {source}")]
+    List {
+        noun: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
 /// A directory of records, each named by a key (a thread or project name): `<dir>/<key>.json`, or
 /// `<dir>/<key>/<file>` when each key has a directory of its own.
 pub struct RecordDir {
@@ -54,20 +101,30 @@ impl RecordDir {
     }
 
     /// The record of `key`; `Ok(None)` when there is none.
-    pub fn load<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, String> {
+    pub fn load<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, RecordError> {
         let path = self.path(key);
-        let what = self.key;
+        let key_kind = self.key;
         match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b)
                 .map(Some)
-                .map_err(|e| format!("{what} {key}: corrupt {}: {e}", path.display())),
+                .map_err(|source| RecordError::Corrupt {
+                    key_kind,
+                    key: key.to_string(),
+                    path,
+                    source,
+                }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("{what} {key}: cannot read {}: {e}", path.display())),
+            Err(source) => Err(RecordError::Read {
+                key_kind,
+                key: key.to_string(),
+                path,
+                source,
+            }),
         }
     }
 
     /// Replaces the record of `key` atomically (see [`write_atomic`]), creating its directory.
-    pub fn save<T: Serialize>(&self, key: &str, record: &T) -> Result<(), String> {
+    pub fn save<T: Serialize>(&self, key: &str, record: &T) -> Result<(), RecordError> {
         self.save_with(key, record, true)
     }
 
@@ -78,24 +135,41 @@ impl RecordDir {
         key: &str,
         record: &T,
         durable: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), RecordError> {
         let path = self.path(key);
         if let Some(dir) = path.parent() {
-            crate::layout::create_private_dir(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            crate::layout::create_private_dir(dir).map_err(|source| RecordError::CreateDir {
+                dir: dir.to_path_buf(),
+                source,
+            })?;
         }
-        let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-        write_replacing(&path, &bytes, durable)
-            .map_err(|e| format!("cannot save {} {key}: {e}", self.noun))
+        let bytes = serde_json::to_vec_pretty(record).map_err(|source| RecordError::Encode {
+            noun: self.noun,
+            key: key.to_string(),
+            source,
+        })?;
+        write_replacing(&path, &bytes, durable).map_err(|source| RecordError::Save {
+            noun: self.noun,
+            key: key.to_string(),
+            source,
+        })
     }
 
     /// The records of every key that `keep` accepts, in no particular order.
-    pub fn list<T: DeserializeOwned>(&self, keep: impl Fn(&str) -> bool) -> Result<Vec<T>, String> {
+    pub fn list<T: DeserializeOwned>(
+        &self,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<Vec<T>, RecordError> {
         let mut out = Vec::new();
         let entries = match std::fs::read_dir(&self.dir) {
             Ok(d) => d,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(format!("cannot list {}s: {e}", self.noun)),
+            Err(source) => {
+                return Err(RecordError::List {
+                    noun: self.noun,
+                    source,
+                });
+            }
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();

@@ -342,7 +342,7 @@ pub fn seed(
     };
     let e = |what: &str| {
         let what = what.to_string();
-        move |err: fuser::Errno| format!("cannot create .git/{what}: {err:?}")
+        move |err: crate::fs::FsError| format!("cannot create .git/{what}: {err}")
     };
     if core.exists(ROOT_INO, ".git").map_err(e(""))? {
         // The base commit itself has a `.git` entry: leave it as the tree has it.

@@ -55,8 +55,35 @@ pub fn lazy_unmount(path: &Path) -> io::Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(io::Error::last_os_error())
+        fusermount_fallback(path, true, io::Error::last_os_error())
     }
+}
+
+/// An ordinary user may not `umount2`; the setuid `fusermount3 -u` unmounts that user's own FUSE
+/// mounts (`-z`: lazily). Its "busy" is reported as `EBUSY`.
+fn fusermount_fallback(path: &Path, lazy: bool, e: io::Error) -> io::Result<()> {
+    if e.raw_os_error() != Some(libc::EPERM) || euid() == 0 {
+        return Err(e);
+    }
+    let mut cmd = std::process::Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd
+        .arg("--")
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|_| e)?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let msg = String::from_utf8_lossy(&out.stderr);
+    if msg.contains("busy") {
+        return Err(io::Error::from_raw_os_error(libc::EBUSY));
+    }
+    Err(io::Error::other(format!("fusermount3 -u: {}", msg.trim())))
 }
 
 /// `umount2(path, 0)`: a plain unmount, which fails with EBUSY while the mount is in use.
@@ -67,7 +94,7 @@ pub fn unmount(path: &Path) -> io::Result<()> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(io::Error::last_os_error())
+        fusermount_fallback(path, false, io::Error::last_os_error())
     }
 }
 

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
-use crate::records::RecordDir;
+use crate::records::{RecordDir, RecordError};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkspaceRecord {
@@ -87,16 +87,16 @@ impl Binding {
         RecordDir::files(layout.state.join("threads"), "thread", "thread")
     }
 
-    pub fn load(layout: &Layout, thread: &str) -> Result<Option<Binding>, String> {
+    pub fn load(layout: &Layout, thread: &str) -> Result<Option<Binding>, RecordError> {
         Self::store(layout).load(thread)
     }
 
-    pub fn save(&self, layout: &Layout) -> Result<(), String> {
+    pub fn save(&self, layout: &Layout) -> Result<(), RecordError> {
         Self::store(layout).save(&self.thread, self)
     }
 
     /// Every binding, sorted by thread.
-    pub fn list(layout: &Layout) -> Result<Vec<Binding>, String> {
+    pub fn list(layout: &Layout) -> Result<Vec<Binding>, RecordError> {
         let mut out: Vec<Binding> = Self::store(layout).list(|_| true)?;
         out.sort_by(|a, b| a.thread.cmp(&b.thread));
         Ok(out)
@@ -109,22 +109,22 @@ impl WorkspaceRecord {
         RecordDir::in_dirs(layout.workspaces(), "workspace.json", "thread", "workspace")
     }
 
-    pub fn load(layout: &Layout, thread: &str) -> Result<Option<WorkspaceRecord>, String> {
+    pub fn load(layout: &Layout, thread: &str) -> Result<Option<WorkspaceRecord>, RecordError> {
         Self::store(layout).load(thread)
     }
 
-    pub fn save(&self, layout: &Layout) -> Result<(), String> {
+    pub fn save(&self, layout: &Layout) -> Result<(), RecordError> {
         Self::store(layout).save(&self.thread, self)
     }
 
     /// Saves the record without syncing it to disk: for a record that is saved again, durably,
     /// before anything is answered about it (a fork being made).
-    pub fn save_undurable(&self, layout: &Layout) -> Result<(), String> {
+    pub fn save_undurable(&self, layout: &Layout) -> Result<(), RecordError> {
         Self::store(layout).save_with(&self.thread, self, false)
     }
 
     /// Every workspace record, sorted by thread.
-    pub fn list(layout: &Layout) -> Result<Vec<WorkspaceRecord>, String> {
+    pub fn list(layout: &Layout) -> Result<Vec<WorkspaceRecord>, RecordError> {
         let mut out: Vec<WorkspaceRecord> = Self::store(layout)
             .list(|name| crate::names::validate(crate::names::NameKind::Thread, name).is_ok())?;
         out.sort_by(|a, b| a.thread.cmp(&b.thread));

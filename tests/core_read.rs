@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use fuser::{Errno, FileType};
 use octofs::cow::blobcache::BlobCache;
+use octofs::fs::failures::{Cx, failure_line};
+use octofs::fs::stats::Op;
 use octofs::fs::{ROOT_INO, WorkspaceFs, path_ino};
 use octofs::git::objects::ObjectStore;
 
@@ -260,5 +262,75 @@ fn opening_reads_content_once_into_the_shared_cache() {
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
         0o400
+    );
+}
+
+/// A base blob missing from the object store (a damaged mirror): the request still fails with EIO,
+/// and the error, and the one log line of the failed request, name the blob and the path — the bare
+/// errno the core returned before said neither.
+#[test]
+fn a_missing_blob_is_eio_naming_the_blob_and_its_path() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let r = GitRepo::init(tmp.path());
+    r.write("kept.txt", "kept\n");
+    r.write("lost.txt", "lost and gone\n");
+    r.commit_all("one", DATE1);
+    let blob = git(tmp.path(), ["rev-parse", "HEAD:lost.txt"]);
+    let blob = blob.trim();
+    let loose = tmp
+        .path()
+        .join(".git/objects")
+        .join(&blob[..2])
+        .join(&blob[2..]);
+    std::fs::remove_file(&loose).expect("remove the loose blob");
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (fs, _store) = workspace(tmp.path(), cache.path());
+
+    assert!(fs.lookup(ROOT_INO, OsStr::new("kept.txt")).is_ok());
+    let name = OsStr::new("lost.txt");
+    let err = fs.lookup(ROOT_INO, name).unwrap_err();
+    assert_eq!(err.errno, Errno::EIO);
+    let context = err.context.clone().unwrap_or_default();
+    assert!(
+        context.contains(blob) && context.contains("lost.txt"),
+        "the error names the blob and its path: {err}"
+    );
+    let line = failure_line(&Cx::new(Op::Lookup, ROOT_INO, Some(name)), &err);
+    assert!(
+        line.contains("EIO") && line.contains(blob) && line.contains("lost.txt"),
+        "the logged failure names the blob: {line}"
+    );
+}
+
+/// A data file removed from under the upper layer: `getattr` fails with EIO and `open` with ENOENT
+/// (the errnos as before), each error naming the data file that is gone.
+#[test]
+fn a_data_file_gone_from_the_upper_layer_is_named_by_the_error() {
+    let r = repo();
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (fs, _store) = workspace(r.path(), cache.path());
+    let caller = octofs::fs::Caller { uid: 0, gid: 0 };
+    let (attr, opened) = fs
+        .create(ROOT_INO, OsStr::new("new.txt"), 0o644, libc::O_RDWR, caller)
+        .expect("create");
+    let ino = attr.ino.0;
+    drop(opened);
+    fs.release(ino, true);
+    let data = fs.data_path(ino);
+    std::fs::remove_file(&data).expect("remove the data file");
+    let shown = data.display().to_string();
+
+    let err = fs.getattr(ino).unwrap_err();
+    assert_eq!(err.errno, Errno::EIO);
+    assert!(
+        err.context.as_deref().is_some_and(|c| c.contains(&shown)),
+        "getattr's error names the data file: {err}"
+    );
+    let err = fs.open(ino, libc::O_RDONLY).unwrap_err();
+    assert_eq!(err.errno, Errno::ENOENT);
+    let line = failure_line(&Cx::new(Op::Open, ino, None), &err);
+    assert!(
+        line.contains("ENOENT") && line.contains(&shown),
+        "the logged failure names the data file: {line}"
     );
 }

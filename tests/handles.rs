@@ -79,7 +79,7 @@ fn a_base_handle_reads_the_copied_up_content_and_never_writes() {
         .expect("open ro");
     assert!(!reader.upper, "a read-only open serves the base content");
     assert_eq!(
-        fx.handles.write(reader.fh, 0, b"x"),
+        fx.handles.write(reader.fh, 0, b"x").map_err(|e| e.errno),
         Err(Errno::EBADF),
         "a base handle is not open for writing"
     );
@@ -99,7 +99,10 @@ fn a_base_handle_reads_the_copied_up_content_and_never_writes() {
     fx.handles.release(ino, reader.fh);
     fx.handles.release(ino, writer.fh);
     assert!(fx.handles.is_empty());
-    assert_eq!(fx.handles.read(reader.fh, 0, 1), Err(Errno::EBADF));
+    assert_eq!(
+        fx.handles.read(reader.fh, 0, 1).map_err(|e| e.errno),
+        Err(Errno::EBADF)
+    );
 }
 
 #[test]
@@ -149,7 +152,8 @@ fn a_writer_never_joins_passthrough_readers_of_the_base() {
     assert_eq!(
         fx.handles
             .open(ino, libc::O_WRONLY, counting(&calls))
-            .map(|o| o.fh),
+            .map(|o| o.fh)
+            .map_err(|e| e.errno),
         Err(Errno::ESTALE),
         "the kernel must look the name up again"
     );
@@ -185,7 +189,10 @@ fn a_truncate_of_a_base_file_readers_hold_moves_the_name_first() {
         .handles
         .open(ino, libc::O_RDONLY, counting(&calls))
         .expect("open ro");
-    assert_eq!(fx.handles.before_truncate(ino), Err(Errno::ESTALE));
+    assert_eq!(
+        fx.handles.before_truncate(ino).map_err(|e| e.errno),
+        Err(Errno::ESTALE)
+    );
     assert_ne!(ino_of(&fx.core, "f.txt"), ino);
     drop(reader.backing);
     fx.handles.release(ino, reader.fh);
@@ -215,9 +222,18 @@ fn directory_handles_list_once_and_are_not_files() {
     fx.handles
         .with_listing(fh, |_, list| assert_eq!(list.len(), 4))
         .expect("listing");
-    assert_eq!(fx.handles.read(fh, 0, 1), Err(Errno::EISDIR));
+    assert_eq!(
+        fx.handles.read(fh, 0, 1).map_err(|e| e.errno),
+        Err(Errno::EISDIR)
+    );
     let ino = ino_of(&fx.core, "f.txt");
-    assert_eq!(fx.handles.opendir(ino), Err(Errno::ENOTDIR));
+    assert_eq!(
+        fx.handles.opendir(ino).map_err(|e| e.errno),
+        Err(Errno::ENOTDIR)
+    );
     fx.handles.releasedir(fh);
-    assert_eq!(fx.handles.with_listing(fh, |_, _| ()), Err(Errno::EBADF));
+    assert_eq!(
+        fx.handles.with_listing(fh, |_, _| ()).map_err(|e| e.errno),
+        Err(Errno::EBADF)
+    );
 }

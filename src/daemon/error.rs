@@ -1,7 +1,7 @@
 //! The daemon's errors: why a request was refused or failed, in the one line the CLI prints. A
 //! request's error never carries more than that line; the daemon logs what it needs itself.
 
-use crate::errno::describe_errno;
+use crate::fs::FsError;
 
 /// Why a request was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -21,9 +21,13 @@ pub enum Error {
     /// The request cannot be done in the thread's or project's current state, or as asked.
     #[error("{0}")]
     Refused(String),
-    /// An operation on a workspace's core failed: what, and the errno by name.
-    #[error("{what}: {}", describe_errno(*errno))]
-    Workspace { what: String, errno: fuser::Errno },
+    /// An operation on a workspace's core failed: what, the errno by name and what the core knew.
+    #[error("{what}: {source}")]
+    Workspace {
+        what: String,
+        #[source]
+        source: FsError,
+    },
     /// What the daemon was doing, and why it failed (a system call, a layer below).
     #[error("{what}: {source}")]
     Op {
@@ -31,8 +35,14 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A layer that reports its failures as one line (records, names, the workspace's `.git`
-    /// reader, repository seeding).
+    /// A thread's binding or workspace record could not be read or written.
+    #[error(transparent)]
+    Record(#[from] crate::records::RecordError),
+    /// A thread or project name was refused.
+    #[error(transparent)]
+    Name(#[from] crate::names::InvalidName),
+    /// A layer that reports its failures as one line (the workspace's `.git` reader, repository
+    /// seeding).
     #[error("{0}")]
     Layer(String),
 }
@@ -50,9 +60,9 @@ impl From<&str> for Error {
 }
 
 /// `Error::Workspace` for a failed core operation: `.map_err(on_workspace("what"))`.
-pub(super) fn on_workspace(what: impl Into<String>) -> impl FnOnce(fuser::Errno) -> Error {
+pub(super) fn on_workspace(what: impl Into<String>) -> impl FnOnce(FsError) -> Error {
     let what = what.into();
-    move |errno| Error::Workspace { what, errno }
+    move |source| Error::Workspace { what, source }
 }
 
 /// Says what was being done when an error happened: `Error::Op { what, source }`.
@@ -75,10 +85,15 @@ mod tests {
 
     #[test]
     fn a_failed_workspace_operation_names_its_errno() {
-        let e = on_workspace("cannot read the workspace's changes")(fuser::Errno::ENOENT);
+        let e = on_workspace("cannot read the workspace's changes")(fuser::Errno::ENOENT.into());
         assert_eq!(
             e.to_string(),
             "cannot read the workspace's changes: ENOENT (No such file or directory)"
+        );
+        let e = on_workspace("cannot read .git")(FsError::eio("object 3b18 is missing"));
+        assert_eq!(
+            e.to_string(),
+            "cannot read .git: EIO (Input/output error): object 3b18 is missing"
         );
     }
 }

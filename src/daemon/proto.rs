@@ -6,8 +6,8 @@
 //! and the CLI reads: `mirror add` and `mirror list` [`MirrorInfo`], `mirror access` [`Access`],
 //! `mirror sync` [`SyncOutcome`], `open` [`Opened`], `list` and `status` [`WorkspaceStatus`],
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
-//! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `ping` and `stop`
-//! [`Ack`].
+//! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
+//! `ping` and `stop` [`Ack`].
 
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +81,12 @@ pub enum Request {
         thread: Option<String>,
     },
     Stop,
+    /// `octofs watch`: the thread's journal entries after `token` (empty: from now).
+    Watch {
+        thread: String,
+        #[serde(default)]
+        token: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -148,6 +154,28 @@ pub struct WorkspaceStatus {
     /// A chat workspace (no project; never saved).
     #[serde(default)]
     pub chat: bool,
+}
+
+/// The answer to a watch query.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WatchAnswer {
+    /// Names the state after every entry below.
+    pub token: String,
+    /// The token given cannot be trusted (another daemon run, or too old): rescan.
+    pub everything: bool,
+    pub entries: Vec<WatchEntry>,
+}
+
+/// One change: a path (relative to the workspace root; a directory ends in `/`) and the token
+/// that names the state just after it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WatchEntry {
+    pub token: String,
+    /// The path as UTF-8 (invalid bytes replaced).
+    pub path: String,
+    /// The path's bytes in hex, when they are not UTF-8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_hex: Option<String>,
 }
 
 /// The answer to an fsmonitor query.

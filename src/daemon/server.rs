@@ -97,6 +97,7 @@ impl Daemon {
                 self.require_admin(c, "stop the daemon")?;
                 answer(Ok((Ack("stopping".into()), vec![])))
             }
+            Request::Watch { thread, token } => answer(self.watch(&thread, &token, c)),
         }
     }
 }
@@ -331,7 +332,10 @@ async fn serve_request(
 ) -> Response {
     let pool = match req {
         Request::Ping => return daemon.handle(req, &caller),
-        Request::Fsmonitor { .. } | Request::Stats { .. } | Request::Stop => &pools.fast,
+        Request::Fsmonitor { .. }
+        | Request::Stats { .. }
+        | Request::Watch { .. }
+        | Request::Stop => &pools.fast,
         _ => &pools.heavy,
     };
     let is_stop = matches!(req, Request::Stop);

@@ -117,6 +117,42 @@ impl Daemon {
         Ok((answer, vec![]))
     }
 
+    /// `octofs watch`: the journal entries of a mounted thread after `token` (its owner's business).
+    pub(super) fn watch(&self, thread: &str, token: &str, c: &Caller) -> Reply<proto::WatchAnswer> {
+        validate(NameKind::Thread, thread)?;
+        let (core, owner) = lock(&self.mounts)
+            .get(thread)
+            .map(|m| (m.core.clone(), m.owner))
+            .ok_or_else(|| Error::NotMounted(thread.to_string()))?;
+        self.require_owner(c, thread, owner)?;
+        let (token, entries) = core.watch_query(token);
+        let answer = match entries {
+            None => proto::WatchAnswer {
+                token,
+                everything: true,
+                entries: Vec::new(),
+            },
+            Some(entries) => proto::WatchAnswer {
+                token,
+                everything: false,
+                entries: entries
+                    .into_iter()
+                    .map(|(token, p)| {
+                        let path_hex = std::str::from_utf8(&p)
+                            .is_err()
+                            .then(|| p.iter().map(|b| format!("{b:02x}")).collect());
+                        proto::WatchEntry {
+                            token,
+                            path: String::from_utf8_lossy(&p).into_owned(),
+                            path_hex,
+                        }
+                    })
+                    .collect(),
+            },
+        };
+        Ok((answer, vec![]))
+    }
+
     /// Request statistics of one mounted thread (its owner's business), or of every mount summed
     /// (root only: the daemon-wide figures describe every user's activity).
     pub(super) fn stats(&self, thread: Option<&str>, c: &Caller) -> Reply<proto::StatsAnswer> {

@@ -1,11 +1,13 @@
-//! The one log line of a failed request: what it was (operation, inode, name) and its errno by name,
-//! at debug for the errors programs probe for all day, at warn for those an operator should see.
-//! Used by the fuser adapter; touches nothing but the log.
+//! The one log line of a failed request: what it was (operation, inode, name), its errno by name and
+//! what the core knew of the failure ([`FsError::context`]: which data file, catalog append, blob or
+//! object), at debug for the errors programs probe for all day, at warn for those an operator should
+//! see. Used by the fuser adapter; touches nothing but the log.
 
 use std::ffi::OsStr;
 
 use fuser::Errno;
 
+use super::FsError;
 use super::stats::Op;
 
 /// What a request was about, for the one log line of its failure.
@@ -31,17 +33,27 @@ impl std::fmt::Display for Cx<'_> {
     }
 }
 
-/// Logs a failed request once, with what it was about and its errno by name, and returns the errno
-/// for the reply. Failures an operator should see (disk full, I/O error, busy, quota) are warnings;
-/// the rest (no such file, exists, not empty, ...) are what programs probe for all day: debug.
-pub fn failed(cx: &Cx, e: Errno) -> Errno {
-    let name = errno_name(e);
-    if [Errno::ENOSPC, Errno::EIO, Errno::EBUSY, Errno::EDQUOT].contains(&e) {
-        tracing::warn!("{cx}: {name}");
+/// Logs a failed request once, with what it was about, its errno by name and its context, and
+/// returns the errno for the reply. Failures an operator should see (disk full, I/O error, busy,
+/// quota) are warnings; the rest (no such file, exists, not empty, ...) are what programs probe for
+/// all day: debug.
+pub fn failed(cx: &Cx, e: FsError) -> Errno {
+    let line = failure_line(cx, &e);
+    if [Errno::ENOSPC, Errno::EIO, Errno::EBUSY, Errno::EDQUOT].contains(&e.errno) {
+        tracing::warn!("{line}");
     } else {
-        tracing::debug!("{cx}: {name}");
+        tracing::debug!("{line}");
     }
-    e
+    e.errno
+}
+
+/// "lookup of inode 0x2a name \"a\": EIO: blob 3b18… into the blob cache: …"
+pub fn failure_line(cx: &Cx, e: &FsError) -> String {
+    let name = errno_name(e.errno);
+    match &e.context {
+        Some(c) => format!("{cx}: {name}: {c}"),
+        None => format!("{cx}: {name}"),
+    }
 }
 
 /// The symbolic name of an errno (`ENOENT`), or its number for one without a name
@@ -72,6 +84,24 @@ mod tests {
         assert_eq!(
             cx.to_string(),
             format!("{} of inode 0x2a name \"a b\"", Op::Lookup.name())
+        );
+    }
+
+    #[test]
+    fn a_failure_line_carries_the_core_context() {
+        let cx = Cx::new(Op::Open, 0x2a, None);
+        let bare = FsError::from(Errno::ENOENT);
+        assert_eq!(
+            failure_line(&cx, &bare),
+            format!("{} of inode 0x2a: ENOENT", Op::Open.name())
+        );
+        let e = FsError::eio("blob 3b18 into the blob cache");
+        assert_eq!(
+            failure_line(&cx, &e),
+            format!(
+                "{} of inode 0x2a: EIO: blob 3b18 into the blob cache",
+                Op::Open.name()
+            )
         );
     }
 }

@@ -3,8 +3,8 @@
 //! It owns what only the kernel interface needs: kernel cache TTLs, init flags (see
 //! `docs/caching.md`), turning fuser's argument types into core calls and results into replies, and
 //! registering passthrough backing files with the kernel. Open handles and the backing rules live in
-//! [`super::handles`]; every request's meaning lives in the core. Each failed request is logged once
-//! ([`super::failures`]).
+//! [`super::handles`]; every request's meaning lives in the core. A failed request is answered with
+//! its [`FsError`]'s errno and logged once, with the error's context ([`super::failures`]).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -25,7 +25,7 @@ use fuser::{
 use super::failures::{Cx, failed};
 use super::handles::{FileOpen, Handles};
 use super::stats::{Op, Stats};
-use super::{Behind, Caller, SetAttr, SetTime, WorkspaceFs, XattrReply};
+use super::{Behind, Caller, FsError, SetAttr, SetTime, WorkspaceFs, XattrReply};
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
@@ -92,42 +92,42 @@ fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
-fn entry(cx: &Cx, reply: ReplyEntry, r: Result<FileAttr, Errno>) {
+fn entry(cx: &Cx, reply: ReplyEntry, r: Result<FileAttr, FsError>) {
     match r {
         Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
         Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn attr(cx: &Cx, reply: ReplyAttr, r: Result<FileAttr, Errno>) {
+fn attr(cx: &Cx, reply: ReplyAttr, r: Result<FileAttr, FsError>) {
     match r {
         Ok(attr) => reply.attr(&TTL, &attr),
         Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn data(cx: &Cx, reply: ReplyData, r: Result<Vec<u8>, Errno>) {
+fn data(cx: &Cx, reply: ReplyData, r: Result<Vec<u8>, FsError>) {
     match r {
         Ok(d) => reply.data(&d),
         Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn written(cx: &Cx, reply: ReplyWrite, r: Result<u32, Errno>) {
+fn written(cx: &Cx, reply: ReplyWrite, r: Result<u32, FsError>) {
     match r {
         Ok(n) => reply.written(n),
         Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn empty(cx: &Cx, reply: ReplyEmpty, r: Result<(), Errno>) {
+fn empty(cx: &Cx, reply: ReplyEmpty, r: Result<(), FsError>) {
     match r {
         Ok(()) => reply.ok(),
         Err(e) => reply.error(failed(cx, e)),
     }
 }
 
-fn xattr(cx: &Cx, reply: ReplyXattr, r: Result<XattrReply, Errno>) {
+fn xattr(cx: &Cx, reply: ReplyXattr, r: Result<XattrReply, FsError>) {
     match r {
         Ok(XattrReply::Size(n)) => reply.size(n),
         Ok(XattrReply::Data(d)) => reply.data(&d),
@@ -335,8 +335,8 @@ impl Filesystem for FuseAdapter {
         let _t = self.info.stats.time(Op::Open);
         let cx = Cx::new(Op::Open, i.0, None);
         let i = ino(i);
-        // An open that truncates drops set-user/group-ID as a truncate does (FUSE_HANDLE_KILLPRIV_V2;
-        // the kernel's FUSE_OPEN_KILL_SUIDGID is not passed by fuser: root stands for CAP_FSETID).
+        // An open that truncates drops set-user/group-ID as a truncate does (KILLPRIV_V2; fuser
+        // does not pass the kernel's FUSE_OPEN_KILL_SUIDGID: root stands for CAP_FSETID).
         if flags.0 & libc::O_TRUNC != 0
             && req.uid() != 0
             && let Err(e) = self.core.kill_suidgid(i)

@@ -31,13 +31,14 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
+use crate::fs::FsError;
 use dashmap::DashMap;
 use fuser::Errno;
 
-use super::{Caller, DirEntry, Opened, WorkspaceFs};
+use super::{Caller, Context, DirEntry, Opened, WorkspaceFs};
 
 /// A directory handle's listing, read at most once.
-type DirListing = Arc<OnceLock<Result<Vec<DirEntry>, Errno>>>;
+type DirListing = Arc<OnceLock<Result<Vec<DirEntry>, FsError>>>;
 
 enum Handle<B> {
     File {
@@ -100,10 +101,6 @@ pub struct Handles<B> {
 /// The kernel's `__FMODE_EXEC` open flag: the open of a program by `execve` (or of its interpreter).
 /// The kernel passes it in the flags of FUSE OPEN; `libc` has no constant for it.
 pub const FMODE_EXEC: i32 = 0x20;
-
-fn io_errno(e: std::io::Error) -> Errno {
-    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
-}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -182,13 +179,13 @@ impl<B> Handles<B> {
         ino: u64,
         flags: i32,
         register: Option<impl FnOnce(&File) -> std::io::Result<B>>,
-    ) -> Result<FileOpen<B>, Errno> {
+    ) -> Result<FileOpen<B>, FsError> {
         let exec = flags & FMODE_EXEC != 0;
         if flags & libc::O_ACCMODE == libc::O_RDONLY
             && flags & libc::O_TRUNC != 0
             && self.executing.get(&ino).is_some_and(|n| *n > 0)
         {
-            return Err(Errno::ETXTBSY);
+            return Err(Errno::ETXTBSY.into());
         }
         let Some(register) = register else {
             let opened = self.core.open(ino, flags)?;
@@ -200,11 +197,11 @@ impl<B> Handles<B> {
             if write && live.is_some() && !slot.upper {
                 // Readers hold the base content through passthrough: the kernel would refuse a
                 // second backing file for this inode, so the writer gets a new inode.
-                return Err(if self.core.reinode_for_write(ino)? {
+                return Err(FsError::from(if self.core.reinode_for_write(ino)? {
                     Errno::ESTALE
                 } else {
                     Errno::EBUSY
-                });
+                }));
             }
             let opened = self.core.open(ino, flags)?;
             if let Some(id) = live {
@@ -212,7 +209,7 @@ impl<B> Handles<B> {
                     return Ok((opened, Some(id), None));
                 }
                 self.core.release(ino, opened.write);
-                return Err(Errno::EBUSY);
+                return Err(Errno::EBUSY.into());
             }
             match register(&opened.file) {
                 Ok(id) => {
@@ -239,7 +236,7 @@ impl<B> Handles<B> {
         flags: i32,
         caller: Caller,
         register: Option<impl FnOnce(&File) -> std::io::Result<B>>,
-    ) -> Result<(fuser::FileAttr, FileOpen<B>), Errno> {
+    ) -> Result<(fuser::FileAttr, FileOpen<B>), FsError> {
         let (attr, opened) = self.core.create(parent, name, mode, flags, caller)?;
         let ino = attr.ino.0;
         let (backing, failed) = match register.map(|r| r(&opened.file)) {
@@ -263,7 +260,7 @@ impl<B> Handles<B> {
 
     /// Before a truncate of `ino`: a base file that readers hold through passthrough moves its name
     /// to a new inode first (`Err(ESTALE)`: look the name up again; `Err(EBUSY)`: not possible).
-    pub fn before_truncate(&self, ino: u64) -> Result<(), Errno> {
+    pub fn before_truncate(&self, ino: u64) -> Result<(), FsError> {
         let live_base = self.backing.get(&ino).map(|s| s.clone()).is_some_and(|s| {
             let b = lock(&s);
             b.id.strong_count() > 0 && !b.upper
@@ -272,39 +269,39 @@ impl<B> Handles<B> {
             return Ok(());
         }
         match self.core.reinode_for_write(ino)? {
-            true => Err(Errno::ESTALE),
-            false => Err(Errno::EBUSY),
+            true => Err(Errno::ESTALE.into()),
+            false => Err(Errno::EBUSY.into()),
         }
     }
 
     /// The file behind `fh`, whether it is the data file, and its inode.
-    fn file(&self, fh: u64) -> Result<(Arc<File>, bool, u64), Errno> {
+    fn file(&self, fh: u64) -> Result<(Arc<File>, bool, u64), FsError> {
         match self.handles.get(&fh).as_deref() {
             Some(Handle::File {
                 file, upper, ino, ..
             }) => Ok((file.clone(), *upper, *ino)),
-            Some(Handle::Dir { .. }) => Err(Errno::EISDIR),
-            None => Err(Errno::EBADF),
+            Some(Handle::Dir { .. }) => Err(Errno::EISDIR.into()),
+            None => Err(Errno::EBADF.into()),
         }
     }
 
     /// The data file behind `fh`; a handle on base content is not open for writing (`EBADF`).
-    fn upper_file(&self, fh: u64) -> Result<Arc<File>, Errno> {
+    fn upper_file(&self, fh: u64) -> Result<(Arc<File>, u64), FsError> {
         match self.file(fh)? {
-            (file, true, _) => Ok(file),
-            _ => Err(Errno::EBADF),
+            (file, true, ino) => Ok((file, ino)),
+            _ => Err(Errno::EBADF.into()),
         }
     }
 
     /// The file `fh` reads now: a handle opened on the base content before the file was copied up
     /// switches to the data file.
-    fn current_file(&self, fh: u64) -> Result<Arc<File>, Errno> {
+    fn current_file(&self, fh: u64) -> Result<(Arc<File>, bool, u64), FsError> {
         let (file, upper, ino) = self.file(fh)?;
         if upper || !self.core.is_upper(ino) {
-            return Ok(file);
+            return Ok((file, upper, ino));
         }
         let Ok(data) = self.core.open_data(ino) else {
-            return Ok(file);
+            return Ok((file, upper, ino));
         };
         let data = Arc::new(data);
         if let Some(mut h) = self.handles.get_mut(&fh)
@@ -313,12 +310,22 @@ impl<B> Handles<B> {
             *file = data.clone();
             *upper = true;
         }
-        Ok(data)
+        Ok((data, true, ino))
+    }
+
+    /// What an I/O error on a handle's file was about, for its context: "write to the data file
+    /// /…/data/8000000000000002a" (or "read of the base content of inode 0x2a").
+    fn what(&self, ino: u64, upper: bool, op: &str) -> String {
+        if upper {
+            format!("{op} of data file {}", self.core.data_path(ino).display())
+        } else {
+            format!("{op} of the base content of inode {ino:#x}")
+        }
     }
 
     /// Up to `size` bytes of `fh` at `offset` (short only at the end of the file).
-    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
-        let file = self.current_file(fh)?;
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        let (file, upper, ino) = self.current_file(fh)?;
         let mut buf = vec![0u8; size as usize];
         let mut filled = 0;
         while filled < buf.len() {
@@ -326,7 +333,7 @@ impl<B> Handles<B> {
                 Ok(0) => break,
                 Ok(n) => filled += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(io_errno(e)),
+                Err(e) => return Err(e).context(|| self.what(ino, upper, "read")),
             }
         }
         buf.truncate(filled);
@@ -334,34 +341,36 @@ impl<B> Handles<B> {
     }
 
     /// Writes `data` at `offset` of `fh`.
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
-        let file = self.upper_file(fh)?;
-        file.write_all_at(data, offset).map_err(io_errno)?;
-        u32::try_from(data.len()).map_err(|_| Errno::EINVAL)
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
+        let (file, ino) = self.upper_file(fh)?;
+        file.write_all_at(data, offset)
+            .context(|| self.what(ino, true, "write"))?;
+        u32::try_from(data.len()).map_err(|_| Errno::EINVAL.into())
     }
 
     /// `fsync` of `fh`: its data file, then the catalog.
-    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<(), Errno> {
-        let (file, upper, _) = self.file(fh)?;
+    pub fn fsync(&self, fh: u64, datasync: bool) -> Result<(), FsError> {
+        let (file, upper, ino) = self.file(fh)?;
         if upper {
             if datasync {
                 file.sync_data()
             } else {
                 file.sync_all()
             }
-            .map_err(io_errno)?;
+            .context(|| self.what(ino, true, "fsync"))?;
         }
         self.core.sync_catalog()
     }
 
-    pub fn fallocate(&self, fh: u64, mode: i32, offset: u64, length: u64) -> Result<(), Errno> {
-        let file = self.upper_file(fh)?;
-        crate::sys::fallocate(&file, mode, offset, length).map_err(io_errno)
+    pub fn fallocate(&self, fh: u64, mode: i32, offset: u64, length: u64) -> Result<(), FsError> {
+        let (file, ino) = self.upper_file(fh)?;
+        crate::sys::fallocate(&file, mode, offset, length)
+            .context(|| self.what(ino, true, "fallocate"))
     }
 
-    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64, Errno> {
+    pub fn lseek(&self, fh: u64, offset: i64, whence: i32) -> Result<i64, FsError> {
         let (file, _, _) = self.file(fh)?;
-        crate::sys::lseek(&file, offset, whence).map_err(io_errno)
+        crate::sys::lseek(&file, offset, whence).map_err(FsError::from)
     }
 
     /// Copies up to `len` bytes from `fh_in` at `off_in` to `fh_out` at `off_out`.
@@ -372,12 +381,13 @@ impl<B> Handles<B> {
         fh_out: u64,
         off_out: u64,
         len: u64,
-    ) -> Result<u32, Errno> {
+    ) -> Result<u32, FsError> {
         let (src, _, _) = self.file(fh_in)?;
-        let dst = self.upper_file(fh_out)?;
+        let (dst, ino) = self.upper_file(fh_out)?;
         let len = len.min(u64::from(u32::MAX) & !0xfff);
-        let n = crate::sys::copy_file_range(&src, off_in, &dst, off_out, len).map_err(io_errno)?;
-        u32::try_from(n).map_err(|_| Errno::EIO)
+        let n = crate::sys::copy_file_range(&src, off_in, &dst, off_out, len)
+            .context(|| self.what(ino, true, "copy_file_range into"))?;
+        u32::try_from(n).map_err(|_| FsError::eio("copy_file_range copied more than asked"))
     }
 
     /// `release` of file handle `fh` of `ino`.
@@ -401,7 +411,7 @@ impl<B> Handles<B> {
     }
 
     /// `opendir`: a handle on directory `ino`.
-    pub fn opendir(&self, ino: u64) -> Result<u64, Errno> {
+    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
         self.core.opendir(ino)?;
         Ok(self.add(Handle::Dir {
             ino,
@@ -410,15 +420,15 @@ impl<B> Handles<B> {
     }
 
     /// Runs `f` on the listing of directory handle `fh`, read when first asked for.
-    pub fn with_listing(&self, fh: u64, f: impl FnOnce(u64, &[DirEntry])) -> Result<(), Errno> {
+    pub fn with_listing(&self, fh: u64, f: impl FnOnce(u64, &[DirEntry])) -> Result<(), FsError> {
         let (ino, listing) = match self.handles.get(&fh).as_deref() {
             Some(Handle::Dir { ino, listing }) => (*ino, listing.clone()),
-            _ => return Err(Errno::EBADF),
+            _ => return Err(Errno::EBADF.into()),
         };
         let list = listing
             .get_or_init(|| self.core.readdir(ino))
             .as_ref()
-            .map_err(|e| *e)?;
+            .map_err(|e| e.clone())?;
         f(ino, list);
         Ok(())
     }

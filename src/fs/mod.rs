@@ -1,18 +1,22 @@
 //! The filesystem: [`workspace`] answers every request for one workspace without a kernel; [`fuse`] is the
 //! thin fuser adapter that turns kernel requests into core calls and core results into replies
 //! (passthrough, TTLs, invalidation); [`uring`] is the request transport (FUSE over io_uring, or
-//! `/dev/fuse` threads).
+//! `/dev/fuse` threads). Every core request returns an [`FsResult`]: an errno for the kernel and, where
+//! the core knows it, what failed ([`error`], `docs/errors.md`).
 //!
 //! The core reads the base commit through [`crate::git::objects`] and file content through
 //! [`crate::cow::blobcache`]; it never touches a mirror's working tree, HEAD or index. See
 //! `docs/inodes.md` for how inode numbers are chosen and why they are stable.
 
+pub mod error;
 pub mod failures;
 pub mod fuse;
 pub mod handles;
 pub mod stats;
 pub mod uring;
 pub mod workspace;
+
+pub use self::error::{Context, FsError, FsResult};
 
 // Everything the rest of the crate (and the tests) use from the core, by one path that does not
 // depend on how the core is split into files.

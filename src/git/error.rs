@@ -28,8 +28,8 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
     /// A project record could not be read or written (the record store's own one-line message).
-    #[error("{0}")]
-    Record(String),
+    #[error(transparent)]
+    Record(#[from] crate::records::RecordError),
     /// What octofs was doing, and why it failed.
     #[error("{what}: {source}")]
     Op {

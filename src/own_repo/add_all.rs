@@ -130,13 +130,8 @@ fn shown(path: &[u8]) -> String {
 }
 
 fn core_kind(core: &WorkspaceFs, path: &[u8]) -> Result<Option<fuser::FileType>, String> {
-    core.kind_at(&comps(path)).map_err(|e| {
-        format!(
-            "cannot read {}: {}",
-            shown(path),
-            crate::errno::describe_errno(e)
-        )
-    })
+    core.kind_at(&comps(path))
+        .map_err(|e| format!("cannot read {}: {}", shown(path), e))
 }
 
 /// The workspace's index (`.git/index`; empty when there is none), read from a private copy. A
@@ -295,13 +290,9 @@ fn load(
     base: Option<Vec<u8>>,
 ) -> Result<Option<List<Ignore>>, String> {
     let what = || shown(&file.join(&b'/'));
-    let Some(f) = core.open_file(file).map_err(|e| {
-        format!(
-            "cannot read {}: {}",
-            what(),
-            crate::errno::describe_errno(e)
-        )
-    })?
+    let Some(f) = core
+        .open_file(file)
+        .map_err(|e| format!("cannot read {}: {}", what(), e))?
     else {
         return Ok(None);
     };

@@ -173,8 +173,9 @@ fn stream_loose_blob(
     Ok(true)
 }
 
-fn errno(e: fuser::Errno) -> std::io::Error {
-    std::io::Error::from_raw_os_error(e.code())
+/// A core error as an I/O error of the same kind, its message saying the errno and the context.
+fn errno(e: crate::fs::FsError) -> std::io::Error {
+    std::io::Error::new(std::io::Error::from_raw_os_error(e.errno.code()).kind(), e)
 }
 
 /// A zlib stream, inflated as it is read.
@@ -287,12 +288,7 @@ fn copy_packs(core: &WorkspaceFs, scratch: &Scratch) -> Result<(), String> {
     let dir: [&[u8]; 3] = [b".git", b"objects", b"pack"];
     let names = core
         .list_dir(&dir)
-        .map_err(|e| {
-            format!(
-                "cannot list .git/objects/pack: {}",
-                crate::errno::describe_errno(e)
-            )
-        })?
+        .map_err(|e| format!("cannot list .git/objects/pack: {}", e))?
         .unwrap_or_default();
     for (name, kind) in names {
         let Ok(name) = std::str::from_utf8(&name) else {

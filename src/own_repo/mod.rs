@@ -62,13 +62,9 @@ impl Scratch {
     /// `to` (relative to this directory, parents created). False when there is no such file.
     pub fn copy_in(&self, core: &WorkspaceFs, from: &[&[u8]], to: &Path) -> Result<bool, String> {
         let shown = || String::from_utf8_lossy(&from.join(&b'/')).into_owned();
-        let Some(src) = core.open_file(from).map_err(|e| {
-            format!(
-                "cannot read {}: {}",
-                shown(),
-                crate::errno::describe_errno(e)
-            )
-        })?
+        let Some(src) = core
+            .open_file(from)
+            .map_err(|e| format!("cannot read {}: {}", shown(), e))?
         else {
             return Ok(false);
         };

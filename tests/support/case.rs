@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 
 use fuser::{Errno, FileAttr};
 use octofs::cow::catalog::Ts;
-use octofs::fs::{ROOT_INO, SetAttr, WorkspaceFs, path_ino};
+use octofs::fs::{FsError, ROOT_INO, SetAttr, WorkspaceFs, path_ino};
 
 use super::base::{Base, scratch_dir};
 use super::checker::{Ids, check_attr, outcome, tally};
@@ -570,7 +570,7 @@ impl<'b> Case<'b> {
     }
 
     /// The end of mknod/mkdir/symlink/link: one more kernel reference, and the attributes.
-    pub fn made(&mut self, what: &str, m: Result<Id, Errno>, c: Result<FileAttr, Errno>) {
+    pub fn made(&mut self, what: &str, m: Result<Id, Errno>, c: Result<FileAttr, FsError>) {
         if let Some((id, attr)) = outcome(what, m, c) {
             self.add_ref(attr.ino.0);
             check_attr(&self.model, &mut self.ids, id, &attr, what);

@@ -14,7 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use fuser::{Errno, FileAttr};
-use octofs::fs::{ChangeKind, Changed, ROOT_INO, WorkspaceFs, XattrReply};
+use octofs::fs::{ChangeKind, Changed, FsError, ROOT_INO, WorkspaceFs, XattrReply};
 use octofs::git::snapshot::{ViewEdit, ViewSource};
 
 use super::case::Case;
@@ -92,7 +92,7 @@ pub fn tally(what: &str, end: &str) {
 pub fn outcome<T, U>(
     what: &str,
     model: Result<T, Errno>,
-    core: Result<U, Errno>,
+    core: Result<U, FsError>,
 ) -> Option<(T, U)> {
     match &model {
         Ok(_) => tally(what, "ok"),
@@ -102,16 +102,16 @@ pub fn outcome<T, U>(
         (Ok(t), Ok(u)) => Some((t, u)),
         (Err(m), Err(c)) => {
             assert!(
-                m == c,
-                "{what}: the core fails with {}, the model expects {}",
-                ename(c),
+                m == c.errno,
+                "{what}: the core fails with {} ({c}), the model expects {}",
+                ename(c.errno),
                 ename(m)
             );
             None
         }
         (Ok(_), Err(c)) => panic!(
-            "{what}: the core fails with {}, the model expects success",
-            ename(c)
+            "{what}: the core fails with {} ({c}), the model expects success",
+            ename(c.errno)
         ),
         (Err(m), Ok(_)) => panic!("{what}: the core succeeds, the model expects {}", ename(m)),
     }
@@ -205,7 +205,7 @@ pub fn check_xattrs(fs: &WorkspaceFs, ino: u64, want: &BTreeMap<String, Vec<u8>>
         Vec::new()
     } else {
         assert_eq!(
-            fs.listxattr(ino, size - 1),
+            fs.listxattr(ino, size - 1).map_err(|e| e.errno),
             Err(Errno::ERANGE),
             "{what}: listxattr into a short buffer"
         );
@@ -229,27 +229,29 @@ pub fn check_xattrs(fs: &WorkspaceFs, ino: u64, want: &BTreeMap<String, Vec<u8>>
     for (k, v) in want {
         let name = OsStr::new(k);
         assert_eq!(
-            fs.getxattr(ino, name, 0),
+            fs.getxattr(ino, name, 0).map_err(|e| e.errno),
             Ok(XattrReply::Size(v.len() as u32)),
             "{what}: getxattr {k} size"
         );
         if !v.is_empty() {
             assert_eq!(
-                fs.getxattr(ino, name, v.len() as u32),
+                fs.getxattr(ino, name, v.len() as u32).map_err(|e| e.errno),
                 Ok(XattrReply::Data(v.clone())),
                 "{what}: getxattr {k}"
             );
         }
         if v.len() > 1 {
             assert_eq!(
-                fs.getxattr(ino, name, v.len() as u32 - 1),
+                fs.getxattr(ino, name, v.len() as u32 - 1)
+                    .map_err(|e| e.errno),
                 Err(Errno::ERANGE),
                 "{what}: getxattr {k} into a short buffer"
             );
         }
     }
     assert_eq!(
-        fs.getxattr(ino, OsStr::new("user.absent"), 0),
+        fs.getxattr(ino, OsStr::new("user.absent"), 0)
+            .map_err(|e| e.errno),
         Err(Errno::NO_XATTR),
         "{what}: getxattr of a missing name"
     );
@@ -267,7 +269,7 @@ impl Case<'_> {
             let what = format!("held handle of model id {}", h.id);
             let a = fs
                 .getattr(h.ino)
-                .unwrap_or_else(|e| panic!("{what}: getattr: {}", ename(e)));
+                .unwrap_or_else(|e| panic!("{what}: getattr: {}", e));
             check_attr(&self.model, &mut self.ids, h.id, &a, &what);
             // As the adapter does: a handle opened on the base before a copy-up reads the data file.
             if !h.upper && fs.is_upper(h.ino) {
@@ -284,7 +286,7 @@ impl Case<'_> {
                 let what = format!("unlinked inode {ino:#x} the kernel still holds");
                 let a = fs
                     .getattr(ino)
-                    .unwrap_or_else(|e| panic!("{what}: getattr: {}", ename(e)));
+                    .unwrap_or_else(|e| panic!("{what}: getattr: {}", e));
                 check_attr(&self.model, &mut self.ids, id, &a, &what);
             }
         }
@@ -295,10 +297,10 @@ impl Case<'_> {
         let fs = self.fs.as_ref().expect("loaded");
         let shown = if path.is_empty() { "/" } else { path };
         fs.opendir(ino)
-            .unwrap_or_else(|e| panic!("opendir {shown}: {}", ename(e)));
+            .unwrap_or_else(|e| panic!("opendir {shown}: {}", e));
         let list = fs
             .readdir(ino)
-            .unwrap_or_else(|e| panic!("readdir {shown}: {}", ename(e)));
+            .unwrap_or_else(|e| panic!("readdir {shown}: {}", e));
         assert!(
             list.len() >= 2 && list[0].name == "." && list[1].name == "..",
             "readdir {shown}: starts with . and .."
@@ -330,27 +332,27 @@ impl Case<'_> {
             if self.plus {
                 let a = fs
                     .listed(ino, &e.name)
-                    .unwrap_or_else(|err| panic!("readdirplus {cpath}: {}", ename(err)))
+                    .unwrap_or_else(|err| panic!("readdirplus {cpath}: {}", err))
                     .unwrap_or_else(|| panic!("readdirplus {cpath}: the name is gone"));
                 same_attr(&format!("{cpath}: readdir vs readdirplus"), &e.attr, &a);
                 *self.refs.entry(a.ino.0).or_default() += 1;
             }
             let a = fs
                 .lookup(ino, &e.name)
-                .unwrap_or_else(|err| panic!("lookup {cpath}: {}", ename(err)));
+                .unwrap_or_else(|err| panic!("lookup {cpath}: {}", err));
             *self.refs.entry(a.ino.0).or_default() += 1;
             check_attr(&self.model, &mut self.ids, id, &a, &cpath);
             same_attr(&format!("{cpath}: readdir vs lookup"), &e.attr, &a);
             let g = fs
                 .getattr(a.ino.0)
-                .unwrap_or_else(|err| panic!("getattr {cpath}: {}", ename(err)));
+                .unwrap_or_else(|err| panic!("getattr {cpath}: {}", err));
             same_attr(&format!("{cpath}: getattr vs lookup"), &g, &a);
             let n = self.model.node(id);
             match n.kind {
                 Kind::File => {
                     let mut o = fs
                         .open(a.ino.0, libc::O_RDONLY)
-                        .unwrap_or_else(|err| panic!("open {cpath}: {}", ename(err)));
+                        .unwrap_or_else(|err| panic!("open {cpath}: {}", err));
                     assert_eq!(o.upper, n.upper, "{cpath}: read from upper or base");
                     let mut v = Vec::new();
                     o.file.read_to_end(&mut v).expect("read");
@@ -366,7 +368,7 @@ impl Case<'_> {
                 Kind::Symlink => {
                     let t = fs
                         .readlink(a.ino.0)
-                        .unwrap_or_else(|err| panic!("readlink {cpath}: {}", ename(err)));
+                        .unwrap_or_else(|err| panic!("readlink {cpath}: {}", err));
                     assert_eq!(
                         String::from_utf8_lossy(&t),
                         String::from_utf8_lossy(&n.data),
@@ -406,7 +408,7 @@ impl Case<'_> {
         let changes = self
             .fs()
             .changes()
-            .unwrap_or_else(|e| panic!("changes: {}", ename(e)));
+            .unwrap_or_else(|e| panic!("changes: {}", e));
         let now = self.model.flatten();
         // git keeps no fifos and no empty directories: whether changes() names one (a new empty
         // directory as added, a fifo where the base had a file as modified or as deleted) is the
@@ -523,10 +525,7 @@ impl Case<'_> {
     /// executable bit, every symlink with its target (no directories, no fifos).
     pub fn check_view(&mut self) {
         use std::os::unix::ffi::OsStrExt;
-        let view = self
-            .fs()
-            .view()
-            .unwrap_or_else(|e| panic!("view: {}", ename(e)));
+        let view = self.fs().view().unwrap_or_else(|e| panic!("view: {}", e));
         assert_eq!(view.base_tree, self.base.tree, "view: the base tree");
         self.last_view = Some((view.generation, view.taken_at));
         let mut edits = view.edits.clone();

@@ -8,6 +8,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::time::SystemTime;
 
+use crate::fs::{Context, FsError};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
 use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Ts};
@@ -17,8 +18,8 @@ use crate::git::objects::{EntryKind, TreeEntry};
 use super::presented::{DIR_SIZE, base_mode, base_size};
 use super::xattr::CAPABILITY;
 use super::{
-    NAME_MAX, ROOT_INO, WorkspaceFs, convert::check_name, convert::eio, convert::io_errno,
-    convert::join, convert::oid, convert::ts, tx::Tx, types::DirEntry, types::SetAttr,
+    NAME_MAX, ROOT_INO, WorkspaceFs, convert::check_name, convert::eio, convert::join,
+    convert::oid, convert::shown, convert::ts, tx::Tx, types::DirEntry, types::SetAttr,
     types::SetTime,
 };
 
@@ -29,14 +30,12 @@ impl WorkspaceFs {
         parent_path: &[u8],
         e: &TreeEntry,
         ino: u64,
-    ) -> Result<InodeRecord, Errno> {
+    ) -> Result<InodeRecord, FsError> {
         let t = ts(self.pres.time);
         let (kind, nlink) = match e.kind {
             EntryKind::Tree => {
                 let subdirs = self
-                    .store
-                    .tree(e.id)
-                    .map_err(eio)?
+                    .tree_entries(e.id)?
                     .iter()
                     .filter(|c| matches!(c.kind, EntryKind::Tree | EntryKind::Gitlink))
                     .count() as u32;
@@ -73,11 +72,14 @@ impl WorkspaceFs {
         })
     }
 
-    pub(super) fn attr(&self, rec: &InodeRecord) -> Result<FileAttr, Errno> {
+    pub(super) fn attr(&self, rec: &InodeRecord) -> Result<FileAttr, FsError> {
         let (mut atime, mut mtime, mut ctime) = (rec.atime, rec.mtime, rec.ctime);
         let (size, blocks) = match rec.kind {
             Kind::File if rec.upper => {
-                let m = std::fs::metadata(self.upper.data_path(rec.ino)).map_err(eio)?;
+                let path = self.upper.data_path(rec.ino);
+                let m = std::fs::metadata(&path)
+                    .map_err(eio)
+                    .context(|| format!("data file {}", path.display()))?;
                 atime = Ts(m.atime(), m.atime_nsec() as u32);
                 mtime = Ts(m.mtime(), m.mtime_nsec() as u32);
                 let data_ctime = Ts(m.ctime(), m.ctime_nsec() as u32);
@@ -87,15 +89,20 @@ impl WorkspaceFs {
                 (m.len(), m.blocks())
             }
             Kind::File if rec.shared.is_some() => {
-                let m =
-                    std::fs::metadata(rec.shared.as_deref().unwrap_or_default()).map_err(eio)?;
+                let shared = rec.shared.as_deref().unwrap_or_default();
+                let m = std::fs::metadata(shared)
+                    .map_err(eio)
+                    .context(|| format!("shared file {shared}"))?;
                 (m.len(), m.blocks())
             }
             Kind::File | Kind::Symlink => {
                 let size = match (&rec.target, &rec.base) {
                     (Some(t), _) => t.len() as u64,
                     (None, Some(b)) => {
-                        base_size(&self.store, EntryKind::Blob, oid(&b.oid)?).map_err(eio)?
+                        let id = oid(&b.oid)?;
+                        base_size(&self.store, EntryKind::Blob, id)
+                            .map_err(eio)
+                            .context(|| format!("blob {id} of {}", shown(&b.path)))?
                     }
                     (None, None) => 0,
                 };
@@ -134,7 +141,7 @@ impl WorkspaceFs {
     // ----- lookups and attributes -----
 
     /// `lookup`: the attributes of `name` in `parent`, counting one kernel reference.
-    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, Errno> {
+    pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, FsError> {
         let name = check_name(name)?;
         let mut st = self.lock();
         let ino = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
@@ -148,7 +155,7 @@ impl WorkspaceFs {
     /// The attributes of `rec`, read without the lock (a data file's are `fstat`ed), for a reply that
     /// hands the kernel a reference already counted: if they cannot be read, nothing is handed and
     /// the reference is dropped again.
-    fn counted_attr(&self, rec: &InodeRecord) -> Result<FileAttr, Errno> {
+    fn counted_attr(&self, rec: &InodeRecord) -> Result<FileAttr, FsError> {
         self.attr(rec).inspect_err(|_| self.forget(rec.ino, 1))
     }
 
@@ -161,7 +168,7 @@ impl WorkspaceFs {
         self.reap(&mut st, ino);
     }
 
-    pub fn getattr(&self, ino: u64) -> Result<FileAttr, Errno> {
+    pub fn getattr(&self, ino: u64) -> Result<FileAttr, FsError> {
         let rec = self.lock().node(ino)?.rec.clone();
         self.attr(&rec)
     }
@@ -177,12 +184,12 @@ impl WorkspaceFs {
 
     /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
     /// references; readdirplus calls [`Self::listed`] for each one it returns.
-    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, Errno> {
+    pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, FsError> {
         let rec = {
             let st = self.lock();
             let n = st.node(ino)?;
             if n.rec.kind != Kind::Dir {
-                return Err(Errno::ENOTDIR);
+                return Err(Errno::ENOTDIR.into());
             }
             n.rec.clone()
         };
@@ -211,7 +218,7 @@ impl WorkspaceFs {
         // The base tree is read before, and the attributes computed after, the one critical
         // section that picks each name's inode.
         let base = match Self::base_tree(&rec) {
-            Some((tree, path)) => Some((self.store.tree(tree).map_err(eio)?, path.to_vec())),
+            Some((tree, path)) => Some((self.tree_entries(tree)?, path.to_vec())),
             None => None,
         };
         enum Child {
@@ -267,7 +274,7 @@ impl WorkspaceFs {
     /// applies the attributes of every entry to its cached inode as if they were current: served
     /// from the listing, a file written since then would read as its old size (see
     /// docs/caching.md). So they are read again here, when the request is answered.
-    pub fn listed(&self, parent: u64, name: &OsStr) -> Result<Option<FileAttr>, Errno> {
+    pub fn listed(&self, parent: u64, name: &OsStr) -> Result<Option<FileAttr>, FsError> {
         let mut st = self.lock();
         let Some(ino) = self.resolve(&mut st, parent, name.as_bytes())? else {
             return Ok(None);
@@ -279,44 +286,45 @@ impl WorkspaceFs {
         self.counted_attr(&rec).map(Some)
     }
 
-    pub fn opendir(&self, ino: u64) -> Result<(), Errno> {
+    pub fn opendir(&self, ino: u64) -> Result<(), FsError> {
         match self.lock().node(ino)?.rec.kind {
             Kind::Dir => Ok(()),
-            _ => Err(Errno::ENOTDIR),
+            _ => Err(Errno::ENOTDIR.into()),
         }
     }
 
-    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, Errno> {
+    pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
         let rec = self.lock().node(ino)?.rec.clone();
         if rec.kind != Kind::Symlink {
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         }
         match (rec.target, rec.base) {
             (Some(t), _) => Ok(t),
-            (None, Some(b)) => self.store.blob(oid(&b.oid)?).map_err(eio),
+            (None, Some(b)) => self.blob_bytes(oid(&b.oid)?),
             (None, None) => Ok(Vec::new()),
         }
     }
 
-    pub fn access(&self, ino: u64, _mask: i32) -> Result<(), Errno> {
+    pub fn access(&self, ino: u64, _mask: i32) -> Result<(), FsError> {
         self.lock().node(ino).map(|_| ())
     }
 
-    pub fn statfs(&self) -> Result<crate::sys::FsStats, Errno> {
+    pub fn statfs(&self) -> Result<crate::sys::FsStats, FsError> {
         crate::sys::statvfs(&self.statfs_path)
             .map(|mut s| {
                 s.namelen = NAME_MAX as u32;
                 s
             })
-            .map_err(io_errno)
+            .map_err(FsError::from)
     }
 
     // ----- attributes and extended attributes -----
 
     /// Drops the set-user-ID and set-group-ID bits of `ino` as a write or truncate by a caller
     /// without `CAP_FSETID` does (see [`killed_suidgid`]), and its file capabilities; nothing is
-    /// recorded when it has none to drop. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this to the file system.
-    pub fn kill_suidgid(&self, ino: u64) -> Result<(), Errno> {
+    /// recorded when it has none to drop. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this to
+    /// the file system.
+    pub fn kill_suidgid(&self, ino: u64) -> Result<(), FsError> {
         let mut st = self.lock();
         let rec = &st.node(ino)?.rec;
         if rec.kind == Kind::Dir
@@ -338,15 +346,15 @@ impl WorkspaceFs {
     /// `setattr`. A size change copies a base file up first; the data file's size and times are
     /// set without the state lock (the kernel serializes `setattr` of one inode; a copy-up of it in
     /// progress is waited for).
-    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<FileAttr, Errno> {
+    pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<FileAttr, FsError> {
         let mut st = self.wait_copied(self.lock(), ino);
         let rec = st.node(ino)?.rec.clone();
         let now = Ts::now();
         if let Some(size) = set.size {
             match rec.kind {
                 Kind::File => {}
-                Kind::Dir => return Err(Errno::EISDIR),
-                _ => return Err(Errno::EINVAL),
+                Kind::Dir => return Err(Errno::EISDIR.into()),
+                _ => return Err(Errno::EINVAL.into()),
             }
             if !rec.upper {
                 st = self.copy_up(st, ino, size == 0)?;
@@ -356,9 +364,11 @@ impl WorkspaceFs {
         let data_times = upper && (set.atime.is_some() || set.mtime.is_some());
         if set.size.is_some() || data_times {
             drop(st);
-            let f = self.upper.open_data(ino).map_err(io_errno)?;
+            let f = self.open_data(ino)?;
+            let data_file = || format!("data file {}", self.data_path(ino).display());
             if let Some(size) = set.size {
-                f.set_len(size).map_err(io_errno)?;
+                f.set_len(size)
+                    .context(|| format!("truncating {}", data_file()))?;
             }
             if data_times {
                 let mut times = std::fs::FileTimes::new();
@@ -374,7 +384,8 @@ impl WorkspaceFs {
                         SetTime::At(t) => t,
                     });
                 }
-                f.set_times(times).map_err(io_errno)?;
+                f.set_times(times)
+                    .context(|| format!("setting the times of {}", data_file()))?;
             }
             drop(f);
             st = self.wait_copied(self.lock(), ino);

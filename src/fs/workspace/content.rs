@@ -4,16 +4,21 @@
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
-use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 
+use crate::fs::FsError;
 use fuser::Errno;
 
+use gix::ObjectId;
+
 use crate::cow::catalog::{InodeRecord, Kind, Record, Ts};
+use crate::git::objects::TreeEntry;
 
 use super::{
-    State, WorkspaceFs, convert::eio, convert::io_errno, convert::oid, tx::Tx, types::Opened,
+    State, WorkspaceFs, convert::eio, convert::oid, convert::shown, tx::Tx, types::Opened,
 };
+use crate::fs::Context;
 
 impl WorkspaceFs {
     /// Opens of base content so far.
@@ -23,21 +28,48 @@ impl WorkspaceFs {
 
     // ----- content -----
 
+    /// The entries of base tree `id`; a missing or unreadable tree is `EIO` naming it.
+    pub(super) fn tree_entries(&self, id: ObjectId) -> Result<Arc<[TreeEntry]>, FsError> {
+        self.store
+            .tree(id)
+            .map_err(eio)
+            .context(|| format!("tree {id}"))
+    }
+
+    /// The content of blob `id` (a symlink's target); a missing blob is `EIO` naming it.
+    pub(super) fn blob_bytes(&self, id: ObjectId) -> Result<Vec<u8>, FsError> {
+        self.store
+            .blob(id)
+            .map_err(eio)
+            .context(|| format!("blob {id}"))
+    }
+
     /// The read-only file holding the content of a file that is not copied up: its blob in the
     /// shared blob cache (filled on first use), or its shared host-wide file.
-    pub(super) fn source_file(&self, rec: &InodeRecord) -> Result<File, Errno> {
+    pub(super) fn source_file(&self, rec: &InodeRecord) -> Result<File, FsError> {
         if let Some(shared) = &rec.shared {
-            return File::open(shared).map_err(eio);
+            return File::open(shared)
+                .map_err(eio)
+                .context(|| format!("shared file {shared}"));
         }
         let base = rec
             .base
             .as_ref()
-            .ok_or_else(|| eio("a file with no content source"))?;
+            .ok_or_else(|| eio(format!("inode {:#x} has no content source", rec.ino)))?;
         let id = oid(&base.oid)?;
-        let size = self.store.blob_size(id).map_err(eio)?;
+        let size = self
+            .store
+            .blob_size(id)
+            .map_err(eio)
+            .context(|| format!("blob {id} of {}", shown(&base.path)))?;
         self.base_content_opens.fetch_add(1, Ordering::Relaxed);
         // Filling the cache needs disk: a full one answers ENOSPC, not EIO.
-        self.blobs.open(&self.store, id, size).map_err(io_errno)
+        self.blobs.open(&self.store, id, size).context(|| {
+            format!(
+                "filling blob {id} of {} into the blob cache",
+                shown(&base.path)
+            )
+        })
     }
 
     /// Waits (releasing the lock) until no data file of `ino` is being prepared.
@@ -54,22 +86,23 @@ impl WorkspaceFs {
 
     /// Creates data file `data` with the content of `rec` (none when `empty`) and `rec`'s times;
     /// returns its ctime. File I/O: called without the state lock.
-    fn prepare_data(&self, data: u64, rec: &InodeRecord, empty: bool) -> Result<Ts, Errno> {
+    fn prepare_data(&self, data: u64, rec: &InodeRecord, empty: bool) -> Result<Ts, FsError> {
+        let path = || self.upper.data_path(data);
         if empty {
             self.upper
                 .create(data, None, rec.atime, rec.mtime)
-                .map_err(io_errno)?;
+                .context(|| format!("creating data file {}", path().display()))?;
         } else {
             let mut src = self.source_file(rec)?;
             self.upper
                 .create(data, Some(&mut src), rec.atime, rec.mtime)
-                .map_err(io_errno)?;
+                .context(|| format!("copying up into data file {}", path().display()))?;
         }
-        std::fs::metadata(self.upper.data_path(data))
+        std::fs::metadata(path())
             .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32))
             .map_err(|e| {
                 self.upper.remove(data);
-                eio(e)
+                eio(e).context(format!("data file {}", path().display()))
             })
     }
 
@@ -83,7 +116,7 @@ impl WorkspaceFs {
         mut st: MutexGuard<'a, State>,
         ino: u64,
         empty: bool,
-    ) -> Result<MutexGuard<'a, State>, Errno> {
+    ) -> Result<MutexGuard<'a, State>, FsError> {
         st = self.wait_copied(st, ino);
         let rec = st.node(ino)?.rec.clone();
         if rec.kind != Kind::File || rec.upper {
@@ -115,7 +148,7 @@ impl WorkspaceFs {
 
     /// Opens `ino`. Any write intent (write access or `O_TRUNC`) copies the file up first; `O_TRUNC`
     /// copies no data. No file is opened, copied or truncated under the state lock.
-    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened, Errno> {
+    pub fn open(&self, ino: u64, flags: i32) -> Result<Opened, FsError> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let trunc = flags & libc::O_TRUNC != 0;
         let writer = write || trunc;
@@ -123,9 +156,9 @@ impl WorkspaceFs {
         let n = st.node_mut(ino)?;
         match n.rec.kind {
             Kind::File => {}
-            Kind::Dir => return Err(Errno::EISDIR),
-            Kind::Symlink => return Err(Errno::ELOOP),
-            _ => return Err(Errno::ENXIO),
+            Kind::Dir => return Err(Errno::EISDIR.into()),
+            Kind::Symlink => return Err(Errno::ELOOP.into()),
+            _ => return Err(Errno::ENXIO.into()),
         }
         // Counted before the lock is dropped, so the node stays while its content is opened.
         n.opens += 1;
@@ -160,7 +193,7 @@ impl WorkspaceFs {
         rec: &InodeRecord,
         writer: bool,
         trunc: bool,
-    ) -> Result<Opened, Errno> {
+    ) -> Result<Opened, FsError> {
         if rec.upper || writer {
             let st = if rec.upper {
                 st
@@ -168,9 +201,11 @@ impl WorkspaceFs {
                 self.copy_up(st, ino, trunc)?
             };
             drop(st);
-            let f = self.upper.open_data(ino).map_err(io_errno)?;
+            let f = self.open_data(ino)?;
             if trunc {
-                f.set_len(0).map_err(io_errno)?;
+                f.set_len(0).context(|| {
+                    format!("truncating data file {}", self.data_path(ino).display())
+                })?;
             }
             return Ok(Opened {
                 file: f,
@@ -187,9 +222,16 @@ impl WorkspaceFs {
         })
     }
 
+    /// Where `ino`'s data file is (or would be) in the upper layer, for error messages.
+    pub fn data_path(&self, ino: u64) -> std::path::PathBuf {
+        self.upper.data_path(ino)
+    }
+
     /// Opens the current data file of an upper inode (for a handle opened before its copy-up).
-    pub fn open_data(&self, ino: u64) -> Result<File, Errno> {
-        self.upper.open_data(ino).map_err(io_errno)
+    pub fn open_data(&self, ino: u64) -> Result<File, FsError> {
+        self.upper
+            .open_data(ino)
+            .context(|| format!("data file {}", self.data_path(ino).display()))
     }
 
     /// An open handle of `ino` was closed (`wrote`: it was opened for writing).
@@ -214,7 +256,7 @@ impl WorkspaceFs {
     /// The new data file is prepared without the lock, `ino` marked as being copied meanwhile (as in
     /// [`Self::copy_up`]); the new inode's number is taken from the counter before, and the counter
     /// recorded with the batch that links it.
-    pub fn reinode_for_write(&self, ino: u64) -> Result<bool, Errno> {
+    pub fn reinode_for_write(&self, ino: u64) -> Result<bool, FsError> {
         let mut st = self.wait_copied(self.lock(), ino);
         let rec = st.node(ino)?.rec.clone();
         if rec.kind != Kind::File || rec.upper || rec.nlink != 1 {
@@ -271,7 +313,9 @@ impl WorkspaceFs {
     /// Not under the state lock (the catalog's [`LogSync`]): appends go on meanwhile.
     ///
     /// [`LogSync`]: crate::cow::catalog::LogSync
-    pub fn sync_catalog(&self) -> Result<(), Errno> {
-        self.catalog_sync.sync().map_err(io_errno)
+    pub fn sync_catalog(&self) -> Result<(), FsError> {
+        self.catalog_sync
+            .sync()
+            .context(|| format!("fsync of the catalog in {}", self.upper.dir().display()))
     }
 }

@@ -6,6 +6,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::time::SystemTime;
 
 use fuser::Errno;
+
+use crate::fs::FsError;
 use gix::ObjectId;
 
 use crate::cow::catalog::Ts;
@@ -44,15 +46,22 @@ pub(super) fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-pub(super) fn eio(e: impl std::fmt::Display) -> Errno {
-    tracing::error!("workspace I/O: {e}");
-    Errno::EIO
+/// `EIO` because of `e` (the context says what; logged once with the failed request).
+pub(super) fn eio(e: impl std::fmt::Display) -> FsError {
+    FsError::eio(e)
 }
 
-pub(super) fn io_errno(e: std::io::Error) -> Errno {
-    match e.raw_os_error() {
-        Some(n) => Errno::from_i32(n),
-        None => eio(e),
+/// An I/O error's errno (its own, else `EIO` with its message).
+pub(super) fn io_errno(e: std::io::Error) -> FsError {
+    FsError::from(e)
+}
+
+/// A workspace path as the context of an error shows it: `"src/a b.rs"` (the root is `"/"`).
+pub(super) fn shown(path: &[u8]) -> String {
+    if path.is_empty() {
+        "\"/\"".to_string()
+    } else {
+        format!("{:?}", String::from_utf8_lossy(path))
     }
 }
 
@@ -66,16 +75,17 @@ pub(super) fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
     p
 }
 
-pub(super) fn oid(hex: &str) -> Result<ObjectId, Errno> {
-    ObjectId::from_hex(hex.as_bytes()).map_err(eio)
+pub(super) fn oid(hex: &str) -> Result<ObjectId, FsError> {
+    ObjectId::from_hex(hex.as_bytes())
+        .map_err(|e| eio(format!("object id {hex:?} in a record: {e}")))
 }
-pub(super) fn check_name(name: &OsStr) -> Result<&[u8], Errno> {
+pub(super) fn check_name(name: &OsStr) -> Result<&[u8], FsError> {
     let b = name.as_bytes();
     if b.len() > NAME_MAX {
-        return Err(Errno::ENAMETOOLONG);
+        return Err(Errno::ENAMETOOLONG.into());
     }
     if b.is_empty() || b.contains(&b'/') {
-        return Err(Errno::EINVAL);
+        return Err(Errno::EINVAL.into());
     }
     Ok(b)
 }

@@ -32,7 +32,7 @@ impl WorkspaceFs {
             let mut tx = Tx::default();
             tx.records.push(Record::NextIno { next: highest + 1 });
             st.commit(tx)
-                .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno.code()))?;
         }
         for d in damage {
             tracing::warn!("workspace {}: {d}", self.upper.dir().display());
@@ -106,7 +106,7 @@ impl WorkspaceFs {
                 fixed += 1;
             }
             st.commit(tx)
-                .map_err(|e| std::io::Error::from_raw_os_error(e.code()))?;
+                .map_err(|e| std::io::Error::from_raw_os_error(e.errno.code()))?;
         }
         if fixed > 0 {
             tracing::warn!(fixed, "workspace checked after an unclean stop");

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use crate::fs::FsError;
 use fuser::Errno;
 use gix::ObjectId;
 
@@ -11,9 +12,7 @@ use crate::cow::catalog::{InodeRecord, Kind};
 
 use crate::cow::catalog::InodeTable;
 
-use super::{
-    ALLOCATED, ROOT_INO, State, WorkspaceFs, convert::eio, convert::join, tree_order::find_entry,
-};
+use super::{ALLOCATED, ROOT_INO, State, WorkspaceFs, convert::join, tree_order::find_entry};
 
 pub(super) struct Node {
     pub(super) rec: InodeRecord,
@@ -111,10 +110,10 @@ impl WorkspaceFs {
         st: &mut State,
         parent: u64,
         name: &[u8],
-    ) -> Result<Option<u64>, Errno> {
+    ) -> Result<Option<u64>, FsError> {
         let p = st.node(parent)?;
         if p.rec.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         if p.rec.nlink == 0 {
             return Ok(None);
@@ -126,7 +125,7 @@ impl WorkspaceFs {
             return Ok(None);
         };
         let parent_path = parent_path.to_vec();
-        let entries = self.store.tree(tree).map_err(eio)?;
+        let entries = self.tree_entries(tree)?;
         let Some(e) = find_entry(&entries, name) else {
             return Ok(None);
         };

@@ -28,6 +28,9 @@ const JOURNAL_MAX: usize = 1 << 16;
 /// examining every file. Answered from the catalog (what differs from the base), not the journal.
 pub const BASE_TOKEN: &str = "octofs:base";
 
+/// One journal entry for a watcher: the token naming the state just after it, and the path.
+pub type Watched = (String, Vec<u8>);
+
 /// What changed since an fsmonitor token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Changed {
@@ -137,6 +140,36 @@ impl WorkspaceFs {
             p
         });
         st.journal.note(path.unwrap_or_default());
+    }
+
+    /// `octofs watch`: every journal entry after `token`, each with the token that names the state
+    /// just after it, and the new token. An empty `token` starts at the present (no entries);
+    /// `None` for the entries when `token` cannot be trusted (another daemon run, or older than what
+    /// is retained, or a change whose path could not be told): the watcher must rescan. Unlike the
+    /// fsmonitor query, files open for writing are not added: a watcher sees a write when it is
+    /// closed.
+    pub fn watch_query(&self, token: &str) -> (String, Option<Vec<Watched>>) {
+        let st = self.lock();
+        let j = &st.journal;
+        let new = j.token();
+        if token.is_empty() {
+            return (new, Some(Vec::new()));
+        }
+        if j.since(token).is_none() {
+            return (new, None);
+        }
+        let from: u64 = token
+            .rsplit(':')
+            .next()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(u64::MAX);
+        let entries = j
+            .entries
+            .iter()
+            .filter(|(s, _)| *s > from)
+            .map(|(s, p)| (format!("octofs:{}:{s}", j.epoch), p.clone()))
+            .collect();
+        (new, Some(entries))
     }
 
     /// git's fsmonitor query: the new token and what changed since `token` (paths relative to the

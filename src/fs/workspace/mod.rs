@@ -1,7 +1,9 @@
 //! The filesystem core of one workspace: a copy-on-write overlay of the base commit.
 //!
-//! Every request is a method returning `Result<_, Errno>`; nothing here panics on a request and
-//! nothing here knows about the kernel (the fuser adapter in [`super::fuse`] does). All metadata
+//! Every request is a method returning `Result<_, FsError>`: the errno to answer with, and what
+//! failed when the core knows more than the request says (the data file, the catalog append, the
+//! blob or tree; `docs/errors.md`). Nothing here panics on a request and nothing here knows about
+//! the kernel (the fuser adapter in [`super::fuse`] does). All metadata
 //! lives in one [`State`] behind a mutex, held for in-memory work and the catalog append only: no
 //! file is copied, opened, `fstat`ed or synced under it (`docs/locking.md`). A change is a
 //! transaction ([`Tx`]): its catalog records are appended to the log *first* and applied in memory

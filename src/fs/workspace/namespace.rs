@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 
+use crate::fs::{Context, FsError};
 use fuser::{Errno, FileAttr};
 
 use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Record, Ts};
@@ -56,16 +57,16 @@ impl WorkspaceFs {
         st: &mut State,
         parent: u64,
         name: &[u8],
-    ) -> Result<(), Errno> {
+    ) -> Result<(), FsError> {
         let p = st.node(parent)?;
         if p.rec.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         if p.rec.nlink == 0 {
-            return Err(Errno::ENOENT);
+            return Err(Errno::ENOENT.into());
         }
         if self.resolve(st, parent, name)?.is_some() {
-            return Err(Errno::EEXIST);
+            return Err(Errno::EEXIST.into());
         }
         Ok(())
     }
@@ -77,9 +78,9 @@ impl WorkspaceFs {
         tx: &mut Tx,
         dir: u64,
         name: &[u8],
-    ) -> Result<(), Errno> {
+    ) -> Result<(), FsError> {
         let in_base = match Self::base_tree(&st.node(dir)?.rec) {
-            Some((tree, _)) => find_entry(&self.store.tree(tree).map_err(eio)?, name).is_some(),
+            Some((tree, _)) => find_entry(&self.tree_entries(tree)?, name).is_some(),
             None => false,
         };
         if in_base {
@@ -101,7 +102,7 @@ impl WorkspaceFs {
         ino: u64,
         dir: u64,
         name: &[u8],
-    ) -> Result<(), Errno> {
+    ) -> Result<(), FsError> {
         let r = st.rec(tx, ino)?;
         if r.parent != dir || r.name != name {
             return Ok(());
@@ -119,7 +120,7 @@ impl WorkspaceFs {
         Ok(())
     }
 
-    pub(super) fn touch_dir(st: &State, tx: &mut Tx, dir: u64, now: Ts) -> Result<(), Errno> {
+    pub(super) fn touch_dir(st: &State, tx: &mut Tx, dir: u64, now: Ts) -> Result<(), FsError> {
         let r = st.rec(tx, dir)?;
         r.mtime = now;
         r.ctime = now;
@@ -133,7 +134,7 @@ impl WorkspaceFs {
         name: &OsStr,
         new: New<'_>,
         caller: Caller,
-    ) -> Result<FileAttr, Errno> {
+    ) -> Result<FileAttr, FsError> {
         let New {
             quiet,
             kind,
@@ -240,14 +241,17 @@ impl WorkspaceFs {
     }
 
     /// Creates the data file of new inode `ino` holding `content` (empty or bytes), with times `now`.
-    fn new_data_file(&self, ino: u64, now: Ts, content: &Content<'_>) -> Result<(), Errno> {
-        self.upper.create(ino, None, now, now).map_err(io_errno)?;
+    fn new_data_file(&self, ino: u64, now: Ts, content: &Content<'_>) -> Result<(), FsError> {
+        let data_file = || format!("data file {}", self.upper.data_path(ino).display());
+        self.upper
+            .create(ino, None, now, now)
+            .context(|| format!("creating {}", data_file()))?;
         if let Content::Bytes(b) = content {
             use std::io::Write;
             let written = self.upper.open_data(ino).and_then(|mut f| f.write_all(b));
             if let Err(e) = written {
                 self.upper.remove(ino);
-                return Err(io_errno(e));
+                return Err(io_errno(e).context(format!("writing {}", data_file())));
             }
         }
         Ok(())
@@ -260,15 +264,15 @@ impl WorkspaceFs {
         mode: u32,
         rdev: u32,
         caller: Caller,
-    ) -> Result<FileAttr, Errno> {
+    ) -> Result<FileAttr, FsError> {
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG | 0 => Kind::File,
             libc::S_IFIFO => Kind::Fifo,
             libc::S_IFSOCK => Kind::Socket,
             libc::S_IFCHR => Kind::Char,
             libc::S_IFBLK => Kind::Block,
-            libc::S_IFDIR => return Err(Errno::EPERM),
-            _ => return Err(Errno::EINVAL),
+            libc::S_IFDIR => return Err(Errno::EPERM.into()),
+            _ => return Err(Errno::EINVAL.into()),
         };
         self.make(parent, name, New::plain(kind, mode, rdev), caller)
     }
@@ -279,7 +283,7 @@ impl WorkspaceFs {
         name: &OsStr,
         mode: u32,
         caller: Caller,
-    ) -> Result<FileAttr, Errno> {
+    ) -> Result<FileAttr, FsError> {
         self.make(parent, name, New::plain(Kind::Dir, mode, 0), caller)
     }
 
@@ -289,9 +293,9 @@ impl WorkspaceFs {
         name: &OsStr,
         target: &[u8],
         caller: Caller,
-    ) -> Result<FileAttr, Errno> {
+    ) -> Result<FileAttr, FsError> {
         if target.len() >= 4096 {
-            return Err(Errno::ENAMETOOLONG);
+            return Err(Errno::ENAMETOOLONG.into());
         }
         let new = New {
             target: Some(target.to_vec()),
@@ -308,7 +312,7 @@ impl WorkspaceFs {
         mode: u32,
         flags: i32,
         caller: Caller,
-    ) -> Result<(FileAttr, Opened), Errno> {
+    ) -> Result<(FileAttr, Opened), FsError> {
         let attr = self.make(parent, name, New::plain(Kind::File, mode, 0), caller)?;
         match self.open(attr.ino.0, flags & !libc::O_TRUNC) {
             Ok(o) => Ok((attr, o)),
@@ -319,18 +323,18 @@ impl WorkspaceFs {
         }
     }
 
-    pub(super) fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), Errno> {
+    pub(super) fn remove(&self, parent: u64, name: &OsStr, dir: bool) -> Result<(), FsError> {
         let name = check_name(name)?;
         let mut st = self.lock();
         let ino = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
         let rec = st.node(ino)?.rec.clone();
         match (dir, rec.kind == Kind::Dir) {
-            (false, true) => return Err(Errno::EISDIR),
-            (true, false) => return Err(Errno::ENOTDIR),
+            (false, true) => return Err(Errno::EISDIR.into()),
+            (true, false) => return Err(Errno::ENOTDIR.into()),
             _ => {}
         }
         if dir && !self.is_empty_dir(&mut st, ino)? {
-            return Err(Errno::ENOTEMPTY);
+            return Err(Errno::ENOTEMPTY.into());
         }
         let now = Ts::now();
         let mut tx = Tx::default();
@@ -356,22 +360,22 @@ impl WorkspaceFs {
         Ok(())
     }
 
-    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+    pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), FsError> {
         self.remove(parent, name, false)
     }
 
-    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<(), Errno> {
+    pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<(), FsError> {
         self.remove(parent, name, true)
     }
 
-    pub(super) fn is_empty_dir(&self, st: &mut State, ino: u64) -> Result<bool, Errno> {
+    pub(super) fn is_empty_dir(&self, st: &mut State, ino: u64) -> Result<bool, FsError> {
         let rec = st.node(ino)?.rec.clone();
         let overlay = st.live.dirs.get(&ino);
         if overlay.is_some_and(|o| o.values().any(|v| v.is_some())) {
             return Ok(false);
         }
         if let Some((tree, _)) = Self::base_tree(&rec) {
-            for e in self.store.tree(tree).map_err(eio)?.iter() {
+            for e in self.tree_entries(tree)?.iter() {
                 if !overlay.is_some_and(|o| o.contains_key(&*e.name)) {
                     return Ok(false);
                 }
@@ -381,7 +385,7 @@ impl WorkspaceFs {
     }
 
     /// Whether `ino` is `ancestor` or lies below it.
-    pub(super) fn is_within(st: &State, mut ino: u64, ancestor: u64) -> Result<bool, Errno> {
+    pub(super) fn is_within(st: &State, mut ino: u64, ancestor: u64) -> Result<bool, FsError> {
         for _ in 0..100_000 {
             if ino == ancestor {
                 return Ok(true);
@@ -401,23 +405,23 @@ impl WorkspaceFs {
         newparent: u64,
         newname: &OsStr,
         flags: u32,
-    ) -> Result<(), Errno> {
+    ) -> Result<(), FsError> {
         let name = check_name(name)?;
         let newname = check_name(newname)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
         if flags & !(libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) != 0 || (exchange && noreplace)
         {
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         }
         let mut st = self.lock();
         // As the kernel orders them: both parents are resolved before the source is looked up.
         if st.node(newparent)?.rec.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
+            return Err(Errno::ENOTDIR.into());
         }
         let src = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
         if st.node(newparent)?.rec.nlink == 0 {
-            return Err(Errno::ENOENT);
+            return Err(Errno::ENOENT.into());
         }
         let dst = self.resolve(&mut st, newparent, newname)?;
         let src_dir = st.node(src)?.rec.kind == Kind::Dir;
@@ -432,7 +436,7 @@ impl WorkspaceFs {
             if (src_dir && Self::is_within(&st, newparent, src)?)
                 || (dst_dir && Self::is_within(&st, parent, dst)?)
             {
-                return Err(Errno::EINVAL);
+                return Err(Errno::EINVAL.into());
             }
             st.chain(&mut tx, parent)?;
             st.chain(&mut tx, newparent)?;
@@ -464,7 +468,7 @@ impl WorkspaceFs {
         }
         if let Some(dst) = dst {
             if noreplace {
-                return Err(Errno::EEXIST);
+                return Err(Errno::EEXIST.into());
             }
             if dst == src {
                 return Ok(());
@@ -472,21 +476,23 @@ impl WorkspaceFs {
             // As the kernel orders them: a directory into itself, then over its own ancestor, before
             // the target's type.
             if src_dir && Self::is_within(&st, newparent, src)? {
-                return Err(Errno::EINVAL);
+                return Err(Errno::EINVAL.into());
             }
             let dst_dir = st.node(dst)?.rec.kind == Kind::Dir;
             if dst_dir && Self::is_within(&st, parent, dst)? {
-                return Err(Errno::ENOTEMPTY);
+                return Err(Errno::ENOTEMPTY.into());
             }
             match (src_dir, dst_dir) {
-                (true, false) => return Err(Errno::ENOTDIR),
-                (false, true) => return Err(Errno::EISDIR),
-                (true, true) if !self.is_empty_dir(&mut st, dst)? => return Err(Errno::ENOTEMPTY),
+                (true, false) => return Err(Errno::ENOTDIR.into()),
+                (false, true) => return Err(Errno::EISDIR.into()),
+                (true, true) if !self.is_empty_dir(&mut st, dst)? => {
+                    return Err(Errno::ENOTEMPTY.into());
+                }
                 _ => {}
             }
         }
         if src_dir && Self::is_within(&st, newparent, src)? {
-            return Err(Errno::EINVAL);
+            return Err(Errno::EINVAL.into());
         }
         st.chain(&mut tx, parent)?;
         st.chain(&mut tx, newparent)?;
@@ -528,20 +534,20 @@ impl WorkspaceFs {
         Ok(())
     }
 
-    pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr, Errno> {
+    pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr, FsError> {
         let newname = check_name(newname)?;
         let mut st = self.lock();
         let rec = st.node(ino)?.rec.clone();
         // As the kernel orders them: an existing name first, then what the source is.
         self.parent_for_create(&mut st, newparent, newname)?;
         if rec.kind == Kind::Dir {
-            return Err(Errno::EPERM);
+            return Err(Errno::EPERM.into());
         }
         if rec.nlink == 0 {
-            return Err(Errno::ENOENT);
+            return Err(Errno::ENOENT.into());
         }
         if rec.nlink >= LINK_MAX {
-            return Err(Errno::EMLINK);
+            return Err(Errno::EMLINK.into());
         }
         let now = Ts::now();
         let mut tx = Tx::default();
@@ -564,13 +570,13 @@ impl WorkspaceFs {
 }
 
 /// One more link to an inode (a name, or a subdirectory's `..`).
-fn link_up(nlink: &mut u32) -> Result<(), Errno> {
+fn link_up(nlink: &mut u32) -> Result<(), FsError> {
     *nlink = nlink.checked_add(1).ok_or(Errno::EMLINK)?;
     Ok(())
 }
 
 /// One link less; a count already at zero is a damaged record, not a panic.
-fn link_down(nlink: &mut u32) -> Result<(), Errno> {
+fn link_down(nlink: &mut u32) -> Result<(), FsError> {
     *nlink = nlink
         .checked_sub(1)
         .ok_or_else(|| eio("a link count would go below zero"))?;

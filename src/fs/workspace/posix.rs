@@ -11,9 +11,10 @@
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
+use crate::fs::FsError;
 use fuser::Errno;
 
-use super::{Kind, New, ROOT_INO, SetAttr, State, WorkspaceFs, eio, join};
+use super::{Kind, New, ROOT_INO, SetAttr, State, WorkspaceFs, join};
 use crate::git::posix_record::{PosixEntry, PosixKind};
 
 /// The metadata of one node of the workspace that differs from the base (see [`View::meta`]).
@@ -64,7 +65,7 @@ impl WorkspaceFs {
     /// The metadata of every node that has a record (every node whose metadata can differ from
     /// what the base presents), by path, the workspace's own `.git` excluded. A node with several
     /// names is listed at each. Walks overlays only: O(changed paths).
-    pub(super) fn view_meta(&self, st: &State) -> Result<Vec<NodeMeta>, Errno> {
+    pub(super) fn view_meta(&self, st: &State) -> Result<Vec<NodeMeta>, FsError> {
         let mut out = Vec::new();
         let mut stack = vec![(ROOT_INO, Vec::new())];
         while let Some((dir, path)) = stack.pop() {
@@ -107,7 +108,7 @@ impl WorkspaceFs {
     }
 
     /// Whether directory `ino` has no entry (its base tree's entries all hidden, none added).
-    fn is_empty_in(&self, st: &State, ino: u64) -> Result<bool, Errno> {
+    fn is_empty_in(&self, st: &State, ino: u64) -> Result<bool, FsError> {
         let overlay = st.live.dirs.get(&ino);
         if overlay.is_some_and(|o| o.values().any(Option::is_some)) {
             return Ok(false);
@@ -115,7 +116,7 @@ impl WorkspaceFs {
         let Some((tree, _)) = Self::base_tree(&st.node(ino)?.rec) else {
             return Ok(true);
         };
-        let entries = self.store.tree(tree).map_err(eio)?;
+        let entries = self.tree_entries(tree)?;
         Ok(entries
             .iter()
             .all(|e| overlay.is_some_and(|o| o.get(&e.name[..]).is_some_and(Option::is_none))))
@@ -123,7 +124,7 @@ impl WorkspaceFs {
 
     /// The inode at `path` (`/`-separated bytes), creating missing directories on the way as
     /// plain directories of the presented owner when `create_dirs`.
-    fn walk_bytes(&self, path: &[u8], create_dirs: bool) -> Result<Option<u64>, Errno> {
+    fn walk_bytes(&self, path: &[u8], create_dirs: bool) -> Result<Option<u64>, FsError> {
         let mut cur = ROOT_INO;
         for c in path.split(|b| *b == b'/') {
             let next = {
@@ -152,7 +153,7 @@ impl WorkspaceFs {
     /// moment where a file is wider than recorded). Files and symlinks must already be there (the
     /// snapshot's tree brought them); directories and special files are made when missing; a hard
     /// link replaces its copy with a link to the entry it names.
-    pub fn restore_entry(&self, e: &PosixEntry) -> Result<(), Errno> {
+    pub fn restore_entry(&self, e: &PosixEntry) -> Result<(), FsError> {
         let (dir_path, name) = match e.path.iter().rposition(|b| *b == b'/') {
             Some(i) => (&e.path[..i], &e.path[i + 1..]),
             None => (&e.path[..0], &e.path[..]),
@@ -189,13 +190,13 @@ impl WorkspaceFs {
                 let target = e.link.as_deref().ok_or(Errno::EINVAL)?;
                 let t = self.walk_bytes(target, false)?.ok_or(Errno::ENOENT)?;
                 if self.lock().node(t)?.rec.kind != Kind::File {
-                    return Err(Errno::EINVAL);
+                    return Err(Errno::EINVAL.into());
                 }
                 self.unlink(dir, name_os)?;
                 self.seeded(self.link(t, dir, name_os))?
             }
-            (Some(_), _) => return Err(Errno::EEXIST),
-            (None, _) => return Err(Errno::ENOENT),
+            (Some(_), _) => return Err(Errno::EEXIST.into()),
+            (None, _) => return Err(Errno::ENOENT.into()),
         };
         if e.kind != PosixKind::Symlink || e.uid != self.pres.uid || e.gid != self.pres.gid {
             let mode = (e.kind != PosixKind::Symlink).then_some(e.mode);

@@ -7,14 +7,15 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
+use crate::fs::{Context, FsError};
 use fuser::{Errno, FileAttr, FileType};
 use gix::ObjectId;
 
 use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Ts};
 
 use super::{
-    ROOT_INO, State, WorkspaceFs, convert::eio, convert::io_errno, namespace::Content,
-    namespace::New, tx::Tx, types::Behind, types::Caller, types::Listing, types::TreeChange,
+    ROOT_INO, State, WorkspaceFs, convert::io_errno, namespace::Content, namespace::New, tx::Tx,
+    types::Behind, types::Caller, types::Listing, types::TreeChange,
 };
 
 impl WorkspaceFs {
@@ -47,14 +48,14 @@ impl WorkspaceFs {
     }
     // ----- seeding (the daemon writes a new workspace's own files before mounting it) -----
 
-    pub(super) fn seeded(&self, r: Result<FileAttr, Errno>) -> Result<u64, Errno> {
+    pub(super) fn seeded(&self, r: Result<FileAttr, FsError>) -> Result<u64, FsError> {
         let ino = r?.ino.0;
         self.forget(ino, 1);
         Ok(ino)
     }
 
     /// Creates directory `name` in `parent`, owned by the presented owner.
-    pub fn seed_dir(&self, parent: u64, name: &str, mode: u32) -> Result<u64, Errno> {
+    pub fn seed_dir(&self, parent: u64, name: &str, mode: u32) -> Result<u64, FsError> {
         let owner = self.owner();
         self.seeded(self.make(
             parent,
@@ -71,7 +72,7 @@ impl WorkspaceFs {
         name: &str,
         bytes: &[u8],
         mode: u32,
-    ) -> Result<u64, Errno> {
+    ) -> Result<u64, FsError> {
         let new = New {
             content: Content::Bytes(bytes),
             ..New::plain(Kind::File, mode, 0)
@@ -88,7 +89,7 @@ impl WorkspaceFs {
         name: &str,
         shared: &std::path::Path,
         mode: u32,
-    ) -> Result<u64, Errno> {
+    ) -> Result<u64, FsError> {
         let new = New {
             content: Content::Shared(shared.to_string_lossy().into_owned()),
             ..New::plain(Kind::File, mode, 0)
@@ -98,13 +99,13 @@ impl WorkspaceFs {
     }
 
     /// Whether `name` exists in directory `parent`.
-    pub fn exists(&self, parent: u64, name: &str) -> Result<bool, Errno> {
+    pub fn exists(&self, parent: u64, name: &str) -> Result<bool, FsError> {
         let mut st = self.lock();
         Ok(self.resolve(&mut st, parent, name.as_bytes())?.is_some())
     }
 
     /// The inode at `path` (components from the root), if any.
-    pub(super) fn walk(&self, st: &mut State, path: &[&[u8]]) -> Result<Option<u64>, Errno> {
+    pub(super) fn walk(&self, st: &mut State, path: &[&[u8]]) -> Result<Option<u64>, FsError> {
         let mut cur = ROOT_INO;
         for c in path {
             match self.resolve(st, cur, c)? {
@@ -116,7 +117,7 @@ impl WorkspaceFs {
     }
 
     /// The content of the regular file at `path` (components from the root), without the kernel.
-    pub fn read_file(&self, path: &[&[u8]]) -> Result<Option<Vec<u8>>, Errno> {
+    pub fn read_file(&self, path: &[&[u8]]) -> Result<Option<Vec<u8>>, FsError> {
         let Some(mut f) = self.open_file(path)? else {
             return Ok(None);
         };
@@ -128,12 +129,13 @@ impl WorkspaceFs {
     /// The regular file at `path` (components from the root) opened for reading, without the
     /// kernel. `None` when nothing is there, or something other than a regular file: a symlink on
     /// the way or at the end is never followed (the daemon must not reach outside the workspace).
-    pub fn open_file(&self, path: &[&[u8]]) -> Result<Option<File>, Errno> {
+    pub fn open_file(&self, path: &[&[u8]]) -> Result<Option<File>, FsError> {
         let rec = {
             let mut st = self.lock();
             let ino = match self.walk(&mut st, path) {
                 Ok(Some(ino)) => ino,
-                Ok(None) | Err(Errno::ENOTDIR) => return Ok(None),
+                Ok(None) => return Ok(None),
+                Err(e) if e == Errno::ENOTDIR => return Ok(None),
                 Err(e) => return Err(e),
             };
             st.node(ino)?.rec.clone()
@@ -142,18 +144,19 @@ impl WorkspaceFs {
             return Ok(None);
         }
         Ok(Some(if rec.upper {
-            self.upper.open_data(rec.ino).map_err(io_errno)?
+            self.open_data(rec.ino)?
         } else {
             self.source_file(&rec)?
         }))
     }
 
     /// What is at `path` (components from the root), without following symlinks.
-    pub fn kind_at(&self, path: &[&[u8]]) -> Result<Option<FileType>, Errno> {
+    pub fn kind_at(&self, path: &[&[u8]]) -> Result<Option<FileType>, FsError> {
         let mut st = self.lock();
         let ino = match self.walk(&mut st, path) {
             Ok(Some(ino)) => ino,
-            Ok(None) | Err(Errno::ENOTDIR) => return Ok(None),
+            Ok(None) => return Ok(None),
+            Err(e) if e == Errno::ENOTDIR => return Ok(None),
             Err(e) => return Err(e),
         };
         let rec = st.node(ino)?.rec.clone();
@@ -163,12 +166,13 @@ impl WorkspaceFs {
 
     /// The names in the directory at `path` (components from the root) with their kinds, without
     /// `.` and `..`; `None` when it is not a directory (symlinks are not followed).
-    pub fn list_dir(&self, path: &[&[u8]]) -> Result<Option<Listing>, Errno> {
+    pub fn list_dir(&self, path: &[&[u8]]) -> Result<Option<Listing>, FsError> {
         let ino = {
             let mut st = self.lock();
             match self.walk(&mut st, path) {
                 Ok(Some(ino)) if st.node(ino)?.rec.kind == Kind::Dir => ino,
-                Ok(_) | Err(Errno::ENOTDIR) => return Ok(None),
+                Ok(_) => return Ok(None),
+                Err(e) if e == Errno::ENOTDIR => return Ok(None),
                 Err(e) => return Err(e),
             }
         };
@@ -187,7 +191,12 @@ impl WorkspaceFs {
     /// content goes to a new inode's data file, complete before one catalog batch points the name at
     /// it, so a reader sees the old content or the new, never a partial one; a reader holding the old
     /// file open keeps it. The changed names are noted for the kernel ([`Behind`]).
-    pub fn put_file_quietly(&self, dirs: &[&str], name: &str, bytes: &[u8]) -> Result<u64, Errno> {
+    pub fn put_file_quietly(
+        &self,
+        dirs: &[&str],
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<u64, FsError> {
         let owner = self.owner();
         let mut cur = ROOT_INO;
         for d in dirs {
@@ -235,11 +244,11 @@ impl WorkspaceFs {
         name: &[u8],
         old: u64,
         bytes: &[u8],
-    ) -> Result<u64, Errno> {
+    ) -> Result<u64, FsError> {
         let mut st = self.lock();
         let rec = st.node(old)?.rec.clone();
         if rec.kind != Kind::File || !rec.upper || rec.nlink != 1 {
-            return Err(Errno::EEXIST);
+            return Err(Errno::EEXIST.into());
         }
         let mut tx = Tx {
             quiet: true,
@@ -250,14 +259,17 @@ impl WorkspaceFs {
         let now = Ts::now();
         // Data before records (docs/crash-safety.md): a crash before the batch leaves an
         // unreferenced data file, quarantined at the next load; the name still has the old one.
-        self.upper.create(new, None, now, now).map_err(io_errno)?;
+        let data_file = || format!("data file {}", self.upper.data_path(new).display());
+        self.upper
+            .create(new, None, now, now)
+            .context(|| format!("creating {}", data_file()))?;
         let written = self.upper.open_data(new).and_then(|mut f| {
             use std::io::Write;
             f.write_all(bytes)
         });
         if let Err(e) = written {
             self.upper.remove(new);
-            return Err(io_errno(e));
+            return Err(io_errno(e).context(format!("writing {}", data_file())));
         }
         tx.entry(dir, name, Some(new));
         tx.recs.insert(
@@ -287,7 +299,7 @@ impl WorkspaceFs {
     /// Applies one change of a tree diff at `path` (used to bring back a released thread: its
     /// snapshot's changes from HEAD's tree, in O(changed paths)). Removals prune directories they
     /// leave empty, as git keeps no empty directories; additions create missing directories.
-    pub fn apply(&self, path: &[u8], change: &TreeChange) -> Result<(), Errno> {
+    pub fn apply(&self, path: &[u8], change: &TreeChange) -> Result<(), FsError> {
         let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
         let (name, dirs) = comps.split_last().ok_or(Errno::EINVAL)?;
         let owner = self.owner();
@@ -353,7 +365,7 @@ impl WorkspaceFs {
                 ..New::plain(Kind::File, if *exec { 0o755 } else { 0o644 }, 0)
             },
             TreeChange::Symlink { id } => New {
-                target: Some(self.store.blob(*id).map_err(eio)?),
+                target: Some(self.blob_bytes(*id)?),
                 ..New::plain(Kind::Symlink, 0o777, 0)
             },
             TreeChange::Gitlink { id } => New {

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::fs::FsError;
 use fuser::Errno;
 
 use crate::cow::catalog::{InodeRecord, Record};
@@ -45,16 +46,16 @@ impl Tx {
     }
 }
 impl State {
-    pub(super) fn node(&self, ino: u64) -> Result<&Node, Errno> {
-        self.live.inodes.get(&ino).ok_or(Errno::ENOENT)
+    pub(super) fn node(&self, ino: u64) -> Result<&Node, FsError> {
+        self.live.inodes.get(&ino).ok_or(Errno::ENOENT.into())
     }
 
-    pub(super) fn node_mut(&mut self, ino: u64) -> Result<&mut Node, Errno> {
-        self.live.inodes.get_mut(&ino).ok_or(Errno::ENOENT)
+    pub(super) fn node_mut(&mut self, ino: u64) -> Result<&mut Node, FsError> {
+        self.live.inodes.get_mut(&ino).ok_or(Errno::ENOENT.into())
     }
 
     /// The working copy of `ino`'s record in `tx`.
-    pub(super) fn rec<'t>(&self, tx: &'t mut Tx, ino: u64) -> Result<&'t mut InodeRecord, Errno> {
+    pub(super) fn rec<'t>(&self, tx: &'t mut Tx, ino: u64) -> Result<&'t mut InodeRecord, FsError> {
         match tx.recs.entry(ino) {
             std::collections::btree_map::Entry::Occupied(e) => Ok(e.into_mut()),
             std::collections::btree_map::Entry::Vacant(e) => {
@@ -64,7 +65,7 @@ impl State {
     }
 
     /// Makes sure `ino` and its ancestors are persisted and linked in their parents' overlays.
-    pub(super) fn chain(&self, tx: &mut Tx, ino: u64) -> Result<(), Errno> {
+    pub(super) fn chain(&self, tx: &mut Tx, ino: u64) -> Result<(), FsError> {
         let mut cur = ino;
         loop {
             let n = self.node(cur)?;
@@ -100,7 +101,7 @@ impl State {
     }
 
     /// Appends `tx` to the catalog and applies it. Nothing changes if the append fails.
-    pub(super) fn commit(&mut self, tx: Tx) -> Result<(), Errno> {
+    pub(super) fn commit(&mut self, tx: Tx) -> Result<(), FsError> {
         let quiet = tx.quiet;
         // An unlinked inode that is still open changes in memory only: it has no place in the
         // catalog (after a restart it is gone, as on any file system).
@@ -123,7 +124,7 @@ impl State {
         }
         if let Err(e) = self.catalog.append(&records) {
             // The allocation counter may have moved: harmless, numbers are never reused.
-            return Err(io_errno(e));
+            return Err(io_errno(e).context(append_what(&records)));
         }
         for r in &records {
             self.live.apply(r);
@@ -155,4 +156,26 @@ impl State {
             generation: self.live.generation,
         }
     }
+}
+
+/// Which catalog append failed, for its error's context: "catalog append of 4 records (inodes 0x1,
+/// 0x8000000000000005)".
+fn append_what(records: &[Record]) -> String {
+    let mut inos: Vec<u64> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::Inode(rec) => Some(rec.ino),
+            Record::Drop { ino } => Some(*ino),
+            Record::Entry { dir, .. } | Record::Unentry { dir, .. } => Some(*dir),
+            Record::NextIno { .. } | Record::Generation { .. } => None,
+        })
+        .collect();
+    inos.sort_unstable();
+    inos.dedup();
+    let shown: Vec<String> = inos.iter().map(|i| format!("{i:#x}")).collect();
+    format!(
+        "catalog append of {} records (inodes {})",
+        records.len(),
+        shown.join(", ")
+    )
 }

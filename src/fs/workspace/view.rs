@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use fuser::Errno;
+use crate::fs::{Context, FsError};
 use gix::ObjectId;
 
 use crate::cow::catalog::{Kind, Ts};
@@ -17,18 +17,18 @@ use crate::git::snapshot::{ViewEdit, ViewSource};
 use crate::cow::blobcache::BlobCache;
 
 use super::{
-    ROOT_INO, State, WorkspaceFs, convert::eio, convert::io_errno, convert::join,
-    tree_order::find_entry, types::Change, types::ChangeKind, types::View,
+    ROOT_INO, State, WorkspaceFs, convert::eio, convert::join, tree_order::find_entry,
+    types::Change, types::ChangeKind, types::View,
 };
 
 impl WorkspaceFs {
     /// Reads, in one critical section, every edit that turns the base tree into the working state
     /// (the workspace's own `.git` excluded). Cost: O(changed paths). Content is not read: copied-up
     /// files are named by their data file, read later without the lock.
-    pub fn view(&self) -> Result<View, Errno> {
+    pub fn view(&self) -> Result<View, FsError> {
         // Taken before the lock: whatever changes after this may or may not be in the view, so it
         // counts as a change since it (see `changed_since`).
-        let taken_at = self.upper.clock().map_err(io_errno)?;
+        let taken_at = self.clock()?;
         let st = self.lock();
         let root = st.node(ROOT_INO)?;
         let (root_tree, _) =
@@ -62,7 +62,7 @@ impl WorkspaceFs {
         editor_base: Option<ObjectId>,
         root_base: Option<ObjectId>,
         out: &mut Vec<ViewEdit>,
-    ) -> Result<(), Errno> {
+    ) -> Result<(), FsError> {
         let rec = &st.node(dir)?.rec;
         let own = Self::base_tree(rec).map(|(t, _)| t);
         let mut eff = editor_base;
@@ -88,11 +88,11 @@ impl WorkspaceFs {
             return Ok(());
         };
         let eff_entries = match eff {
-            Some(t) => Some(self.store.tree(t).map_err(eio)?),
+            Some(t) => Some(self.tree_entries(t)?),
             None => None,
         };
         let rb_entries = match root_base {
-            Some(t) => Some(self.store.tree(t).map_err(eio)?),
+            Some(t) => Some(self.tree_entries(t)?),
             None => None,
         };
         for (name, target) in overlay {
@@ -206,11 +206,11 @@ impl WorkspaceFs {
 
     /// Every file, symlink and gitlink below tree `id`, with paths relative to it, as the edits that
     /// would add them (used when a moved directory must be taken apart).
-    pub fn tree_files(&self, id: ObjectId) -> Result<Vec<(Vec<u8>, ViewEdit)>, Errno> {
+    pub fn tree_files(&self, id: ObjectId) -> Result<Vec<(Vec<u8>, ViewEdit)>, FsError> {
         let mut out = Vec::new();
         let mut stack = vec![(Vec::new(), id)];
         while let Some((prefix, tree)) = stack.pop() {
-            for e in self.store.tree(tree).map_err(eio)?.iter() {
+            for e in self.tree_entries(tree)?.iter() {
                 let p = join(&prefix, &e.name);
                 let edit = match e.kind {
                     EntryKind::Tree => {
@@ -240,8 +240,13 @@ impl WorkspaceFs {
     }
 
     /// "Now" on the clock of the upper layer's files (see [`Upper::clock`]).
-    pub fn clock(&self) -> Result<Ts, Errno> {
-        self.upper.clock().map_err(io_errno)
+    pub fn clock(&self) -> Result<Ts, FsError> {
+        self.upper.clock().context(|| {
+            format!(
+                "the clock of the upper layer {}",
+                self.upper.dir().display()
+            )
+        })
     }
 
     /// The workspace's generation (committed batches since creation).
@@ -295,14 +300,14 @@ impl WorkspaceFs {
 
     /// Every path that differs from the base commit, from the same consistent view snapshots use
     /// (so O(changed paths)): a directory that appeared or moved is listed once, as a directory.
-    pub fn changes(&self) -> Result<Vec<Change>, Errno> {
+    pub fn changes(&self) -> Result<Vec<Change>, FsError> {
         let view = self.view()?;
         let root = view.base_tree;
-        let in_base = |path: &[u8]| -> Result<Option<EntryKind>, Errno> {
+        let in_base = |path: &[u8]| -> Result<Option<EntryKind>, FsError> {
             let mut tree = root;
             let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
             for (i, c) in comps.iter().enumerate() {
-                let entries = self.store.tree(tree).map_err(eio)?;
+                let entries = self.tree_entries(tree)?;
                 let Some(e) = find_entry(&entries, c) else {
                     return Ok(None);
                 };

@@ -395,6 +395,9 @@ fn fuse_mount_sys(
 
     let file = match DevFuse::open() {
         Ok(dev_fuse) => dev_fuse,
+        // OCTOFS-PATCH: a user who may not open /dev/fuse (mode 0600 on some hosts) mounts
+        // through the setuid fusermount3, which opens it as root, as libfuse does.
+        Err(error) if error.kind() == ErrorKind::PermissionDenied => return Ok(None),
         Err(error) => {
             if error.kind() == ErrorKind::NotFound {
                 error!("{} not found. Try 'modprobe fuse'", DevFuse::PATH);
