@@ -121,6 +121,12 @@ impl WorkspaceRecord {
         Self::store(layout).save(&self.thread, self)
     }
 
+    /// Saves the record without syncing it to disk: for a record that is saved again, durably,
+    /// before anything is answered about it (a fork being made).
+    pub fn save_undurable(&self, layout: &Layout) -> Result<(), RecordError> {
+        Self::store(layout).save_with(&self.thread, self, false)
+    }
+
     /// Every workspace record, sorted by thread.
     pub fn list(layout: &Layout) -> Result<Vec<WorkspaceRecord>, RecordError> {
         let mut out: Vec<WorkspaceRecord> = Self::store(layout)

@@ -145,6 +145,9 @@ impl Filesystem for FuseAdapter {
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // octofs clears set-user-ID and set-group-ID itself on write, truncate and chown (see
+            // `kill_suidgid`), so the kernel need not ask for `security.capability` before writes.
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = cfg.add_capabilities(flag);
         }
@@ -192,7 +195,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -217,6 +220,20 @@ impl Filesystem for FuseAdapter {
             // Truncating a base file that readers hold through passthrough: new inode, look again.
             return reply.error(failed(&cx, e));
         }
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves dropping set-user/group-ID to octofs:
+        // on chown of a non-directory always, on truncate when the caller lacks CAP_FSETID (fuser
+        // does not pass the kernel's FATTR_KILL_SUIDGID: root stands for CAP_FSETID), and on a
+        // SETATTR that changes nothing, which is what the kernel's `file_remove_privs` sends
+        // before a write that does not come to the daemon (passthrough).
+        let nothing = mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+            && ctime.is_none();
+        let kill_suidgid =
+            uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0) || nothing;
         let set = SetAttr {
             mode,
             uid,
@@ -225,6 +242,7 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
             ctime,
+            kill_suidgid,
         };
         attr(&cx, reply, self.core.setattr(i, set));
     }
@@ -322,10 +340,18 @@ impl Filesystem for FuseAdapter {
         entry(&cx, reply, self.core.link(ino(i), ino(np), newname));
     }
 
-    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Open);
         let cx = Cx::new(Op::Open, i.0, None);
         let i = ino(i);
+        // An open that truncates drops set-user/group-ID as a truncate does (KILLPRIV_V2; fuser
+        // does not pass the kernel's FUSE_OPEN_KILL_SUIDGID: root stands for CAP_FSETID).
+        if flags.0 & libc::O_TRUNC != 0
+            && req.uid() != 0
+            && let Err(e) = self.core.kill_suidgid(i)
+        {
+            return reply.error(failed(&cx, e));
+        }
         let register = self
             .passthrough()
             .then_some(|f: &File| reply.open_backing(f));
@@ -422,13 +448,20 @@ impl Filesystem for FuseAdapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _wf: WriteFlags,
+        wf: WriteFlags,
         _flags: OpenFlags,
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _t = self.info.stats.time(Op::Write);
         let cx = Cx::new(Op::Write, _i.0, None);
+        // The kernel asks (FUSE_HANDLE_KILLPRIV_V2) when the writer lacks CAP_FSETID and the file
+        // has set-user/group-ID: dropped before the bytes land, as a local file system does.
+        if wf.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            && let Err(e) = self.core.kill_suidgid(ino(_i))
+        {
+            return reply.error(failed(&cx, e));
+        }
         let r = self.handles.write(fh.0, offset, data);
         if let Ok(n) = r {
             self.info.stats.wrote_bytes(u64::from(n));

@@ -16,6 +16,7 @@ use crate::cow::upper::system_time;
 use crate::git::objects::{EntryKind, TreeEntry};
 
 use super::presented::{DIR_SIZE, base_mode, base_size};
+use super::xattr::CAPABILITY;
 use super::{
     NAME_MAX, ROOT_INO, WorkspaceFs, convert::check_name, convert::eio, convert::join,
     convert::oid, convert::shown, convert::ts, tx::Tx, types::DirEntry, types::DirName,
@@ -386,6 +387,29 @@ impl WorkspaceFs {
 
     // ----- attributes and extended attributes -----
 
+    /// Drops the set-user-ID and set-group-ID bits of `ino` as a write or truncate by a caller
+    /// without `CAP_FSETID` does (see [`killed_suidgid`]), and its file capabilities; nothing is
+    /// recorded when it has none to drop. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this to
+    /// the file system.
+    pub fn kill_suidgid(&self, ino: u64) -> Result<(), FsError> {
+        let mut st = self.lock();
+        let rec = &st.node(ino)?.rec;
+        if rec.kind == Kind::Dir
+            || (killed_suidgid(rec.mode) == rec.mode && !rec.xattrs.contains_key(CAPABILITY))
+        {
+            return Ok(());
+        }
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        let r = st.rec(&mut tx, ino)?;
+        r.mode = killed_suidgid(r.mode);
+        r.xattrs.remove(CAPABILITY);
+        r.ctime = Ts::now();
+        st.commit(tx)?;
+        self.journal_ino(&mut st, ino);
+        Ok(())
+    }
+
     /// `setattr`. A size change copies a base file up first; the data file's size and times are
     /// set without the state lock (the kernel serializes `setattr` of one inode; a copy-up of it in
     /// progress is waited for).
@@ -439,6 +463,10 @@ impl WorkspaceFs {
         if let Some(m) = set.mode {
             r.mode = m & 0o7777;
         }
+        if set.kill_suidgid && r.kind != Kind::Dir {
+            r.mode = killed_suidgid(r.mode);
+            r.xattrs.remove(CAPABILITY);
+        }
         if let Some(u) = set.uid {
             r.uid = u;
         }
@@ -474,4 +502,15 @@ fn file_type(kind: Kind) -> FileType {
         Kind::Char => FileType::CharDevice,
         Kind::Block => FileType::BlockDevice,
     }
+}
+
+/// `mode` without the privileges a write, truncate or chown drops (as `setattr_should_drop_suidgid`
+/// in the kernel): set-user-ID always, set-group-ID only with group execution (without it the bit
+/// means mandatory locking, which a write keeps).
+pub(super) fn killed_suidgid(mode: u32) -> u32 {
+    let mut m = mode & !libc::S_ISUID;
+    if m & libc::S_IXGRP != 0 {
+        m &= !libc::S_ISGID;
+    }
+    m
 }

@@ -106,6 +106,10 @@ pub struct WorkspaceFs {
     /// loaded record with one). While false, `getxattr` answers "none" without the lock, which the
     /// kernel asks of `security.capability` before every write that could drop privileges.
     any_xattr: AtomicBool,
+    /// Whether any inode may have `security.capability`, which the kernel asks of every new file
+    /// before its first write: false until the first `setxattr` of it (or a loaded record with it).
+    /// While false it is answered "none" without the lock even when other attributes exist.
+    any_capability: AtomicBool,
     /// Signalled (with the state mutex) whenever an inode leaves [`State::copying`].
     copied: Condvar,
     /// Syncs the catalog's log: `fsync` makes it durable without the state lock.
@@ -188,6 +192,9 @@ impl WorkspaceFs {
             root.lookups = 1;
         }
         let any_xattr = nodes.values().any(|n| !n.rec.xattrs.is_empty());
+        let any_capability = nodes
+            .values()
+            .any(|n| n.rec.xattrs.contains_key(xattr::CAPABILITY));
         let mut fs = WorkspaceFs {
             store,
             blobs,
@@ -211,6 +218,7 @@ impl WorkspaceFs {
             damaged: Vec::new(),
             behind: Mutex::new(None),
             any_xattr: AtomicBool::new(any_xattr),
+            any_capability: AtomicBool::new(any_capability),
             copied: Condvar::new(),
             catalog_sync,
         };

@@ -64,6 +64,10 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<SystemTime>,
+    /// Clear set-user-ID, and set-group-ID when group execution is allowed (the kernel's rule for
+    /// a write, truncate or chown by a caller without `CAP_FSETID`), after `mode` is applied. A
+    /// directory keeps its bits.
+    pub kill_suidgid: bool,
 }
 
 /// What `open` hands the adapter.
