@@ -111,6 +111,9 @@ pub fn print_status(w: &WorkspaceStatus) {
     if w.users > 1 {
         println!("users:         {}", w.users);
     }
+    if w.release_when_idle {
+        println!("release:       pending (when no process uses the mount)");
+    }
     if let Some(p) = w.passthrough {
         println!("passthrough:   {}", if p { "yes" } else { "no" });
     }

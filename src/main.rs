@@ -15,8 +15,8 @@ use serde_json::Value;
 use cli::{AllowArgs, parse_duration, print_stats, print_status, resolve_upstream, short};
 use octofs::client;
 use octofs::daemon::proto::{
-    Access, DiffAnswer, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request, Snapshotted,
-    StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
+    Access, DiffAnswer, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request,
+    Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
 use octofs::daemon::proto::{Committed, Pushed};
 use octofs::layout::Layout;
@@ -109,6 +109,9 @@ enum Cmd {
         /// Drop the workspace without saving it: its unsaved changes are lost (works without a mirror)
         #[arg(long)]
         discard: bool,
+        /// Return at once; release when the last process has left the mount (`open` cancels it)
+        #[arg(long, conflicts_with_all = ["force", "discard"])]
+        when_idle: bool,
     },
     /// Release every workspace idle past the window whose state the mirror has seen
     Sweep {
@@ -155,6 +158,28 @@ enum Cmd {
         /// workspaces to <state>/quarantine (never delete them)
         #[arg(long)]
         fix: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// A new thread with a fork of another's current state (tracked changes, untracked files,
+    /// HEAD) on a branch of its own; the source keeps running untouched. Prints the new path
+    Fork {
+        from: String,
+        to: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Move a thread's work to a new thread: bind it to a project at a ref, or (without
+    /// --project) carry the source's state and its small ignored files. Prints the new path
+    Teleport {
+        from: String,
+        to: String,
+        /// Bind the new thread to this project (default: carry the source's state)
+        #[arg(long)]
+        project: Option<String>,
+        /// Branch, tag, commit or any revision to start from (with --project)
+        #[arg(long = "ref", requires = "project")]
+        git_ref: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -322,6 +347,17 @@ fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), S
         token = a.token;
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+}
+
+/// The answer to `fork` and `teleport`: the new path (or the whole answer as JSON).
+fn print_forked(v: Value, json: bool) -> Result<(), String> {
+    if json {
+        println!("{v}");
+        return Ok(());
+    }
+    let f: Forked = parse(v)?;
+    println!("{}", f.path);
+    Ok(())
 }
 
 fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, String> {
@@ -547,17 +583,24 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             thread,
             force,
             discard,
+            when_idle,
         } => {
             validate(NameKind::Thread, &thread)?;
-            let r: ReleaseAnswer = parse(request(
-                layout,
+            let req = if when_idle {
+                Request::ReleaseWhenIdle {
+                    thread: thread.clone(),
+                }
+            } else {
                 Request::Release {
                     thread: thread.clone(),
                     force,
                     discard,
-                },
-            )?)?;
-            if r.released {
+                }
+            };
+            let r: ReleaseAnswer = parse(request(layout, req)?)?;
+            if r.pending {
+                println!("{thread}: release pending until no process uses the mount");
+            } else if r.released {
                 match r.snapshot {
                     Some(s) => println!("released {thread} (snapshot {s})"),
                     None if discard => println!("released {thread} (discarded, not saved)"),
@@ -676,6 +719,36 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 }
             }
             Ok(())
+        }
+        Cmd::Fork { from, to, json } => {
+            validate(NameKind::Thread, &from)?;
+            validate(NameKind::Thread, &to)?;
+            print_forked(request(layout, Request::Fork { from, to })?, json)
+        }
+        Cmd::Teleport {
+            from,
+            to,
+            project,
+            git_ref,
+            json,
+        } => {
+            validate(NameKind::Thread, &from)?;
+            validate(NameKind::Thread, &to)?;
+            if let Some(p) = &project {
+                validate(NameKind::Project, p)?;
+            }
+            print_forked(
+                request(
+                    layout,
+                    Request::Teleport {
+                        from,
+                        to,
+                        project,
+                        git_ref,
+                    },
+                )?,
+                json,
+            )
         }
         Cmd::Status { thread, json } => {
             validate(NameKind::Thread, &thread)?;

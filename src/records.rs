@@ -125,6 +125,17 @@ impl RecordDir {
 
     /// Replaces the record of `key` atomically (see [`write_atomic`]), creating its directory.
     pub fn save<T: Serialize>(&self, key: &str, record: &T) -> Result<(), RecordError> {
+        self.save_with(key, record, true)
+    }
+
+    /// As [`Self::save`], `durable` or not: without it the record replaces the old one atomically
+    /// and survives the daemon being killed, but not necessarily a power loss (no fsync).
+    pub fn save_with<T: Serialize>(
+        &self,
+        key: &str,
+        record: &T,
+        durable: bool,
+    ) -> Result<(), RecordError> {
         let path = self.path(key);
         if let Some(dir) = path.parent() {
             crate::layout::create_private_dir(dir).map_err(|source| RecordError::CreateDir {
@@ -137,7 +148,7 @@ impl RecordDir {
             key: key.to_string(),
             source,
         })?;
-        write_atomic(&path, &bytes).map_err(|source| RecordError::Save {
+        write_replacing(&path, &bytes, durable).map_err(|source| RecordError::Save {
             noun: self.noun,
             key: key.to_string(),
             source,
@@ -181,6 +192,11 @@ impl RecordDir {
 /// private (0600) whatever the umask; two writers of one path (threads of the daemon) each use a
 /// temp file of their own, and the last rename wins.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_replacing(path, bytes, true)
+}
+
+/// [`write_atomic`], with the two fsyncs only when `durable`.
+fn write_replacing(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let dir = path.parent().unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
@@ -197,9 +213,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
             .mode(crate::layout::PRIVATE_FILE_MODE)
             .open(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
         std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        if durable {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);

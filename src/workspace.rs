@@ -44,6 +44,10 @@ pub struct WorkspaceRecord {
     /// (records written before it was kept count as one).
     #[serde(default)]
     pub users: u32,
+    /// `release --when-idle` was asked: the daemon releases the workspace once no process uses the
+    /// mount; a new `open` clears it. Kept here so that a daemon restart keeps waiting.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub release_when_idle: bool,
 }
 
 /// A local user (and primary group) that owns a workspace.
@@ -115,6 +119,12 @@ impl WorkspaceRecord {
 
     pub fn save(&self, layout: &Layout) -> Result<(), RecordError> {
         Self::store(layout).save(&self.thread, self)
+    }
+
+    /// Saves the record without syncing it to disk: for a record that is saved again, durably,
+    /// before anything is answered about it (a fork being made).
+    pub fn save_undurable(&self, layout: &Layout) -> Result<(), RecordError> {
+        Self::store(layout).save_with(&self.thread, self, false)
     }
 
     /// Every workspace record, sorted by thread.

@@ -222,13 +222,13 @@ fn wait_dead(pid: u32) {
     }
 }
 
-/// errno of listing the mount's root (None when it answers). `opendir` always reaches the daemon;
-/// `stat` may not: the kernel answers it from its attribute cache (TTL one hour) even after the
-/// daemon died.
+/// errno of a `statfs` of the mount (None when it answers). `statfs` always reaches the daemon;
+/// `stat` and listing the root may not: the kernel answers them from its caches (attributes for an
+/// hour; directories are opened without asking and their listings kept) even after the daemon died.
 fn live_errno(mount: &Path) -> Option<i32> {
     let m = mount.to_path_buf();
-    io("listing a mount point", move || {
-        fs::read_dir(&m)
+    io("statfs of a mount point", move || {
+        octofs::sys::statvfs(&m)
             .err()
             .map(|e| e.raw_os_error().unwrap_or(-1))
     })

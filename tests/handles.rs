@@ -198,42 +198,84 @@ fn a_truncate_of_a_base_file_readers_hold_moves_the_name_first() {
     fx.handles.release(ino, reader.fh);
 }
 
-#[test]
-fn directory_handles_list_once_and_are_not_files() {
-    let fx = fixture();
-    let fh = fx.handles.opendir(ROOT_INO).expect("opendir");
-    let mut names = Vec::new();
+/// All names of directory `ino` from `offset` on, with their offsets, up to `max` of them.
+fn page(fx: &Fixture, ino: u64, offset: u64, max: usize) -> Vec<(u64, String)> {
+    let mut out = Vec::new();
     fx.handles
-        .with_listing(fh, |ino, list| {
-            assert_eq!(ino, ROOT_INO);
-            names = list.iter().map(|e| e.name.clone()).collect();
+        .readdir(ino, offset, |off, e| {
+            out.push((off, e.name.to_string_lossy().into_owned()));
+            out.len() < max
         })
-        .expect("listing");
-    assert_eq!(names, [".", "..", "d", "f.txt"]);
-    // Read once: a name created since does not appear in this handle's listing.
-    fx.core
-        .mkdir(
-            ROOT_INO,
-            OsStr::new("new"),
-            0o755,
-            octofs::fs::Caller { uid: 0, gid: 0 },
-        )
-        .expect("mkdir");
-    fx.handles
-        .with_listing(fh, |_, list| assert_eq!(list.len(), 4))
-        .expect("listing");
+        .expect("readdir");
+    out
+}
+
+/// A listing served a few names per request while other names come and go between the requests
+/// lists every name present throughout exactly once (offsets by position would skip or repeat
+/// names when a name before the position is added or removed), and a fresh listing shows the
+/// changes (the cached names are read again after a commit).
+#[test]
+fn readdir_is_stateless_and_stable_across_changes() {
+    let fx = fixture();
+    let who = octofs::fs::Caller { uid: 0, gid: 0 };
+    let mkdir = |name: &str| {
+        fx.core
+            .mkdir(ROOT_INO, OsStr::new(name), 0o755, who)
+            .expect("mkdir");
+    };
+    let rmdir = |name: &str| fx.core.rmdir(ROOT_INO, OsStr::new(name)).expect("rmdir");
+    for i in 0..40 {
+        mkdir(&format!("keep{i}"));
+    }
+    for i in 0..20 {
+        mkdir(&format!("gone{i}"));
+    }
+    let mut seen: Vec<String> = Vec::new();
+    let mut offset = 0;
+    let mut last = 0;
+    let mut round = 0;
+    loop {
+        let got = page(&fx, ROOT_INO, offset, 3);
+        let Some(&(off, _)) = got.last() else { break };
+        for (o, name) in got {
+            assert!(o > last, "offsets increase: {o} after {last} ({name})");
+            last = o;
+            seen.push(name);
+        }
+        offset = off;
+        // Between two requests: one name goes, one comes.
+        if round < 20 {
+            rmdir(&format!("gone{round}"));
+        }
+        mkdir(&format!("new{round}"));
+        round += 1;
+    }
+    assert_eq!(seen[..2], [".", ".."]);
+    let mut throughout: Vec<String> = (0..40).map(|i| format!("keep{i}")).collect();
+    throughout.extend(["d".to_string(), "f.txt".to_string()]);
+    for name in &throughout {
+        let n = seen.iter().filter(|s| *s == name).count();
+        assert_eq!(n, 1, "{name} listed {n} times: {seen:?}");
+    }
+    let mut dedup = seen.clone();
+    dedup.sort();
+    dedup.dedup();
+    assert_eq!(dedup.len(), seen.len(), "no name twice: {seen:?}");
+
+    // A fresh listing is the directory as it is now.
+    let now: Vec<String> = page(&fx, ROOT_INO, 0, usize::MAX)
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    assert!(now.contains(&format!("new{}", round - 1)), "{now:?}");
+    assert!(!now.iter().any(|n| n.starts_with("gone")), "{now:?}");
+    assert_eq!(now.len(), 2 + 40 + 2 + round);
+    // A file is not a directory.
+    let file = ino_of(&fx.core, "f.txt");
     assert_eq!(
-        fx.handles.read(fh, 0, 1).map_err(|e| e.errno),
-        Err(Errno::EISDIR)
-    );
-    let ino = ino_of(&fx.core, "f.txt");
-    assert_eq!(
-        fx.handles.opendir(ino).map_err(|e| e.errno),
+        fx.handles
+            .readdir(file, 0, |_, _| true)
+            .map_err(|e| e.errno),
         Err(Errno::ENOTDIR)
-    );
-    fx.handles.releasedir(fh);
-    assert_eq!(
-        fx.handles.with_listing(fh, |_, _| ()).map_err(|e| e.errno),
-        Err(Errno::EBADF)
     );
 }

@@ -174,8 +174,97 @@ fn xattrs_survive_the_lock_free_answer() {
     assert_eq!(py(get, &f), "v1");
     let g = d.mount("t").join("f2.txt");
     assert_eq!(py(get, &g), format!("errno {}", libc_enodata()));
+
+    // security.capability is answered without the lock until one is set, other attributes or not;
+    // one set before a restart is still read after it.
+    let cap = "import os,sys\ntry:\n print(os.getxattr(sys.argv[1], 'security.capability').hex())\nexcept OSError as e:\n print('errno', e.errno)";
+    assert_eq!(py(cap, &f), format!("errno {}", libc_enodata()));
+    // VFS_CAP_REVISION_2, CAP_NET_BIND_SERVICE permitted.
+    let blob = "0000000200040000000000000000000000000000";
+    py(
+        &format!(
+            "import os,sys\nos.setxattr(sys.argv[1], 'security.capability', bytes.fromhex('{blob}'))"
+        ),
+        &g,
+    );
+    assert_eq!(py(cap, &g), blob);
+    assert_eq!(py(cap, &f), format!("errno {}", libc_enodata()));
+    d.stop();
+    d.spawn();
+    wait_mounted(&[d.mount("t")], Duration::from_secs(20));
+    assert_eq!(py(cap, &g), blob);
+    assert_eq!(py(get, &f), "v1");
 }
 
 fn libc_enodata() -> i32 {
     61
+}
+
+/// With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves dropping set-user/group-ID to octofs, and stops
+/// asking `security.capability` before every write: each new file's second write costs no GETXATTR
+/// (two per file before). An unprivileged write still drops set-user-ID, and set-group-ID with
+/// group execution (pjdfstest chmod/12.t), through the daemon and through passthrough (where the
+/// kernel sends a SETATTR that changes nothing, which octofs must read as "drop privileges").
+#[test]
+fn writes_drop_set_id_bits_without_asking_for_capabilities() {
+    use std::os::unix::fs::PermissionsExt;
+    for passthrough in [true, false] {
+        let mut d = Daemon::unstarted();
+        d.spawn_with(if passthrough {
+            &[]
+        } else {
+            &["--passthrough", "false"]
+        });
+        project(&d);
+        d.cli_ok(["open", "t", "--project", "p"]);
+        let mnt = d.mount("t");
+        std::fs::set_permissions(&mnt, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let s0 = stats(&d, Some("t"));
+        for i in 0..N {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(mnt.join(format!("new{i}")))
+                .expect("create");
+            f.write_all(b"x").expect("write");
+            f.write_all(b"y").expect("write");
+        }
+        let s1 = wait_count(&d, "t", "RELEASE", count(&s0, "RELEASE") + N);
+        assert!(
+            count(&s1, "GETXATTR") <= count(&s0, "GETXATTR") + N,
+            "passthrough {passthrough}: at most one GETXATTR per new file: {s1}"
+        );
+        for (mode, left) in [(0o4777, 0o777), (0o2777, 0o777), (0o6777, 0o777)] {
+            let f = mnt.join(format!("set-id-{mode:o}"));
+            std::fs::write(&f, b"").unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            let out = run(
+                Command::new("setpriv")
+                    .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                    .args(["sh", "-c", "printf x >> \"$0\""])
+                    .arg(&f),
+                CMD_TIMEOUT,
+            );
+            out.assert_ok();
+            let now = std::fs::metadata(&f).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(
+                now, left,
+                "passthrough {passthrough}: {mode:o} after an unprivileged write"
+            );
+            assert_eq!(std::fs::read(&f).unwrap(), b"x");
+        }
+        // Root (CAP_FSETID) keeps them.
+        let f = mnt.join("root-writes");
+        std::fs::write(&f, b"").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o4755)).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&f)
+            .and_then(|mut h| std::io::Write::write_all(&mut h, b"x"))
+            .unwrap();
+        let now = std::fs::metadata(&f).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(now, 0o4755, "passthrough {passthrough}: root's write");
+        d.stop();
+    }
 }

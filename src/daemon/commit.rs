@@ -222,7 +222,8 @@ impl Daemon {
                     },
                 })
                 .collect();
-            snap::build_tree(&repo, head_tree, &edits)?
+            // Objects already in the mirror: no file is read, nothing to remember.
+            snap::build_tree(&repo, head_tree, &edits, None)?
         };
         let commit = snap::write_commit(&repo, tree, vec![head], message)?;
         // The index first (a crash leaves the old HEAD with an index of the new tree: `git status`

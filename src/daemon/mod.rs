@@ -12,7 +12,8 @@
 //! - `authz`: who may do what (peer credentials against thread owners and project access);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
 //! - `mounts`: mounting, unmounting and remounting workspaces;
-//! - `threads`: a thread's lifecycle: open (fork, resume, share), release, sweep;
+//! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
+//! - `moves`: a thread's state carried to a new thread: `fork` and `teleport`;
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
 //! - `diff`: what changed between snapshots or up to the live state;
 //! - `status`: list, status, fsmonitor answers and request statistics;
@@ -25,6 +26,7 @@ mod diff;
 pub mod error;
 mod mirrors;
 mod mounts;
+mod moves;
 pub mod notify;
 mod posix;
 pub mod proto;
@@ -34,7 +36,7 @@ mod snapshot;
 mod status;
 mod threads;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -116,6 +118,9 @@ pub struct Daemon {
     mounts: Mutex<HashMap<String, Mounted>>,
     /// `project:<name>`, `thread:<name>` and `index:<trees>` locks.
     locks: Arc<KeyedLocks>,
+    /// Threads whose `release --when-idle` waits for their mount to be idle (their records say so
+    /// too; this is what the timer walks). Held only to read or change the set.
+    idle_waits: Mutex<HashSet<String>>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -135,6 +140,7 @@ impl Daemon {
             stores: Mutex::new(HashMap::new()),
             mounts: Mutex::new(HashMap::new()),
             locks: Arc::default(),
+            idle_waits: Mutex::default(),
         })
     }
 }

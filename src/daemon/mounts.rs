@@ -193,6 +193,8 @@ impl Daemon {
         for rec in records.into_iter().filter(|r| r.mounted) {
             if let Err(e) = self.mount(&rec) {
                 tracing::error!(thread = %rec.thread, "cannot remount: {e}");
+            } else if rec.release_when_idle {
+                lock(&self.idle_waits).insert(rec.thread.clone());
             }
             // Whatever changed the mirror's modes while the daemon was away, the owner keeps
             // reading its objects (a failure is logged).

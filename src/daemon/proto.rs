@@ -7,7 +7,8 @@
 //! `mirror sync` [`SyncOutcome`], `open` [`Opened`], `list` and `status` [`WorkspaceStatus`],
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
-//! `ping` and `stop` [`Ack`].
+//! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
+//! [`ReleaseAnswer`].
 
 use serde::{Deserialize, Serialize};
 
@@ -86,6 +87,25 @@ pub enum Request {
         thread: String,
         #[serde(default)]
         token: String,
+    },
+    /// A new thread `to` with `from`'s current state (a fork of its own, on a branch of its own).
+    Fork {
+        from: String,
+        to: String,
+    },
+    /// Binds `to` to `project` at `git_ref`; without a project, carries `from`'s state (and its
+    /// small ignored files) to `to`.
+    Teleport {
+        from: String,
+        to: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        project: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        git_ref: Option<String>,
+    },
+    /// `release --when-idle`: answers at once; the release happens when no process uses the mount.
+    ReleaseWhenIdle {
+        thread: String,
     },
     /// `octofs commit`: the working state (or the listed paths) on the workspace's branch.
     Commit {
@@ -175,6 +195,9 @@ pub struct WorkspaceStatus {
     /// A chat workspace (no project; never saved).
     #[serde(default)]
     pub chat: bool,
+    /// `release --when-idle` is pending: released once no process uses the mount.
+    #[serde(default)]
+    pub release_when_idle: bool,
 }
 
 /// The answer to a watch query.
@@ -255,6 +278,25 @@ pub struct ReleaseAnswer {
     /// The snapshot saved on the way out (none: discarded, a chat workspace, or not released).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// `--when-idle` on a busy mount: the release waits for its last process to leave.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pending: bool,
+}
+
+/// The answer to `fork` and `teleport`: the new thread, where it is mounted and what it carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forked {
+    pub thread: String,
+    pub project: String,
+    pub path: String,
+    /// The new thread's first snapshot (filed under its own ref), when it carries a state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The branch HEAD is on (none: detached).
+    pub branch: Option<String>,
+    /// Small ignored files copied across (`teleport` without a project).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored_copied: Vec<String>,
 }
 
 /// The answer to `sweep`: the threads released, and the ones kept with why.
@@ -311,6 +353,7 @@ mod tests {
             already: false,
             users: Some(2),
             snapshot: None,
+            pending: false,
         };
         assert_eq!(
             serde_json::to_value(&r).unwrap(),

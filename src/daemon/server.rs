@@ -36,6 +36,8 @@ const MAX_CONNECTIONS: usize = 2048;
 const USER_CONNECTIONS: usize = 128;
 /// A request line longer than this is not one of ours.
 const MAX_REQUEST: usize = 64 << 10;
+/// How often the mounts waiting for `release --when-idle` are checked.
+const IDLE_WAIT_TICK: Duration = Duration::from_millis(250);
 /// How long a client may take to send its request line, and to take its answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -98,6 +100,14 @@ impl Daemon {
                 answer(Ok((Ack("stopping".into()), vec![])))
             }
             Request::Watch { thread, token } => answer(self.watch(&thread, &token, c)),
+            Request::Fork { from, to } => answer(self.fork(&from, &to, c)),
+            Request::Teleport {
+                from,
+                to,
+                project,
+                git_ref,
+            } => answer(self.teleport(&from, &to, project.as_deref(), git_ref.as_deref(), c)),
+            Request::ReleaseWhenIdle { thread } => answer(self.release_when_idle(&thread, c)),
             Request::Commit {
                 thread,
                 message,
@@ -162,6 +172,24 @@ pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
                     }
                     Ok(Err(e)) => tracing::warn!("sweep: {e}"),
                     Err(e) => tracing::warn!("sweep: {e}"),
+                }
+            }
+        });
+    }
+    {
+        // `release --when-idle`: checks the waiting mounts four times a second (nothing to do,
+        // nothing done).
+        let d = daemon.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(IDLE_WAIT_TICK);
+            loop {
+                tick.tick().await;
+                if !d.has_idle_waits() {
+                    continue;
+                }
+                let d = d.clone();
+                if let Err(e) = tokio::task::spawn_blocking(move || d.release_idle_waits()).await {
+                    tracing::warn!("release when idle: {e}");
                 }
             }
         });

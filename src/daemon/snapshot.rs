@@ -204,6 +204,8 @@ impl Daemon {
             )
         };
         let mut repo = snap::open(&mirror).context(gone)?;
+        // The upper layer's clock before the view: files last changed before it may be remembered.
+        let clock = Some((view.taken_at.0, i64::from(view.taken_at.1)));
         if !repo.has_object(view.base_tree) {
             return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
@@ -211,7 +213,7 @@ impl Daemon {
             )));
         }
         let Some((head, head_ref)) = head else {
-            return Ok(snap::build_tree(&repo, view.base_tree, &edits)?);
+            return Ok(snap::build_tree(&repo, view.base_tree, &edits, clock)?);
         };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
@@ -256,7 +258,7 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
-        let tree = snap::build_tree(&repo, view.base_tree, &edits)?;
+        let tree = snap::build_tree(&repo, view.base_tree, &edits, clock)?;
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
         let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),

@@ -48,6 +48,7 @@ impl Daemon {
             state: if m.is_some() { "mounted" } else { "unmounted" }.into(),
             users: if m.is_some() { rec.users.max(1) } else { 0 },
             chat: rec.chat,
+            release_when_idle: rec.release_when_idle,
         }
     }
 
@@ -77,6 +78,7 @@ impl Daemon {
             state: "released".into(),
             users: 0,
             chat: false,
+            release_when_idle: false,
         }
     }
 

@@ -1,6 +1,7 @@
 //! A thread's workspace lifecycle (seed 000 "Forking", "Restoring", "Reclaiming", "Binding",
-//! "The chat workspace"): open (fork, resume, or share the live mount), release and sweep. Saving
-//! is `super::snapshot`.
+//! "The chat workspace"): open (fork, resume, or share the live mount), release (now, or when the
+//! mount's last process has left) and sweep. Saving is `super::snapshot`; carrying a state to a new
+//! thread is `super::moves`.
 //!
 //! Policy only: the mechanisms are the filesystem core, `repo` (the workspace's `.git`) and the
 //! records of `workspace`. Nothing here runs git in a workspace or reads one through its mount.
@@ -19,7 +20,7 @@ use crate::names::{NameKind, validate};
 use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
 
 /// What a new workspace is made of.
-struct Fork {
+pub(super) struct Fork {
     project: String,
     /// The commit whose tree the files are, its tree and time.
     base_commit: String,
@@ -117,11 +118,17 @@ impl Daemon {
             // the count. A record the daemon serves (or should: its remount failed) keeps its users.
             let served = lock(&self.mounts).contains_key(thread);
             let before = rec.clone();
-            rec.users = if served || rec.mounted {
+            rec.users = if rec.release_when_idle {
+                // A pending `release --when-idle` was its last user's release: this open cancels
+                // it and is the one user now.
+                tracing::info!(%thread, "pending release cancelled by open");
+                1
+            } else if served || rec.mounted {
                 rec.users.max(1) + 1
             } else {
                 1
             };
+            rec.release_when_idle = false;
             rec.mounted = true;
             rec.save(&self.layout)?;
             if !served && let Err(e) = self.mount(&rec) {
@@ -209,7 +216,7 @@ impl Daemon {
     /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
     /// tree, HEAD at its first parent on the branch it was on), or from its first base when it was
     /// released with nothing saved.
-    fn resume_fork(&self, thread: &str, b: &Binding) -> Result<Fork, Error> {
+    pub(super) fn resume_fork(&self, thread: &str, b: &Binding) -> Result<Fork, Error> {
         let repo = snap::open(&self.layout.mirror(&b.project))?;
         let Some(s) = snap::read_ref(&repo, &snap::thread_ref(thread)) else {
             let base = self.store(&b.project)?.resolve(Some(&b.base_commit))?;
@@ -253,7 +260,7 @@ impl Daemon {
     }
 
     /// Creates, seeds and mounts a new workspace. On failure nothing of it remains.
-    fn create(
+    pub(super) fn create(
         &self,
         thread: &str,
         fork: Fork,
@@ -278,8 +285,11 @@ impl Daemon {
             saved: None,
             owner,
             users: 1,
+            release_when_idle: false,
         };
-        rec.save(&self.layout)?;
+        // Not synced: a fork that a crash interrupts before its `open` is answered is made again;
+        // the record is saved durably below, before the answer (two fsyncs fewer per fork).
+        rec.save_undurable(&self.layout)?;
         let made = (|| {
             let core = self.load_core(&rec)?;
             let exe =
@@ -438,6 +448,11 @@ impl Daemon {
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
+        self.release_locked(thread, force, discard)
+    }
+
+    /// `release` with the thread's lock held and the caller checked.
+    fn release_locked(&self, thread: &str, force: bool, discard: bool) -> Reply<ReleaseAnswer> {
         let mut rec = match WorkspaceRecord::load(&self.layout, thread)? {
             Some(r) => r,
             None if Binding::load(&self.layout, thread)?.is_some() => {
@@ -448,6 +463,7 @@ impl Daemon {
                         already: true,
                         users: None,
                         snapshot: None,
+                        pending: false,
                     },
                     vec![],
                 ));
@@ -464,6 +480,7 @@ impl Daemon {
                     already: false,
                     users: Some(rec.users),
                     snapshot: None,
+                    pending: false,
                 },
                 vec![],
             ));
@@ -497,13 +514,97 @@ impl Daemon {
                 already: false,
                 users: None,
                 snapshot: saved,
+                pending: false,
             },
             vec![],
         ))
     }
 
+    /// `octofs release <thread> --when-idle`: answers at once. A user who is not the last one
+    /// releases as usual (one user fewer); the last one's release waits until no process uses the
+    /// mount (no open file, mapping, working or root directory inside), then happens as a plain
+    /// release (saved, unmounted, dropped). A mount nobody uses is released now. `open` cancels a
+    /// pending release.
+    pub(super) fn release_when_idle(&self, thread: &str, c: &Caller) -> Reply<ReleaseAnswer> {
+        validate(NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        self.check_thread(c, thread)?;
+        let Some(mut rec) = WorkspaceRecord::load(&self.layout, thread)? else {
+            return self.release_locked(thread, false, false);
+        };
+        if rec.users > 1 {
+            return self.release_locked(thread, false, false);
+        }
+        // (`served` first, as a statement of its own: the guard of `mounts` must be gone before
+        // `is_busy` walks the mount.)
+        let served = lock(&self.mounts).contains_key(thread);
+        if !served || !crate::sys::is_busy(&self.layout.mountpoint(thread)) {
+            // Idle now (checked once: a second check in a row would unmount it behind us).
+            return self.release_locked(thread, true, false);
+        }
+        rec.release_when_idle = true;
+        rec.save(&self.layout)?;
+        lock(&self.idle_waits).insert(thread.to_string());
+        tracing::info!(%thread, "release pending until the mount is idle");
+        Ok((
+            ReleaseAnswer {
+                thread: thread.into(),
+                released: false,
+                already: false,
+                users: None,
+                snapshot: None,
+                pending: true,
+            },
+            vec![],
+        ))
+    }
+
+    /// Whether any `release --when-idle` waits (the timer asks before it does any work).
+    pub(super) fn has_idle_waits(&self) -> bool {
+        !lock(&self.idle_waits).is_empty()
+    }
+
+    /// Releases each workspace whose `release --when-idle` waits and whose mount no process uses
+    /// any more; returns the threads released. A release that fails is logged and not retried
+    /// (the workspace stays mounted, its pending mark cleared).
+    pub(super) fn release_idle_waits(&self) -> Vec<String> {
+        let waiting: Vec<String> = lock(&self.idle_waits).iter().cloned().collect();
+        let mut released = Vec::new();
+        for thread in waiting {
+            let l = self.locks.get(&format!("thread:{thread}"));
+            let _g = lock(&l);
+            let rec = match WorkspaceRecord::load(&self.layout, &thread) {
+                Ok(Some(r)) if r.release_when_idle => r,
+                // Released, cancelled by an open, or unreadable: nothing waits any more.
+                _ => {
+                    lock(&self.idle_waits).remove(&thread);
+                    continue;
+                }
+            };
+            let served = lock(&self.mounts).contains_key(&thread);
+            if served && crate::sys::is_busy(&self.layout.mountpoint(&thread)) {
+                continue;
+            }
+            lock(&self.idle_waits).remove(&thread);
+            match self.release_locked(&thread, true, false) {
+                Ok(_) => {
+                    tracing::info!(%thread, "released when idle");
+                    released.push(thread);
+                }
+                Err(e) => {
+                    tracing::warn!(%thread, "release when idle failed: {e}; the workspace stays");
+                    let mut rec = rec;
+                    rec.release_when_idle = false;
+                    let _ = rec.save(&self.layout);
+                }
+            }
+        }
+        released
+    }
+
     /// Drops a workspace that failed to come into being.
-    fn discard(&self, thread: &str) {
+    pub(super) fn discard(&self, thread: &str) {
         let _ = self.unmount_thread(thread, true);
         let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
         let _ = std::fs::remove_dir(self.layout.mountpoint(thread));

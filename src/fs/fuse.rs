@@ -35,6 +35,9 @@ const TTL: Duration = Duration::from_secs(3600);
 #[derive(Debug, Default)]
 pub struct MountInfo {
     pub passthrough: AtomicBool,
+    /// The kernel opens directories without asking (it offered `FUSE_NO_OPENDIR_SUPPORT` and
+    /// `opendir` answers `ENOSYS`): no OPENDIR or RELEASEDIR request.
+    pub no_opendir: AtomicBool,
     /// The request transport the mount runs on ("uring (…)" or "dev (…)"), set once at mount.
     pub transport: std::sync::OnceLock<String>,
     /// Every request this mount answered (recorded by a guard at the top of each method).
@@ -142,10 +145,19 @@ impl Filesystem for FuseAdapter {
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_ATOMIC_O_TRUNC,
+            // octofs clears set-user-ID and set-group-ID itself on write, truncate and chown (see
+            // `kill_suidgid`), so the kernel need not ask for `security.capability` before writes.
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = cfg.add_capabilities(flag);
         }
         let _ = cfg.set_max_write(1 << 20);
+        // Nothing to request: the kernel says it copes with `opendir` answering ENOSYS, and then
+        // opens every directory itself, caching listings (readdir is stateless, see handles.rs).
+        let no_opendir = cfg
+            .capabilities()
+            .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
+        self.info.no_opendir.store(no_opendir, Ordering::Relaxed);
         if self.want_passthrough
             && cfg.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && cfg.set_max_stack_depth(1).is_ok()
@@ -183,7 +195,7 @@ impl Filesystem for FuseAdapter {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         i: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -208,6 +220,20 @@ impl Filesystem for FuseAdapter {
             // Truncating a base file that readers hold through passthrough: new inode, look again.
             return reply.error(failed(&cx, e));
         }
+        // With FUSE_HANDLE_KILLPRIV_V2 the kernel leaves dropping set-user/group-ID to octofs:
+        // on chown of a non-directory always, on truncate when the caller lacks CAP_FSETID (fuser
+        // does not pass the kernel's FATTR_KILL_SUIDGID: root stands for CAP_FSETID), and on a
+        // SETATTR that changes nothing, which is what the kernel's `file_remove_privs` sends
+        // before a write that does not come to the daemon (passthrough).
+        let nothing = mode.is_none()
+            && uid.is_none()
+            && gid.is_none()
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+            && ctime.is_none();
+        let kill_suidgid =
+            uid.is_some() || gid.is_some() || (size.is_some() && req.uid() != 0) || nothing;
         let set = SetAttr {
             mode,
             uid,
@@ -216,6 +242,7 @@ impl Filesystem for FuseAdapter {
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
             ctime,
+            kill_suidgid,
         };
         attr(&cx, reply, self.core.setattr(i, set));
     }
@@ -313,10 +340,18 @@ impl Filesystem for FuseAdapter {
         entry(&cx, reply, self.core.link(ino(i), ino(np), newname));
     }
 
-    fn open(&self, _req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Open);
         let cx = Cx::new(Op::Open, i.0, None);
         let i = ino(i);
+        // An open that truncates drops set-user/group-ID as a truncate does (KILLPRIV_V2; fuser
+        // does not pass the kernel's FUSE_OPEN_KILL_SUIDGID: root stands for CAP_FSETID).
+        if flags.0 & libc::O_TRUNC != 0
+            && req.uid() != 0
+            && let Err(e) = self.core.kill_suidgid(i)
+        {
+            return reply.error(failed(&cx, e));
+        }
         let register = self
             .passthrough()
             .then_some(|f: &File| reply.open_backing(f));
@@ -413,13 +448,20 @@ impl Filesystem for FuseAdapter {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _wf: WriteFlags,
+        wf: WriteFlags,
         _flags: OpenFlags,
         _lo: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let _t = self.info.stats.time(Op::Write);
         let cx = Cx::new(Op::Write, _i.0, None);
+        // The kernel asks (FUSE_HANDLE_KILLPRIV_V2) when the writer lacks CAP_FSETID and the file
+        // has set-user/group-ID: dropped before the bytes land, as a local file system does.
+        if wf.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
+            && let Err(e) = self.core.kill_suidgid(ino(_i))
+        {
+            return reply.error(failed(&cx, e));
+        }
         let r = self.handles.write(fh.0, offset, data);
         if let Ok(n) = r {
             self.info.stats.wrote_bytes(u64::from(n));
@@ -469,12 +511,17 @@ impl Filesystem for FuseAdapter {
         empty(&cx, reply, self.handles.fsync(fh.0, datasync));
     }
 
+    /// `ENOSYS` when the kernel can open directories itself (it then never asks again); else a
+    /// handle that means nothing (`fh` 0: readdir keeps no state), the listing cached by the kernel.
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Opendir);
+        if self.info.no_opendir.load(Ordering::Relaxed) {
+            return reply.error(Errno::ENOSYS);
+        }
         let cx = Cx::new(Op::Opendir, i.0, None);
-        match self.handles.opendir(ino(i)) {
-            Ok(fh) => reply.opened(
-                FileHandle(fh),
+        match self.core.opendir(ino(i)) {
+            Ok(()) => reply.opened(
+                FileHandle(0),
                 FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
             ),
             Err(e) => reply.error(failed(&cx, e)),
@@ -484,19 +531,15 @@ impl Filesystem for FuseAdapter {
     fn readdir(
         &self,
         _req: &Request,
-        _i: INodeNo,
-        fh: FileHandle,
+        i: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
         let _t = self.info.stats.time(Op::Readdir);
-        let cx = Cx::new(Op::Readdir, _i.0, None);
-        let r = self.handles.with_listing(fh.0, |_, list| {
-            for (idx, e) in list.iter().enumerate().skip(offset as usize) {
-                if reply.add(e.attr.ino, idx as u64 + 1, e.attr.kind, &e.name) {
-                    break;
-                }
-            }
+        let cx = Cx::new(Op::Readdir, i.0, None);
+        let r = self.handles.readdir(ino(i), offset, |off, e| {
+            !reply.add(INodeNo(e.ino), off, e.kind, &e.name)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -508,45 +551,39 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         i: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
         let _t = self.info.stats.time(Op::Readdirplus);
         let cx = Cx::new(Op::Readdirplus, i.0, None);
-        let r = self.handles.with_listing(fh.0, |_, list| {
-            for (idx, e) in list.iter().enumerate().skip(offset as usize) {
-                // The kernel ignores the attributes of "." and ".."; every other entry's are read
-                // now (the listing's may be older than this request) and counted as a reference.
-                let dots = e.name == "." || e.name == "..";
-                let attr = if dots {
-                    e.attr
-                } else {
-                    match self.core.listed(ino(i), &e.name) {
-                        Ok(Some(attr)) => attr,
-                        // Gone since the listing was read: not listed.
-                        Ok(None) => continue,
-                        Err(err) => {
-                            tracing::debug!("readdirplus: {:?}: {err:?}", e.name);
-                            continue;
-                        }
-                    }
-                };
-                if reply.add(
-                    attr.ino,
-                    idx as u64 + 1,
-                    &e.name,
-                    &TTL,
-                    &attr,
-                    Generation(0),
-                ) {
-                    // Not sent (the reply is full): the kernel holds no reference to it.
-                    if !dots {
-                        self.core.forget(attr.ino.0, 1);
-                    }
-                    break;
+        let r = self.handles.readdir(ino(i), offset, |off, e| {
+            // The kernel ignores the attributes of "." and ".."; every other entry's are read
+            // now and counted as a reference.
+            let dots = e.name == "." || e.name == "..";
+            let attr = if dots {
+                FileAttr {
+                    ino: INodeNo(e.ino),
+                    kind: e.kind,
+                    ..negative_attr()
                 }
+            } else {
+                match self.core.listed(ino(i), &e.name) {
+                    Ok(Some(attr)) => attr,
+                    // Gone since the listing was read: not listed.
+                    Ok(None) => return true,
+                    Err(err) => {
+                        tracing::debug!("readdirplus: {:?}: {err:?}", e.name);
+                        return true;
+                    }
+                }
+            };
+            let full = reply.add(attr.ino, off, &e.name, &TTL, &attr, Generation(0));
+            // Not sent (the reply is full): the kernel holds no reference to it.
+            if full && !dots {
+                self.core.forget(attr.ino.0, 1);
             }
+            !full
         });
         match r {
             Ok(()) => reply.ok(),
@@ -554,16 +591,16 @@ impl Filesystem for FuseAdapter {
         }
     }
 
+    /// Only when `opendir` answered a handle: there is nothing to release.
     fn releasedir(
         &self,
         _req: &Request,
         _i: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _f: OpenFlags,
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Releasedir);
-        self.handles.releasedir(fh.0);
         reply.ok();
     }
 

@@ -1,8 +1,8 @@
-//! Open file and directory handles of one mounted workspace, and the passthrough backing of each
-//! inode: what the kernel refers to by `fh`, kept apart from the fuser adapter so that tests can drive
-//! it without a kernel.
+//! Open file handles of one mounted workspace, the passthrough backing of each inode, and the
+//! directory listings `readdir` serves: what the kernel refers to by `fh` or by a directory offset,
+//! kept apart from the fuser adapter so that tests can drive it without a kernel.
 //!
-//! Owns four rules:
+//! Owns five rules:
 //! - **One backing per inode.** The kernel requires every concurrent passthrough open of one inode to
 //!   use the same backing file, so one backing id per inode is shared while any open holds it (the
 //!   pattern of fuser's passthrough example: a weak table by inode, a strong reference per handle).
@@ -19,8 +19,14 @@
 //!   opens carry `FMODE_EXEC`; while one of an inode is open, `O_RDONLY|O_TRUNC` gets `ETXTBSY`
 //!   here, before anything is truncated. (Write opens are refused by the kernel before they are
 //!   sent.)
+//! - **Directory offsets are names.** `readdir` keeps no per-open state (the kernel may list a
+//!   directory without opening it): each entry's offset is a hash of its name (`.` is 1, `..` is 2),
+//!   entries are served in offset order, and a request resumes after the offset it is given. A name
+//!   added or removed between two requests of one listing moves no other name, so a name present
+//!   throughout is listed exactly once. The sorted names are cached per directory while the
+//!   workspace's commit count says they are current.
 //!
-//! Locks (see `docs/locking.md`): the handle table and the backing table are `DashMap`s whose guards
+//! Locks (see `docs/locking.md`): the handle, backing and listing tables are `DashMap`s whose guards
 //! are held only to copy an `Arc` in or out, never across I/O. Opens of one inode with passthrough
 //! are serialized by that inode's backing slot mutex, held across the core's `open` (which may copy
 //! the file up): a concurrent open of the same inode waits, no other inode does. Touches the
@@ -29,33 +35,53 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::fs::FsError;
 use dashmap::DashMap;
 use fuser::Errno;
 
-use super::{Caller, Context, DirEntry, Opened, WorkspaceFs};
+use super::{Caller, Context, DirName, Opened, WorkspaceFs};
 
-/// A directory handle's listing, read at most once.
-type DirListing = Arc<OnceLock<Result<Vec<DirEntry>, FsError>>>;
+/// An open file.
+struct Handle<B> {
+    ino: u64,
+    file: Arc<File>,
+    /// The file is the workspace's data file (else the read-only blob-cache file).
+    upper: bool,
+    /// Counted as a writer by the core: its release must say so.
+    write: bool,
+    /// Opened by the kernel to execute the file (`FMODE_EXEC`): counted in `executing`.
+    exec: bool,
+    /// Held while this handle is open, keeping the inode's backing id alive.
+    _backing: Option<Arc<B>>,
+}
 
-enum Handle<B> {
-    File {
-        ino: u64,
-        file: Arc<File>,
-        /// The file is the workspace's data file (else the read-only blob-cache file).
-        upper: bool,
-        /// Counted as a writer by the core: its release must say so.
-        write: bool,
-        /// Opened by the kernel to execute the file (`FMODE_EXEC`): counted in `executing`.
-        exec: bool,
-        /// Held while this handle is open, keeping the inode's backing id alive.
-        _backing: Option<Arc<B>>,
-    },
-    /// A directory: its listing is read at the first readdir (when the kernel's cache of it is
-    /// valid, it never asks, and the listing is never computed).
-    Dir { ino: u64, listing: DirListing },
+/// The names of one directory in offset order, as of a commit count of the workspace.
+struct DirListing {
+    commits: u64,
+    /// `(offset, name)`, sorted by offset then name.
+    names: Vec<(u64, DirName)>,
+}
+
+/// Directories whose sorted names are kept between requests (a listing of a large directory takes
+/// many requests; the kernel caches what it has read, so few directories are listed at once).
+const LISTINGS: usize = 64;
+
+/// The `readdir` offset of `name`: `.` 1, `..` 2, anything else a hash of the name in `3..2^62+3`
+/// (positive as an `off_t`; two names of one directory share one with a chance of about n²/2^63).
+pub fn dir_offset(name: &std::ffi::OsStr) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    match name.as_encoded_bytes() {
+        b"." => 1,
+        b".." => 2,
+        bytes => {
+            // SipHash with fixed keys: the same offset for the same name for the daemon's life.
+            let h = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+                .hash_one(bytes);
+            3 + (h >> 2)
+        }
+    }
 }
 
 /// The passthrough backing of one inode while any open of it exists.
@@ -94,6 +120,7 @@ pub struct Handles<B> {
     next_fh: AtomicU64,
     handles: DashMap<u64, Handle<B>>,
     backing: DashMap<u64, Slot<B>>,
+    listings: DashMap<u64, Arc<DirListing>>,
     /// Inodes with open exec handles, and how many.
     executing: DashMap<u64, usize>,
 }
@@ -113,6 +140,7 @@ impl<B> Handles<B> {
             next_fh: AtomicU64::new(1),
             handles: DashMap::new(),
             backing: DashMap::new(),
+            listings: DashMap::new(),
             executing: DashMap::new(),
         }
     }
@@ -139,7 +167,7 @@ impl<B> Handles<B> {
         if exec {
             *self.executing.entry(ino).or_default() += 1;
         }
-        let fh = self.add(Handle::File {
+        let fh = self.add(Handle {
             ino,
             file: Arc::new(opened.file),
             upper,
@@ -277,10 +305,9 @@ impl<B> Handles<B> {
     /// The file behind `fh`, whether it is the data file, and its inode.
     fn file(&self, fh: u64) -> Result<(Arc<File>, bool, u64), FsError> {
         match self.handles.get(&fh).as_deref() {
-            Some(Handle::File {
+            Some(Handle {
                 file, upper, ino, ..
             }) => Ok((file.clone(), *upper, *ino)),
-            Some(Handle::Dir { .. }) => Err(Errno::EISDIR.into()),
             None => Err(Errno::EBADF.into()),
         }
     }
@@ -304,11 +331,9 @@ impl<B> Handles<B> {
             return Ok((file, upper, ino));
         };
         let data = Arc::new(data);
-        if let Some(mut h) = self.handles.get_mut(&fh)
-            && let Handle::File { file, upper, .. } = &mut *h
-        {
-            *file = data.clone();
-            *upper = true;
+        if let Some(mut h) = self.handles.get_mut(&fh) {
+            h.file = data.clone();
+            h.upper = true;
         }
         Ok((data, true, ino))
     }
@@ -393,8 +418,8 @@ impl<B> Handles<B> {
     /// `release` of file handle `fh` of `ino`.
     pub fn release(&self, ino: u64, fh: u64) {
         let (wrote, exec) = match self.handles.remove(&fh) {
-            Some((_, Handle::File { write, exec, .. })) => (write, exec),
-            _ => (false, false),
+            Some((_, Handle { write, exec, .. })) => (write, exec),
+            None => (false, false),
         };
         if exec {
             self.executing.remove_if_mut(&ino, |_, n| {
@@ -410,34 +435,56 @@ impl<B> Handles<B> {
         self.core.release(ino, wrote);
     }
 
-    /// `opendir`: a handle on directory `ino`.
-    pub fn opendir(&self, ino: u64) -> Result<u64, FsError> {
-        self.core.opendir(ino)?;
-        Ok(self.add(Handle::Dir {
-            ino,
-            listing: Arc::default(),
-        }))
-    }
-
-    /// Runs `f` on the listing of directory handle `fh`, read when first asked for.
-    pub fn with_listing(&self, fh: u64, f: impl FnOnce(u64, &[DirEntry])) -> Result<(), FsError> {
-        let (ino, listing) = match self.handles.get(&fh).as_deref() {
-            Some(Handle::Dir { ino, listing }) => (*ino, listing.clone()),
-            _ => return Err(Errno::EBADF.into()),
-        };
-        let list = listing
-            .get_or_init(|| self.core.readdir(ino))
-            .as_ref()
-            .map_err(|e| e.clone())?;
-        f(ino, list);
+    /// Runs `f` on the names of directory `ino` that come after `offset` (0: from the start), in
+    /// offset order, each with its offset; `f` returns false to stop. Keeps no state per listing.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut f: impl FnMut(u64, &DirName) -> bool,
+    ) -> Result<(), FsError> {
+        let list = self.listing(ino)?;
+        let start = list.names.partition_point(|(o, _)| *o <= offset);
+        for (o, name) in &list.names[start..] {
+            if !f(*o, name) {
+                break;
+            }
+        }
         Ok(())
     }
 
-    pub fn releasedir(&self, fh: u64) {
-        self.handles.remove(&fh);
+    /// The sorted names of directory `ino`: the cached ones while no commit happened since they
+    /// were read, else read again.
+    fn listing(&self, ino: u64) -> Result<Arc<DirListing>, FsError> {
+        let now = self.core.commits();
+        // The table's guard is held only to clone the Arc.
+        let cached = self.listings.get(&ino).map(|l| l.clone());
+        if let Some(l) = cached.filter(|l| l.commits == now) {
+            return Ok(l);
+        }
+        let (commits, names) = self.core.dir_names(ino)?;
+        let mut names: Vec<(u64, DirName)> = names
+            .into_iter()
+            .map(|n| (dir_offset(&n.name), n))
+            .collect();
+        names.sort_unstable_by(|(a, x), (b, y)| a.cmp(b).then_with(|| x.name.cmp(&y.name)));
+        let list = Arc::new(DirListing { commits, names });
+        if self.listings.len() >= LISTINGS {
+            self.listings.retain(|_, l| l.commits == commits);
+            if self.listings.len() >= LISTINGS {
+                self.listings.clear();
+            }
+        }
+        self.listings.insert(ino, list.clone());
+        Ok(list)
     }
 
-    /// Open handles (files and directories).
+    /// Directory listings kept between requests.
+    pub fn cached_listings(&self) -> usize {
+        self.listings.len()
+    }
+
+    /// Open file handles.
     pub fn len(&self) -> usize {
         self.handles.len()
     }

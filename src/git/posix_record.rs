@@ -27,7 +27,9 @@ const VERSION: u32 = 1;
 
 const POSIX_TRAILER: &str = "Octofs-Posix: ";
 
-/// What a path is.
+/// What a path is: the one table of file kinds in octofs. The catalog stores an inode's kind as this
+/// type too (`cow::catalog::Kind`), so a kind goes from a workspace to a record and back unconverted,
+/// by the same lowercase names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PosixKind {

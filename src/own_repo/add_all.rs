@@ -116,6 +116,45 @@ pub fn keep(
     Ok(out)
 }
 
+/// The regular files new to the base that `git add -A` leaves out because they match an ignore
+/// rule themselves (an `.env`), never those inside an ignored directory (dependencies, build
+/// output): the untracked, ignored `File` edits of `edits` whose directory is not ignored.
+/// Tracked paths are never among them (the snapshot holds those). Read like [`keep`].
+pub fn ignored_files(
+    core: &WorkspaceFs,
+    state: &Path,
+    edits: &[ViewEdit],
+) -> Result<Vec<Vec<u8>>, String> {
+    let added: Vec<&[u8]> = edits
+        .iter()
+        .filter_map(|e| match e {
+            ViewEdit::File {
+                path, added: true, ..
+            } => Some(path.as_slice()),
+            _ => None,
+        })
+        .collect();
+    if added.is_empty() {
+        return Ok(Vec::new());
+    }
+    let index = read_index(core, state)?;
+    let mut rules = Rules::new(core)?;
+    let mut out = Vec::new();
+    for path in added {
+        if index.entry_index_by_path(path.as_bstr()).is_ok() {
+            continue;
+        }
+        let parent = parent_of(path);
+        if !parent.is_empty() && rules.ignored(parent, true)? {
+            continue;
+        }
+        if rules.ignored(path, false)? {
+            out.push(path.to_vec());
+        }
+    }
+    Ok(out)
+}
+
 /// Whether `p` is strictly below directory `d`.
 fn under(p: &[u8], d: &[u8]) -> bool {
     p.starts_with(d) && p.get(d.len()) == Some(&b'/')

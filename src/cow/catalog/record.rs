@@ -21,17 +21,9 @@ impl Ts {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    File,
-    Dir,
-    Symlink,
-    Fifo,
-    Socket,
-    Char,
-    Block,
-}
+/// An inode's kind: the one table of file kinds, owned by the POSIX record (the same names are
+/// stored in the catalog and in a snapshot's record).
+pub use crate::git::posix_record::PosixKind as Kind;
 
 /// Where an inode came from in the base commit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,10 +16,11 @@ use crate::cow::upper::system_time;
 use crate::git::objects::{EntryKind, TreeEntry};
 
 use super::presented::{DIR_SIZE, base_mode, base_size};
+use super::xattr::CAPABILITY;
 use super::{
     NAME_MAX, ROOT_INO, WorkspaceFs, convert::check_name, convert::eio, convert::join,
-    convert::oid, convert::shown, convert::ts, tx::Tx, types::DirEntry, types::SetAttr,
-    types::SetTime,
+    convert::oid, convert::shown, convert::ts, tx::Tx, types::DirEntry, types::DirName,
+    types::SetAttr, types::SetTime,
 };
 
 impl WorkspaceFs {
@@ -118,15 +119,7 @@ impl WorkspaceFs {
             mtime: system_time(mtime),
             ctime: system_time(ctime),
             crtime: system_time(ctime),
-            kind: match rec.kind {
-                Kind::File => FileType::RegularFile,
-                Kind::Dir => FileType::Directory,
-                Kind::Symlink => FileType::Symlink,
-                Kind::Fifo => FileType::NamedPipe,
-                Kind::Socket => FileType::Socket,
-                Kind::Char => FileType::CharDevice,
-                Kind::Block => FileType::BlockDevice,
-            },
+            kind: file_type(rec.kind),
             perm: (rec.mode & 0o7777) as u16,
             nlink: rec.nlink,
             uid: rec.uid,
@@ -266,6 +259,81 @@ impl WorkspaceFs {
         Ok(out)
     }
 
+    /// The names of directory `ino` (`.` and `..` first, the rest in no particular order) with the
+    /// inode and kind of each, and the number of commits they are valid for: while
+    /// [`Self::commits`] returns the same number, no name was added, removed or renamed (every
+    /// change of a directory is a committed transaction). Reads no attributes: cheap enough to
+    /// serve a stateless `readdir` (readdirplus reads each entry's attributes with
+    /// [`Self::listed`]).
+    pub fn dir_names(&self, ino: u64) -> Result<(u64, Vec<DirName>), FsError> {
+        let (rec, seen) = {
+            let st = self.lock();
+            let n = st.node(ino)?;
+            if n.rec.kind != Kind::Dir {
+                return Err(Errno::ENOTDIR.into());
+            }
+            (n.rec.clone(), st.commits)
+        };
+        // The base tree is read without the lock, as in `readdir`.
+        let base = match Self::base_tree(&rec) {
+            Some((tree, path)) => Some((self.store.tree(tree).map_err(eio)?, path.to_vec())),
+            None => None,
+        };
+        let dir = |name: &str, ino: u64| DirName {
+            name: name.into(),
+            ino,
+            kind: FileType::Directory,
+        };
+        let parent = if ino == ROOT_INO {
+            ROOT_INO
+        } else {
+            rec.parent
+        };
+        let mut out = vec![dir(".", ino), dir("..", parent)];
+        let st = self.lock();
+        // Valid for the count read with the record: a commit since then (the record or its base
+        // tree may have changed) makes the next call read the names again.
+        if rec.nlink == 0 {
+            return Ok((seen, out));
+        }
+        let overlay = st.live.dirs.get(&ino);
+        if let Some((entries, path)) = &base {
+            for e in entries.iter() {
+                if overlay.is_some_and(|o| o.contains_key(&*e.name)) {
+                    continue;
+                }
+                let child = Self::derived_ino(&st, &join(path, &e.name));
+                let kind = match st.live.inodes.get(&child) {
+                    Some(n) => file_type(n.rec.kind),
+                    None => match e.kind {
+                        EntryKind::Tree | EntryKind::Gitlink => FileType::Directory,
+                        EntryKind::Blob | EntryKind::Executable => FileType::RegularFile,
+                        EntryKind::Symlink => FileType::Symlink,
+                    },
+                };
+                out.push(DirName {
+                    name: OsString::from_vec(e.name.to_vec()),
+                    ino: child,
+                    kind,
+                });
+            }
+        }
+        for (name, target) in overlay.into_iter().flatten() {
+            let Some(child) = target else { continue };
+            out.push(DirName {
+                name: OsString::from_vec(name.clone()),
+                ino: *child,
+                kind: file_type(st.node(*child)?.rec.kind),
+            });
+        }
+        Ok((seen, out))
+    }
+
+    /// Transactions committed since the workspace was loaded (see [`Self::dir_names`]).
+    pub fn commits(&self) -> u64 {
+        self.lock().commits
+    }
+
     /// readdirplus hands the entry `name` of `parent` to the kernel: the current attributes of the
     /// inode the name has now (`None`: the name is gone), counting the kernel's reference to it.
     ///
@@ -318,6 +386,29 @@ impl WorkspaceFs {
     }
 
     // ----- attributes and extended attributes -----
+
+    /// Drops the set-user-ID and set-group-ID bits of `ino` as a write or truncate by a caller
+    /// without `CAP_FSETID` does (see [`killed_suidgid`]), and its file capabilities; nothing is
+    /// recorded when it has none to drop. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this to
+    /// the file system.
+    pub fn kill_suidgid(&self, ino: u64) -> Result<(), FsError> {
+        let mut st = self.lock();
+        let rec = &st.node(ino)?.rec;
+        if rec.kind == Kind::Dir
+            || (killed_suidgid(rec.mode) == rec.mode && !rec.xattrs.contains_key(CAPABILITY))
+        {
+            return Ok(());
+        }
+        let mut tx = Tx::default();
+        st.chain(&mut tx, ino)?;
+        let r = st.rec(&mut tx, ino)?;
+        r.mode = killed_suidgid(r.mode);
+        r.xattrs.remove(CAPABILITY);
+        r.ctime = Ts::now();
+        st.commit(tx)?;
+        self.journal_ino(&mut st, ino);
+        Ok(())
+    }
 
     /// `setattr`. A size change copies a base file up first; the data file's size and times are
     /// set without the state lock (the kernel serializes `setattr` of one inode; a copy-up of it in
@@ -372,6 +463,10 @@ impl WorkspaceFs {
         if let Some(m) = set.mode {
             r.mode = m & 0o7777;
         }
+        if set.kill_suidgid && r.kind != Kind::Dir {
+            r.mode = killed_suidgid(r.mode);
+            r.xattrs.remove(CAPABILITY);
+        }
         if let Some(u) = set.uid {
             r.uid = u;
         }
@@ -395,4 +490,27 @@ impl WorkspaceFs {
         drop(st);
         self.attr(&changed)
     }
+}
+
+fn file_type(kind: Kind) -> FileType {
+    match kind {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::Char => FileType::CharDevice,
+        Kind::Block => FileType::BlockDevice,
+    }
+}
+
+/// `mode` without the privileges a write, truncate or chown drops (as `setattr_should_drop_suidgid`
+/// in the kernel): set-user-ID always, set-group-ID only with group execution (without it the bit
+/// means mandatory locking, which a write keeps).
+pub(super) fn killed_suidgid(mode: u32) -> u32 {
+    let mut m = mode & !libc::S_ISUID;
+    if m & libc::S_IXGRP != 0 {
+        m &= !libc::S_ISGID;
+    }
+    m
 }

@@ -80,6 +80,9 @@ struct State {
     /// Inodes whose data file is being prepared without the lock (copy-up, re-inode): other
     /// requests that would change or copy the same inode wait on [`WorkspaceFs::copied`].
     copying: HashSet<u64>,
+    /// Committed transactions since load, quiet ones included: a directory listing read at one
+    /// value is still the listing while it holds (see [`WorkspaceFs::dir_names`]).
+    commits: u64,
 }
 
 /// The filesystem of one workspace.
@@ -103,6 +106,10 @@ pub struct WorkspaceFs {
     /// loaded record with one). While false, `getxattr` answers "none" without the lock, which the
     /// kernel asks of `security.capability` before every write that could drop privileges.
     any_xattr: AtomicBool,
+    /// Whether any inode may have `security.capability`, which the kernel asks of every new file
+    /// before its first write: false until the first `setxattr` of it (or a loaded record with it).
+    /// While false it is answered "none" without the lock even when other attributes exist.
+    any_capability: AtomicBool,
     /// Signalled (with the state mutex) whenever an inode leaves [`State::copying`].
     copied: Condvar,
     /// Syncs the catalog's log: `fsync` makes it durable without the state lock.
@@ -185,6 +192,9 @@ impl WorkspaceFs {
             root.lookups = 1;
         }
         let any_xattr = nodes.values().any(|n| !n.rec.xattrs.is_empty());
+        let any_capability = nodes
+            .values()
+            .any(|n| n.rec.xattrs.contains_key(xattr::CAPABILITY));
         let mut fs = WorkspaceFs {
             store,
             blobs,
@@ -201,12 +211,14 @@ impl WorkspaceFs {
                 },
                 journal: Journal::new(),
                 copying: HashSet::new(),
+                commits: 0,
             }),
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),
             damaged: Vec::new(),
             behind: Mutex::new(None),
             any_xattr: AtomicBool::new(any_xattr),
+            any_capability: AtomicBool::new(any_capability),
             copied: Condvar::new(),
             catalog_sync,
         };

@@ -37,30 +37,6 @@ pub struct NodeMeta {
     pub gitlink: bool,
 }
 
-fn posix_kind(k: Kind) -> PosixKind {
-    match k {
-        Kind::File => PosixKind::File,
-        Kind::Dir => PosixKind::Dir,
-        Kind::Symlink => PosixKind::Symlink,
-        Kind::Fifo => PosixKind::Fifo,
-        Kind::Socket => PosixKind::Socket,
-        Kind::Char => PosixKind::Char,
-        Kind::Block => PosixKind::Block,
-    }
-}
-
-fn kind_of(k: PosixKind) -> Kind {
-    match k {
-        PosixKind::File => Kind::File,
-        PosixKind::Dir => Kind::Dir,
-        PosixKind::Symlink => Kind::Symlink,
-        PosixKind::Fifo => Kind::Fifo,
-        PosixKind::Socket => Kind::Socket,
-        PosixKind::Char => Kind::Char,
-        PosixKind::Block => Kind::Block,
-    }
-}
-
 impl WorkspaceFs {
     /// The metadata of every node that has a record (every node whose metadata can differ from
     /// what the base presents), by path, the workspace's own `.git` excluded. A node with several
@@ -86,7 +62,7 @@ impl WorkspaceFs {
                 }
                 out.push(NodeMeta {
                     path: cp,
-                    kind: posix_kind(rec.kind),
+                    kind: rec.kind,
                     mode: rec.mode & 0o7777,
                     uid: rec.uid,
                     gid: rec.gid,
@@ -171,7 +147,7 @@ impl WorkspaceFs {
                 None => None,
             }
         };
-        let want = kind_of(e.kind);
+        let want = e.kind;
         let ino = match (existing, e.kind) {
             (Some((i, k)), _) if k == want && e.link.is_none() => i,
             (None, PosixKind::Dir) => self.seeded(self.make(

@@ -103,6 +103,8 @@ impl State {
     /// Appends `tx` to the catalog and applies it. Nothing changes if the append fails.
     pub(super) fn commit(&mut self, tx: Tx) -> Result<(), FsError> {
         let quiet = tx.quiet;
+        // Counted first: even a failed append may have changed an unlinked inode in memory.
+        self.commits = self.commits.wrapping_add(1);
         // An unlinked inode that is still open changes in memory only: it has no place in the
         // catalog (after a restart it is gone, as on any file system).
         let (volatile, mut records): (Vec<Record>, Vec<Record>) = tx

@@ -36,6 +36,14 @@ pub struct DirEntry {
     pub attr: FileAttr,
 }
 
+/// One name of a directory as `readdir` reports it: the inode it names now and its kind.
+#[derive(Debug, Clone)]
+pub struct DirName {
+    pub name: OsString,
+    pub ino: u64,
+    pub kind: FileType,
+}
+
 /// The names in a directory (as bytes) and their kinds.
 pub type Listing = Vec<(Vec<u8>, FileType)>;
 
@@ -56,6 +64,10 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     pub mtime: Option<SetTime>,
     pub ctime: Option<SystemTime>,
+    /// Clear set-user-ID, and set-group-ID when group execution is allowed (the kernel's rule for
+    /// a write, truncate or chown by a caller without `CAP_FSETID`), after `mode` is applied. A
+    /// directory keeps its bits.
+    pub kill_suidgid: bool,
 }
 
 /// What `open` hands the adapter.

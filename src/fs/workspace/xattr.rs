@@ -1,5 +1,7 @@
 //! Extended attributes, stored in the inode's catalog record (`system.*` unsupported). A workspace
-//! that never set one answers `getxattr` without taking the state lock.
+//! that never set one answers `getxattr` without taking the state lock, and one that never set
+//! `security.capability` (which the kernel asks of each file before its first write) answers that
+//! name without it.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -13,6 +15,8 @@ use crate::cow::catalog::Ts;
 use super::{WorkspaceFs, tx::Tx, types::XattrReply};
 
 const XATTR_NAME_MAX: usize = 255;
+/// The extended attribute holding a file's capabilities.
+pub(super) const CAPABILITY: &[u8] = b"security.capability";
 const XATTR_SIZE_MAX: usize = 65_536;
 impl WorkspaceFs {
     pub(super) fn xattr_name(name: &OsStr) -> Result<&[u8], FsError> {
@@ -41,6 +45,9 @@ impl WorkspaceFs {
         // Raised before the attribute exists: a lock-free `getxattr` that sees it down ran before
         // this set took effect.
         self.any_xattr.store(true, Ordering::SeqCst);
+        if name == CAPABILITY {
+            self.any_capability.store(true, Ordering::SeqCst);
+        }
         let mut st = self.lock();
         let exists = st.node(ino)?.rec.xattrs.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {
@@ -59,7 +66,9 @@ impl WorkspaceFs {
 
     pub fn getxattr(&self, ino: u64, name: &OsStr, size: u32) -> Result<XattrReply, FsError> {
         let name = Self::xattr_name(name)?;
-        if !self.any_xattr.load(Ordering::SeqCst) {
+        if !self.any_xattr.load(Ordering::SeqCst)
+            || (name == CAPABILITY && !self.any_capability.load(Ordering::SeqCst))
+        {
             return Err(Errno::NO_XATTR.into());
         }
         let st = self.lock();

@@ -1,0 +1,425 @@
+//! A thread's state carried to a new thread (seed 000 "Binding"): `fork` (a parallel attempt from
+//! one live state) and `teleport` (binding a new thread to a project at a ref, or carrying the
+//! source's state, with its small ignored files, to the thread that lands).
+//!
+//! Both reuse the save-and-resume machinery: the source is snapshotted (the only change it sees:
+//! its saved mark), the state is filed as the new thread's first snapshot under its own
+//! `refs/octomate/threads/<to>`, and the new thread is created by the same resume that brings a
+//! released thread back — a fork of the shared base with the changed paths referring to the
+//! mirror's blobs, never copies of them. Afterwards the two threads share nothing.
+//!
+//! Policy only, like `threads`: nothing here runs git in a workspace or reads one through its
+//! mount. Both threads' locks are held (in name order) for the whole operation.
+
+use super::error::{Context, Error, on_workspace};
+use super::proto::Forked;
+use super::{Daemon, Reply, lock, now};
+use crate::access::Caller;
+use crate::git::posix_record;
+use crate::git::snapshot::{self as snap, HeadRef};
+use crate::names::{NameKind, validate};
+use crate::workspace::{Binding, Owner, WorkspaceRecord};
+
+/// The largest ignored file `teleport` copies across (bigger ones are build output or data the
+/// next build or install makes again).
+pub(super) const IGNORED_COPY_MAX: u64 = 64 << 10;
+
+/// A small ignored file carried by `teleport`: its path, mode and content.
+type IgnoredFile = (Vec<u8>, u32, Vec<u8>);
+
+/// Which branch the new thread gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BranchRule {
+    /// Always one of its own, `octofs/<to>`, at the source's commit (`fork`: two attempts never
+    /// share a branch).
+    Own,
+    /// One of its own when the source is on its thread branch `octofs/<from>`; a branch the agent
+    /// chose is kept (`teleport`: the work moves, it does not split).
+    KeepChosen,
+}
+
+impl Daemon {
+    /// `octofs fork <from> <to>`: `to` gets `from`'s current state on a branch of its own.
+    pub(super) fn fork(&self, from: &str, to: &str, c: &Caller) -> Reply<Forked> {
+        self.carry_state(from, to, BranchRule::Own, false, c)
+    }
+
+    /// `octofs teleport <from> <to> [--project P] [--ref R]`.
+    pub(super) fn teleport(
+        &self,
+        from: &str,
+        to: &str,
+        project: Option<&str>,
+        git_ref: Option<&str>,
+        c: &Caller,
+    ) -> Reply<Forked> {
+        let Some(p) = project else {
+            if git_ref.is_some() {
+                return Err(Error::Refused(
+                    "--ref needs --project: without one, teleport carries the source's state"
+                        .into(),
+                ));
+            }
+            return self.carry_state(from, to, BranchRule::KeepChosen, true, c);
+        };
+        validate(NameKind::Thread, from)?;
+        validate(NameKind::Thread, to)?;
+        validate(NameKind::Project, p)?;
+        if from == to {
+            return Err(Error::Refused(format!(
+                "teleport needs a new thread: {to} is the source"
+            )));
+        }
+        {
+            // The source is only the conversation that moves (a chat thread's workspace may be
+            // gone already); if it exists, it must be the caller's.
+            let l = self.locks.get(&format!("thread:{from}"));
+            let _g = lock(&l);
+            self.check_thread(c, from)?;
+        }
+        {
+            let l = self.locks.get(&format!("thread:{to}"));
+            let _g = lock(&l);
+            self.refuse_existing(to)?;
+        }
+        // The ref is validated before anything changes: a thread that bound and then could not
+        // check out would be stuck.
+        mirror_require(self, p)?;
+        self.check_bind(c, p)?;
+        self.store(p)?.resolve(git_ref)?;
+        // `open` re-checks all of this under `to`'s lock: a concurrent open of `to` is refused
+        // or joined there, never overwritten.
+        let (opened, warnings) = self.open(to, Some(p), git_ref, c)?;
+        let rec = self.live_record(to)?;
+        Ok((
+            Forked {
+                thread: to.into(),
+                project: rec.project,
+                path: opened.path,
+                snapshot: None,
+                branch: rec.branch,
+                ignored_copied: Vec::new(),
+            },
+            warnings,
+        ))
+    }
+
+    /// Refuses a thread that exists (bound, or with a workspace): fork and teleport make new ones.
+    fn refuse_existing(&self, to: &str) -> Result<(), Error> {
+        if let Some(r) = WorkspaceRecord::load(&self.layout, to)? {
+            return Err(Error::Refused(if r.chat {
+                format!("thread {to} already exists (a chat workspace); choose a new thread")
+            } else {
+                format!(
+                    "thread {to} is already bound to project {}; choose a new thread",
+                    r.project
+                )
+            }));
+        }
+        if let Some(b) = Binding::load(&self.layout, to)? {
+            return Err(Error::Refused(format!(
+                "thread {to} is already bound to project {}; choose a new thread",
+                b.project
+            )));
+        }
+        Ok(())
+    }
+
+    /// `fork`, and `teleport` without a project: `from`'s state (its live workspace snapshotted
+    /// now, or a released thread's last snapshot) becomes `to`'s first snapshot, and `to` is
+    /// resumed from it, owned by the caller.
+    fn carry_state(
+        &self,
+        from: &str,
+        to: &str,
+        rule: BranchRule,
+        copy_ignored: bool,
+        c: &Caller,
+    ) -> Reply<Forked> {
+        validate(NameKind::Thread, from)?;
+        validate(NameKind::Thread, to)?;
+        if from == to {
+            return Err(Error::Refused(format!(
+                "{to} is the source: name a new thread"
+            )));
+        }
+        // Both threads' locks, always in name order: two crossed forks never deadlock.
+        let (a, b) = if from < to { (from, to) } else { (to, from) };
+        let la = self.locks.get(&format!("thread:{a}"));
+        let _ga = lock(&la);
+        let lb = self.locks.get(&format!("thread:{b}"));
+        let _gb = lock(&lb);
+
+        let live = WorkspaceRecord::load(&self.layout, from)?;
+        let bound = Binding::load(&self.layout, from)?;
+        let (project, owner) = match (&live, &bound) {
+            (Some(r), _) if r.chat => {
+                self.require_owner(c, from, r.owner)?;
+                return Err(Error::Refused(format!(
+                    "thread {from} is a chat workspace (no project): its files are never saved, so there is no state to carry; `octofs teleport {from} {to} --project P` binds a new thread instead"
+                )));
+            }
+            (Some(r), _) => (r.project.clone(), r.owner),
+            (None, Some(b)) => (b.project.clone(), b.owner),
+            (None, None) => return Err(Error::UnknownThread(from.to_string())),
+        };
+        self.require_owner(c, from, owner)?;
+        self.refuse_existing(to)?;
+        self.check_bind(c, &project)?;
+        self.check_root()?;
+        let me = Owner {
+            uid: c.uid,
+            gid: c.gid,
+        };
+
+        let started = std::time::Instant::now();
+        // 1. The source's state: a snapshot of the live workspace (unchanged since the last one:
+        // the same commit, nothing written), or the released thread's last one.
+        let state = match &live {
+            Some(r) => match self.unchanged_since_saved(r)? {
+                Some(s) => Some(s),
+                None => {
+                    let s = self.snapshot_locked(from)?;
+                    Some(gix::ObjectId::from_hex(s.as_bytes()).map_err(|e| e.to_string())?)
+                }
+            },
+            None => {
+                let repo = snap::open(&self.layout.mirror(&project))?;
+                snap::read_ref(&repo, &snap::thread_ref(from))
+            }
+        };
+        let saved_in = started.elapsed();
+        let ignored = match (&live, copy_ignored) {
+            (Some(r), true) => self.small_ignored_files(r)?,
+            _ => Vec::new(),
+        };
+
+        // 2. Filed as `to`'s first snapshot: same tree and parent, `to`'s branch in its trailer.
+        let repo = snap::open(&self.layout.mirror(&project))?;
+        let (head, head_ref, tree, posix) = match state {
+            Some(s) => {
+                let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
+                let head = *parents.first().ok_or("the snapshot has no parent")?;
+                (
+                    head,
+                    snap::head_of(&message),
+                    tree,
+                    posix_record::blob_of(&message),
+                )
+            }
+            None => {
+                // Released with nothing saved: its first base, unchanged.
+                let b = bound.as_ref().ok_or("the thread has no binding")?;
+                let head =
+                    gix::ObjectId::from_hex(b.base_commit.as_bytes()).map_err(|e| e.to_string())?;
+                let (tree, _, _, _) = snap::commit_info(&repo, head)?;
+                let head_ref = b
+                    .branch
+                    .clone()
+                    .map(HeadRef::Branch)
+                    .unwrap_or(HeadRef::Detached);
+                (head, head_ref, tree, None)
+            }
+        };
+        let own = format!("octofs/{to}");
+        let head_ref = match head_ref {
+            HeadRef::Branch(b)
+                if rule == BranchRule::KeepChosen && b != format!("octofs/{from}") =>
+            {
+                HeadRef::Branch(b)
+            }
+            HeadRef::Branch(_) => HeadRef::Branch(own),
+            HeadRef::Detached => HeadRef::Detached,
+        };
+        let mut message = snap::message(to, &head_ref);
+        if let Some(b) = posix {
+            message.push_str(&posix_record::trailer(b));
+        }
+        let commit = snap::write_commit(&repo, tree, vec![head], &message)?;
+        if let Some(b) = posix {
+            posix_record::keep(&repo, to, commit, b)?;
+        }
+        let tref = snap::thread_ref(to);
+        snap::cas_ref(
+            &repo,
+            &tref,
+            None,
+            commit,
+            &format!("octofs: state of {from} carried to {to}"),
+        )?;
+
+        // 3. `to` resumes from it, exactly as a released thread does.
+        let branch = match &head_ref {
+            HeadRef::Branch(b) => Some(b.clone()),
+            HeadRef::Detached => None,
+        };
+        let binding = Binding {
+            thread: to.into(),
+            project: project.clone(),
+            base_commit: head.to_string(),
+            branch: branch.clone(),
+            created: now(),
+            owner: me,
+        };
+        let filed_in = started.elapsed();
+        let made = (|| {
+            let fork = self.resume_fork(to, &binding)?;
+            self.create(to, fork, me)?;
+            if let Err(e) = binding.save(&self.layout) {
+                self.discard(to);
+                return Err(Error::from(e));
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            // Nothing of `to` remains: its refs go with it (a later `open` of the name starts a
+            // chain of its own).
+            self.drop_refs(&project, to, commit, posix.is_some());
+            return Err(e);
+        }
+        let mut warnings: Vec<String> = self.grant_owner(&project, me, false).into_iter().collect();
+        let mut copied = Vec::new();
+        if !ignored.is_empty() {
+            match self.put_ignored(to, &ignored) {
+                Ok(c) => copied = c,
+                Err(e) => warnings.push(format!("the small ignored files were not copied: {e}")),
+            }
+        }
+        tracing::info!(
+            %from, %to, %commit,
+            source_saved_ms = saved_in.as_millis() as u64,
+            filed_ms = filed_in.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "carried a thread's state"
+        );
+        Ok((
+            Forked {
+                thread: to.into(),
+                project,
+                path: self.layout.mountpoint(to).display().to_string(),
+                snapshot: Some(commit.to_string()),
+                branch,
+                ignored_copied: copied,
+            },
+            warnings,
+        ))
+    }
+
+    /// The last snapshot of a live workspace when nothing in it changed since (no write, no file
+    /// open for writing, its ref still there): what a new snapshot would be, without reading the
+    /// changes again (a fork of a workspace saved at the end of its turn, or forked twice).
+    fn unchanged_since_saved(&self, rec: &WorkspaceRecord) -> Result<Option<gix::ObjectId>, Error> {
+        let Some(mark) = &rec.saved else {
+            return Ok(None);
+        };
+        let Some(commit) = mark
+            .commit
+            .as_deref()
+            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok())
+        else {
+            return Ok(None);
+        };
+        let Some(core) = lock(&self.mounts).get(&rec.thread).map(|m| m.core.clone()) else {
+            return Ok(None);
+        };
+        if core.changed_since(mark.generation, mark.at, &mark.bookkeeping) {
+            return Ok(None);
+        }
+        let repo = snap::open(&self.layout.mirror(&rec.project))?;
+        Ok(
+            (snap::read_ref(&repo, &snap::thread_ref(&rec.thread)) == Some(commit))
+                .then_some(commit),
+        )
+    }
+
+    /// The small ignored files of a live workspace: (path, mode, content) of every regular file
+    /// that matches an ignore rule itself (not inside an ignored directory) and holds at most
+    /// [`IGNORED_COPY_MAX`] bytes. Read through the core, never the mount; symlinks are not files.
+    fn small_ignored_files(&self, rec: &WorkspaceRecord) -> Result<Vec<IgnoredFile>, Error> {
+        use std::io::Read as _;
+        let core = self.core_of(rec)?;
+        let view = core
+            .view()
+            .map_err(on_workspace("cannot read the workspace's changes"))?;
+        let paths =
+            crate::own_repo::add_all::ignored_files(&core, &self.layout.state, &view.edits)?;
+        let mut out = Vec::new();
+        for p in paths {
+            let comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
+            let Some(f) = core
+                .open_file(&comps)
+                .map_err(on_workspace("cannot read an ignored file"))?
+            else {
+                continue;
+            };
+            let mut bytes = Vec::new();
+            f.take(IGNORED_COPY_MAX + 1)
+                .read_to_end(&mut bytes)
+                .context(|| format!("cannot read {}", String::from_utf8_lossy(&p)))?;
+            if bytes.len() as u64 > IGNORED_COPY_MAX {
+                continue;
+            }
+            let mode = view
+                .meta
+                .iter()
+                .find(|m| m.path == p)
+                .map_or(0o644, |m| m.mode & 0o7777);
+            out.push((p, mode, bytes));
+        }
+        Ok(out)
+    }
+
+    /// Writes `files` into `to`'s live workspace through its core (directories made as needed),
+    /// with their modes, and tells the kernel. Returns the paths written; a name that is not UTF-8
+    /// is skipped.
+    fn put_ignored(&self, to: &str, files: &[IgnoredFile]) -> Result<Vec<String>, Error> {
+        let rec = self.live_record(to)?;
+        let core = self.core_of(&rec)?;
+        let mut done = Vec::new();
+        for (path, mode, bytes) in files {
+            let Ok(path) = std::str::from_utf8(path) else {
+                tracing::warn!(thread = %to, "ignored file with a non-UTF-8 name not copied");
+                continue;
+            };
+            let mut comps: Vec<&str> = path.split('/').collect();
+            let Some(name) = comps.pop() else { continue };
+            let ino = core
+                .put_file_quietly(&comps, name, bytes)
+                .map_err(on_workspace(format!("cannot write {path}")))?;
+            if *mode != 0o644 {
+                let set = crate::fs::SetAttr {
+                    mode: Some(*mode),
+                    ..Default::default()
+                };
+                core.setattr(ino, set)
+                    .map_err(on_workspace(format!("cannot set the mode of {path}")))?;
+            }
+            done.push(path.to_string());
+        }
+        self.tell_kernel(to);
+        Ok(done)
+    }
+
+    /// Removes the refs a failed carry filed for `to` (only if they still are what it wrote).
+    fn drop_refs(&self, project: &str, to: &str, commit: gix::ObjectId, posix: bool) {
+        let mirror = self.layout.mirror(project);
+        let mut refs = vec![(snap::thread_ref(to), Some(commit.to_string()))];
+        if posix {
+            refs.push((posix_record::posix_ref(to), None));
+        }
+        for (name, expected) in refs {
+            let mut git = crate::git::Git::new(Some(&mirror)).args(["update-ref", "-d", &name]);
+            if let Some(e) = expected {
+                git = git.args([e]);
+            }
+            if let Err(e) = git.output_bytes() {
+                tracing::warn!(thread = %to, "cannot remove {name} after a failed fork: {e}");
+            }
+        }
+    }
+}
+
+fn mirror_require(d: &Daemon, project: &str) -> Result<(), Error> {
+    crate::git::mirror::require(&d.layout, project)?;
+    Ok(())
+}
