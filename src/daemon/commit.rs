@@ -26,6 +26,20 @@ fn selected(path: &[u8], p: &[u8]) -> bool {
     p.is_empty() || path == p || (path.starts_with(p) && path.get(p.len()) == Some(&b'/'))
 }
 
+/// The gates of a request: every name known, and a `cmd=` gate only from an administrator (the
+/// daemon runs that program as itself: an ordinary caller naming one would run anything with
+/// the daemon's rights).
+pub(super) fn parse_gates(d: &Daemon, specs: &[String], c: &Caller) -> Result<Vec<Gate>, Error> {
+    let gates = specs
+        .iter()
+        .map(|g| gates::parse(g))
+        .collect::<Result<Vec<Gate>, String>>()?;
+    if gates.iter().any(|g| matches!(g, Gate::Cmd(_))) {
+        d.require_admin(c, "run a cmd= gate (the daemon runs the program as itself)")?;
+    }
+    Ok(gates)
+}
+
 /// Runs `excludes` (the workspace's ignore rules) and `gates` over every path `changes` adds or
 /// changes; one error naming each refused path and why.
 pub(super) fn check_gates(
@@ -148,10 +162,7 @@ impl Daemon {
     ) -> Reply<Committed> {
         validate(NameKind::Thread, thread)?;
         // Every gate is known before anything runs.
-        let gates = gate_specs
-            .iter()
-            .map(|g| gates::parse(g))
-            .collect::<Result<Vec<Gate>, String>>()?;
+        let gates = parse_gates(self, gate_specs, c)?;
         if message.trim().is_empty() {
             return Err(Error::Refused("a commit needs a message (-m)".into()));
         }

@@ -5,13 +5,12 @@
 //! Reads the workspace only through its core (HEAD, the ignore rules); runs git only in the
 //! mirror, never with a workspace's configuration; a refusal sends nothing.
 
-use super::commit::check_gates;
+use super::commit::{check_gates, parse_gates};
 use super::error::Error;
 use super::proto::Pushed;
 use super::snapshot::read_head;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
-use crate::git::gates::{self, Gate};
 use crate::git::mirror::{changes, push, push_target, remote_tip};
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
@@ -29,10 +28,7 @@ impl Daemon {
         c: &Caller,
     ) -> Reply<Pushed> {
         validate(NameKind::Thread, thread)?;
-        let gates = gate_specs
-            .iter()
-            .map(|g| gates::parse(g))
-            .collect::<Result<Vec<Gate>, String>>()?;
+        let gates = parse_gates(self, gate_specs, c)?;
         let lease = lease
             .map(|l| {
                 gix::ObjectId::from_hex(l.as_bytes())
