@@ -18,6 +18,7 @@ use octofs::daemon::proto::{
     Access, DiffAnswer, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request,
     Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
+use octofs::daemon::proto::{Committed, Pushed};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
 
@@ -181,6 +182,35 @@ enum Cmd {
         git_ref: Option<String>,
         #[arg(long)]
         json: bool,
+    },
+    /// Commit the workspace's changes (all, or under --path) on its current branch through the
+    /// gates; print the new commit id
+    Commit {
+        thread: String,
+        #[arg(short = 'm', long = "message")]
+        message: String,
+        /// Commit only the changes at or below this path (repeatable)
+        #[arg(long = "path")]
+        paths: Vec<String>,
+        /// A gate besides `excludes` (which always runs): secret-names, max-size=BYTES, cmd=PROGRAM
+        #[arg(long = "gate")]
+        gates: Vec<String>,
+    },
+    /// Push the workspace's branch from the project's mirror through the gates
+    Push {
+        thread: String,
+        /// A URL, or `origin` (default): the project's upstream
+        #[arg(long)]
+        remote: Option<String>,
+        /// The remote branch (default: the workspace's branch)
+        #[arg(long)]
+        branch: Option<String>,
+        /// Push only if the remote branch is exactly at this commit (--force-with-lease)
+        #[arg(long)]
+        lease: Option<String>,
+        /// A gate besides `excludes` (which always runs): secret-names, max-size=BYTES, cmd=PROGRAM
+        #[arg(long = "gate")]
+        gates: Vec<String>,
     },
 }
 
@@ -729,6 +759,46 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             let w: WorkspaceStatus = parse(v)?;
             print_status(&w);
+            Ok(())
+        }
+        Cmd::Commit {
+            thread,
+            message,
+            paths,
+            gates,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            let c: Committed = parse(request(
+                layout,
+                Request::Commit {
+                    thread,
+                    message,
+                    paths,
+                    gates,
+                },
+            )?)?;
+            println!("{}", c.commit);
+            Ok(())
+        }
+        Cmd::Push {
+            thread,
+            remote,
+            branch,
+            lease,
+            gates,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            let p: Pushed = parse(request(
+                layout,
+                Request::Push {
+                    thread,
+                    remote,
+                    branch,
+                    lease,
+                    gates,
+                },
+            )?)?;
+            println!("{} {}", p.branch, p.commit);
             Ok(())
         }
     }

@@ -21,6 +21,7 @@
 //! - [`proto`]: the request and reply types of the control protocol.
 
 mod authz;
+mod commit;
 mod diff;
 pub mod error;
 mod mirrors;
@@ -29,6 +30,7 @@ mod moves;
 pub mod notify;
 mod posix;
 pub mod proto;
+mod push;
 mod server;
 mod snapshot;
 mod status;

@@ -107,6 +107,27 @@ pub enum Request {
     ReleaseWhenIdle {
         thread: String,
     },
+    /// `octofs commit`: the working state (or the listed paths) on the workspace's branch.
+    Commit {
+        thread: String,
+        message: String,
+        #[serde(default)]
+        paths: Vec<String>,
+        #[serde(default)]
+        gates: Vec<String>,
+    },
+    /// `octofs push`: the workspace's branch from the mirror to a remote.
+    Push {
+        thread: String,
+        #[serde(default)]
+        remote: Option<String>,
+        #[serde(default)]
+        branch: Option<String>,
+        #[serde(default)]
+        lease: Option<String>,
+        #[serde(default)]
+        gates: Vec<String>,
+    },
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -298,6 +319,20 @@ pub struct DiffAnswer {
     pub from: String,
     pub to: String,
     pub diff: String,
+}
+
+/// The answer to `commit`: the new commit (a JSON string on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Committed {
+    pub commit: String,
+}
+
+/// The answer to `push`: the remote branch and the commit it now names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pushed {
+    pub branch: String,
+    pub commit: String,
 }
 
 #[cfg(test)]

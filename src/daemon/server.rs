@@ -108,6 +108,26 @@ impl Daemon {
                 git_ref,
             } => answer(self.teleport(&from, &to, project.as_deref(), git_ref.as_deref(), c)),
             Request::ReleaseWhenIdle { thread } => answer(self.release_when_idle(&thread, c)),
+            Request::Commit {
+                thread,
+                message,
+                paths,
+                gates,
+            } => answer(self.commit(&thread, &message, &paths, &gates, c)),
+            Request::Push {
+                thread,
+                remote,
+                branch,
+                lease,
+                gates,
+            } => answer(self.push(
+                &thread,
+                remote.as_deref(),
+                branch.as_deref(),
+                lease.as_deref(),
+                &gates,
+                c,
+            )),
         }
     }
 }

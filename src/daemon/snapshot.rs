@@ -57,7 +57,7 @@ fn nested_repositories(core: &WorkspaceFs, edits: Vec<ViewEdit>) -> Vec<ViewEdit
 }
 
 /// Where HEAD of a workspace is: its commit and its branch (or detached), read through the core.
-fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), Error> {
+pub(super) fn read_head(core: &WorkspaceFs) -> Result<(gix::ObjectId, HeadRef), Error> {
     read_head_at(core, &[b".git"])
 }
 

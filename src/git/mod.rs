@@ -7,6 +7,7 @@
 //! with the hardened environment; every failure is an [`Error`].
 
 pub mod error;
+pub mod gates;
 pub mod mirror;
 pub mod objects;
 pub mod posix_record;
@@ -62,26 +63,7 @@ impl Git {
         if let Some(d) = dir {
             cmd.arg("-C").arg(d);
         }
-        for var in DROPPED_ENV {
-            cmd.env_remove(var);
-        }
-        // Nothing can be created below /dev/null: `~/.gitconfig`, `$XDG_CONFIG_HOME/git/*` and
-        // `~/.config/git/*` do not exist for these processes.
-        cmd.env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("HOME", "/dev/null")
-            .env("XDG_CONFIG_HOME", "/dev/null")
-            .env("GIT_ATTR_NOSYSTEM", "1")
-            .env("GIT_ALLOW_PROTOCOL", ALLOWED_PROTOCOLS)
-            .env("GIT_NO_REPLACE_OBJECTS", "1")
-            .env("GIT_NO_LAZY_FETCH", "1")
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_ASKPASS", "true")
-            .env("SSH_ASKPASS", "true")
-            .env("GIT_PAGER", "cat")
-            .env("PAGER", "cat")
-            .env("LC_ALL", "C")
-            .stdin(Stdio::null());
+        harden(&mut cmd);
         Git { cmd }
     }
 
@@ -138,6 +120,32 @@ impl Git {
     pub(crate) fn into_command(self) -> Command {
         self.cmd
     }
+}
+
+/// The environment policy of [`Git`], for another program the daemon runs on the host's behalf (a
+/// `cmd=` gate): no git variable of the daemon's that redirects a repository, no configuration
+/// or home to read, no prompt, no pager.
+pub(crate) fn harden(cmd: &mut Command) {
+    for var in DROPPED_ENV {
+        cmd.env_remove(var);
+    }
+    // Nothing can be created below /dev/null: `~/.gitconfig`, `$XDG_CONFIG_HOME/git/*` and
+    // `~/.config/git/*` do not exist for these processes.
+    cmd.env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("HOME", "/dev/null")
+        .env("XDG_CONFIG_HOME", "/dev/null")
+        .env("GIT_ATTR_NOSYSTEM", "1")
+        .env("GIT_ALLOW_PROTOCOL", ALLOWED_PROTOCOLS)
+        .env("GIT_NO_REPLACE_OBJECTS", "1")
+        .env("GIT_NO_LAZY_FETCH", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_ASKPASS", "true")
+        .env("SSH_ASKPASS", "true")
+        .env("GIT_PAGER", "cat")
+        .env("PAGER", "cat")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null());
 }
 
 /// Runs `git` with `args` (in `dir` when given), returning trimmed stdout, or the last line of stderr

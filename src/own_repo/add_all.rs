@@ -177,7 +177,7 @@ fn core_kind(core: &WorkspaceFs, path: &[u8]) -> Result<Option<fuser::FileType>,
 
 /// The workspace's index (`.git/index`; empty when there is none), read from a private copy. A
 /// split index (`core.splitIndex`) names its shared part, which is copied beside it on demand.
-fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, Error> {
+pub(crate) fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, Error> {
     let scratch = Scratch::new(state, "index")?;
     let path = scratch.path().join("index");
     if !scratch.copy_in(core, &[b".git", b"index"], Path::new("index"))? {
@@ -212,6 +212,13 @@ fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, Erro
             open().map_err(|source| Error::Index { source })
         }
     }
+}
+
+/// Whether each of `paths` (files) is ignored by the workspace's rules, exactly as [`keep`] decides
+/// for an untracked path (whether it is tracked does not matter here): the commit gate `excludes`.
+pub fn ignored(core: &WorkspaceFs, paths: &[&[u8]]) -> Result<Vec<bool>, Error> {
+    let mut rules = Rules::new(core)?;
+    paths.iter().map(|p| rules.ignored(p, false)).collect()
 }
 
 /// The ignore state of one directory of the workspace.

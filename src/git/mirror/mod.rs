@@ -16,6 +16,7 @@
 mod clone_sync;
 mod credentials;
 mod network;
+mod push;
 mod upstream;
 
 use crate::git::error::Error;
@@ -32,6 +33,7 @@ use credentials::{migrate_credentials, redact_url};
 pub use clone_sync::{add, sync};
 pub use credentials::redact;
 pub use network::set_fetch_timeout;
+pub use push::{Change, PushTarget, changes, push, push_target, remote_tip};
 pub use upstream::{check_upstream, classify, is_url};
 
 /// What an upstream is; decides how the mirror is created and synced.

@@ -120,7 +120,7 @@ pub(super) fn network_git(
 
 /// The command of [`network_git`]: the daemon's one hardened git ([`Git`]), plus what talking to
 /// an upstream needs (curl's own stall limit, the credential header, a process group of its own).
-fn network_command(
+pub(super) fn network_command(
     dir: Option<&Path>,
     args: &[&OsStr],
     upstream: &str,

@@ -1,0 +1,214 @@
+//! `octofs push`: sending a branch of a mirror to its upstream (or a given remote). The only git
+//! command besides clone and fetch that talks to a remote; it runs in the mirror through
+//! [`network_git`] (hardened environment, the project's stored credential as a header for its own
+//! upstream only, stall timeout). Also the parsing of `--raw` change lists shared with `commit`.
+//!
+//! Never runs in a workspace, never reads a workspace's configuration.
+
+use std::ffi::OsStr;
+use std::io::Read as _;
+use std::path::Path;
+use std::process::Stdio;
+
+use super::credentials::{load_credential, redact, split_credentials};
+use super::network::{network_command, network_git};
+use super::{UpstreamKind, require};
+use crate::git::error::Error;
+use crate::layout::Layout;
+
+/// One path a commit changed (`--raw`): its new mode (0: removed) and object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub path: Vec<u8>,
+    pub mode: u32,
+    pub id: gix::ObjectId,
+}
+
+/// Parses `git diff-tree -r -z --raw` (or `git log -z --raw --format=`) output.
+pub fn changes(out: &[u8]) -> Result<Vec<Change>, Error> {
+    let mut parts = out.split(|b| *b == 0);
+    let mut list = Vec::new();
+    while let Some(meta) = parts.next() {
+        let meta = String::from_utf8_lossy(meta);
+        let meta = meta.trim();
+        if meta.is_empty() {
+            continue;
+        }
+        let bad = || Error::Git(format!("unexpected --raw line {meta:?}"));
+        let path = parts.next().ok_or_else(bad)?;
+        let f: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
+        if f.len() < 5 {
+            return Err(bad());
+        }
+        let mode = u32::from_str_radix(f[1], 8).map_err(|_| bad())?;
+        let id = gix::ObjectId::from_hex(f[3].as_bytes()).map_err(|_| bad())?;
+        list.push(Change {
+            path: path.to_vec(),
+            mode,
+            id,
+        });
+    }
+    Ok(list)
+}
+
+/// Where a push goes: the URL, and the credential the daemon holds for it (only for the project's
+/// own upstream).
+pub struct PushTarget {
+    pub url: String,
+    /// The project's own upstream (whose branches the mirror has as `refs/remotes/origin/*`).
+    pub upstream: bool,
+    credential: Option<String>,
+}
+
+/// The target of a push of `project`: its upstream (`remote` none or `origin`), or `remote` (a URL
+/// without credentials, or an absolute path to a repository).
+pub fn push_target(
+    layout: &Layout,
+    project: &str,
+    remote: Option<&str>,
+) -> Result<PushTarget, Error> {
+    match remote {
+        None | Some("origin") => {
+            let p = require(layout, project)?;
+            if p.kind == UpstreamKind::Directory {
+                return Err(Error::Refused(format!(
+                    "project {project}'s upstream {} is a plain directory, not a repository: give --remote",
+                    p.upstream
+                )));
+            }
+            Ok(PushTarget {
+                credential: load_credential(layout, project)?,
+                url: p.upstream,
+                upstream: true,
+            })
+        }
+        Some(r) => {
+            let (url, cred) = split_credentials(r)?;
+            if cred.is_some() {
+                return Err(Error::Refused(
+                    "a remote given on the command line may not carry credentials".into(),
+                ));
+            }
+            if !super::is_url(&url) && !Path::new(&url).is_absolute() {
+                return Err(Error::Refused(format!(
+                    "remote {url:?}: give `origin`, a URL or an absolute path"
+                )));
+            }
+            Ok(PushTarget {
+                url,
+                upstream: false,
+                credential: None,
+            })
+        }
+    }
+}
+
+/// The commit `branch` names on the target (`None`: no such branch), and that commit fetched into
+/// the mirror when it is missing there (for the outgoing range).
+pub fn remote_tip(
+    mirror: &Path,
+    t: &PushTarget,
+    branch: &str,
+) -> Result<Option<gix::ObjectId>, Error> {
+    let full = format!("refs/heads/{branch}");
+    let args = [
+        OsStr::new("ls-remote"),
+        OsStr::new("--"),
+        OsStr::new(&t.url),
+        OsStr::new(&full),
+    ];
+    let mut cmd = network_command(Some(mirror), &args, &t.url, t.credential.as_deref(), 300);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(Error::Spawn)?;
+    let mut out = Vec::new();
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_end(&mut out)
+            .map_err(|e| Error::Git(format!("cannot read git ls-remote: {e}")))?;
+    }
+    let mut err = Vec::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_end(&mut err);
+    }
+    let status = child.wait().map_err(Error::Spawn)?;
+    if !status.success() {
+        let e = String::from_utf8_lossy(&err);
+        let line = e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        return Err(Error::Git(format!(
+            "cannot read {} of {}: {}",
+            full,
+            redact(&t.url),
+            redact(line.trim())
+        )));
+    }
+    let text = String::from_utf8_lossy(&out);
+    let Some(tip) = text
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .find(|(_, n)| *n == full)
+        .and_then(|(id, _)| gix::ObjectId::from_hex(id.as_bytes()).ok())
+    else {
+        return Ok(None);
+    };
+    let have = crate::git!(Some(mirror); "cat-file", "-e", &format!("{tip}^{{commit}}")).is_ok();
+    if !have {
+        network_git(
+            Some(mirror),
+            &[
+                OsStr::new("fetch"),
+                OsStr::new("--no-tags"),
+                OsStr::new("--"),
+                OsStr::new(&t.url),
+                OsStr::new(&full),
+            ],
+            &t.url,
+            t.credential.as_deref(),
+        )?;
+    }
+    Ok(Some(tip))
+}
+
+/// Pushes `tip` to `branch` of the target, with `--force-with-lease` against exactly `lease` when
+/// given (otherwise a fast-forward only). No hooks run.
+pub fn push(
+    mirror: &Path,
+    t: &PushTarget,
+    tip: gix::ObjectId,
+    branch: &str,
+    lease: Option<gix::ObjectId>,
+) -> Result<(), Error> {
+    let full = format!("refs/heads/{branch}");
+    let refspec = format!("{tip}:{full}");
+    let lease_arg = lease.map(|l| format!("--force-with-lease={full}:{l}"));
+    let mut args: Vec<&OsStr> = vec![
+        OsStr::new("-c"),
+        OsStr::new("core.hooksPath=/dev/null"),
+        OsStr::new("push"),
+        OsStr::new("--progress"),
+        OsStr::new("--no-verify"),
+    ];
+    if let Some(l) = &lease_arg {
+        args.push(OsStr::new(l));
+    }
+    args.extend([OsStr::new("--"), OsStr::new(&t.url), OsStr::new(&refspec)]);
+    network_git(Some(mirror), &args, &t.url, t.credential.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_changes_of_a_diff_and_of_a_log_are_parsed() {
+        let z = "0".repeat(40);
+        let a = "a".repeat(40);
+        let raw = format!(":100644 100755 {z} {a} M\0run.sh\0\n:100644 000000 {a} {z} D\0gone\0");
+        let ch = changes(raw.as_bytes()).unwrap();
+        assert_eq!(ch.len(), 2);
+        assert_eq!(
+            (ch[0].path.as_slice(), ch[0].mode),
+            (&b"run.sh"[..], 0o100755)
+        );
+        assert_eq!(ch[1].mode, 0);
+        assert!(changes(b":100644\0x\0").is_err());
+    }
+}
