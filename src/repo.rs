@@ -20,6 +20,80 @@ use crate::git::objects::EntryKind;
 use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 
+/// Why the `.git` of a new workspace, or the shared index it starts with, could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The project's mirror could not be opened.
+    #[error("cannot open the mirror {}: {source}", path.display())]
+    OpenMirror {
+        path: PathBuf,
+        #[source]
+        source: gix::Error,
+    },
+    /// The mirror's refs could not be listed.
+    #[error("cannot list the mirror's refs: {source}")]
+    ListRefs {
+        #[source]
+        source: gix::Error,
+    },
+    /// The directory of the shared indexes could not be created.
+    #[error("cannot create {}: {source}", dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The index of a tree could not be built from the mirror's objects.
+    #[error("cannot build the index of {tree}: {source}")]
+    BuildIndex {
+        tree: gix::ObjectId,
+        #[source]
+        source: gix::Error,
+    },
+    /// The tree a resumed workspace presents could not be read.
+    #[error("cannot read tree {tree}: {source}")]
+    ReadTree {
+        tree: gix::ObjectId,
+        #[source]
+        source: gix::Error,
+    },
+    /// The size of a blob (for the stat data of its index entry) could not be read.
+    #[error("cannot read the size of {id}: {source}")]
+    BlobSize {
+        id: gix::ObjectId,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The index could not be serialized.
+    #[error("cannot write the shared index: {source}")]
+    EncodeIndex {
+        #[source]
+        source: gix::Error,
+    },
+    /// The index serialized is shorter than its header and checksum: nothing to extend.
+    #[error("the index is too short")]
+    IndexTooShort,
+    /// The index, extended, could not be re-sealed with its checksum.
+    #[error("cannot hash the index: {source}")]
+    HashIndex {
+        #[source]
+        source: gix::Error,
+    },
+    /// The shared index could not be written to its file under `<state>/indexes/`.
+    #[error("cannot write the shared index: {source}")]
+    WriteIndex {
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file or directory of the workspace's `.git` could not be created in its upper layer.
+    #[error("cannot create .git/{what}: {source}")]
+    Seed {
+        what: String,
+        #[source]
+        source: crate::fs::FsError,
+    },
+}
+
 /// Everything the `.git` of one new workspace is made of.
 #[derive(Debug, Clone)]
 pub struct RepoPlan {
@@ -70,10 +144,12 @@ pub fn plan(
     head_commit: &str,
     branch: Option<&str>,
     exe: &Path,
-) -> Result<RepoPlan, String> {
+) -> Result<RepoPlan, Error> {
     let mirror = layout.mirror(&project.project);
-    let repo = crate::git::open_owned(&mirror)
-        .map_err(|e| format!("cannot open the mirror {}: {e}", mirror.display()))?;
+    let repo = crate::git::open_owned(&mirror).map_err(|source| Error::OpenMirror {
+        path: mirror.clone(),
+        source,
+    })?;
     let has_origin = project.kind != UpstreamKind::Directory;
     let keep = |name: &str| {
         !name.starts_with("refs/octomate/")
@@ -135,12 +211,12 @@ pub struct MirrorRefs {
 /// open path. A tag object is peeled to the first object that is not a tag (what `packed-refs`
 /// calls fully peeled); packed-refs' own peeled ids are used when present, so only loose refs cost
 /// an object lookup. A ref whose object is missing is listed without a peeled id.
-pub fn mirror_refs(repo: &gix::Repository) -> Result<MirrorRefs, String> {
-    let err = |e: &dyn std::fmt::Display| format!("cannot list the mirror's refs: {e}");
-    let platform = repo.references().map_err(|e| err(&e))?;
+pub fn mirror_refs(repo: &gix::Repository) -> Result<MirrorRefs, Error> {
+    let err = |source| Error::ListRefs { source };
+    let platform = repo.references().map_err(err)?;
     let mut out = MirrorRefs::default();
-    for r in platform.all().map_err(|e| err(&e))? {
-        let r = r.map_err(|e| err(&e))?;
+    for r in platform.all().map_err(err)? {
+        let r = r.map_err(err)?;
         let name = r.name().as_bstr().to_string();
         if !name.starts_with("refs/") {
             continue;
@@ -185,27 +261,37 @@ pub fn shared_index(
     time: i64,
     uid: u32,
     gid: u32,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, Error> {
     let path = shared_index_path(layout, index_tree, worktree_tree, uid, gid);
     let dir = layout.state.join("indexes");
     let key = format!("{index_tree}-{worktree_tree}-{uid}-{gid}");
     if path.exists() {
         return Ok(path);
     }
-    crate::layout::create_private_dir(&dir)
-        .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let repo =
-        crate::git::open_owned(store.path()).map_err(|e| format!("cannot open the mirror: {e}"))?;
+    crate::layout::create_private_dir(&dir).map_err(|source| Error::CreateDir {
+        dir: dir.clone(),
+        source,
+    })?;
+    let repo = crate::git::open_owned(store.path()).map_err(|source| Error::OpenMirror {
+        path: store.path().to_path_buf(),
+        source,
+    })?;
     let mut index = repo
         .index_from_tree(&index_tree)
-        .map_err(|e| format!("cannot build the index of {index_tree}: {e}"))?;
+        .map_err(|source| Error::BuildIndex {
+            tree: index_tree,
+            source,
+        })?;
     let worktree: std::collections::HashMap<Vec<u8>, (gix::ObjectId, gix::index::entry::Mode)> =
         if worktree_tree == index_tree {
             Default::default()
         } else {
             let w = repo
                 .index_from_tree(&worktree_tree)
-                .map_err(|e| format!("cannot read tree {worktree_tree}: {e}"))?;
+                .map_err(|source| Error::ReadTree {
+                    tree: worktree_tree,
+                    source,
+                })?;
             w.entries()
                 .iter()
                 .map(|e| (e.path(&w).to_vec(), (e.id, e.mode)))
@@ -233,8 +319,12 @@ pub fn shared_index(
         } else {
             EntryKind::Blob
         };
-        let st = base_stat(store, &pres, path.as_ref(), kind, entry.id)
-            .map_err(|e| format!("cannot read the size of {}: {e}", entry.id))?;
+        let st = base_stat(store, &pres, path.as_ref(), kind, entry.id).map_err(|source| {
+            Error::BlobSize {
+                id: entry.id,
+                source,
+            }
+        })?;
         entry.stat = index_stat(&st);
     }
     let mut bytes = Vec::new();
@@ -246,7 +336,7 @@ pub fn shared_index(
                 ..Default::default()
             },
         )
-        .map_err(|e| format!("cannot write the shared index: {e}"))?;
+        .map_err(|source| Error::EncodeIndex { source })?;
     let bytes = with_fsmonitor_extension(bytes)?;
     let tmp = dir.join(format!(".tmp-{key}-{}", std::process::id()));
     let written = (|| -> std::io::Result<()> {
@@ -260,9 +350,9 @@ pub fn shared_index(
         std::fs::set_permissions(&tmp, perms)?;
         std::fs::rename(&tmp, &path)
     })();
-    if let Err(e) = written {
+    if let Err(source) = written {
         let _ = std::fs::remove_file(&tmp);
-        return Err(format!("cannot write the shared index: {e}"));
+        return Err(Error::WriteIndex { source });
     }
     Ok(path)
 }
@@ -301,9 +391,9 @@ pub fn index_stat(st: &BaseStat) -> gix::index::entry::Stat {
 
 /// Appends git's fsmonitor extension (version 2: token, then an EWAH bitmap of entries not known to
 /// be clean — here none) to a serialized index and re-seals it with its trailing SHA-1.
-fn with_fsmonitor_extension(mut index: Vec<u8>) -> Result<Vec<u8>, String> {
+fn with_fsmonitor_extension(mut index: Vec<u8>) -> Result<Vec<u8>, Error> {
     if index.len() < 32 {
-        return Err("the index is too short".into());
+        return Err(Error::IndexTooShort);
     }
     index.truncate(index.len() - 20);
     let mut payload = Vec::new();
@@ -324,7 +414,7 @@ fn with_fsmonitor_extension(mut index: Vec<u8>) -> Result<Vec<u8>, String> {
     h.update(&index);
     let digest = h
         .try_finalize()
-        .map_err(|e| format!("cannot hash the index: {e}"))?;
+        .map_err(|source| Error::HashIndex { source })?;
     index.extend_from_slice(digest.as_slice());
     Ok(index)
 }
@@ -335,14 +425,14 @@ pub fn seed(
     plan: &RepoPlan,
     index: &Path,
     base_time: i64,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let head = match &plan.branch {
         Some(b) => format!("ref: refs/heads/{b}\n"),
         None => format!("{}\n", plan.head_commit),
     };
     let e = |what: &str| {
         let what = what.to_string();
-        move |err: crate::fs::FsError| format!("cannot create .git/{what}: {err}")
+        move |source: crate::fs::FsError| Error::Seed { what, source }
     };
     if core.exists(ROOT_INO, ".git").map_err(e(""))? {
         // The base commit itself has a `.git` entry: leave it as the tree has it.

@@ -43,20 +43,19 @@ impl Daemon {
         let resolve = |spec: &str| -> Result<gix::ObjectId, Error> {
             let spec = if spec == "saved" || spec == "last" {
                 last.map(|l| l.to_string())
-                    .ok_or("the thread has no snapshot yet")?
+                    .ok_or_else(|| Error::Refused("the thread has no snapshot yet".into()))?
             } else {
                 spec.to_string()
             };
             let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{spec}^{{tree}}"))
-                .map_err(|_| format!("{spec:?} does not name a commit or tree in the mirror"))?;
+                .map_err(|_| Error::Refused(format!("{spec:?} does not name a commit or tree in the mirror")))?;
             gix::ObjectId::from_hex(out.as_bytes())
                 .context(|| format!("git rev-parse {spec:?} answered {out:?}"))
         };
         let from_tree = match (from, &live) {
             (Some(f), _) => resolve(f)?,
-            (None, Some(r)) => {
-                gix::ObjectId::from_hex(r.base_tree.as_bytes()).map_err(|e| e.to_string())?
-            }
+            (None, Some(r)) => gix::ObjectId::from_hex(r.base_tree.as_bytes())
+                .context(|| format!("the workspace record's base tree {:?}", r.base_tree))?,
             (None, None) => resolve("saved")?,
         };
         let to_tree = match (to, &live) {

@@ -41,22 +41,12 @@ pub enum Error {
     /// A thread or project name was refused.
     #[error(transparent)]
     Name(#[from] crate::names::InvalidName),
-    /// A layer that reports its failures as one line (the workspace's `.git` reader, repository
-    /// seeding).
-    #[error("{0}")]
-    Layer(String),
-}
-
-impl From<String> for Error {
-    fn from(line: String) -> Error {
-        Error::Layer(line)
-    }
-}
-
-impl From<&str> for Error {
-    fn from(line: &str) -> Error {
-        Error::Layer(line.to_string())
-    }
+    /// A workspace's `.git`, read in process, could not be read or its commits carried.
+    #[error(transparent)]
+    OwnRepo(#[from] crate::own_repo::Error),
+    /// A new workspace's `.git` or its shared index could not be made.
+    #[error(transparent)]
+    Repo(#[from] crate::repo::Error),
 }
 
 /// `Error::Workspace` for a failed core operation: `.map_err(on_workspace("what"))`.
@@ -95,5 +85,28 @@ mod tests {
             e.to_string(),
             "cannot read .git: EIO (Input/output error): object 3b18 is missing"
         );
+    }
+
+    #[test]
+    fn the_workspace_repository_layers_keep_their_one_line() {
+        let id = gix::ObjectId::empty_blob(gix::hash::Kind::Sha1);
+        let actual = gix::ObjectId::empty_tree(gix::hash::Kind::Sha1);
+        let e: Error = crate::own_repo::Error::WrongId { id, actual }.into();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "the workspace's object {id} holds an object whose id is {actual}: not carried"
+            )
+        );
+        let e: Error = crate::repo::Error::Seed {
+            what: "HEAD".into(),
+            source: fuser::Errno::ENOSPC.into(),
+        }
+        .into();
+        assert_eq!(
+            e.to_string(),
+            "cannot create .git/HEAD: ENOSPC (No space left on device)"
+        );
+        assert!(matches!(e, Error::Repo(crate::repo::Error::Seed { .. })));
     }
 }

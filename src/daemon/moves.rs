@@ -180,7 +180,10 @@ impl Daemon {
                 Some(s) => Some(s),
                 None => {
                     let s = self.snapshot_locked(from)?;
-                    Some(gix::ObjectId::from_hex(s.as_bytes()).map_err(|e| e.to_string())?)
+                    Some(
+                        gix::ObjectId::from_hex(s.as_bytes())
+                            .context(|| format!("snapshot id {s:?}"))?,
+                    )
                 }
             },
             None => {
@@ -199,7 +202,9 @@ impl Daemon {
         let (head, head_ref, tree, posix) = match state {
             Some(s) => {
                 let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
-                let head = *parents.first().ok_or("the snapshot has no parent")?;
+                let head = *parents
+                    .first()
+                    .ok_or_else(|| Error::Refused("the snapshot has no parent".into()))?;
                 (
                     head,
                     snap::head_of(&message),
@@ -209,9 +214,11 @@ impl Daemon {
             }
             None => {
                 // Released with nothing saved: its first base, unchanged.
-                let b = bound.as_ref().ok_or("the thread has no binding")?;
-                let head =
-                    gix::ObjectId::from_hex(b.base_commit.as_bytes()).map_err(|e| e.to_string())?;
+                let b = bound
+                    .as_ref()
+                    .ok_or_else(|| Error::Refused("the thread has no binding".into()))?;
+                let head = gix::ObjectId::from_hex(b.base_commit.as_bytes())
+                    .context(|| format!("the binding's base commit {:?}", b.base_commit))?;
                 let (tree, _, _, _) = snap::commit_info(&repo, head)?;
                 let head_ref = b
                     .branch

@@ -31,8 +31,9 @@ impl Daemon {
         let gates = parse_gates(self, gate_specs, c)?;
         let lease = lease
             .map(|l| {
-                gix::ObjectId::from_hex(l.as_bytes())
-                    .map_err(|_| format!("--lease wants a full commit id, not {l:?}"))
+                gix::ObjectId::from_hex(l.as_bytes()).map_err(|_| {
+                    Error::Refused(format!("--lease wants a full commit id, not {l:?}"))
+                })
             })
             .transpose()?;
         let l = self.locks.get(&format!("thread:{thread}"));
@@ -56,7 +57,7 @@ impl Daemon {
             }
         };
         gix::refs::FullName::try_from(format!("refs/heads/{branch}"))
-            .map_err(|_| format!("{branch:?} is not a branch name"))?;
+            .map_err(|_| Error::Refused(format!("{branch:?} is not a branch name")))?;
         let mirror = self.layout.mirror(&rec.project);
         let mut repo = snap::open(&mirror)?;
         if !repo.has_object(head) {

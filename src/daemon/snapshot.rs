@@ -88,7 +88,8 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
         }
         Ok(Some(out))
     };
-    let head = read(&[b"HEAD"], "HEAD")?.ok_or("the workspace has no .git/HEAD")?;
+    let head = read(&[b"HEAD"], "HEAD")?
+        .ok_or_else(|| Error::Refused("the workspace has no .git/HEAD".into()))?;
     let head = String::from_utf8_lossy(&head).trim().to_string();
     let parse = |s: &str| {
         gix::ObjectId::from_hex(s.trim().as_bytes())

@@ -195,7 +195,8 @@ impl Daemon {
         let forked_project = fork.project.clone();
         self.create(thread, fork, owner)?;
         if binding.is_none() && project.is_some() {
-            let rec = WorkspaceRecord::load(&self.layout, thread)?.ok_or("workspace vanished")?;
+            let rec = WorkspaceRecord::load(&self.layout, thread)?
+                .ok_or_else(|| Error::Refused("workspace vanished".into()))?;
             let b = Binding {
                 thread: thread.into(),
                 project: rec.project.clone(),
@@ -238,7 +239,9 @@ impl Daemon {
         // built) with the snapshot's changes applied over it: O(changed paths), and every change
         // reads as uncommitted.
         let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
-        let head = *parents.first().ok_or("the snapshot has no parent")?;
+        let head = *parents
+            .first()
+            .ok_or_else(|| Error::Refused("the snapshot has no parent".into()))?;
         let (head_tree, _, _, head_time) = snap::commit_info(&repo, head)?;
         let branch = match snap::head_of(&message) {
             HeadRef::Branch(b) => Some(b),
@@ -325,7 +328,8 @@ impl Daemon {
             // What git dropped (modes, owners, special files, empty directories) comes back
             // before the mount exists: no moment where a file is wider than it was.
             if let Some(s) = &fork.saved {
-                let id = gix::ObjectId::from_hex(s.as_bytes()).map_err(|e| e.to_string())?;
+                let id = gix::ObjectId::from_hex(s.as_bytes())
+                    .context(|| format!("saved snapshot id {s:?}"))?;
                 let repo = snap::open(&self.layout.mirror(&fork.project))?;
                 super::posix::restore(&core, &repo, id)?;
             }
@@ -385,7 +389,8 @@ impl Daemon {
                     "unexpected diff-tree output {meta:?}"
                 )));
             };
-            let id = gix::ObjectId::from_hex(new_id.as_bytes()).map_err(|e| e.to_string())?;
+            let id = gix::ObjectId::from_hex(new_id.as_bytes())
+                .context(|| format!("diff-tree object id {new_id:?}"))?;
             let change = match (status, new_mode) {
                 ("D", _) => TreeChange::Remove,
                 (_, "100644") => TreeChange::File { id, exec: false },

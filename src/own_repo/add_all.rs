@@ -21,7 +21,7 @@ use gix_ignore::glob::search::Pattern as _;
 use gix_ignore::glob::search::pattern::List;
 use gix_ignore::search::Ignore;
 
-use super::Scratch;
+use super::{Error, Scratch};
 use crate::fs::WorkspaceFs;
 use crate::git::snapshot::ViewEdit;
 
@@ -38,7 +38,7 @@ pub fn keep(
     core: &WorkspaceFs,
     state: &Path,
     edits: Vec<ViewEdit>,
-) -> Result<Vec<ViewEdit>, String> {
+) -> Result<Vec<ViewEdit>, Error> {
     let added_dirs: Vec<Vec<u8>> = edits
         .iter()
         .filter_map(|e| match e {
@@ -88,7 +88,7 @@ pub fn keep(
             ViewEdit::Tree { path, id } if is_new(path) => {
                 let files = core
                     .tree_files(*id)
-                    .map_err(|x| format!("cannot list tree {id}: {x:?}"))?;
+                    .map_err(|source| Error::ListTree { id: *id, source })?;
                 let mut kept = Vec::with_capacity(files.len());
                 for (f, edit) in files {
                     let p = [path.as_slice(), b"/", &f].concat();
@@ -124,7 +124,7 @@ pub fn ignored_files(
     core: &WorkspaceFs,
     state: &Path,
     edits: &[ViewEdit],
-) -> Result<Vec<Vec<u8>>, String> {
+) -> Result<Vec<Vec<u8>>, Error> {
     let added: Vec<&[u8]> = edits
         .iter()
         .filter_map(|e| match e {
@@ -168,14 +168,16 @@ fn shown(path: &[u8]) -> String {
     String::from_utf8_lossy(path).into_owned()
 }
 
-fn core_kind(core: &WorkspaceFs, path: &[u8]) -> Result<Option<fuser::FileType>, String> {
-    core.kind_at(&comps(path))
-        .map_err(|e| format!("cannot read {}: {}", shown(path), e))
+fn core_kind(core: &WorkspaceFs, path: &[u8]) -> Result<Option<fuser::FileType>, Error> {
+    core.kind_at(&comps(path)).map_err(|source| Error::Read {
+        path: shown(path),
+        source,
+    })
 }
 
 /// The workspace's index (`.git/index`; empty when there is none), read from a private copy. A
 /// split index (`core.splitIndex`) names its shared part, which is copied beside it on demand.
-pub(crate) fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, String> {
+pub(crate) fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, Error> {
     let scratch = Scratch::new(state, "index")?;
     let path = scratch.path().join("index");
     if !scratch.copy_in(core, &[b".git", b"index"], Path::new("index"))? {
@@ -202,22 +204,19 @@ pub(crate) fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index:
                 .map(|n| n.as_encoded_bytes().to_vec())
                 .filter(|n| n.starts_with(b"sharedindex."));
             let Some(name) = shared else {
-                return Err(format!("cannot read the workspace's .git/index: {e}"));
+                return Err(Error::Index { source: e });
             };
             if !scratch.copy_in(core, &[b".git", &name], Path::new(&*name.to_str_lossy()))? {
-                return Err(format!(
-                    "the workspace's .git/index is split, and its .git/{} is missing",
-                    shown(&name)
-                ));
+                return Err(Error::SplitIndexMissing { name: shown(&name) });
             }
-            open().map_err(|e| format!("cannot read the workspace's .git/index: {e}"))
+            open().map_err(|source| Error::Index { source })
         }
     }
 }
 
 /// Whether each of `paths` (files) is ignored by the workspace's rules, exactly as [`keep`] decides
 /// for an untracked path (whether it is tracked does not matter here): the commit gate `excludes`.
-pub fn ignored(core: &WorkspaceFs, paths: &[&[u8]]) -> Result<Vec<bool>, String> {
+pub fn ignored(core: &WorkspaceFs, paths: &[&[u8]]) -> Result<Vec<bool>, Error> {
     let mut rules = Rules::new(core)?;
     paths.iter().map(|p| rules.ignored(p, false)).collect()
 }
@@ -240,7 +239,7 @@ struct Rules<'a> {
 }
 
 impl<'a> Rules<'a> {
-    fn new(core: &'a WorkspaceFs) -> Result<Rules<'a>, String> {
+    fn new(core: &'a WorkspaceFs) -> Result<Rules<'a>, Error> {
         let exclude = load(core, &[b".git", b"info", b"exclude"], None)?;
         let root = DirRules {
             excluded: false,
@@ -254,7 +253,7 @@ impl<'a> Rules<'a> {
     }
 
     /// Whether `path` (a directory when `is_dir`) is ignored.
-    fn ignored(&mut self, path: &[u8], is_dir: bool) -> Result<bool, String> {
+    fn ignored(&mut self, path: &[u8], is_dir: bool) -> Result<bool, Error> {
         let parent = parent_of(path);
         self.load_dir(parent)?;
         if self.dirs.get(parent).is_some_and(|d| d.excluded) {
@@ -264,7 +263,7 @@ impl<'a> Rules<'a> {
     }
 
     /// Loads the state of `dir` and of every directory above it.
-    fn load_dir(&mut self, dir: &[u8]) -> Result<(), String> {
+    fn load_dir(&mut self, dir: &[u8]) -> Result<(), Error> {
         if self.dirs.contains_key(dir) {
             return Ok(());
         }
@@ -334,17 +333,21 @@ fn load(
     core: &WorkspaceFs,
     file: &[&[u8]],
     base: Option<Vec<u8>>,
-) -> Result<Option<List<Ignore>>, String> {
+) -> Result<Option<List<Ignore>>, Error> {
     let what = || shown(&file.join(&b'/'));
-    let Some(f) = core
-        .open_file(file)
-        .map_err(|e| format!("cannot read {}: {}", what(), e))?
+    let Some(f) = core.open_file(file).map_err(|source| Error::Read {
+        path: what(),
+        source,
+    })?
     else {
         return Ok(None);
     };
     let size = f
         .metadata()
-        .map_err(|e| format!("cannot read {}: {e}", what()))?
+        .map_err(|source| Error::ReadContent {
+            path: what(),
+            source,
+        })?
         .len();
     if size > PATTERN_MAX_FILE_SIZE {
         tracing::warn!(file = %what(), size, "ignoring a pattern file larger than 100 MiB, as git does");
@@ -355,7 +358,10 @@ fn load(
         &mut std::io::Read::take(f, PATTERN_MAX_FILE_SIZE),
         &mut bytes,
     )
-    .map_err(|e| format!("cannot read {}: {e}", what()))?;
+    .map_err(|source| Error::ReadContent {
+        path: what(),
+        source,
+    })?;
     Ok(Some(List {
         patterns: Ignore::default().bytes_to_patterns(&bytes, Path::new("")),
         source: None,

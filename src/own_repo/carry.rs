@@ -24,7 +24,7 @@ use gix::objs::{Find as _, Kind, ObjectRef, Write as _};
 use gix::refs::transaction::{Change, LogChange, PreviousValue, RefEdit, RefLog};
 use gix::refs::{FullName, Target};
 
-use super::Scratch;
+use super::{Error, Scratch};
 use crate::fs::WorkspaceFs;
 
 /// The ref that keeps a thread's own commits reachable in the mirror.
@@ -41,13 +41,18 @@ pub fn carry(
     repo: &gix::Repository,
     thread: &str,
     head: ObjectId,
-) -> Result<usize, String> {
+) -> Result<usize, Error> {
     let scratch = Scratch::new(state, "objects")?;
     let objects = scratch.path().join("objects");
-    std::fs::create_dir_all(objects.join("pack"))
-        .map_err(|e| format!("cannot create {}: {e}", objects.display()))?;
-    let odb = gix::odb::at(&objects, gix::hash::Kind::Sha1)
-        .map_err(|e| format!("cannot open {}: {e}", objects.display()))?;
+    std::fs::create_dir_all(objects.join("pack")).map_err(|source| Error::CreatePrivate {
+        path: objects.clone(),
+        source,
+    })?;
+    let odb =
+        gix::odb::at(&objects, gix::hash::Kind::Sha1).map_err(|source| Error::OpenObjects {
+            path: objects.clone(),
+            source,
+        })?;
     let mut packs_copied = false;
     let mut todo = vec![head];
     let mut seen = HashSet::new();
@@ -72,20 +77,16 @@ pub fn carry(
             kind = find(&odb, &id, &mut buf)?;
         }
         let Some(kind) = kind else {
-            return Err(format!(
-                "object {id}, reachable from the workspace's HEAD, is not in its .git/objects"
-            ));
+            return Err(Error::ObjectMissing { id });
         };
         let data = buf.as_slice();
         let actual = gix::objs::compute_hash(gix::hash::Kind::Sha1, kind, data)
-            .map_err(|e| format!("cannot hash object {id} of the workspace: {e}"))?;
+            .map_err(|source| Error::HashObject { id, source })?;
         if actual != id {
-            return Err(format!(
-                "the workspace's object {id} holds an object whose id is {actual}: not carried"
-            ));
+            return Err(Error::WrongId { id, actual });
         }
         let parsed = ObjectRef::from_bytes(data, kind, gix::hash::Kind::Sha1)
-            .map_err(|e| format!("cannot parse {kind} {id} of the workspace: {e}"))?;
+            .map_err(|source| Error::ParseObject { kind, id, source })?;
         match parsed {
             ObjectRef::Commit(c) => {
                 todo.push(c.tree());
@@ -102,7 +103,7 @@ pub fn carry(
         }
         repo.objects
             .write_buf(kind, data)
-            .map_err(|e| format!("cannot write object {id} into the mirror: {e}"))?;
+            .map_err(|source| Error::WriteObject { id, source })?;
         written += 1;
     }
     set_ref(repo, &heads_ref(thread), head)?;
@@ -119,8 +120,8 @@ fn stream_loose_blob(
     repo: &gix::Repository,
     id: ObjectId,
     loose: &[&[u8]],
-) -> Result<bool, String> {
-    let bad = |e: std::io::Error| format!("cannot read object {id} of the workspace: {e}");
+) -> Result<bool, Error> {
+    let bad = |source: std::io::Error| Error::ReadObject { id, source };
     let Some(f) = core.open_file(loose).map_err(|e| bad(errno(e)))? else {
         return Ok(false);
     };
@@ -133,7 +134,7 @@ fn stream_loose_blob(
     let mut byte = [0u8];
     loop {
         if rd.read(&mut byte).map_err(bad)? == 0 || header.len() > 64 {
-            return Err(format!("object {id} of the workspace has no valid header"));
+            return Err(Error::BadHeader { id });
         }
         if byte[0] == 0 {
             break;
@@ -151,7 +152,7 @@ fn stream_loose_blob(
         _ => (None, None),
     };
     let (Some(kind), Some(size)) = (kind, size) else {
-        return Err(format!("object {id} of the workspace has no valid header"));
+        return Err(Error::BadHeader { id });
     };
     if kind != Kind::Blob {
         return Ok(false);
@@ -164,11 +165,9 @@ fn stream_loose_blob(
     let got = repo
         .objects
         .write_stream(Kind::Blob, size, &mut exact)
-        .map_err(|e| format!("cannot copy object {id} of the workspace into the mirror: {e}"))?;
+        .map_err(|source| Error::CopyObject { id, source })?;
     if got != id {
-        return Err(format!(
-            "the workspace's object {id} holds an object whose id is {got}: not carried"
-        ));
+        return Err(Error::WrongId { id, actual: got });
     }
     Ok(true)
 }
@@ -260,8 +259,8 @@ impl<R: std::io::Read> std::io::Read for Exact<R> {
 
 /// Reads object `id` of the private store into `buf` (exactly its content); its kind, or `None`
 /// when the store does not have it.
-fn find(odb: &gix::odb::Handle, id: &ObjectId, buf: &mut Vec<u8>) -> Result<Option<Kind>, String> {
-    let err = |e: gix::Error| format!("cannot read object {id} of the workspace: {e}");
+fn find(odb: &gix::odb::Handle, id: &ObjectId, buf: &mut Vec<u8>) -> Result<Option<Kind>, Error> {
+    let err = |source: gix::Error| Error::FindObject { id: *id, source };
     let hit = odb
         .try_find(id, buf)
         .map_err(err)?
@@ -284,11 +283,11 @@ fn find(odb: &gix::odb::Handle, id: &ObjectId, buf: &mut Vec<u8>) -> Result<Opti
 }
 
 /// Copies the workspace's packs (`.git/objects/pack/pack-*.{idx,pack}`) into the scratch store.
-fn copy_packs(core: &WorkspaceFs, scratch: &Scratch) -> Result<(), String> {
+fn copy_packs(core: &WorkspaceFs, scratch: &Scratch) -> Result<(), Error> {
     let dir: [&[u8]; 3] = [b".git", b"objects", b"pack"];
     let names = core
         .list_dir(&dir)
-        .map_err(|e| format!("cannot list .git/objects/pack: {}", e))?
+        .map_err(|source| Error::ListPacks { source })?
         .unwrap_or_default();
     for (name, kind) in names {
         let Ok(name) = std::str::from_utf8(&name) else {
@@ -310,9 +309,12 @@ fn copy_packs(core: &WorkspaceFs, scratch: &Scratch) -> Result<(), String> {
 }
 
 /// Points `name` at `id` whatever it pointed at, with a reflog entry.
-fn set_ref(repo: &gix::Repository, name: &str, id: ObjectId) -> Result<(), String> {
+fn set_ref(repo: &gix::Repository, name: &str, id: ObjectId) -> Result<(), Error> {
     let edit = RefEdit {
-        name: FullName::try_from(name).map_err(|e| format!("bad ref name {name}: {e}"))?,
+        name: FullName::try_from(name).map_err(|source| Error::BadRefName {
+            name: name.to_string(),
+            source,
+        })?,
         deref: false,
         change: Change::Update {
             log: LogChange {
@@ -332,5 +334,8 @@ fn set_ref(repo: &gix::Repository, name: &str, id: ObjectId) -> Result<(), Strin
     let mut tb = gix::date::parse::TimeBuf::default();
     repo.edit_references_as(Some(edit), Some(sig.to_ref(&mut tb)))
         .map(|_| ())
-        .map_err(|e| format!("cannot update {name} in the mirror: {e}"))
+        .map_err(|source| Error::UpdateRef {
+            name: name.to_string(),
+            source,
+        })
 }

@@ -21,7 +21,138 @@ pub mod carry;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::fs::WorkspaceFs;
+use gix::ObjectId;
+
+use crate::fs::{FsError, WorkspaceFs};
+
+/// Why a workspace's `.git` could not be read, or its commits not carried into the mirror. Paths
+/// of the workspace are shown as its bytes, lossily.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A private directory or store under `<state>/tmp/` could not be created.
+    #[error("cannot create {}: {source}", path.display())]
+    CreatePrivate {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file or directory of the workspace could not be read through the core.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: FsError,
+    },
+    /// A file of the workspace, opened, could not be read to its end.
+    #[error("cannot read {path}: {source}")]
+    ReadContent {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file of the workspace could not be copied into a private directory.
+    #[error("cannot copy {path} out of the workspace: {source}")]
+    CopyOut {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A tree of the base could not be listed.
+    #[error("cannot list tree {id}: {source}")]
+    ListTree {
+        id: ObjectId,
+        #[source]
+        source: FsError,
+    },
+    /// The workspace's index is malformed or cannot be decoded.
+    #[error("cannot read the workspace's .git/index: {source}")]
+    Index {
+        #[source]
+        source: gix::Error,
+    },
+    /// The workspace's index is split and its shared part is not there.
+    #[error("the workspace's .git/index is split, and its .git/{name} is missing")]
+    SplitIndexMissing { name: String },
+    /// The private copy of the workspace's objects could not be opened.
+    #[error("cannot open {}: {source}", path.display())]
+    OpenObjects {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An object reachable from the workspace's HEAD is in neither its loose objects nor its packs.
+    #[error("object {id}, reachable from the workspace's HEAD, is not in its .git/objects")]
+    ObjectMissing { id: ObjectId },
+    /// An object of the workspace could not be read.
+    #[error("cannot read object {id} of the workspace: {source}")]
+    ReadObject {
+        id: ObjectId,
+        #[source]
+        source: std::io::Error,
+    },
+    /// An object of the workspace's packs could not be read.
+    #[error("cannot read object {id} of the workspace: {source}")]
+    FindObject {
+        id: ObjectId,
+        #[source]
+        source: gix::Error,
+    },
+    /// A loose object of the workspace does not start with `<kind> <size>\0`.
+    #[error("object {id} of the workspace has no valid header")]
+    BadHeader { id: ObjectId },
+    /// An object of the workspace could not be hashed.
+    #[error("cannot hash object {id} of the workspace: {source}")]
+    HashObject {
+        id: ObjectId,
+        #[source]
+        source: gix::Error,
+    },
+    /// An object of the workspace is stored under an id that is not its own.
+    #[error("the workspace's object {id} holds an object whose id is {actual}: not carried")]
+    WrongId { id: ObjectId, actual: ObjectId },
+    /// A commit, tree or tag of the workspace does not parse.
+    #[error("cannot parse {kind} {id} of the workspace: {source}")]
+    ParseObject {
+        kind: gix::objs::Kind,
+        id: ObjectId,
+        #[source]
+        source: gix::Error,
+    },
+    /// An object could not be written into the mirror.
+    #[error("cannot write object {id} into the mirror: {source}")]
+    WriteObject {
+        id: ObjectId,
+        #[source]
+        source: gix::Error,
+    },
+    /// A loose blob of the workspace could not be streamed into the mirror.
+    #[error("cannot copy object {id} of the workspace into the mirror: {source}")]
+    CopyObject {
+        id: ObjectId,
+        #[source]
+        source: gix::Error,
+    },
+    /// The workspace's pack directory could not be listed.
+    #[error("cannot list .git/objects/pack: {source}")]
+    ListPacks {
+        #[source]
+        source: FsError,
+    },
+    /// The name of the ref to update is not a valid ref name.
+    #[error("bad ref name {name}: {source}")]
+    BadRefName {
+        name: String,
+        #[source]
+        source: gix::validate::reference::name::Error,
+    },
+    /// The ref keeping the thread's commits could not be updated in the mirror.
+    #[error("cannot update {name} in the mirror: {source}")]
+    UpdateRef {
+        name: String,
+        #[source]
+        source: gix::Error,
+    },
+}
 
 /// A private directory for copies of a workspace's files that a library must read from a path (an
 /// index, packs). Copies, never the workspace's own files: an agent can rewrite or truncate those
@@ -31,7 +162,7 @@ pub struct Scratch(PathBuf);
 
 impl Scratch {
     /// A new, empty directory under `<state>/tmp/`, readable by the daemon only.
-    pub fn new(state: &Path, label: &str) -> Result<Scratch, String> {
+    pub fn new(state: &Path, label: &str) -> Result<Scratch, Error> {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let base = state.join("tmp");
         let dir = base.join(format!(
@@ -50,7 +181,10 @@ impl Scratch {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::DirBuilder::new().mode(0o700).create(&dir)
         })();
-        made.map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        made.map_err(|source| Error::CreatePrivate {
+            path: dir.clone(),
+            source,
+        })?;
         Ok(Scratch(dir))
     }
 
@@ -60,11 +194,12 @@ impl Scratch {
 
     /// Copies the workspace's regular file at `from` (components from the workspace's root) to
     /// `to` (relative to this directory, parents created). False when there is no such file.
-    pub fn copy_in(&self, core: &WorkspaceFs, from: &[&[u8]], to: &Path) -> Result<bool, String> {
+    pub fn copy_in(&self, core: &WorkspaceFs, from: &[&[u8]], to: &Path) -> Result<bool, Error> {
         let shown = || String::from_utf8_lossy(&from.join(&b'/')).into_owned();
-        let Some(src) = core
-            .open_file(from)
-            .map_err(|e| format!("cannot read {}: {}", shown(), e))?
+        let Some(src) = core.open_file(from).map_err(|source| Error::Read {
+            path: shown(),
+            source,
+        })?
         else {
             return Ok(false);
         };
@@ -84,7 +219,10 @@ impl Scratch {
             // cost the daemon its disk either.
             crate::cow::upper::copy_sparse(&src, &mut out)
         })();
-        copied.map_err(|e| format!("cannot copy {} out of the workspace: {e}", shown()))?;
+        copied.map_err(|source| Error::CopyOut {
+            path: shown(),
+            source,
+        })?;
         Ok(true)
     }
 }
