@@ -8,7 +8,7 @@
 //! and the branch ref (or `.git/HEAD` when detached), quietly, telling the kernel; a refusal
 //! changes nothing.
 
-use super::error::{Context, Error, on_workspace};
+use super::error::{Error, on_workspace};
 use super::proto::Committed;
 use super::snapshot::{Goal, read_head};
 use super::{Daemon, Reply, lock};
@@ -33,8 +33,8 @@ pub(super) fn parse_gates(d: &Daemon, specs: &[String], c: &Caller) -> Result<Ve
     let gates = specs
         .iter()
         .map(|g| gates::parse(g))
-        .collect::<Result<Vec<Gate>, String>>()
-        .map_err(Error::Refused)?;
+        .collect::<Result<Vec<Gate>, _>>()
+        .map_err(|e| Error::Refused(e.to_string()))?;
     if gates.iter().any(|g| matches!(g, Gate::Cmd(_))) {
         d.require_admin(c, "run a cmd= gate (the daemon runs the program as itself)")?;
     }
@@ -76,8 +76,7 @@ pub(super) fn check_gates(
     let item_paths: Vec<&[u8]> = items.iter().map(|i| i.path.as_slice()).collect();
     let ignored = add_all::ignored(core, &item_paths)?;
     let mut verdict = ignored.into_iter();
-    let refusals = gates::run(&items, gates, |_| Ok(verdict.next().unwrap_or(false)))
-        .context(|| "cannot run the gates".into())?;
+    let refusals = gates::run(&items, gates, |_| verdict.next().unwrap_or(false));
     if refusals.is_empty() {
         Ok(())
     } else {

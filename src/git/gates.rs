@@ -33,7 +33,20 @@ pub struct Refusal {
 }
 
 /// Parses `NAME[=VALUE]`; an unknown name or a bad value is an error before anything runs.
-pub fn parse(spec: &str) -> Result<Gate, String> {
+/// A gate that cannot be parsed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    #[error("gate max-size wants a number of bytes, not {0:?}")]
+    NotBytes(String),
+    #[error("gate excludes always runs; it takes no name")]
+    ExcludesAlwaysRuns,
+    #[error("gate {0:?}: use secret-names, max-size=BYTES or cmd=PROGRAM")]
+    BadForm(String),
+    #[error("unknown gate {0:?} (known: secret-names, max-size=BYTES, cmd=PROGRAM)")]
+    Unknown(String),
+}
+
+pub fn parse(spec: &str) -> Result<Gate, GateError> {
     let (name, value) = match spec.split_once('=') {
         Some((n, v)) => (n, Some(v)),
         None => (spec, None),
@@ -43,15 +56,11 @@ pub fn parse(spec: &str) -> Result<Gate, String> {
         ("max-size", Some(v)) => v
             .parse::<u64>()
             .map(Gate::MaxSize)
-            .map_err(|_| format!("gate max-size wants a number of bytes, not {v:?}")),
+            .map_err(|_| GateError::NotBytes(v.to_string())),
         ("cmd", Some(p)) if !p.is_empty() => Ok(Gate::Cmd(p.to_string())),
-        ("excludes", None) => Err("gate excludes always runs; it takes no name".into()),
-        ("secret-names" | "max-size" | "cmd", _) => Err(format!(
-            "gate {spec:?}: use secret-names, max-size=BYTES or cmd=PROGRAM"
-        )),
-        _ => Err(format!(
-            "unknown gate {name:?} (known: secret-names, max-size=BYTES, cmd=PROGRAM)"
-        )),
+        ("excludes", None) => Err(GateError::ExcludesAlwaysRuns),
+        ("secret-names" | "max-size" | "cmd", _) => Err(GateError::BadForm(spec.to_string())),
+        _ => Err(GateError::Unknown(name.to_string())),
     }
 }
 
@@ -97,20 +106,17 @@ pub fn max_size(items: &[Item], max: u64) -> Vec<Refusal> {
 }
 
 /// `excludes`: refuses every path the caller found ignored (`ignored(path)`).
-pub fn excludes(
-    items: &[Item],
-    mut ignored: impl FnMut(&[u8]) -> Result<bool, String>,
-) -> Result<Vec<Refusal>, String> {
+pub fn excludes(items: &[Item], mut ignored: impl FnMut(&[u8]) -> bool) -> Vec<Refusal> {
     let mut out = Vec::new();
     for i in items {
-        if ignored(&i.path)? {
+        if ignored(&i.path) {
             out.push(Refusal {
                 path: shown(&i.path),
                 why: "it is ignored content (excludes)".into(),
             });
         }
     }
-    Ok(out)
+    out
 }
 
 /// `cmd=PROGRAM`: runs the host's program (not in a workspace: in `/`, with git's hardened
@@ -172,12 +178,8 @@ pub fn cmd(items: &[Item], program: &str) -> Vec<Refusal> {
 }
 
 /// Runs every gate (excludes first) and returns all refusals.
-pub fn run(
-    items: &[Item],
-    gates: &[Gate],
-    ignored: impl FnMut(&[u8]) -> Result<bool, String>,
-) -> Result<Vec<Refusal>, String> {
-    let mut out = excludes(items, ignored)?;
+pub fn run(items: &[Item], gates: &[Gate], ignored: impl FnMut(&[u8]) -> bool) -> Vec<Refusal> {
+    let mut out = excludes(items, ignored);
     for g in gates {
         out.extend(match g {
             Gate::SecretNames => secret_names(items),
@@ -185,7 +187,7 @@ pub fn run(
             Gate::Cmd(p) => cmd(items, p),
         });
     }
-    Ok(out)
+    out
 }
 
 /// One error line naming each refused path and why.
@@ -222,7 +224,12 @@ mod tests {
         assert!(parse("max-size=ten").is_err());
         assert!(parse("max-size").is_err());
         assert!(parse("cmd=").is_err());
-        assert!(parse("secrets").unwrap_err().contains("unknown gate"));
+        assert!(
+            parse("secrets")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown gate")
+        );
     }
 
     #[test]
@@ -265,9 +272,8 @@ mod tests {
     #[test]
     fn excludes_names_ignored_paths() {
         let r = excludes(&[item("a.log", 1), item("a.txt", 1)], |p| {
-            Ok(p.ends_with(b".log"))
-        })
-        .unwrap();
+            p.ends_with(b".log")
+        });
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].path, "a.log");
     }
