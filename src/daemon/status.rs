@@ -88,13 +88,7 @@ impl Daemon {
         token: &str,
         c: &Caller,
     ) -> Reply<proto::FsmonitorAnswer> {
-        validate(NameKind::Thread, thread)?;
-        let (core, owner) = lock(&self.mounts)
-            .get(thread)
-            .map(|m| (m.core.clone(), m.owner))
-            .ok_or_else(|| Error::NotMounted(thread.to_string()))?;
-        // What changed in a workspace is its owner's business.
-        self.require_owner(c, thread, owner)?;
+        let core = self.owned_mount(thread, c)?;
         let (token, changed) = core.fsmonitor_query(token);
         let mut answer = proto::FsmonitorAnswer {
             token,
@@ -119,14 +113,21 @@ impl Daemon {
         Ok((answer, vec![]))
     }
 
-    /// `octofs watch`: the journal entries of a mounted thread after `token` (its owner's business).
-    pub(super) fn watch(&self, thread: &str, token: &str, c: &Caller) -> Reply<proto::WatchAnswer> {
+    /// The core of `thread`'s mounted workspace, for its owner (or root): what changed in a
+    /// workspace is its owner's business.
+    fn owned_mount(&self, thread: &str, c: &Caller) -> Result<std::sync::Arc<WorkspaceFs>, Error> {
         validate(NameKind::Thread, thread)?;
         let (core, owner) = lock(&self.mounts)
             .get(thread)
             .map(|m| (m.core.clone(), m.owner))
             .ok_or_else(|| Error::NotMounted(thread.to_string()))?;
         self.require_owner(c, thread, owner)?;
+        Ok(core)
+    }
+
+    /// `octofs watch`: the journal entries of a mounted thread after `token` (its owner's business).
+    pub(super) fn watch(&self, thread: &str, token: &str, c: &Caller) -> Reply<proto::WatchAnswer> {
+        let core = self.owned_mount(thread, c)?;
         let (token, entries) = core.watch_query(token);
         let answer = match entries {
             None => proto::WatchAnswer {
