@@ -29,6 +29,8 @@ fn open_flags(path: &Path, flags: i32) -> std::io::Result<fs::File> {
     o.open(path)
 }
 
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn sleep_binary() -> Vec<u8> {
     let which = sh("sh", ["-c", "command -v sleep"]);
     fs::read(which.stdout_str().trim()).expect("read the sleep binary")
@@ -39,6 +41,11 @@ fn run_program(path: &Path) -> Child {
 }
 
 fn rounds(passthrough: bool) {
+    // The two tests run in threads of one process: a fork by one (a daemon, a shell, a program)
+    // while the other holds a program open for writing gives the child a writable copy of that
+    // descriptor until it execs, and the other's exec then fails with ETXTBSY (the kernel is
+    // right). They run one after the other.
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let thread = if passthrough { "exec-pt" } else { "exec-np" };
     let s = one_file_workspace(passthrough, thread, "exec\n");
     let program = sleep_binary();
