@@ -123,7 +123,6 @@ fn keep_stat(core: &WorkspaceFs, state: &std::path::Path, index: &mut gix::index
 /// host-wide file, which cannot be rewritten in place). A present `index.lock` means git is at
 /// work in the workspace: refused, as git refuses.
 fn write_index(core: &WorkspaceFs, bytes: &[u8]) -> Result<(), Error> {
-    use std::ffi::OsStr;
     if core
         .kind_at(&[b".git", b"index.lock"])
         .map_err(on_workspace("cannot read .git"))?
@@ -136,18 +135,8 @@ fn write_index(core: &WorkspaceFs, bytes: &[u8]) -> Result<(), Error> {
     }
     core.put_file_quietly(&[".git"], "index.lock", bytes)
         .map_err(on_workspace("cannot write .git/index.lock"))?;
-    let git = core
-        .lookup(ROOT_INO, OsStr::new(".git"))
-        .map_err(on_workspace("cannot find .git"))?
-        .ino
-        .0;
-    core.forget(git, 1);
-    core.rename(git, OsStr::new("index.lock"), git, OsStr::new("index"), 0)
+    core.rename_quietly(&[b".git"], "index.lock", "index")
         .map_err(on_workspace("cannot move .git/index.lock to .git/index"))?;
-    // The same bytes once more, quietly: this is what tells the kernel the name `.git/index`
-    // now holds another file (a rename by the daemon is not seen by it).
-    core.put_file_quietly(&[".git"], "index", bytes)
-        .map_err(on_workspace("cannot write .git/index"))?;
     Ok(())
 }
 

@@ -236,6 +236,19 @@ impl WorkspaceFs {
         Ok(ino)
     }
 
+    /// Renames `from` over `to` in the directory at `dirs` (as `rename(2)` would), for the daemon,
+    /// and notes both names for the kernel ([`Behind`]), which did not see the rename.
+    pub fn rename_quietly(&self, dirs: &[&[u8]], from: &str, to: &str) -> Result<(), FsError> {
+        let dir = {
+            let mut st = self.lock();
+            self.walk(&mut st, dirs)?.ok_or(Errno::ENOENT)?
+        };
+        self.rename(dir, OsStr::new(from), dir, OsStr::new(to), 0)?;
+        self.entry_behind(dir, from.as_bytes());
+        self.entry_behind(dir, to.as_bytes());
+        Ok(())
+    }
+
     /// Points `name` in `dir` (now inode `old`, a file of the workspace's own) at a new inode
     /// holding `bytes`, with `old`'s other attributes; `old` stays for whoever holds it.
     pub(super) fn replace_quietly(
