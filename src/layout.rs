@@ -89,6 +89,12 @@ impl Layout {
     pub fn credential(&self, project: &str) -> PathBuf {
         self.credentials().join(project)
     }
+    /// `<state>/deps`: the host's dependency layers (see [`crate::deps`]): `store.git` (the sealed
+    /// layers' objects), `layers/<key>.json` (one record a layer), `logs/<key>.log` (the package
+    /// manager's output of its build) and `staging/<key>` (a build in progress).
+    pub fn deps(&self) -> PathBuf {
+        self.state.join("deps")
+    }
     pub fn mountpoint(&self, thread: &str) -> PathBuf {
         self.root.join(thread)
     }

@@ -13,6 +13,8 @@
 //!   workspace's owner gets.
 //! - [`own_repo`]: a workspace's `.git` read in process (never with git, never through the mount):
 //!   what `git add -A` would add, and the agent's own commits carried into the mirror.
+//! - [`deps`]: dependency layers: ignored dependency trees (`node_modules`, `.venv`) installed once
+//!   per host by the package manager, sealed as git trees and presented read-through in workspaces.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 //! - [`doctor`]: finds (and with `--fix` repairs what is safe of) what crashes and kills left behind
@@ -24,6 +26,7 @@ pub mod access;
 pub mod client;
 pub mod cow;
 pub mod daemon;
+pub mod deps;
 pub mod doctor;
 pub mod errno;
 pub mod fs;
