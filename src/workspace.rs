@@ -48,6 +48,10 @@ pub struct WorkspaceRecord {
     /// mount; a new `open` clears it. Kept here so that a daemon restart keeps waiting.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub release_when_idle: bool,
+    /// The dependency layers presented read-through in this workspace (grafted into its view, never
+    /// into its base commit or a snapshot). Empty for a workspace without dependencies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layers: Vec<crate::deps::DepLayer>,
 }
 
 /// A local user (and primary group) that owns a workspace.

@@ -289,6 +289,7 @@ impl Daemon {
             owner,
             users: 1,
             release_when_idle: false,
+            layers: Vec::new(),
         };
         // Not synced: a fork that a crash interrupts before its `open` is answered is made again;
         // the record is saved durably below, before the answer (two fsyncs fewer per fork).

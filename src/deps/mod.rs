@@ -105,3 +105,97 @@ impl DepStore {
         self.dir.join("staging").join(key)
     }
 }
+
+/// A lockfile at the root of a tree that makes a layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lockfile {
+    pub manager: Manager,
+    /// The lockfile's name at the root (`package-lock.json`, `pnpm-lock.yaml`, `uv.lock`).
+    pub name: &'static str,
+    /// Where the manager installs, relative to the root.
+    pub install_path: &'static str,
+    /// Hex blake3 of the lockfile's bytes.
+    pub hash: String,
+}
+
+/// The lockfiles at the root of `tree` that make layers: pnpm's (else npm's) for `node_modules`,
+/// uv's for `.venv`. Reads two or three blobs; runs nothing.
+pub fn detect(
+    store: &crate::git::objects::ObjectStore,
+    tree: gix::ObjectId,
+) -> std::io::Result<Vec<Lockfile>> {
+    use crate::git::objects::EntryKind;
+    let entries = store.tree(tree)?;
+    let blob = |name: &str| {
+        entries
+            .iter()
+            .find(|e| &*e.name == name.as_bytes() && e.kind == EntryKind::Blob)
+            .map(|e| e.id)
+    };
+    let mut found = Vec::new();
+    let node = [
+        (Manager::Pnpm, "pnpm-lock.yaml"),
+        (Manager::Npm, "package-lock.json"),
+    ]
+    .into_iter()
+    .find_map(|(m, name)| blob(name).map(|id| (m, name, "node_modules", id)));
+    let uv = blob("uv.lock").map(|id| (Manager::Uv, "uv.lock", ".venv", id));
+    for (manager, name, install_path, id) in node.into_iter().chain(uv) {
+        let bytes = store.blob(id)?;
+        found.push(Lockfile {
+            manager,
+            name,
+            install_path,
+            hash: blake3::hash(&bytes).to_hex().to_string(),
+        });
+    }
+    Ok(found)
+}
+
+impl DepStore {
+    /// The record of layer `key`, if one was built or tried. A corrupt record reads as none (the
+    /// layer is then built again).
+    pub fn load(&self, key: &str) -> Option<LayerRecord> {
+        let bytes = std::fs::read(self.record(key)).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Every layer record on the host, in no particular order.
+    pub fn list(&self) -> std::io::Result<Vec<LayerRecord>> {
+        let mut out = Vec::new();
+        let dir = match std::fs::read_dir(self.records()) {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for entry in dir {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "json")
+                && let Ok(bytes) = std::fs::read(&path)
+                && let Ok(rec) = serde_json::from_slice::<LayerRecord>(&bytes)
+            {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The built layer for `lock`, when there is one: the newest built record of the same manager and
+    /// lockfile (records of another major version of the manager are other keys; the newest wins).
+    /// Runs nothing, so it is cheap enough for every `open`.
+    pub fn built_for(&self, lock: &Lockfile) -> std::io::Result<Option<DepLayer>> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter_map(|rec| match rec.state {
+                LayerState::Built { layer, .. }
+                    if layer.manager == lock.manager && layer.lockfile_hash == lock.hash =>
+                {
+                    Some((rec.built_at, layer))
+                }
+                _ => None,
+            })
+            .max_by_key(|(at, _)| *at)
+            .map(|(_, layer)| layer))
+    }
+}
