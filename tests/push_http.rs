@@ -137,10 +137,10 @@ impl Drop for GitHttpServer {
 fn command_lines() -> Vec<String> {
     let mut out = Vec::new();
     for e in fs::read_dir("/proc").unwrap().flatten() {
-        if let Ok(bytes) = fs::read(e.path().join("cmdline")) {
-            if !bytes.is_empty() {
-                out.push(String::from_utf8_lossy(&bytes).replace('\0', " "));
-            }
+        if let Ok(bytes) = fs::read(e.path().join("cmdline"))
+            && !bytes.is_empty()
+        {
+            out.push(String::from_utf8_lossy(&bytes).replace('\0', " "));
         }
     }
     out
