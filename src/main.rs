@@ -18,7 +18,7 @@ use octofs::daemon::proto::{
     Access, DiffAnswer, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request,
     Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
-use octofs::daemon::proto::{Committed, Pushed};
+use octofs::daemon::proto::{CommitMode, Committed, Pushed};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
 
@@ -187,14 +187,29 @@ enum Cmd {
     /// gates; print the new commit id
     Commit {
         thread: String,
-        #[arg(short = 'm', long = "message")]
+        /// The message (optional only with --mode amend, which then keeps HEAD's)
+        #[arg(short = 'm', long = "message", default_value = "")]
         message: String,
+        /// commit: a new commit on HEAD; fixup: `fixup! <anchor's subject>` on HEAD; amend: replace HEAD
+        #[arg(long, value_enum, default_value_t = CommitMode::Commit)]
+        mode: CommitMode,
+        /// The commit a fixup fixes (HEAD or an ancestor; with --mode fixup)
+        #[arg(long)]
+        anchor: Option<String>,
         /// Commit only the changes at or below this path (repeatable)
         #[arg(long = "path")]
         paths: Vec<String>,
         /// A gate besides `excludes` (which always runs): secret-names, max-size=BYTES, cmd=PROGRAM
         #[arg(long = "gate")]
         gates: Vec<String>,
+        /// A command run in the workspace (as its owner) before the commit; it may rewrite files,
+        /// which are then committed; a failing hook stops the commit (repeatable, in order)
+        #[arg(long = "hook")]
+        hooks: Vec<String>,
+        /// Also run git's own pre-commit, commit-msg and post-commit hooks of the workspace (as its
+        /// owner); skipped by default
+        #[arg(long)]
+        git_hooks: bool,
     },
     /// Push the workspace's branch from the project's mirror through the gates
     Push {
@@ -764,10 +779,36 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
         Cmd::Commit {
             thread,
             message,
+            mode,
+            anchor,
             paths,
             gates,
+            hooks,
+            git_hooks,
         } => {
             validate(NameKind::Thread, &thread)?;
+            let mut message = message;
+            let hooked = if hooks.is_empty() && !git_hooks {
+                None
+            } else {
+                let w: WorkspaceStatus = parse(request(
+                    layout,
+                    Request::Status {
+                        thread: thread.clone(),
+                    },
+                )?)?;
+                let run = octofs::hooks::Runner::for_workspace(&w)?;
+                for h in &hooks {
+                    run.hook(h)?;
+                }
+                if git_hooks {
+                    run.git_hook("pre-commit", &[])?;
+                    if !message.is_empty() {
+                        message = run.commit_msg(&message)?;
+                    }
+                }
+                Some(run)
+            };
             let c: Committed = parse(request(
                 layout,
                 Request::Commit {
@@ -775,8 +816,16 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     message,
                     paths,
                     gates,
+                    mode,
+                    anchor,
                 },
             )?)?;
+            if git_hooks && let Some(run) = hooked {
+                // As git does: post-commit cannot undo the commit; its failure is only reported.
+                if let Err(e) = run.git_hook("post-commit", &[]) {
+                    eprintln!("octofs: warning: {e}");
+                }
+            }
             println!("{}", c.commit);
             Ok(())
         }

@@ -110,11 +110,17 @@ pub enum Request {
     /// `octofs commit`: the working state (or the listed paths) on the workspace's branch.
     Commit {
         thread: String,
+        /// May be empty only with `amend` (HEAD's message is kept).
         message: String,
         #[serde(default)]
         paths: Vec<String>,
         #[serde(default)]
         gates: Vec<String>,
+        #[serde(default)]
+        mode: CommitMode,
+        /// The commit a `fixup` fixes (any revision the workspace's HEAD reaches).
+        #[serde(default)]
+        anchor: Option<String>,
     },
     /// `octofs push`: the workspace's branch from the mirror to a remote.
     Push {
@@ -319,6 +325,19 @@ pub struct DiffAnswer {
     pub from: String,
     pub to: String,
     pub diff: String,
+}
+
+/// How `octofs commit` records the change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitMode {
+    /// A new commit on top of HEAD.
+    #[default]
+    Commit,
+    /// A new commit on top of HEAD titled `fixup! <anchor's subject>` (for `git rebase --autosquash`).
+    Fixup,
+    /// HEAD replaced by a commit with HEAD's parents, the working state and the new (or HEAD's) message.
+    Amend,
 }
 
 /// The answer to `commit`: the new commit (a JSON string on the wire).

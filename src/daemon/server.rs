@@ -113,7 +113,19 @@ impl Daemon {
                 message,
                 paths,
                 gates,
-            } => answer(self.commit(&thread, &message, &paths, &gates, c)),
+                mode,
+                anchor,
+            } => answer(self.commit(
+                &thread,
+                &super::commit::CommitRequest {
+                    message,
+                    paths,
+                    gates,
+                    mode,
+                    anchor,
+                },
+                c,
+            )),
             Request::Push {
                 thread,
                 remote,
