@@ -291,12 +291,11 @@ fn request(layout: &Layout, req: Request) -> Result<Value, String> {
 
 /// `octofs watch`: polls the daemon's journal of the thread every 100 ms and prints one JSON line per
 /// change — `{"path", "kind", "token"}`, kind `changed`, `removed` or `directory` as the path is now
-/// in the mount — a `rescan` line when the token cannot be trusted, and a `released` line (exit 0)
+/// in the workspace (the daemon's answer: nothing here looks through the mount) — a `rescan` line when the token cannot be trusted, and a `released` line (exit 0)
 /// when the workspace goes away. Each line's token resumes the stream after it (`--since`).
 fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), String> {
     use octofs::daemon::proto::WatchAnswer;
     use std::io::Write;
-    let mount = layout.mountpoint(&thread);
     let mut token = since.unwrap_or_default();
     let mut first = true;
     loop {
@@ -331,23 +330,7 @@ fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), S
             line(serde_json::json!({"kind": "rescan", "token": a.token}))
         } else {
             a.entries.iter().try_for_each(|e| {
-                let dir = e.path.ends_with('/');
-                let exists = match &e.path_hex {
-                    None => std::fs::symlink_metadata(mount.join(&e.path)).is_ok(),
-                    Some(hex) => {
-                        let bytes: Vec<u8> = (0..hex.len() / 2)
-                            .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
-                            .collect();
-                        use std::os::unix::ffi::OsStrExt;
-                        let rel = std::ffi::OsStr::from_bytes(&bytes);
-                        std::fs::symlink_metadata(mount.join(rel)).is_ok()
-                    }
-                };
-                let kind = match (exists, dir) {
-                    (false, _) => "removed",
-                    (true, true) => "directory",
-                    (true, false) => "changed",
-                };
+                let kind = &e.kind;
                 let mut v = serde_json::json!({"path": e.path, "kind": kind, "token": e.token});
                 if let Some(h) = &e.path_hex {
                     v["path_hex"] = Value::String(h.clone());

@@ -226,6 +226,10 @@ pub struct WatchEntry {
     /// The path's bytes in hex, when they are not UTF-8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_hex: Option<String>,
+    /// What the path is now, as the workspace itself says (no symlink followed): `changed` (it
+    /// exists), `directory` (a directory's listing changed) or `removed`.
+    #[serde(default)]
+    pub kind: String,
 }
 
 /// The answer to an fsmonitor query.
