@@ -13,7 +13,7 @@ use super::proto::{CommitMode, Committed};
 use super::snapshot::{Goal, read_head};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
-use crate::fs::{ROOT_INO, WorkspaceFs};
+use crate::fs::WorkspaceFs;
 use crate::git::gates::{self, Gate, Item};
 use crate::git::mirror::{Change, changes};
 use crate::git::snapshot::{self as snap, HeadRef, ViewEdit, ViewSource};
@@ -91,19 +91,13 @@ pub(super) fn check_gates(
 /// stat, so its content is compared. Without a readable old index nothing is carried (slower, not
 /// wrong).
 fn keep_stat(core: &WorkspaceFs, state: &std::path::Path, index: &mut gix::index::File) {
-    use std::ffi::OsStr;
-    let old_written = core
-        .lookup(ROOT_INO, OsStr::new(".git"))
-        .and_then(|git| {
-            core.forget(git.ino.0, 1);
-            core.lookup(git.ino.0, OsStr::new("index"))
-        })
-        .map(|attr| {
-            core.forget(attr.ino.0, 1);
-            attr.mtime
+    let old_written = core.attr_at(&[b".git", b"index"]).map(|attr| {
+        attr.map_or(0, |a| {
+            a.mtime
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
-        });
+        })
+    });
     let (Ok(old), Ok(written)) = (add_all::read_index(core, state), old_written) else {
         return;
     };
