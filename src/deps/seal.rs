@@ -203,4 +203,50 @@ mod tests {
         assert!(contains(b"//tmp/x", b"/tmp/x"));
         assert!(!contains(b"", b"/"));
     }
+
+    /// A tree that names its staging directory (a console script's shebang, a symlink) is refused;
+    /// one that does not is counted: bytes of files and link targets, files and links.
+    #[test]
+    fn a_tree_bound_to_the_staging_path_is_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let staging = tmp.path().join("staging/k");
+        let venv = staging.join(".venv");
+        std::fs::create_dir_all(venv.join("bin")).expect("mkdir");
+        std::fs::write(venv.join("pyvenv.cfg"), b"home = /usr/bin\n").expect("write");
+        std::os::unix::fs::symlink("../pyvenv.cfg", venv.join("bin/cfg")).expect("symlink");
+        assert_eq!(
+            check_unbound(&venv, &staging),
+            Ok((16 + 13, 2)),
+            "plain tree refused or miscounted"
+        );
+        let shebang = format!("#!{}/.venv/bin/python\n", staging.display());
+        std::fs::write(venv.join("bin/tool"), shebang).expect("write");
+        let err = check_unbound(&venv, &staging).expect_err("bound script accepted");
+        assert!(err.contains(".venv/bin/tool"), "{err}");
+        std::fs::remove_file(venv.join("bin/tool")).expect("rm");
+        std::os::unix::fs::symlink(venv.join("pyvenv.cfg"), venv.join("bin/abs")).expect("symlink");
+        assert!(
+            check_unbound(&venv, &staging).is_err(),
+            "absolute link into staging accepted"
+        );
+    }
+
+    /// Nested `.git` entries go (at any depth, file or directory); the rest stays.
+    #[test]
+    fn nested_git_entries_are_removed_before_sealing() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let nm = tmp.path().join("node_modules");
+        std::fs::create_dir_all(nm.join("a/.git/objects")).expect("mkdir");
+        std::fs::create_dir_all(nm.join("b")).expect("mkdir");
+        std::fs::write(nm.join("b/.git"), b"gitdir: /elsewhere\n").expect("write");
+        std::fs::write(nm.join("a/index.js"), b"1").expect("write");
+        std::fs::write(nm.join(".pnpm-workspace-state-v1.json"), b"{}").expect("write");
+        prepare(Manager::Npm, &nm).expect("prepare");
+        assert!(!nm.join("a/.git").exists() && !nm.join("b/.git").exists());
+        assert!(nm.join("a/index.js").exists());
+        // Only pnpm's own state file is pnpm's to drop.
+        assert!(nm.join(".pnpm-workspace-state-v1.json").exists());
+        prepare(Manager::Pnpm, &nm).expect("prepare");
+        assert!(!nm.join(".pnpm-workspace-state-v1.json").exists());
+    }
 }
