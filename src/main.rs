@@ -227,6 +227,36 @@ enum Cmd {
         #[arg(long = "gate")]
         gates: Vec<String>,
     },
+    /// Dependency layers (node_modules, .venv): installed once per host from a project's lockfiles
+    /// and presented read-through in its workspaces
+    Deps {
+        #[command(subcommand)]
+        cmd: DepsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum DepsCmd {
+    /// The layers of the host: key, manager, path, state, size, files, when built, users
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the layers no workspace uses and no mirror's default branch needs; prune the store
+    Gc {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build the layers of a project's commit that are missing or failed; print what was built or
+    /// why it failed
+    Build {
+        project: String,
+        /// Branch, tag or commit of the mirror (default: its default branch)
+        #[arg(long = "ref")]
+        git_ref: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -448,15 +478,17 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                             .map_err(|e| format!("cannot read {}: {e}", f.display()))
                     })
                     .transpose()?;
-                let info: MirrorInfo = parse(request(
-                    layout,
-                    Request::MirrorAdd {
-                        project,
-                        upstream,
-                        credential,
-                        access,
-                    },
-                )?)?;
+                let info: MirrorInfo = parse(with_progress(layout, &project.clone(), || {
+                    request(
+                        layout,
+                        Request::MirrorAdd {
+                            project,
+                            upstream,
+                            credential,
+                            access,
+                        },
+                    )
+                })?)?;
                 println!(
                     "{} {} {}",
                     info.project.project,
@@ -492,7 +524,9 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             MirrorCmd::Sync { project } => {
                 validate(NameKind::Project, &project)?;
-                let out: SyncOutcome = parse(request(layout, Request::MirrorSync { project })?)?;
+                let out: SyncOutcome = parse(with_progress(layout, &project.clone(), || {
+                    request(layout, Request::MirrorSync { project })
+                })?)?;
                 let what = if out.recreated {
                     "re-created"
                 } else if out.fresh {
@@ -833,5 +867,177 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             println!("{} {}", p.branch, p.commit);
             Ok(())
         }
+        Cmd::Deps { cmd } => deps(layout, cmd),
+    }
+}
+
+/// Runs `f` (a `mirror add` or `mirror sync` request); when stderr is a terminal, shows the
+/// project's dependency builds meanwhile: a line when one starts, a line with its result and time.
+fn with_progress<T: Send>(layout: &Layout, project: &str, f: impl FnOnce() -> T + Send) -> T {
+    use octofs::daemon::proto::{OutcomeKind, ProgressAnswer};
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let poll = |after: u64, autostart: bool| -> Option<ProgressAnswer> {
+        let req = Request::DepsProgress {
+            project: project.to_string(),
+            after,
+        };
+        let resp = client::call(layout, &req, autostart).ok()?;
+        if !resp.ok {
+            return None;
+        }
+        serde_json::from_value(resp.result).ok()
+    };
+    let Some(first) = poll(u64::MAX, true) else {
+        return f();
+    };
+    let show = |a: &ProgressAnswer| {
+        for e in &a.events {
+            match &e.outcome {
+                None => eprintln!("octofs: building {}…", e.what),
+                Some(o) => match &o.result {
+                    // The warning line that follows names the reason and the log.
+                    OutcomeKind::Failed { .. } => {
+                        eprintln!(
+                            "octofs: {}: failed after {:.1} s",
+                            e.what,
+                            o.ms as f64 / 1e3
+                        )
+                    }
+                    _ => eprintln!("octofs: {}", o.describe()),
+                },
+            }
+        }
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| {
+            let v = f();
+            done.store(true, std::sync::atomic::Ordering::Release);
+            v
+        });
+        let mut last = first.last;
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(250));
+            if let Some(a) = poll(last, false) {
+                show(&a);
+                last = a.last;
+            }
+        }
+        if let Some(a) = poll(last, false) {
+            show(&a);
+        }
+        match worker.join() {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
+/// `octofs deps list|gc|build`.
+fn deps(layout: &Layout, cmd: DepsCmd) -> Result<(), String> {
+    use octofs::daemon::proto::{BuildAnswer, GcAnswer, LayerInfo, OutcomeKind};
+    match cmd {
+        DepsCmd::List { json } => {
+            let v = request(layout, Request::DepsList)?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let list: Vec<LayerInfo> = parse(v)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            for l in list {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    short(&l.key),
+                    l.manager.name(),
+                    l.path,
+                    l.state,
+                    mib(l.bytes),
+                    l.files,
+                    ago(now.saturating_sub(l.built_at)),
+                    if l.users.is_empty() {
+                        "-".to_string()
+                    } else {
+                        l.users.join(",")
+                    }
+                );
+                if let (Some(m), Some(log)) = (&l.message, &l.log) {
+                    println!("  {m} (see {})", log.display());
+                }
+            }
+            Ok(())
+        }
+        DepsCmd::Gc { json } => {
+            let v = request(layout, Request::DepsGc)?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let a: GcAnswer = parse(v)?;
+            for r in &a.removed {
+                println!(
+                    "removed {} layer {} ({}, {})",
+                    r.manager.name(),
+                    short(&r.key),
+                    r.state,
+                    mib(r.bytes)
+                );
+            }
+            println!(
+                "{} layer(s) removed, {} kept, {} freed",
+                a.removed.len(),
+                a.kept,
+                mib(a.freed_bytes)
+            );
+            Ok(())
+        }
+        DepsCmd::Build {
+            project,
+            git_ref,
+            json,
+        } => {
+            validate(NameKind::Project, &project)?;
+            let v = request(layout, Request::DepsBuild { project, git_ref })?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let a: BuildAnswer = parse(v)?;
+            if a.outcomes.is_empty() {
+                println!("{} {}: no lockfile, no layer", a.project, short(&a.commit));
+            }
+            let mut failed = 0;
+            for o in &a.outcomes {
+                if matches!(o.result, OutcomeKind::Failed { .. }) {
+                    failed += 1;
+                }
+                println!("{}", o.describe());
+            }
+            match failed {
+                0 => Ok(()),
+                n => Err(format!("{n} layer(s) failed to build")),
+            }
+        }
+    }
+}
+
+/// Bytes as MiB with one decimal.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// How long ago, in the largest whole unit.
+fn ago(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 7200 => format!("{}m ago", s / 60),
+        s if s < 172_800 => format!("{}h ago", s / 3600),
+        s => format!("{}d ago", s / 86_400),
     }
 }

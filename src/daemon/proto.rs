@@ -8,10 +8,13 @@
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
-//! [`ReleaseAnswer`].
+//! [`ReleaseAnswer`], `deps build` [`BuildAnswer`], `deps list` [`LayerInfo`], `deps gc`
+//! [`GcAnswer`], `deps progress` [`ProgressAnswer`].
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::deps::build::{BuildAnswer, Outcome, OutcomeKind, ProgressAnswer, ProgressEvent};
+pub use crate::deps::gc::{GcAnswer, LayerInfo, Removed};
 pub use crate::fs::stats::{OpStats, StatsReport};
 pub use crate::git::mirror::{Access, MirrorInfo, SyncOutcome, is_url};
 
@@ -133,6 +136,24 @@ pub enum Request {
         lease: Option<String>,
         #[serde(default)]
         gates: Vec<String>,
+    },
+    /// `octofs deps build`: the missing (or failed) dependency layers of a project's commit (its
+    /// default branch when no ref is given).
+    DepsBuild {
+        project: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        git_ref: Option<String>,
+    },
+    /// `octofs deps list`: every dependency layer of the host.
+    DepsList,
+    /// `octofs deps gc`: removes the layers nothing uses.
+    DepsGc,
+    /// What the dependency builds of `project` reported after event `after` (the CLI polls it
+    /// while `mirror add/sync` runs, to show progress on a terminal).
+    DepsProgress {
+        project: String,
+        #[serde(default)]
+        after: u64,
     },
 }
 
