@@ -338,6 +338,11 @@ fn snapshot_tree(
     last: Option<gix::ObjectId>,
 ) -> gix::ObjectId {
     let v = w.fs.snapshot_view(last).expect("snapshot view");
+    assert_eq!(
+        v.since_last,
+        last.is_some(),
+        "the snapshot view is built from the last snapshot exactly when it is given"
+    );
     let mut edits = v.edits;
     edits.sort_by(|a, b| a.path().cmp(b.path()));
     let clock = Some((v.taken_at.0, i64::from(v.taken_at.1)));
