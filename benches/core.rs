@@ -1,7 +1,9 @@
 //! Benchmarks of the filesystem core without a kernel, over a real git base of 100,000 files (see
 //! `support`): lookup and getattr, readdir of a big directory, create + unlink, `changes()` and
 //! `view()` after N edits, loading a workspace whose catalog holds 100,000 records (after a clean
-//! and after an unclean stop), and building the shared index of the 100,000-entry tree.
+//! and after an unclean stop), building the shared index of the 100,000-entry tree, and snapshots
+//! of 1 / 100 / 1,000 changed files after 10,000 earlier copy-ups (from the last snapshot's tree,
+//! and walking every change from the base as before).
 //!
 //! `cargo bench --bench core` runs them all (a few minutes; setup is shared and built once);
 //! `cargo bench --bench core -- lookup` runs those whose name contains `lookup`.
@@ -301,4 +303,88 @@ fn shared_index_100k(b: Bencher) {
         .expect("shared index");
         (path, state)
     });
+}
+
+/// Files copied up before the snapshot benchmarks.
+const COPIED_UP: usize = 10_000;
+
+/// The i-th copied-up file: spread over the directories `d00`.. (about 111 in each).
+fn copied(i: usize) -> (usize, usize) {
+    (i % DIRS, (i / DIRS) % PER_DIR)
+}
+
+/// Appends one line to each file of `which` through the core (open for writing, write, release).
+fn append(w: &Workspace, dirs: &[u64], which: impl Iterator<Item = usize>, line: &[u8]) {
+    for i in which {
+        let (d, f) = copied(i);
+        let ino =
+            w.fs.lookup(dirs[d], &OsString::from(file_name(f)))
+                .expect("lookup")
+                .ino
+                .0;
+        let opened = w.fs.open(ino, libc::O_WRONLY).expect("open");
+        let size = opened.file.metadata().expect("fstat").len();
+        std::os::unix::fs::FileExt::write_all_at(&opened.file, line, size).expect("append");
+        drop(opened.file);
+        w.fs.release(ino, opened.write);
+    }
+}
+
+/// A snapshot's tree as the daemon builds it (the view, then the tree from the edits; the files'
+/// blob ids remembered by stamp), saved as the core's last snapshot.
+fn snapshot_tree(
+    w: &Workspace,
+    repo: &gix::Repository,
+    last: Option<gix::ObjectId>,
+) -> gix::ObjectId {
+    let v = w.fs.snapshot_view(last).expect("snapshot view");
+    assert_eq!(
+        v.since_last,
+        last.is_some(),
+        "the snapshot view is built from the last snapshot exactly when it is given"
+    );
+    let mut edits = v.edits;
+    edits.sort_by(|a, b| a.path().cmp(b.path()));
+    let clock = Some((v.taken_at.0, i64::from(v.taken_at.1)));
+    let tree = octofs::git::snapshot::build_tree(repo, v.onto, &edits, clock).expect("build tree");
+    w.fs.snapshot_saved(v.epoch, tree);
+    tree
+}
+
+/// A snapshot of `k` changed files after 10,000 earlier copy-ups and a first snapshot: from the
+/// last snapshot's tree (`since_last`, rebuilding only the paths changed since) or walking every
+/// change from the base (what every snapshot did before). Each sample appends to `k` other files
+/// first (not timed).
+fn snapshot_after_copy_ups(b: Bencher, k: usize, since_last: bool) {
+    let w = BASE.workspace();
+    let repo = gix::open(BASE._repo.path()).expect("open the base repository");
+    let dirs: Vec<u64> = (0..DIRS).map(|d| w.dir(&dir_name(d))).collect();
+    append(&w, &dirs, 0..COPIED_UP, b"copied up\n");
+    let last = std::cell::Cell::new(Some(snapshot_tree(&w, &repo, None)));
+    let next = std::cell::Cell::new(0usize);
+    b.with_inputs(|| {
+        let from = next.get();
+        next.set(from + k);
+        append(
+            &w,
+            &dirs,
+            (from..from + k).map(|i| i % COPIED_UP),
+            b"changed\n",
+        );
+    })
+    .bench_local_values(|()| {
+        let tree = snapshot_tree(&w, &repo, if since_last { last.get() } else { None });
+        last.set(Some(tree));
+        tree
+    });
+}
+
+#[divan::bench(args = [1, 100, 1_000], sample_count = 10, sample_size = 1)]
+fn snapshot_since_last(b: Bencher, k: usize) {
+    snapshot_after_copy_ups(b, k, true);
+}
+
+#[divan::bench(args = [1, 100, 1_000], sample_count = 10, sample_size = 1)]
+fn snapshot_full_walk(b: Bencher, k: usize) {
+    snapshot_after_copy_ups(b, k, false);
 }

@@ -181,9 +181,26 @@ impl Daemon {
         let thread = rec.thread.clone();
         let thread = thread.as_str();
         let core = self.core_of(rec)?;
+        let mirror = self.layout.mirror(&rec.project);
+        let project = &rec.project;
+        let gone = || {
+            format!(
+                "the mirror of project {project} is missing or broken: `octofs mirror sync {project}` clones it again; `octofs release {thread} --discard` drops the workspace without saving"
+            )
+        };
+        let mut repo = snap::open(&mirror).context(gone)?;
+        // The last snapshot's tree: the view rebuilds only what changed since it, when the core
+        // knows that tree as its last snapshot (else it lists every change from the base).
+        let last = rec
+            .saved
+            .as_ref()
+            .and_then(|m| m.commit.as_deref())
+            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok())
+            .and_then(|c| snap::commit_info(&repo, c).ok())
+            .map(|(tree, ..)| tree);
         // 1. A consistent view of what changed (the only step that holds the workspace's lock).
         let view = core
-            .view()
+            .snapshot_view(last)
             .map_err(on_workspace("cannot read the workspace's changes"))?;
         let head = match goal {
             Goal::Snapshot => Some(read_head(&core)?),
@@ -197,14 +214,6 @@ impl Daemon {
         )?;
         edits.sort_by(|a, b| a.path().cmp(b.path()));
         // 3. Objects, then (for a snapshot) the commit and the ref.
-        let mirror = self.layout.mirror(&rec.project);
-        let project = &rec.project;
-        let gone = || {
-            format!(
-                "the mirror of project {project} is missing or broken: `octofs mirror sync {project}` clones it again; `octofs release {thread} --discard` drops the workspace without saving"
-            )
-        };
-        let mut repo = snap::open(&mirror).context(gone)?;
         // The upper layer's clock before the view: files last changed before it may be remembered.
         let clock = Some((view.taken_at.0, i64::from(view.taken_at.1)));
         if !repo.has_object(view.base_tree) {
@@ -214,7 +223,7 @@ impl Daemon {
             )));
         }
         let Some((head, head_ref)) = head else {
-            return Ok(snap::build_tree(&repo, view.base_tree, &edits, clock)?);
+            return Ok(snap::build_tree(&repo, view.onto, &edits, clock)?);
         };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
@@ -259,7 +268,7 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
-        let tree = snap::build_tree(&repo, view.base_tree, &edits, clock)?;
+        let tree = snap::build_tree(&repo, view.onto, &edits, clock)?;
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
         let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),
@@ -277,6 +286,7 @@ impl Daemon {
                 && posix_record::blob_of(&pmsg) == posix
             {
                 self.mark_saved(rec, &core, &p.to_string(), view.generation, view.taken_at)?;
+                core.snapshot_saved(view.epoch, tree);
                 return Ok(p);
             }
         }
@@ -301,7 +311,8 @@ impl Daemon {
             view.generation,
             view.taken_at,
         )?;
-        tracing::info!(%thread, %commit, "snapshot");
+        core.snapshot_saved(view.epoch, tree);
+        tracing::info!(%thread, %commit, since_last = view.since_last, "snapshot");
         Ok(commit)
     }
 

@@ -49,6 +49,10 @@ pub struct Case<'b> {
     pub plus: bool,
     /// Data files an unclean stop may have quarantined (unlinked files still held open).
     pub may_quarantine: usize,
+    /// The tree of the last snapshot the core was told of (see `check_snapshot_since`), and
+    /// whether the core was reloaded since (it cannot know that snapshot then).
+    pub snap_last: Option<gix::ObjectId>,
+    pub snap_reloaded: bool,
 }
 
 impl<'b> Case<'b> {
@@ -75,6 +79,8 @@ impl<'b> Case<'b> {
             token: String::new(),
             last_view: None,
             may_quarantine: 0,
+            snap_last: None,
+            snap_reloaded: false,
         }
     }
 
@@ -161,6 +167,9 @@ impl<'b> Case<'b> {
         }
         self.verify();
         self.check_view();
+        // A snapshot view every step; saved (the next one may start from it) two steps in three,
+        // so that changes pile up over several views.
+        self.check_snapshot_since(!s.forget_seed.is_multiple_of(3));
         self.forget_round(s.forget_seed);
         self.check_data_files();
     }
@@ -613,6 +622,7 @@ impl<'b> Case<'b> {
         }
         drop(fs);
         self.fs = Some(self.base.load(self.upper.path()));
+        self.snap_reloaded = true;
         let q = self.fs().quarantined();
         assert!(
             q <= self.may_quarantine,

@@ -587,6 +587,50 @@ impl Case<'_> {
         }
     }
 
+    /// `snapshot_view`: the tree built from the last snapshot's tree with only the paths changed
+    /// since must be the tree built from the base with every change (`view()`), after every step;
+    /// after a reload the core knows no last snapshot and must walk everything. `save`: the core
+    /// is told the snapshot was saved (else the next view must still count this one's changes).
+    pub fn check_snapshot_since(&mut self, save: bool) {
+        use octofs::git::snapshot::build_tree;
+        let repo = gix::open(self.base._repo.path()).expect("open the base repository");
+        let fs = self.fs.as_ref().expect("loaded");
+        let v = fs
+            .snapshot_view(self.snap_last)
+            .unwrap_or_else(|e| panic!("snapshot_view: {}", e));
+        if self.snap_reloaded || self.snap_last.is_none() {
+            assert!(
+                !v.since_last,
+                "snapshot_view: the core was reloaded since the last snapshot it was told of, yet it builds from it"
+            );
+            assert_eq!(
+                v.onto, self.base.tree,
+                "snapshot_view: a full view edits the base"
+            );
+        }
+        tally(
+            "snapshot_view",
+            if v.since_last { "since last" } else { "full" },
+        );
+        let mut edits = v.edits.clone();
+        edits.sort_by(|a, b| a.path().cmp(b.path()));
+        let got = build_tree(&repo, v.onto, &edits, None).expect("build the incremental tree");
+        let full = fs.view().unwrap_or_else(|e| panic!("view: {}", e));
+        let mut all = full.edits.clone();
+        all.sort_by(|a, b| a.path().cmp(b.path()));
+        let want = build_tree(&repo, full.base_tree, &all, None).expect("build the full tree");
+        assert_eq!(
+            got, want,
+            "snapshot_view (since last: {}, onto {}): the tree from the edits {:?} differs from the full walk's",
+            v.since_last, v.onto, edits
+        );
+        if save {
+            fs.snapshot_saved(v.epoch, got);
+            self.snap_last = Some(got);
+            self.snap_reloaded = false;
+        }
+    }
+
     /// Adds base tree `id` at `path` to `state` (as git would check it out).
     pub fn expand_tree(
         &self,

@@ -116,6 +116,14 @@ impl WorkspaceFs {
     }
 
     pub(super) fn journal_ino(&self, st: &mut State, ino: u64) {
+        // Content changes without a catalog record (a write through an open file): the snapshot
+        // tracker counts the inode now, and while it stays open for writing.
+        st.track.open.ino(ino);
+        if st.live.inodes.get(&ino).is_some_and(|n| n.writers > 0) {
+            st.track.writing.insert(ino);
+        } else {
+            st.track.writing.remove(&ino);
+        }
         let path = Self::path_of(st, ino).map(|mut p| {
             if st
                 .live

@@ -83,6 +83,8 @@ struct State {
     /// Committed transactions since load, quiet ones included: a directory listing read at one
     /// value is still the listing while it holds (see [`WorkspaceFs::dir_names`]).
     commits: u64,
+    /// What changed since each snapshot view (incremental snapshots; see [`tx::SnapTrack`]).
+    track: tx::SnapTrack,
 }
 
 /// The filesystem of one workspace.
@@ -212,6 +214,7 @@ impl WorkspaceFs {
                 journal: Journal::new(),
                 copying: HashSet::new(),
                 commits: 0,
+                track: tx::SnapTrack::default(),
             }),
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),

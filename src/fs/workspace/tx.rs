@@ -1,14 +1,18 @@
 //! Transactions: the records of one change, appended to the catalog first and applied to the live
 //! state only if the append succeeded (so a failed append, e.g. ENOSPC, changes nothing). Runs with
 //! the state mutex held; the only I/O here is the catalog append (and the occasional compaction),
-//! which must be ordered with the change it records (`docs/locking.md`).
+//! which must be ordered with the change it records (`docs/locking.md`). Every committed change is
+//! also noted, by directory entry and inode, in the [`SnapTrack`] that lets a snapshot rebuild only
+//! what changed since the last one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use gix::ObjectId;
 
 use crate::fs::FsError;
 use fuser::Errno;
 
-use crate::cow::catalog::{InodeRecord, Record};
+use crate::cow::catalog::{InodeRecord, Kind, Record};
 
 use crate::cow::catalog::CatalogState;
 
@@ -128,6 +132,7 @@ impl State {
             // The allocation counter may have moved: harmless, numbers are never reused.
             return Err(io_errno(e).context(append_what(&records)));
         }
+        self.track.note(&self.live, &records);
         for r in &records {
             self.live.apply(r);
         }
@@ -180,4 +185,188 @@ fn append_what(records: &[Record]) -> String {
         records.len(),
         shown.join(", ")
     )
+}
+
+/// What may differ, since some point, in the working state a snapshot records: directory entries
+/// (a name created, removed, replaced or moved) and inodes (content, mode, symlink target, a
+/// directory's base tree). Over-approximated, never under: a name noted that did not change only
+/// costs its rebuild.
+#[derive(Default, Debug)]
+pub(super) struct Dirty {
+    pub(super) names: HashSet<(u64, Vec<u8>)>,
+    pub(super) inos: HashSet<u64>,
+    /// Too much changed to remember: the next snapshot walks everything.
+    pub(super) overflow: bool,
+}
+
+/// Entries one [`Dirty`] remembers at most; past it the set says "everything" (a snapshot after
+/// that many changes walks the whole change set anyway).
+const DIRTY_MAX: usize = 1 << 16;
+
+impl Dirty {
+    fn len(&self) -> usize {
+        self.names.len() + self.inos.len()
+    }
+
+    fn cap(&mut self) {
+        if self.len() > DIRTY_MAX {
+            self.names = HashSet::new();
+            self.inos = HashSet::new();
+            self.overflow = true;
+        }
+    }
+
+    pub(super) fn name(&mut self, dir: u64, name: &[u8]) {
+        if !self.overflow {
+            self.names.insert((dir, name.to_vec()));
+            self.cap();
+        }
+    }
+
+    pub(super) fn ino(&mut self, ino: u64) {
+        if !self.overflow {
+            self.inos.insert(ino);
+            self.cap();
+        }
+    }
+
+    fn merge(&mut self, other: &Dirty) {
+        if self.overflow {
+            return;
+        }
+        if other.overflow {
+            self.overflow = true;
+        } else {
+            self.names.extend(other.names.iter().cloned());
+            self.inos.extend(other.inos.iter().copied());
+        }
+        self.cap();
+    }
+}
+
+/// The last snapshot a workspace's core knows it was saved as: the view it was built from (by
+/// epoch), its tree, and the base tree of the root then.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Baseline {
+    pub(super) epoch: u64,
+    pub(super) tree: ObjectId,
+    pub(super) base: ObjectId,
+}
+
+/// What changed since each snapshot view, so that the next snapshot is built from the previous
+/// snapshot's tree with only those paths rebuilt. In memory only: after a restart (or an overflow)
+/// there is no baseline and the next snapshot walks every change from the base.
+///
+/// Every snapshot view closes an epoch: the changes noted since go into `closed` under its number.
+/// A snapshot that is saved makes its view's epoch the baseline; the changes since the baseline
+/// are the union of the epochs closed after it plus the open one (a failed snapshot moves
+/// nothing, so its changes stay counted).
+#[derive(Default, Debug)]
+pub(super) struct SnapTrack {
+    /// The last epoch closed (0: none yet; the open one is the next).
+    pub(super) epoch: u64,
+    pub(super) open: Dirty,
+    pub(super) closed: Vec<(u64, Dirty)>,
+    pub(super) baseline: Option<Baseline>,
+    /// Epochs up to this one were forgotten (too many changes): none of them may become a
+    /// baseline.
+    pub(super) floor: u64,
+    /// Inodes that were open for writing when last seen (content may change without a request).
+    pub(super) writing: HashSet<u64>,
+}
+
+impl SnapTrack {
+    /// Notes what `records` change in `live` (called before they are applied).
+    pub(super) fn note(&mut self, live: &CatalogState<HashMap<u64, Node>>, records: &[Record]) {
+        for r in records {
+            match r {
+                Record::Entry { dir, name, ino } => {
+                    let old = live.dirs.get(dir).and_then(|o| o.get(name));
+                    let same = match (old, ino) {
+                        (Some(old), new) => old == new,
+                        // An inode derived from the base, linked where it already was (its
+                        // ancestors' overlays as a change below them is persisted): no change.
+                        (None, Some(i)) => live.inodes.get(i).is_some_and(|n| {
+                            let rec = &n.rec;
+                            !n.persisted && rec.nlink > 0 && rec.parent == *dir && rec.name == *name
+                        }),
+                        (None, None) => false,
+                    };
+                    if !same {
+                        self.open.name(*dir, name);
+                    }
+                }
+                Record::Unentry { dir, name } => {
+                    if live.dirs.get(dir).is_some_and(|o| o.contains_key(name)) {
+                        self.open.name(*dir, name);
+                    }
+                }
+                Record::Inode(rec) => {
+                    let same_dir = rec.kind == Kind::Dir
+                        && live
+                            .inodes
+                            .get(&rec.ino)
+                            .is_some_and(|n| n.rec.kind == Kind::Dir && n.rec.base == rec.base);
+                    if !same_dir {
+                        self.open.ino(rec.ino);
+                    }
+                }
+                Record::Drop { .. } | Record::NextIno { .. } | Record::Generation { .. } => {}
+            }
+        }
+    }
+
+    /// Closes the open epoch for a snapshot view; returns its number and, when `onto` is the tree
+    /// of the baseline, everything that changed since it (`None`: walk everything). `writing`:
+    /// the inodes open for writing now, whose content may still change after the view (they
+    /// count in the next epoch too).
+    pub(super) fn close(
+        &mut self,
+        onto: Option<ObjectId>,
+        root_base: ObjectId,
+        writing: &[u64],
+    ) -> (u64, Option<Dirty>) {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let mut cur = std::mem::take(&mut self.open);
+        for w in writing {
+            cur.ino(*w);
+            self.open.ino(*w);
+        }
+        self.closed.push((epoch, cur));
+        let total: usize = self.closed.iter().map(|(_, d)| d.len()).sum();
+        if total > DIRTY_MAX {
+            // Nothing before this view can be a baseline any more.
+            self.closed.clear();
+            self.baseline = None;
+            self.floor = epoch;
+            return (epoch, None);
+        }
+        let Some(b) = self.baseline else {
+            return (epoch, None);
+        };
+        if Some(b.tree) != onto || b.base != root_base {
+            return (epoch, None);
+        }
+        let mut since = Dirty::default();
+        for (e, d) in &self.closed {
+            if *e > b.epoch {
+                since.merge(d);
+            }
+        }
+        (epoch, (!since.overflow).then_some(since))
+    }
+
+    /// The snapshot built from the view of `epoch` was saved with tree `tree`.
+    pub(super) fn saved(&mut self, epoch: u64, tree: ObjectId, base: ObjectId) {
+        if epoch == 0
+            || epoch > self.epoch
+            || epoch < self.floor
+            || self.baseline.is_some_and(|b| b.epoch > epoch)
+        {
+            return;
+        }
+        self.baseline = Some(Baseline { epoch, tree, base });
+        self.closed.retain(|(e, _)| *e > epoch);
+    }
 }

@@ -118,6 +118,14 @@ pub enum Behind {
 #[derive(Debug, Clone)]
 pub struct View {
     pub base_tree: ObjectId,
+    /// The tree `edits` apply to: the base tree, or (`since_last`) the last snapshot's tree.
+    pub onto: ObjectId,
+    /// The edits rebuild only what changed since the last snapshot (see
+    /// [`WorkspaceFs::snapshot_view`](super::WorkspaceFs::snapshot_view)).
+    pub since_last: bool,
+    /// The snapshot epoch this view closed (0 for a view that closes none): what
+    /// [`WorkspaceFs::snapshot_saved`](super::WorkspaceFs::snapshot_saved) is told.
+    pub epoch: u64,
     pub edits: Vec<ViewEdit>,
     /// The metadata of every changed node, by path (what git drops of it goes into the
     /// snapshot's POSIX record).

@@ -1,0 +1,141 @@
+//! Snapshots built from the last snapshot's tree (only the paths changed since rebuilt) hold what
+//! `git add -A` of the working state holds, through the daemon and the mount: new directories, a
+//! directory renamed after a snapshot and written into, a change undone (the tree comes back
+//! unchanged), deletions, an exec bit and a symlink, a nested repository (a gitlink), a
+//! `.gitignore` removed (what it hid comes in although those files did not change: the full walk
+//! must be taken) and a daemon restart (the core forgot the last snapshot: the full walk again).
+//!
+//! The reference is git itself: `git add -A` into a scratch index (outside the mount) and
+//! `git write-tree`, in the workspace.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+/// The tree `git add -A` makes of the workspace (with an index of its own, so the workspace's is
+/// untouched).
+fn git_tree(ws: &Path, scratch: &Path) -> String {
+    let index = scratch.join("index");
+    let _ = std::fs::remove_file(&index);
+    let mut add = git_command(ws, DATE1);
+    add.env("GIT_INDEX_FILE", &index).args(["add", "-A"]);
+    run(&mut add, CMD_TIMEOUT).assert_ok();
+    let mut write = git_command(ws, DATE1);
+    write.env("GIT_INDEX_FILE", &index).arg("write-tree");
+    let out = run(&mut write, CMD_TIMEOUT);
+    out.assert_ok();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn tree_of(mirror: &Path, commit: &str) -> String {
+    let out = run(
+        Command::new("git")
+            .arg("-C")
+            .arg(mirror)
+            .args(["rev-parse", &format!("{commit}^{{tree}}")]),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn every_snapshot_is_what_git_add_all_makes() {
+    let mut d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up"));
+    for i in 0..6 {
+        repo.write(&format!("f{i}.txt"), format!("base {i}\n"));
+        repo.write(&format!("dir/g{i}.txt"), format!("dir {i}\n"));
+    }
+    repo.commit_all("files", DATE1);
+    d.cli_ok(["mirror", "add", "p", repo.path.to_str().unwrap()]);
+    let ws = d.open_thread("t", &["--project", "p"]);
+    let mirror = d.mirror("p");
+    let scratch = tempfile::tempdir().unwrap();
+    let snap = |d: &Daemon, what: &str| -> String {
+        let s = d.snapshot_id("t");
+        let got = tree_of(&mirror, &s);
+        assert_eq!(
+            got,
+            git_tree(&ws, scratch.path()),
+            "{what}: snapshot {s} holds another tree than `git add -A`"
+        );
+        got
+    };
+    let write = |p: &str, s: &str| {
+        let p = ws.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, s).unwrap();
+    };
+
+    write("new/a.txt", "a\n");
+    write("new/b/c.txt", "c\n");
+    write("f0.txt", "changed 0\n");
+    snap(&d, "new files and a change");
+
+    std::fs::rename(ws.join("new"), ws.join("moved")).unwrap();
+    write("moved/b/d.txt", "d\n");
+    std::fs::rename(ws.join("dir"), ws.join("dir2")).unwrap();
+    let before_undo = snap(&d, "directories renamed and written into");
+
+    write("f1.txt", "changed 1\n");
+    write("f1.txt", "base 1\n");
+    write("moved/b/e.txt", "e\n");
+    std::fs::remove_file(ws.join("moved/b/e.txt")).unwrap();
+    assert_eq!(
+        snap(&d, "changes undone"),
+        before_undo,
+        "changes undone since the last snapshot: the same tree"
+    );
+
+    std::fs::remove_dir_all(ws.join("moved/b")).unwrap();
+    std::fs::remove_file(ws.join("f2.txt")).unwrap();
+    let f3 = ws.join("f3.txt");
+    let mut perm = std::fs::metadata(&f3).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o755);
+    std::fs::set_permissions(&f3, perm).unwrap();
+    std::os::unix::fs::symlink("f3.txt", ws.join("link")).unwrap();
+    std::fs::rename(ws.join("dir2"), ws.join("dir")).unwrap();
+    snap(
+        &d,
+        "deletions, an exec bit, a symlink, a directory moved back",
+    );
+
+    let nested = ws.join("moved/nested");
+    std::fs::create_dir_all(&nested).unwrap();
+    run(
+        git_command(&nested, DATE1).args(["init", "-q"]),
+        CMD_TIMEOUT,
+    )
+    .assert_ok();
+    write("moved/nested/n.txt", "n\n");
+    run(git_command(&nested, DATE1).args(["add", "-A"]), CMD_TIMEOUT).assert_ok();
+    run(
+        git_command(&nested, DATE1).args(["commit", "-q", "-m", "n"]),
+        CMD_TIMEOUT,
+    )
+    .assert_ok();
+    snap(&d, "a nested repository");
+    write("moved/nested/n.txt", "n changed, not committed\n");
+    write("moved/nested/sub/o.txt", "o\n");
+    snap(&d, "inside a nested repository");
+
+    write(".gitignore", "*.log\n");
+    write("moved/x.log", "ignored\n");
+    snap(&d, "an ignored file");
+    std::fs::remove_file(ws.join(".gitignore")).unwrap();
+    snap(&d, "the ignore file removed: what it hid comes in");
+
+    d.stop();
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&ws), Duration::from_secs(20));
+    write("after/restart.txt", "r\n");
+    write("f4.txt", "changed 4\n");
+    snap(&d, "after a restart (the full walk)");
+    write("f5.txt", "changed 5\n");
+    snap(&d, "after a restart, from the last snapshot");
+}
