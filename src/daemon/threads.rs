@@ -412,19 +412,14 @@ impl Daemon {
             }
         }
         removals.sort_by(|a, b| b.cmp(a));
-        for p in &removals {
-            core.apply(p, &TreeChange::Remove)
-                .map_err(on_workspace(format!(
-                    "cannot restore {}",
-                    String::from_utf8_lossy(p)
-                )))?;
-        }
-        for (p, c) in &additions {
-            core.apply(p, c).map_err(on_workspace(format!(
-                "cannot restore {}",
-                String::from_utf8_lossy(p)
-            )))?;
-        }
+        // One catalog batch for the whole change set (the workspace is not mounted yet).
+        let changes: Vec<(Vec<u8>, TreeChange)> = removals
+            .into_iter()
+            .map(|p| (p, TreeChange::Remove))
+            .chain(additions)
+            .collect();
+        core.apply_all(&changes)
+            .map_err(on_workspace("cannot restore the saved changes"))?;
         Ok(())
     }
 

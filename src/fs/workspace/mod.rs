@@ -83,6 +83,9 @@ struct State {
     /// Committed transactions since load, quiet ones included: a directory listing read at one
     /// value is still the listing while it holds (see [`WorkspaceFs::dir_names`]).
     commits: u64,
+    /// While [`WorkspaceFs::apply_all`] seeds a workspace nobody has mounted: the records of its
+    /// transactions, applied in memory and appended to the catalog as one batch at its end.
+    batch: Option<tx::Batch>,
 }
 
 /// The filesystem of one workspace.
@@ -212,6 +215,7 @@ impl WorkspaceFs {
                 journal: Journal::new(),
                 copying: HashSet::new(),
                 commits: 0,
+                batch: None,
             }),
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),
