@@ -15,8 +15,8 @@ use serde_json::Value;
 use cli::{AllowArgs, parse_duration, print_stats, print_status, resolve_upstream, short};
 use octofs::client;
 use octofs::daemon::proto::{
-    Access, DiffAnswer, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request,
-    Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
+    Access, DiffAnswer, Exported, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer,
+    Request, Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
 use octofs::daemon::proto::{Committed, Pushed};
 use octofs::layout::Layout;
@@ -211,6 +211,16 @@ enum Cmd {
         /// A gate besides `excludes` (which always runs): secret-names, max-size=BYTES, cmd=PROGRAM
         #[arg(long = "gate")]
         gates: Vec<String>,
+    },
+    /// Write the thread's saved state back into its project's folder (a plain-directory
+    /// upstream), merged three-way with the folder's own changes; a conflict changes nothing
+    Export {
+        thread: String,
+        /// List what would change (`A path`, `M path`, `D path`) and change nothing
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -799,6 +809,23 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 },
             )?)?;
             println!("{} {}", p.branch, p.commit);
+            Ok(())
+        }
+        Cmd::Export {
+            thread,
+            dry_run,
+            json,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            let v = request(layout, Request::Export { thread, dry_run })?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let e: Exported = parse(v)?;
+            for c in &e.changes {
+                println!("{} {}", c.status, c.path);
+            }
             Ok(())
         }
     }

@@ -24,6 +24,7 @@ mod authz;
 mod commit;
 mod diff;
 pub mod error;
+mod export;
 mod mirrors;
 mod mounts;
 mod moves;

@@ -8,7 +8,7 @@
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
-//! [`ReleaseAnswer`].
+//! [`ReleaseAnswer`], `export` [`Exported`].
 
 use serde::{Deserialize, Serialize};
 
@@ -127,6 +127,12 @@ pub enum Request {
         lease: Option<String>,
         #[serde(default)]
         gates: Vec<String>,
+    },
+    /// `octofs export`: the thread's saved state written back into its project's folder.
+    Export {
+        thread: String,
+        #[serde(default)]
+        dry_run: bool,
     },
 }
 
@@ -333,6 +339,27 @@ pub struct Committed {
 pub struct Pushed {
     pub branch: String,
     pub commit: String,
+}
+
+/// The answer to `export`: what was (or, with `dry_run`, would be) written into the folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exported {
+    pub thread: String,
+    pub project: String,
+    pub folder: String,
+    pub dry_run: bool,
+    /// The thread's snapshot that was exported.
+    pub snapshot: String,
+    /// The mirror's commit of the folder afterwards (before, for a dry run).
+    pub commit: Option<String>,
+    pub changes: Vec<ExportChange>,
+}
+
+/// One path `export` writes: `A` (created), `M` (replaced) or `D` (deleted).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportChange {
+    pub status: String,
+    pub path: String,
 }
 
 #[cfg(test)]

@@ -128,6 +128,7 @@ impl Daemon {
                 &gates,
                 c,
             )),
+            Request::Export { thread, dry_run } => answer(self.export(&thread, dry_run, c)),
         }
     }
 }
