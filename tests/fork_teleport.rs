@@ -883,7 +883,7 @@ fn fork_of_a_large_workspace_is_o1() {
         let p = m.join("d000/s0/f0.txt");
         assert_eq!(read_ws(&p).unwrap(), b"file 0\nchanged\n");
     }
-    // The daemon's own spans of each fork (source saved, filed, applied, total).
+    // The daemon's own spans of each fork (source saved, filed, loaded, seeded, applied, total).
     for l in d
         .log_text()
         .lines()

@@ -423,6 +423,36 @@ impl WorkspaceFs {
         applied.and(written)
     }
 
+    /// Runs `f` (which seeds this workspace, before it is mounted, through this API) with every
+    /// catalog transaction gathered into one batch, written (one append, one sync) when `f`
+    /// returns, also after a failure; a failed write is `f`'s error type through `on_catalog`.
+    /// Once mounted, or inside another batch, `f` just runs. As with [`Self::apply_all`], a
+    /// failure means the workspace is discarded.
+    pub fn seeding<T, E>(
+        &self,
+        f: impl FnOnce() -> Result<T, E>,
+        on_catalog: impl FnOnce(FsError) -> E,
+    ) -> Result<T, E> {
+        let mounted = self
+            .behind
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        {
+            let mut st = self.lock();
+            if mounted || st.batch.is_some() {
+                drop(st);
+                return f();
+            }
+            st.batch = Some(Batch::default());
+        }
+        let out = f();
+        let written = self.end_batch();
+        let v = out?;
+        written.map_err(on_catalog)?;
+        Ok(v)
+    }
+
     /// Writes the batch [`Self::apply_all`] gathered (one append, one sync), then lets go of the
     /// data its transactions left unreferenced.
     fn end_batch(&self) -> Result<(), FsError> {
