@@ -887,7 +887,7 @@ fn fork_of_a_large_workspace_is_o1() {
     for l in d
         .log_text()
         .lines()
-        .filter(|l| l.contains("carried a thread's state"))
+        .filter(|l| l.contains("carried a thread's state") || l.contains("created a workspace"))
     {
         eprintln!("{l}");
     }
