@@ -15,8 +15,8 @@ use serde_json::Value;
 use cli::{AllowArgs, parse_duration, print_stats, print_status, resolve_upstream, short};
 use octofs::client;
 use octofs::daemon::proto::{
-    Access, DiffAnswer, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request,
-    Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
+    Access, DiffAnswer, Exported, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer,
+    Request, Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
 use octofs::daemon::proto::{CommitMode, Committed, Pushed};
 use octofs::layout::Layout;
@@ -232,6 +232,16 @@ enum Cmd {
     Deps {
         #[command(subcommand)]
         cmd: DepsCmd,
+    },
+    /// Write the thread's saved state back into its project's folder (a plain-directory
+    /// upstream), merged three-way with the folder's own changes; a conflict changes nothing
+    Export {
+        thread: String,
+        /// List what would change (`A path`, `M path`, `D path`) and change nothing
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -868,6 +878,23 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Deps { cmd } => deps(layout, cmd),
+        Cmd::Export {
+            thread,
+            dry_run,
+            json,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            let v = request(layout, Request::Export { thread, dry_run })?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let e: Exported = parse(v)?;
+            for c in &e.changes {
+                println!("{} {}", c.status, c.path);
+            }
+            Ok(())
+        }
     }
 }
 

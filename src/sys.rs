@@ -460,6 +460,50 @@ pub fn set_xattr(path: &Path, name: &str, value: &[u8]) -> io::Result<()> {
     })
 }
 
+/// Runs `f` with this thread's filesystem identity set to `uid`/`gid` (Linux's per-thread
+/// fsuid/fsgid): what it creates is theirs, and it reaches only what they may (the kernel drops
+/// root's file capabilities while the fsuid is not 0), so a symlink swapped into a user's folder
+/// leads nowhere they could not write themselves. The identity is restored afterwards, also when
+/// `f` panics. Other threads keep theirs.
+pub fn as_fs_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> io::Result<T> {
+    struct Restore(u32, u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: setfsuid/setfsgid only change this thread's credentials.
+            unsafe {
+                libc::setfsuid(self.0);
+                libc::setfsgid(self.1);
+            }
+        }
+    }
+    // SAFETY: as above; an invalid id (-1) changes nothing and returns the current one.
+    let (old_uid, old_gid) = unsafe {
+        (
+            libc::setfsuid(u32::MAX) as u32,
+            libc::setfsgid(u32::MAX) as u32,
+        )
+    };
+    let restore = Restore(old_uid, old_gid);
+    // SAFETY: as above (the group first, while the thread still acts as root on files).
+    let (now_uid, now_gid) = unsafe {
+        libc::setfsgid(gid);
+        libc::setfsuid(uid);
+        (
+            libc::setfsuid(u32::MAX) as u32,
+            libc::setfsgid(u32::MAX) as u32,
+        )
+    };
+    if now_uid != uid || now_gid != gid {
+        drop(restore);
+        return Err(io::Error::other(format!(
+            "cannot take the filesystem identity {uid}:{gid}"
+        )));
+    }
+    let out = f();
+    drop(restore);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -883,6 +883,14 @@ fn fork_of_a_large_workspace_is_o1() {
         let p = m.join("d000/s0/f0.txt");
         assert_eq!(read_ws(&p).unwrap(), b"file 0\nchanged\n");
     }
+    // The daemon's own spans of each fork (source saved, filed, loaded, seeded, applied, total).
+    for l in d
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("carried a thread's state") || l.contains("created a workspace"))
+    {
+        eprintln!("{l}");
+    }
     let mirror_growth = disk_usage(&d.mirror("big")).saturating_sub(mirror_before);
     let mut sorted = times.clone();
     sorted.sort();

@@ -26,6 +26,7 @@ mod commit;
 mod deps;
 mod diff;
 pub mod error;
+mod export;
 mod mirrors;
 mod mounts;
 mod moves;

@@ -315,7 +315,10 @@ impl Daemon {
     /// The last snapshot of a live workspace when nothing in it changed since (no write, no file
     /// open for writing, its ref still there): what a new snapshot would be, without reading the
     /// changes again (a fork of a workspace saved at the end of its turn, or forked twice).
-    fn unchanged_since_saved(&self, rec: &WorkspaceRecord) -> Result<Option<gix::ObjectId>, Error> {
+    pub(super) fn unchanged_since_saved(
+        &self,
+        rec: &WorkspaceRecord,
+    ) -> Result<Option<gix::ObjectId>, Error> {
         let Some(mark) = &rec.saved else {
             return Ok(None);
         };

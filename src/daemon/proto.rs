@@ -9,7 +9,7 @@
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
 //! [`ReleaseAnswer`], `deps build` [`BuildAnswer`], `deps list` [`LayerInfo`], `deps gc`
-//! [`GcAnswer`], `deps progress` [`ProgressAnswer`].
+//! [`GcAnswer`], `deps progress` [`ProgressAnswer`], `export` [`Exported`].
 
 use serde::{Deserialize, Serialize};
 
@@ -154,6 +154,12 @@ pub enum Request {
         project: String,
         #[serde(default)]
         after: u64,
+    },
+    /// `octofs export`: the thread's saved state written back into its project's folder.
+    Export {
+        thread: String,
+        #[serde(default)]
+        dry_run: bool,
     },
 }
 
@@ -377,6 +383,27 @@ pub struct Committed {
 pub struct Pushed {
     pub branch: String,
     pub commit: String,
+}
+
+/// The answer to `export`: what was (or, with `dry_run`, would be) written into the folder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exported {
+    pub thread: String,
+    pub project: String,
+    pub folder: String,
+    pub dry_run: bool,
+    /// The thread's snapshot that was exported.
+    pub snapshot: String,
+    /// The mirror's commit of the folder afterwards (before, for a dry run).
+    pub commit: Option<String>,
+    pub changes: Vec<ExportChange>,
+}
+
+/// One path `export` writes: `A` (created), `M` (replaced) or `D` (deleted).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExportChange {
+    pub status: String,
+    pub path: String,
 }
 
 #[cfg(test)]

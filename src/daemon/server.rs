@@ -153,6 +153,7 @@ impl Daemon {
                 self.require_admin(c, "follow dependency builds")?;
                 answer(self.deps_progress(&project, after))
             }
+            Request::Export { thread, dry_run } => answer(self.export(&thread, dry_run, c)),
         }
     }
 }

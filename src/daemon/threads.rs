@@ -295,7 +295,10 @@ impl Daemon {
         // the record is saved durably below, before the answer (two fsyncs fewer per fork).
         rec.save_undurable(&self.layout)?;
         let made = (|| {
+            let t0 = std::time::Instant::now();
+            let ms = |t: std::time::Instant| t.elapsed().as_micros() as u64 / 1000;
             let core = self.load_core(&rec)?;
+            let loaded = ms(t0);
             let exe =
                 std::env::current_exe().context(|| "cannot find the octofs binary".to_string())?;
             let plan = crate::repo::plan(
@@ -322,18 +325,29 @@ impl Daemon {
                     rec.owner.gid,
                 )?
             };
-            crate::repo::seed(&core, &plan, &index, fork.base_time)?;
-            if let Some((from, to)) = fork.apply {
-                self.apply_diff(&core, &fork.project, from, to)?;
-            }
-            // What git dropped (modes, owners, special files, empty directories) comes back
-            // before the mount exists: no moment where a file is wider than it was.
-            if let Some(s) = &fork.saved {
-                let id = gix::ObjectId::from_hex(s.as_bytes())
-                    .context(|| format!("saved snapshot id {s:?}"))?;
-                let repo = snap::open(&self.layout.mirror(&fork.project))?;
-                super::posix::restore(&core, &repo, id)?;
-            }
+            let indexed = ms(t0);
+            // The seed, the saved changes and what git dropped go to the catalog as one batch.
+            let (seeded, applied) = core.seeding(
+                || {
+                    crate::repo::seed(&core, &plan, &index, fork.base_time)?;
+                    let seeded = ms(t0);
+                    if let Some((from, to)) = fork.apply {
+                        self.apply_diff(&core, &fork.project, from, to)?;
+                    }
+                    let applied = ms(t0);
+                    if let Some(s) = &fork.saved {
+                        let id = gix::ObjectId::from_hex(s.as_bytes())
+                            .context(|| format!("saved snapshot id {s:?}"))?;
+                        let repo = snap::open(&self.layout.mirror(&fork.project))?;
+                        super::posix::restore(&core, &repo, id)?;
+                    }
+                    Ok::<_, Error>((seeded, applied))
+                },
+                on_workspace("cannot write the new workspace's catalog"),
+            )?;
+            // (What git dropped — modes, owners, special files, empty directories — came back
+            // above, before the mount exists: no moment where a file is wider than it was.)
+            let restored = ms(t0);
             let mut bookkeeping = Vec::new();
             if let Some(s) = &fork.saved {
                 bookkeeping.push(
@@ -354,7 +368,13 @@ impl Daemon {
                 bookkeeping,
             });
             rec.save(&self.layout)?;
-            self.mount_core(&rec, core)
+            let saved = ms(t0);
+            let mounted = self.mount_core(&rec, core);
+            tracing::info!(
+                %thread, loaded, indexed, seeded, applied, restored, saved, mounted = ms(t0),
+                "created a workspace (ms since the start)"
+            );
+            mounted
         })();
         if made.is_err() {
             let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
@@ -412,19 +432,14 @@ impl Daemon {
             }
         }
         removals.sort_by(|a, b| b.cmp(a));
-        for p in &removals {
-            core.apply(p, &TreeChange::Remove)
-                .map_err(on_workspace(format!(
-                    "cannot restore {}",
-                    String::from_utf8_lossy(p)
-                )))?;
-        }
-        for (p, c) in &additions {
-            core.apply(p, c).map_err(on_workspace(format!(
-                "cannot restore {}",
-                String::from_utf8_lossy(p)
-            )))?;
-        }
+        // One catalog batch for the whole change set (the workspace is not mounted yet).
+        let changes: Vec<(Vec<u8>, TreeChange)> = removals
+            .into_iter()
+            .map(|p| (p, TreeChange::Remove))
+            .chain(additions)
+            .collect();
+        core.apply_all(&changes)
+            .map_err(on_workspace("cannot restore the saved changes"))?;
         Ok(())
     }
 

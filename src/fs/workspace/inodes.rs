@@ -147,6 +147,11 @@ impl WorkspaceFs {
         if ino == ROOT_INO {
             return;
         }
+        // Data goes only after the record that dropped it is written (see `Batch`).
+        if let Some(b) = st.batch.as_mut() {
+            b.reaps.push(ino);
+            return;
+        }
         let Some(n) = st.live.inodes.get(&ino) else {
             return;
         };

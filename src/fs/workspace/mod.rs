@@ -85,6 +85,9 @@ struct State {
     commits: u64,
     /// What changed since each snapshot view (incremental snapshots; see [`tx::SnapTrack`]).
     track: tx::SnapTrack,
+    /// While [`WorkspaceFs::apply_all`] seeds a workspace nobody has mounted: the records of its
+    /// transactions, applied in memory and appended to the catalog as one batch at its end.
+    batch: Option<tx::Batch>,
 }
 
 /// The filesystem of one workspace.
@@ -215,6 +218,7 @@ impl WorkspaceFs {
                 copying: HashSet::new(),
                 commits: 0,
                 track: tx::SnapTrack::default(),
+                batch: None,
             }),
             base_content_opens: AtomicU64::new(0),
             last_activity: AtomicU64::new(now_secs()),

@@ -1,7 +1,7 @@
 //! The daemon's API, used without the kernel: seeding a new workspace's own files before it is
 //! mounted, reading files and directories by path (never following symlinks), octofs's quiet
-//! bookkeeping writes, applying a tree diff, and the list of changes made behind the kernel
-//! ([`Behind`]) for the daemon to invalidate.
+//! bookkeeping writes, applying a tree diff (one path, or a whole change set as one catalog batch),
+//! and the list of changes made behind the kernel ([`Behind`]) for the daemon to invalidate.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -11,11 +11,11 @@ use crate::fs::{Context, FsError};
 use fuser::{Errno, FileAttr, FileType};
 use gix::ObjectId;
 
-use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Ts};
+use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Record, Ts};
 
 use super::{
-    ROOT_INO, State, WorkspaceFs, convert::io_errno, namespace::Content, namespace::New, tx::Tx,
-    types::Behind, types::Caller, types::Listing, types::TreeChange,
+    ROOT_INO, State, WorkspaceFs, convert::io_errno, namespace::Content, namespace::New, tx::Batch,
+    tx::Tx, types::Behind, types::Caller, types::Listing, types::TreeChange,
 };
 
 impl WorkspaceFs {
@@ -395,10 +395,128 @@ impl WorkspaceFs {
         self.seeded(self.make(dir, name, made, owner)).map(|_| ())
     }
 
+    /// Applies a whole change set, in order, as [`Self::apply`] applies one change (used to bring
+    /// back a released thread or to make a fork: its snapshot's changes from HEAD's tree). Before
+    /// the workspace is mounted, every transaction is applied in memory and the catalog gets one
+    /// batch, with every record that a later one overwrites left out, and one `fdatasync`: the
+    /// per-path transactions wrote each directory's record again for every name changed in it.
+    /// If this fails, what was applied in memory may not all be in the catalog: a workspace being
+    /// seeded is then discarded (as `create` does). Once mounted, each change is its own
+    /// transaction (a batch would hold back requests' records until its end).
+    pub fn apply_all(&self, changes: &[(Vec<u8>, TreeChange)]) -> Result<(), FsError> {
+        let restoring = |p: &[u8]| format!("restoring {}", String::from_utf8_lossy(p));
+        let mounted = self
+            .behind
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        {
+            let mut st = self.lock();
+            if mounted || st.batch.is_some() {
+                drop(st);
+                for (p, c) in changes {
+                    self.apply(p, c).map_err(|e| e.context(restoring(p)))?;
+                }
+                return Ok(());
+            }
+            st.batch = Some(Batch::default());
+        }
+        let applied = changes
+            .iter()
+            .try_for_each(|(p, c)| self.apply(p, c).map_err(|e| e.context(restoring(p))));
+        // What was applied is written even after a failure: memory and catalog agree again.
+        let written = self.end_batch();
+        applied.and(written)
+    }
+
+    /// Runs `f` (which seeds this workspace, before it is mounted, through this API) with every
+    /// catalog transaction gathered into one batch, written (one append, one sync) when `f`
+    /// returns, also after a failure; a failed write is `f`'s error type through `on_catalog`.
+    /// Once mounted, or inside another batch, `f` just runs. As with [`Self::apply_all`], a
+    /// failure means the workspace is discarded.
+    pub fn seeding<T, E>(
+        &self,
+        f: impl FnOnce() -> Result<T, E>,
+        on_catalog: impl FnOnce(FsError) -> E,
+    ) -> Result<T, E> {
+        let mounted = self
+            .behind
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        {
+            let mut st = self.lock();
+            if mounted || st.batch.is_some() {
+                drop(st);
+                return f();
+            }
+            st.batch = Some(Batch::default());
+        }
+        let out = f();
+        let written = self.end_batch();
+        let v = out?;
+        written.map_err(on_catalog)?;
+        Ok(v)
+    }
+
+    /// Writes the batch [`Self::apply_all`] gathered (one append, one sync), then lets go of the
+    /// data its transactions left unreferenced.
+    fn end_batch(&self) -> Result<(), FsError> {
+        let mut st = self.lock();
+        let Some(batch) = st.batch.take() else {
+            return Ok(());
+        };
+        let records = coalesce(batch.records);
+        let n = records.len();
+        st.catalog
+            .append(&records)
+            .and_then(|()| st.catalog.sync())
+            .map_err(|e| io_errno(e).context(format!("catalog append of {n} records")))?;
+        for ino in batch.reaps {
+            self.reap(&mut st, ino);
+        }
+        Ok(())
+    }
+
     pub(super) fn owner(&self) -> Caller {
         Caller {
             uid: self.pres.uid,
             gid: self.pres.gid,
         }
     }
+}
+
+/// The records of a sequence of transactions with every record that a later one overwrites left
+/// out, the rest in order. Each record sets one slot absolutely: an inode's record (set or
+/// dropped), one name of a directory (an entry, a whiteout or none), the allocation counter, the
+/// generation (both only grow). Dropping a directory also empties its names, which only the names'
+/// own later records set again, so replaying the result gives the same state as replaying them all
+/// (an emptied directory may be left without an empty name map, which reads the same).
+fn coalesce(records: Vec<Record>) -> Vec<Record> {
+    #[derive(PartialEq, Eq, Hash)]
+    enum Slot {
+        Inode(u64),
+        Name(u64, Vec<u8>),
+        NextIno,
+        Generation,
+    }
+    let slot = |r: &Record| match r {
+        Record::Inode(rec) => Slot::Inode(rec.ino),
+        Record::Drop { ino } => Slot::Inode(*ino),
+        Record::Entry { dir, name, .. } | Record::Unentry { dir, name } => {
+            Slot::Name(*dir, name.clone())
+        }
+        Record::NextIno { .. } => Slot::NextIno,
+        Record::Generation { .. } => Slot::Generation,
+    };
+    let mut last = std::collections::HashMap::with_capacity(records.len());
+    for (i, r) in records.iter().enumerate() {
+        last.insert(slot(r), i);
+    }
+    records
+        .into_iter()
+        .enumerate()
+        .filter(|(i, r)| last.get(&slot(r)) == Some(i))
+        .map(|(_, r)| r)
+        .collect()
 }

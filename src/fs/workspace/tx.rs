@@ -28,6 +28,16 @@ pub(super) struct Tx {
     pub(super) drops: Vec<u64>,
 }
 
+/// Transactions gathered for one catalog append (see [`WorkspaceFs::apply_all`]): their records in
+/// order, and the inodes whose unreferenced data may go only once those records are written.
+///
+/// [`WorkspaceFs::apply_all`]: super::WorkspaceFs::apply_all
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) records: Vec<Record>,
+    pub(super) reaps: Vec<u64>,
+}
+
 impl Tx {
     pub(super) fn entry(&mut self, dir: u64, name: &[u8], ino: Option<u64>) {
         self.records.push(Record::Entry {
@@ -127,6 +137,14 @@ impl State {
             records.push(Record::Generation {
                 n: self.live.generation + 1,
             });
+        }
+        if let Some(batch) = self.batch.as_mut() {
+            // Seeding a workspace nobody has mounted: applied now, written with the batch.
+            for r in &records {
+                self.live.apply(r);
+            }
+            batch.records.extend(records);
+            return Ok(());
         }
         if let Err(e) = self.catalog.append(&records) {
             // The allocation counter may have moved: harmless, numbers are never reused.
