@@ -8,7 +8,7 @@
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
-//! [`ReleaseAnswer`].
+//! [`ReleaseAnswer`], `resync` [`Resynced`].
 
 use serde::{Deserialize, Serialize};
 
@@ -127,6 +127,12 @@ pub enum Request {
         lease: Option<String>,
         #[serde(default)]
         gates: Vec<String>,
+    },
+    /// `octofs resync`: the workspace brought to its upstream tip as `role` (developer or
+    /// reviewer) allows.
+    Resync {
+        thread: String,
+        role: String,
     },
 }
 
@@ -333,6 +339,23 @@ pub struct Committed {
 pub struct Pushed {
     pub branch: String,
     pub commit: String,
+}
+
+/// The answer to `resync`: what happened to the workspace (`action`: fast-forward, reset,
+/// up-to-date or refused, with the reason), HEAD before (`from`) and the upstream tip (`to`), the
+/// snapshot a reviewer's state was saved as, and how many paths changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resynced {
+    pub thread: String,
+    pub role: String,
+    pub action: String,
+    pub from: String,
+    pub to: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    pub changed_paths: u64,
 }
 
 #[cfg(test)]

@@ -128,6 +128,7 @@ impl Daemon {
                 &gates,
                 c,
             )),
+            Request::Resync { thread, role } => answer(self.resync(&thread, &role, c)),
         }
     }
 }
