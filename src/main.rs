@@ -18,7 +18,7 @@ use octofs::daemon::proto::{
     Access, DiffAnswer, Exported, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer,
     Request, Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
-use octofs::daemon::proto::{CommitMode, Committed, Pushed};
+use octofs::daemon::proto::{CommitMode, Committed, Pushed, Resynced};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
 
@@ -240,6 +240,16 @@ enum Cmd {
         /// List what would change (`A path`, `M path`, `D path`) and change nothing
         #[arg(long)]
         dry_run: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring a workspace to its upstream branch's tip after a mirror sync: a developer's clean
+    /// workspace fast-forwards (dirty or ahead: refused, nothing changes); a reviewer's is saved
+    /// as a snapshot, then reset to the tip
+    Resync {
+        thread: String,
+        #[arg(long, value_parser = ["developer", "reviewer"])]
+        role: String,
         #[arg(long)]
         json: bool,
     },
@@ -894,6 +904,42 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 println!("{} {}", c.status, c.path);
             }
             Ok(())
+        }
+        Cmd::Resync { thread, role, json } => {
+            validate(NameKind::Thread, &thread)?;
+            let v = request(layout, Request::Resync { thread, role })?;
+            let r: Resynced = parse(v.clone())?;
+            if json {
+                println!("{v}");
+            }
+            let short_id = |s: &str| short(s).to_string();
+            match (r.action.as_str(), json) {
+                ("refused", _) => Err(r.reason.unwrap_or_else(|| "refused".into())),
+                (_, true) => Ok(()),
+                ("up-to-date", _) => {
+                    println!("up to date at {}", short_id(&r.to));
+                    Ok(())
+                }
+                ("reset", _) => {
+                    println!(
+                        "reset {} -> {} ({} changed paths); the previous state is snapshot {}",
+                        short_id(&r.from),
+                        short_id(&r.to),
+                        r.changed_paths,
+                        r.snapshot.as_deref().unwrap_or("(none)")
+                    );
+                    Ok(())
+                }
+                _ => {
+                    println!(
+                        "fast-forward {} -> {} ({} changed paths)",
+                        short_id(&r.from),
+                        short_id(&r.to),
+                        r.changed_paths
+                    );
+                    Ok(())
+                }
+            }
         }
     }
 }

@@ -90,7 +90,7 @@ pub(super) fn check_gates(
 /// consider racily clean (modified in or after the second the old index was written) keeps no
 /// stat, so its content is compared. Without a readable old index nothing is carried (slower, not
 /// wrong).
-fn keep_stat(core: &WorkspaceFs, state: &std::path::Path, index: &mut gix::index::File) {
+pub(super) fn keep_stat(core: &WorkspaceFs, state: &std::path::Path, index: &mut gix::index::File) {
     let old_written = core.attr_at(&[b".git", b"index"]).map(|attr| {
         attr.map_or(0, |a| {
             a.mtime
@@ -116,7 +116,7 @@ fn keep_stat(core: &WorkspaceFs, state: &std::path::Path, index: &mut gix::index
 /// `.git/index.lock`, renamed over `.git/index` (the index a workspace starts with is a shared
 /// host-wide file, which cannot be rewritten in place). A present `index.lock` means git is at
 /// work in the workspace: refused, as git refuses.
-fn write_index(core: &WorkspaceFs, bytes: &[u8]) -> Result<(), Error> {
+pub(super) fn write_index(core: &WorkspaceFs, bytes: &[u8]) -> Result<(), Error> {
     if core
         .kind_at(&[b".git", b"index.lock"])
         .map_err(on_workspace("cannot read .git"))?

@@ -14,6 +14,7 @@
 //! - `mounts`: mounting, unmounting and remounting workspaces;
 //! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
 //! - `moves`: a thread's state carried to a new thread: `fork` and `teleport`;
+//! - `resync`: a live workspace brought to its upstream tip, as a developer or a reviewer may;
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
 //! - `deps`: dependency layers: builds after mirror add/sync, `deps build/list/gc`, progress;
 //! - `diff`: what changed between snapshots or up to the live state;
@@ -34,6 +35,7 @@ pub mod notify;
 mod posix;
 pub mod proto;
 mod push;
+mod resync;
 mod server;
 mod snapshot;
 mod status;

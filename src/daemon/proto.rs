@@ -9,7 +9,7 @@
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
 //! [`ReleaseAnswer`], `deps build` [`BuildAnswer`], `deps list` [`LayerInfo`], `deps gc`
-//! [`GcAnswer`], `deps progress` [`ProgressAnswer`], `export` [`Exported`].
+//! [`GcAnswer`], `deps progress` [`ProgressAnswer`], `export` [`Exported`], `resync` [`Resynced`].
 
 use serde::{Deserialize, Serialize};
 
@@ -160,6 +160,12 @@ pub enum Request {
         thread: String,
         #[serde(default)]
         dry_run: bool,
+    },
+    /// `octofs resync`: the workspace brought to its upstream tip as `role` (developer or
+    /// reviewer) allows.
+    Resync {
+        thread: String,
+        role: String,
     },
 }
 
@@ -404,6 +410,23 @@ pub struct Exported {
 pub struct ExportChange {
     pub status: String,
     pub path: String,
+}
+
+/// The answer to `resync`: what happened to the workspace (`action`: fast-forward, reset,
+/// up-to-date or refused, with the reason), HEAD before (`from`) and the upstream tip (`to`), the
+/// snapshot a reviewer's state was saved as, and how many paths changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resynced {
+    pub thread: String,
+    pub role: String,
+    pub action: String,
+    pub from: String,
+    pub to: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    pub changed_paths: u64,
 }
 
 #[cfg(test)]

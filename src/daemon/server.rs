@@ -154,6 +154,7 @@ impl Daemon {
                 answer(self.deps_progress(&project, after))
             }
             Request::Export { thread, dry_run } => answer(self.export(&thread, dry_run, c)),
+            Request::Resync { thread, role } => answer(self.resync(&thread, &role, c)),
         }
     }
 }

@@ -478,6 +478,39 @@ impl WorkspaceFs {
         Ok(())
     }
 
+    /// [`Self::apply`], then the entry it made at `path` (a file or a symlink) dated `time`
+    /// (access, modification and change times): its attributes as the mount now presents them,
+    /// which `.git/index` can record so that git finds the entry unchanged without reading it.
+    /// `None` for a removal or a gitlink (a directory, never compared by git). The kernel is told
+    /// the entry's attributes changed ([`Behind`]): a lookup between the two steps cached others.
+    pub fn apply_dated(
+        &self,
+        path: &[u8],
+        change: &TreeChange,
+        time: std::time::SystemTime,
+    ) -> Result<Option<FileAttr>, FsError> {
+        self.apply(path, change)?;
+        if matches!(change, TreeChange::Remove | TreeChange::Gitlink { .. }) {
+            return Ok(None);
+        }
+        let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+        let ino = {
+            let mut st = self.lock();
+            self.walk(&mut st, &comps)?.ok_or(Errno::ENOENT)?
+        };
+        let attr = self.setattr(
+            ino,
+            crate::fs::SetAttr {
+                atime: Some(crate::fs::SetTime::At(time)),
+                mtime: Some(crate::fs::SetTime::At(time)),
+                ctime: Some(time),
+                ..Default::default()
+            },
+        )?;
+        self.note_behind(Behind::Inode(ino));
+        Ok(Some(attr))
+    }
+
     pub(super) fn owner(&self) -> Caller {
         Caller {
             uid: self.pres.uid,

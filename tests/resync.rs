@@ -1,0 +1,513 @@
+//! `octofs resync <thread> --role developer|reviewer` (seed 002 "re-sync, role-aware"), through
+//! real mounts with real git:
+//!
+//! 1. [`developer_fast_forwards_a_clean_workspace`]: after a mirror sync, a clean workspace moves
+//!    to the upstream tip (files, HEAD, branch, index, origin refs); `git status` is clean and
+//!    reads no file content; a process that had looked at the changed paths sees the new ones;
+//!    unchanged paths keep their inode numbers; the next snapshot has the tip as first parent and
+//!    the previous snapshot as second; a second resync is "up to date".
+//! 2. [`developer_refuses_dirty_ahead_and_diverged`]: a modified file, an untracked file, an own
+//!    commit (ahead), an own commit after the upstream moved (diverged): refused with the reason,
+//!    nothing changed; ignored files do not make a workspace dirty.
+//! 3. [`reviewer_saves_then_resets`]: a diverged, dirty reviewer workspace is saved as a snapshot
+//!    and reset to the tip: tracked files, index and HEAD at the tip, untracked files gone (and
+//!    in the snapshot), ignored files kept.
+//! 4. [`resync_refusals_change_nothing`]: unknown thread, another user's thread, a chat thread,
+//!    a released thread, an unknown role.
+//! 5. [`fast_forward_of_1000_paths_in_10k_files`]: the figure (printed) of a developer
+//!    fast-forward of 1,000 changed paths in a 10,000-file workspace, and `git status` after it
+//!    reads no content.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Instant;
+
+fn git_out(dir: &Path, args: &[&str]) -> Out {
+    // (A workspace of another user is read as root here.)
+    run(
+        git_command(dir, DATE2)
+            .args(["-c", "safe.directory=*"])
+            .args(args),
+        CMD_TIMEOUT,
+    )
+}
+
+#[track_caller]
+fn g(dir: &Path, args: &[&str]) -> String {
+    let out = git_out(dir, args);
+    assert!(
+        out.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        out.describe()
+    );
+    out.stdout_str().trim().to_string()
+}
+
+#[track_caller]
+fn status(d: &Daemon, thread: &str) -> serde_json::Value {
+    parse_json("status --json", &d.cli_ok(["status", thread, "--json"]))
+}
+
+fn base_content_opens(d: &Daemon, thread: &str) -> u64 {
+    status(d, thread)["base_content_opens"]
+        .as_u64()
+        .expect("base_content_opens")
+}
+
+/// `octofs resync <thread> --role <role> --json`: the answer, and whether the command succeeded.
+#[track_caller]
+fn resync(d: &Daemon, thread: &str, role: &str) -> (serde_json::Value, Out) {
+    let out = d.cli(["resync", thread, "--role", role, "--json"]);
+    assert!(!out.stdout.is_empty(), "no answer: {}", out.describe());
+    let v = parse_json("resync --json", out.stdout_str().trim());
+    (v, out)
+}
+
+/// A refused command: non-zero exit, one line on stderr naming every needle.
+#[track_caller]
+fn assert_one_line_error(out: &Out, needles: &[&str]) {
+    out.assert_failed();
+    let err = out.stderr_str();
+    let err = err.trim();
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "expected one line: {}",
+        out.describe()
+    );
+    for n in needles {
+        assert!(
+            err.to_lowercase().contains(&n.to_lowercase()),
+            "error does not mention {n:?}: {}",
+            out.describe()
+        );
+    }
+}
+
+/// Everything under `dir` except `.git`: path -> content (files), "-> target" (symlinks).
+fn files(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeMap<String, String>) {
+        let mut entries: Vec<_> = fs::read_dir(dir).expect("read_dir").flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            let p = e.path();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            if rel == ".git" {
+                continue;
+            }
+            let m = fs::symlink_metadata(&p).expect("lstat");
+            if m.file_type().is_symlink() {
+                out.insert(rel, format!("-> {}", fs::read_link(&p).unwrap().display()));
+            } else if m.is_dir() {
+                walk(root, &p, out);
+            } else {
+                let exec = if m.mode() & 0o111 != 0 { " (exec)" } else { "" };
+                out.insert(
+                    rel,
+                    format!("{}{exec}", String::from_utf8_lossy(&fs::read(&p).unwrap())),
+                );
+            }
+        }
+    }
+    walk(dir, dir, &mut out);
+    out
+}
+
+/// An upstream with a first commit, added as project `proj`.
+fn project(d: &Daemon) -> GitRepo {
+    let up = GitRepo::init(&d.base.join("upstream"));
+    up.write("keep.txt", "kept\n");
+    up.write("src/changed.txt", "old\n");
+    up.write("gone.txt", "to be removed\n");
+    up.write("src/lib/deep.txt", "deep\n");
+    up.write("tool.sh", "#!/bin/sh\n");
+    up.symlink("link", "keep.txt");
+    up.commit_all("first", DATE1);
+    d.cli_ok(["mirror", "add", "proj", &up.path.to_string_lossy()]);
+    up
+}
+
+/// The upstream's second commit: a change, an addition in a new directory, a removal (its
+/// directory emptied), a mode change and a symlink retargeted.
+fn advance(up: &GitRepo) -> String {
+    up.write("src/changed.txt", "new content\n");
+    up.write("added/new.txt", "brand new\n");
+    up.remove("gone.txt");
+    up.remove("src/lib/deep.txt");
+    up.chmod("tool.sh", 0o755);
+    up.symlink("link", "src/changed.txt");
+    up.commit_all("second", DATE2)
+}
+
+#[test]
+fn developer_fast_forwards_a_clean_workspace() {
+    let d = Daemon::start();
+    let up = project(&d);
+    let first = up.head();
+    let ws = d.open_thread("dev", &["--project", "proj"]);
+    let before = d.snapshot_id("dev");
+    let keep_ino = fs::metadata(ws.join("keep.txt")).unwrap().ino();
+    // The kernel caches what a running process saw: an old content, a missing name, a listing.
+    assert_eq!(
+        fs::read_to_string(ws.join("src/changed.txt")).unwrap(),
+        "old\n"
+    );
+    assert!(fs::metadata(ws.join("added/new.txt")).is_err());
+    assert!(fs::metadata(ws.join("src/lib")).is_ok());
+    let second = advance(&up);
+    d.cli_ok(["mirror", "sync", "proj"]);
+    // A sync changes no live workspace.
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), first);
+    assert_eq!(
+        fs::read_to_string(ws.join("src/changed.txt")).unwrap(),
+        "old\n"
+    );
+
+    let (v, out) = resync(&d, "dev", "developer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "fast-forward", "{v}");
+    assert_eq!(v["role"], "developer");
+    assert_eq!(v["thread"], "dev");
+    assert_eq!(v["from"], first.as_str());
+    assert_eq!(v["to"], second.as_str());
+    // changed, added, gone, deep, tool.sh (mode), link.
+    assert_eq!(v["changed_paths"], 6, "{v}");
+    assert!(v.get("snapshot").is_none(), "{v}");
+
+    // Files, HEAD, branch and origin refs at the tip.
+    let expected = tempfile_checkout(&d, &up, &second);
+    assert_eq!(files(&ws), files(&expected));
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), second);
+    assert_eq!(g(&ws, &["symbolic-ref", "HEAD"]), "refs/heads/octofs/dev");
+    assert_eq!(g(&ws, &["rev-parse", "origin/main"]), second);
+    assert!(!ws.join("src/lib").exists(), "an emptied directory stays");
+    assert_eq!(
+        fs::metadata(ws.join("keep.txt")).unwrap().ino(),
+        keep_ino,
+        "an unchanged path changed its inode"
+    );
+    // The index matches the tip with the stat data the mount presents: status is clean and reads
+    // no file content (no path is re-hashed).
+    let opens = base_content_opens(&d, "dev");
+    assert_eq!(
+        g(&ws, &["status", "--porcelain=v1", "--untracked-files=all"]),
+        ""
+    );
+    assert_eq!(
+        base_content_opens(&d, "dev"),
+        opens,
+        "git status after the fast-forward read file content (re-hashed)"
+    );
+    assert_eq!(g(&ws, &["diff", "--cached", "--name-only", "HEAD"]), "");
+
+    // The next snapshot: the tip first, the previous snapshot second.
+    fs::write(ws.join("after.txt"), "work after the resync\n").unwrap();
+    let snap = d.snapshot_id("dev");
+    let parents = g(&d.mirror("proj"), &["rev-list", "--parents", "-n1", &snap]);
+    assert_eq!(parents, format!("{snap} {second} {before}"));
+    fs::remove_file(ws.join("after.txt")).unwrap();
+
+    // Again: nothing to do.
+    let (v, out) = resync(&d, "dev", "developer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "up-to-date", "{v}");
+    let plain = d.cli_ok(["resync", "dev", "--role", "developer"]);
+    assert!(plain.contains("up to date"), "{plain}");
+
+    // Release and resume keep the state at the tip.
+    d.cli_ok(["release", "dev"]);
+    let ws = d.open_thread("dev", &[]);
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), second);
+    assert_eq!(files(&ws), files(&expected));
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    d.cli_ok(["release", "dev"]);
+}
+
+/// The upstream's tree at `rev`, extracted under the test's base directory.
+fn tempfile_checkout(d: &Daemon, up: &GitRepo, rev: &str) -> std::path::PathBuf {
+    let dest = d.base.join(format!("expected-{rev}"));
+    extract_archive(&up.path, rev, &dest);
+    dest
+}
+
+#[test]
+fn developer_refuses_dirty_ahead_and_diverged() {
+    let d = Daemon::start();
+    let up = project(&d);
+    let first = up.head();
+    let ws = d.open_thread("t", &["--project", "proj"]);
+    let t3 = d.open_thread("t3", &["--project", "proj"]);
+    let second = advance(&up);
+    d.cli_ok(["mirror", "sync", "proj"]);
+
+    let unchanged = |ws: &Path, head: &str| {
+        assert_eq!(g(ws, &["rev-parse", "HEAD"]), head, "HEAD moved");
+        assert_eq!(
+            fs::read_to_string(ws.join("src/changed.txt")).unwrap(),
+            "old\n",
+            "a refused resync changed a file"
+        );
+        assert!(ws.join("gone.txt").exists());
+    };
+
+    // A modified tracked file.
+    fs::write(ws.join("keep.txt"), "mine\n").unwrap();
+    let (v, out) = resync(&d, "t", "developer");
+    assert_one_line_error(&out, &["dirty", "1 changed path", "keep.txt"]);
+    assert_eq!(v["action"], "refused", "{v}");
+    assert_eq!(v["from"], first.as_str());
+    assert!(v["reason"].as_str().unwrap().starts_with("dirty:"), "{v}");
+    unchanged(&ws, &first);
+    let plain = d.cli(["resync", "t", "--role", "developer"]);
+    assert_one_line_error(&plain, &["dirty"]);
+    assert!(plain.stdout.is_empty(), "{}", plain.describe());
+    fs::write(ws.join("keep.txt"), "kept\n").unwrap();
+
+    // Untracked files: three and more are named with an ellipsis.
+    for n in ["u1", "u2", "u3", "u4"] {
+        fs::write(ws.join(n), "x").unwrap();
+    }
+    let (_, out) = resync(&d, "t", "developer");
+    assert_one_line_error(&out, &["dirty: 4 changed paths (u1, u2, u3…)"]);
+    unchanged(&ws, &first);
+    for n in ["u1", "u2", "u3", "u4"] {
+        fs::remove_file(ws.join(n)).unwrap();
+    }
+    // A staged change whose file was put back.
+    fs::write(ws.join("keep.txt"), "staged\n").unwrap();
+    g(&ws, &["add", "keep.txt"]);
+    fs::write(ws.join("keep.txt"), "kept\n").unwrap();
+    let (_, out) = resync(&d, "t", "developer");
+    assert_one_line_error(&out, &["dirty", "staged"]);
+    g(&ws, &["reset", "-q"]);
+
+    // An own commit on top of the old tip: diverged from the new one.
+    fs::write(ws.join("mine.txt"), "mine\n").unwrap();
+    g(&ws, &["add", "mine.txt"]);
+    g(&ws, &["commit", "-q", "-m", "mine"]);
+    let mine = g(&ws, &["rev-parse", "HEAD"]);
+    let (v, out) = resync(&d, "t", "developer");
+    assert_one_line_error(&out, &["diverged from origin/main", "1 commit"]);
+    assert_eq!(v["to"], second.as_str());
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), mine);
+    assert_eq!(
+        fs::read_to_string(ws.join("src/changed.txt")).unwrap(),
+        "old\n"
+    );
+
+    // Ahead only: the own commit on top of the tip the mirror has.
+    let t2 = d.open_thread("t2", &["--project", "proj"]);
+    for i in 0..2 {
+        fs::write(t2.join(format!("m{i}")), "m").unwrap();
+        g(&t2, &["add", "-A"]);
+        g(&t2, &["commit", "-q", "-m", "m"]);
+    }
+    let (v, out) = resync(&d, "t2", "developer");
+    assert_one_line_error(&out, &["ahead of origin/main by 2 commits"]);
+    assert_eq!(v["action"], "refused");
+
+    // Ignored files alone do not make a workspace dirty, and stay.
+    fs::write(t3.join(".git/info/exclude"), "*.log\n").unwrap();
+    fs::write(t3.join("build.log"), "log\n").unwrap();
+    let (v, out) = resync(&d, "t3", "developer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "fast-forward", "{v}");
+    assert_eq!(fs::read_to_string(t3.join("build.log")).unwrap(), "log\n");
+    assert_eq!(g(&t3, &["rev-parse", "HEAD"]), second);
+    // Opened at a commit: no upstream branch to follow.
+    d.open_thread("t4", &["--project", "proj", "--ref", &first]);
+    let out = d.cli(["resync", "t4", "--role", "developer", "--json"]);
+    assert_one_line_error(&out, &["no upstream branch"]);
+    for t in ["t", "t2", "t3", "t4"] {
+        d.cli_ok(["release", t]);
+    }
+}
+
+#[test]
+fn reviewer_saves_then_resets() {
+    let d = Daemon::start();
+    let up = project(&d);
+    let ws = d.open_thread("rev", &["--project", "proj"]);
+    // A stale local commit, a tracked change, an untracked file and an ignored one.
+    fs::write(ws.join("keep.txt"), "reviewer's note\n").unwrap();
+    g(&ws, &["commit", "-q", "-am", "round 1"]);
+    let local = g(&ws, &["rev-parse", "HEAD"]);
+    fs::write(ws.join("src/changed.txt"), "reviewer edit\n").unwrap();
+    fs::write(ws.join("notes.md"), "untracked\n").unwrap();
+    fs::write(ws.join(".git/info/exclude"), "*.log\n").unwrap();
+    fs::write(ws.join("run.log"), "ignored\n").unwrap();
+    let second = advance(&up);
+    d.cli_ok(["mirror", "sync", "proj"]);
+
+    let (v, out) = resync(&d, "rev", "reviewer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "reset", "{v}");
+    assert_eq!(v["from"], local.as_str());
+    assert_eq!(v["to"], second.as_str());
+    let snap = v["snapshot"].as_str().expect("snapshot id").to_string();
+
+    // The tip, exactly, plus the ignored file.
+    let expected = tempfile_checkout(&d, &up, &second);
+    let mut want = files(&expected);
+    want.insert("run.log".into(), "ignored\n".into());
+    assert_eq!(files(&ws), want);
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), second);
+    assert_eq!(g(&ws, &["rev-parse", "octofs/rev"]), second);
+    let opens = base_content_opens(&d, "rev");
+    assert_eq!(
+        g(&ws, &["status", "--porcelain", "--untracked-files=all"]),
+        ""
+    );
+    assert_eq!(base_content_opens(&d, "rev"), opens, "status re-hashed");
+
+    // Nothing lost: the snapshot holds the state before the reset.
+    let m = d.mirror("proj");
+    assert_eq!(g(&m, &["rev-parse", &format!("{snap}^1")]), local);
+    assert_eq!(g(&m, &["show", &format!("{snap}:notes.md")]), "untracked");
+    assert_eq!(
+        g(&m, &["show", &format!("{snap}:src/changed.txt")]),
+        "reviewer edit"
+    );
+    assert!(
+        !git_out(&m, &["cat-file", "-e", &format!("{snap}:run.log")]).success(),
+        "an ignored file was saved"
+    );
+
+    // A snapshot after the reset: the tip first, the saved state second.
+    fs::write(ws.join("review.md"), "lgtm\n").unwrap();
+    let next = d.snapshot_id("rev");
+    assert_eq!(
+        g(&m, &["rev-list", "--parents", "-n1", &next]),
+        format!("{next} {second} {snap}")
+    );
+    // A reviewer at the tip with nothing changed: up to date, nothing saved.
+    fs::remove_file(ws.join("review.md")).unwrap();
+    let (v, out) = resync(&d, "rev", "reviewer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "up-to-date", "{v}");
+    assert!(v.get("snapshot").is_none());
+    let plain = d.cli_ok(["resync", "rev", "--role", "reviewer"]);
+    assert!(plain.contains("up to date"), "{plain}");
+    d.cli_ok(["release", "rev"]);
+}
+
+#[test]
+fn resync_refusals_change_nothing() {
+    let d = Daemon::start();
+    let up = project(&d);
+    let _ = up;
+    let out = d.cli(["resync", "nobody", "--role", "developer"]);
+    assert_one_line_error(&out, &["unknown thread"]);
+    let out = d.cli(["resync", "x", "--role", "boss"]);
+    out.assert_failed();
+    let out = d.cli(["resync", "../x", "--role", "developer"]);
+    out.assert_failed();
+
+    // Another user's thread.
+    let a = user_a();
+    let b = user_b();
+    let cli_as = |u: User, args: &[&str]| {
+        let mut c = as_user(u, bin());
+        c.arg("--state")
+            .arg(&d.state)
+            .arg("--root")
+            .arg(&d.root)
+            .args(args);
+        run(&mut c, CMD_TIMEOUT)
+    };
+    cli_as(a, &["open", "owned", "--project", "proj"]).assert_ok();
+    let ws = d.mount("owned");
+    let head = g(&ws, &["rev-parse", "HEAD"]);
+    advance(&up);
+    d.cli_ok(["mirror", "sync", "proj"]);
+    let out = cli_as(b, &["resync", "owned", "--role", "reviewer"]);
+    assert_one_line_error(&out, &["permission denied"]);
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), head);
+    // Its owner may.
+    let out = cli_as(a, &["resync", "owned", "--role", "developer"]);
+    assert!(out.success(), "{}", out.describe());
+    assert!(
+        out.stdout_str().contains("fast-forward"),
+        "{}",
+        out.describe()
+    );
+    d.cli_ok(["release", "owned"]);
+
+    // A chat thread.
+    d.open_thread("chat", &[]);
+    let out = d.cli(["resync", "chat", "--role", "developer"]);
+    assert_one_line_error(&out, &["chat"]);
+    d.cli_ok(["release", "chat"]);
+
+    // A released thread.
+    d.open_thread("gone", &["--project", "proj"]);
+    d.cli_ok(["release", "gone"]);
+    let out = d.cli(["resync", "gone", "--role", "reviewer"]);
+    assert_one_line_error(&out, &["released"]);
+    let st = status(&d, "gone");
+    assert_eq!(st["state"], "released", "{st}");
+}
+
+#[test]
+fn fast_forward_of_1000_paths_in_10k_files() {
+    let d = Daemon::start();
+    let up = GitRepo::init(&d.base.join("upstream"));
+    let total = 10_000;
+    for i in 0..total {
+        up.write(
+            &format!("d{}/s{}/f{i}.txt", i % 50, i % 7),
+            format!("file {i}\n"),
+        );
+    }
+    // (No automatic gc: one running in the background races the mirror's clone.)
+    up.git(["config", "gc.auto", "0"]);
+    up.commit_all("big", DATE1);
+    d.cli_ok(["mirror", "add", "proj", &up.path.to_string_lossy()]);
+    let ws = d.open_thread("big", &["--project", "proj"]);
+    // A first status, as an agent's session would have run.
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    // 1,000 changed paths: 800 changed, 100 added, 100 removed.
+    for i in 0..800 {
+        up.write(
+            &format!("d{}/s{}/f{i}.txt", i % 50, i % 7),
+            format!("changed {i}\n"),
+        );
+    }
+    for i in 0..100 {
+        up.write(&format!("new/n{i}.txt"), format!("new {i}\n"));
+    }
+    for i in 800..900 {
+        up.remove(&format!("d{}/s{}/f{i}.txt", i % 50, i % 7));
+    }
+    let tip = up.commit_all("1000 paths", DATE2);
+    d.cli_ok(["mirror", "sync", "proj"]);
+
+    let t = Instant::now();
+    let (v, out) = resync(&d, "big", "developer");
+    let took = t.elapsed();
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "fast-forward", "{v}");
+    assert_eq!(v["changed_paths"], 1000, "{v}");
+    println!(
+        "resync --role developer: 1,000 changed paths in a {total}-file workspace: {} ms (CLI round trip)",
+        took.as_millis()
+    );
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), tip);
+    let opens = base_content_opens(&d, "big");
+    let t = Instant::now();
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    println!("first git status after it: {} ms", t.elapsed().as_millis());
+    assert_eq!(base_content_opens(&d, "big"), opens, "status re-hashed");
+    assert_eq!(
+        fs::read_to_string(ws.join("d0/s0/f0.txt")).unwrap(),
+        "changed 0\n"
+    );
+    assert!(!ws.join("d0/s3/f850.txt").exists());
+    d.cli_ok(["release", "big"]);
+}
