@@ -16,6 +16,8 @@
 //! - `moves`: a thread's state carried to a new thread: `fork` and `teleport`;
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
 //! - `diff`: what changed between snapshots or up to the live state;
+//! - `share`: a project's share remote: threads that move between hosts;
+//! - `pull`: a named snapshot of a remote applied to a live workspace;
 //! - `status`: list, status, fsmonitor answers and request statistics;
 //! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
 //! - [`proto`]: the request and reply types of the control protocol.
@@ -30,8 +32,10 @@ mod moves;
 pub mod notify;
 mod posix;
 pub mod proto;
+mod pull;
 mod push;
 mod server;
+mod share;
 mod snapshot;
 mod status;
 mod threads;

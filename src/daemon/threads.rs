@@ -139,6 +139,12 @@ impl Daemon {
             return Ok((path, warnings.into_iter().collect()));
         }
         self.check_root()?;
+        // A thread another host moved on: its snapshot comes from the project's share remote.
+        let (binding, shared_warning) = if git_ref.is_none() {
+            self.adopt_shared(thread, binding, project, owner)?
+        } else {
+            (binding, None)
+        };
         let fork = match (&binding, project) {
             (Some(b), _) => {
                 if git_ref.is_some() {
@@ -211,7 +217,7 @@ impl Daemon {
             }
         }
         let warnings = self.grant_owner(&forked_project, owner, false);
-        Ok((path, warnings.into_iter().collect()))
+        Ok((path, warnings.into_iter().chain(shared_warning).collect()))
     }
 
     /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
@@ -363,14 +369,14 @@ impl Daemon {
     }
 
     /// Applies the difference between two trees of the mirror to a workspace: removals first
-    /// (deepest first), then additions and changes.
-    fn apply_diff(
+    /// (deepest first), then additions and changes. Returns the paths it wrote or removed.
+    pub(super) fn apply_diff(
         &self,
         core: &WorkspaceFs,
         project: &str,
         from: gix::ObjectId,
         to: gix::ObjectId,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<Vec<u8>>, Error> {
         use crate::fs::TreeChange;
         let mirror = self.layout.mirror(project);
         let out = crate::git::Git::new(Some(&mirror))
@@ -425,7 +431,11 @@ impl Daemon {
                 String::from_utf8_lossy(p)
             )))?;
         }
-        Ok(())
+        let mut done = removals;
+        done.extend(additions.into_iter().map(|(p, _)| p));
+        done.sort();
+        done.dedup();
+        Ok(done)
     }
 
     pub(super) fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, Error> {
@@ -501,10 +511,13 @@ impl Daemon {
                 self.layout.mountpoint(thread).display()
             )));
         }
+        let mut warnings = Vec::new();
         let saved = if rec.chat || discard {
             None
         } else {
-            Some(self.snapshot_locked(thread)?)
+            let (s, unshared) = self.snapshot_locked_shared(thread)?;
+            warnings.extend(unshared);
+            Some(s)
         };
         if discard {
             tracing::warn!(%thread, "discarding the workspace without saving it");
@@ -522,7 +535,7 @@ impl Daemon {
                 snapshot: saved,
                 pending: false,
             },
-            vec![],
+            warnings,
         ))
     }
 
