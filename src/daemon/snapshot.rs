@@ -165,13 +165,18 @@ pub(super) enum Goal {
 }
 
 impl Daemon {
-    /// `octofs snapshot`: saves the working state; returns the snapshot commit.
+    /// `octofs snapshot`: saves the working state; returns the snapshot commit (an error naming
+    /// the divergence when the project's share remote refused it: the snapshot is saved).
     pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply<Snapshotted> {
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
-        let commit = self.snapshot_locked(thread)?;
+        // Saved either way; a share remote that refused it fails the command (after the save).
+        let (commit, unshared) = self.snapshot_locked_shared(thread)?;
+        if let Some(why) = unshared {
+            return Err(Error::Refused(why));
+        }
         Ok((Snapshotted { commit }, vec![]))
     }
 
