@@ -3,7 +3,8 @@
 //! repository:
 //!
 //! 1. [`a_thread_moves_between_hosts_and_back_byte_identical`]: files, a 755 mode, a symlink, a
-//!    deletion, an untracked file and a commit on a branch of the thread's own go host 1 →
+//!    deletion, an untracked file, what only the POSIX record holds (a 600 mode, empty
+//!    directories) and a commit on a branch of the thread's own go host 1 →
 //!    share → host 2 (a host that never saw the thread) and, changed there, back to host 1
 //!    (whose own snapshot is an ancestor of the share's): files, modes, symlink targets, HEAD,
 //!    branch and `git status --porcelain` identical each time; ignored content stays home.
@@ -146,12 +147,16 @@ fn a_thread_moves_between_hosts_and_back_byte_identical() {
          ln -s src/lib.rs lib-link\n\
          rm b.txt\n\
          mkdir -p notes && printf 'untracked\\n' > notes/todo.md\n\
-         printf 'stays home\\n' > debug.log",
+         printf 'stays home\\n' > debug.log\n\
+         mkdir -p empty/dir\n\
+         chmod 600 src/lib.rs",
     );
     let before = capture(&m1);
     assert!(before.status.contains("?? lib-link") && before.status.contains(" D b.txt"));
     h1.cli_ok(["release", "a"]);
     let s1 = share_tip(&share, "a");
+    // The POSIX record (the 600 mode, the empty directories) travels with it.
+    g(&share, &["rev-parse", "--verify", "refs/octomate/posix/a"]);
 
     // Host 2 never saw the thread: it resumes from the share.
     let m2 = h2.open_thread("a", &["--project", "p"]);
