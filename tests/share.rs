@@ -256,5 +256,15 @@ fn a_thousand_changed_files_move_between_hosts() {
         opened.as_millis(),
         (released + opened).as_millis()
     );
+    // The share's part of it, as the daemons logged it.
+    for line in h1.log_text().lines().chain(h2.log_text().lines()) {
+        if line.contains("snapshot")
+            || line.contains("resuming from the share")
+            || line.contains("released")
+            || line.contains("mounted")
+        {
+            println!("{line}");
+        }
+    }
     h2.cli_ok(["release", "big"]);
 }
