@@ -19,6 +19,7 @@ use octofs::daemon::proto::{
     Request, Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
 use octofs::daemon::proto::{CommitMode, Committed, Pushed, Resynced};
+use octofs::daemon::proto::{DiffFormat, NamedSnapshot, Pulled};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
 
@@ -99,7 +100,17 @@ enum Cmd {
         json: bool,
     },
     /// Save the thread's working state as a commit under refs/octomate/threads/<thread>; print its id
-    Snapshot { thread: String },
+    Snapshot {
+        thread: String,
+        /// Also file it as the named snapshot refs/snapshots/<NAME> of the mirror (a chain: its
+        /// second parent is the previous snapshot of that name); prints the named snapshot's id
+        #[arg(long)]
+        name: Option<String>,
+        /// Push the named snapshot to this remote (`origin`, a URL or an absolute path) as a
+        /// fast-forward; a diverged remote snapshot is refused, never overwritten
+        #[arg(long, requires = "name", value_name = "REMOTE")]
+        push: Option<String>,
+    },
     /// Save if changed, unmount and drop the thread's workspace (the last of its users does)
     Release {
         thread: String,
@@ -130,8 +141,14 @@ enum Cmd {
         #[arg(long)]
         to: Option<String>,
         /// Show the patch, not just the changed paths
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["stat", "name_status"])]
         patch: bool,
+        /// Show git's diffstat
+        #[arg(long, conflicts_with = "name_status")]
+        stat: bool,
+        /// Show each changed path with its status (the default)
+        #[arg(long)]
+        name_status: bool,
     },
     /// git's fsmonitor hook (protocol v2), set as `core.fsmonitor` in every workspace
     #[command(hide = true)]
@@ -253,6 +270,19 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Apply a remote's named snapshot refs/snapshots/<NAME> to the workspace as uncommitted
+    /// changes (fast-forward only: HEAD must be its base, local changes are never lost)
+    Pull {
+        thread: String,
+        /// `origin`, a URL or an absolute path
+        #[arg(long)]
+        remote: String,
+        #[arg(long)]
+        name: String,
+        /// Pull over local changes: they are saved in a snapshot first (its id is printed)
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -291,6 +321,10 @@ enum MirrorCmd {
         credential_file: Option<PathBuf>,
         #[command(flatten)]
         allow: AllowArgs,
+        /// A share remote (a URL or a bare repository's path): every snapshot of the project's
+        /// threads is also pushed to its refs/octomate/threads/<thread>, and `open` resumes from it
+        #[arg(long, value_name = "REMOTE")]
+        share: Option<String>,
     },
     /// Show or change who may bind a project (open threads of it); root only
     Access {
@@ -308,6 +342,16 @@ enum MirrorCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Change a project's settings: its share remote
+    Set {
+        project: String,
+        /// The share remote (a URL or a bare repository's path)
+        #[arg(long, value_name = "REMOTE", required_unless_present = "no_share")]
+        share: Option<String>,
+        /// Stop sharing the project's threads
+        #[arg(long, conflicts_with = "share")]
+        no_share: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -323,6 +367,15 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A remote to push to or pull from: `origin` (the project's upstream) as it is, a path made
+/// absolute, a URL as given.
+fn resolve_remote(remote: &str) -> Result<String, String> {
+    if remote == "origin" {
+        return Ok(remote.to_string());
+    }
+    resolve_upstream(remote)
 }
 
 fn request(layout: &Layout, req: Request) -> Result<Value, String> {
@@ -487,9 +540,11 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 upstream,
                 credential_file,
                 allow,
+                share,
             } => {
                 validate(NameKind::Project, &project)?;
                 let upstream = resolve_upstream(&upstream)?;
+                let share = share.as_deref().map(resolve_upstream).transpose()?;
                 let access = allow.resolve()?;
                 // Read here, as the caller: the daemon never opens a path on a caller's behalf.
                 let credential = credential_file
@@ -498,17 +553,26 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                             .map_err(|e| format!("cannot read {}: {e}", f.display()))
                     })
                     .transpose()?;
-                let info: MirrorInfo = parse(with_progress(layout, &project.clone(), || {
+                let mut info: MirrorInfo = parse(with_progress(layout, &project.clone(), || {
                     request(
                         layout,
                         Request::MirrorAdd {
-                            project,
+                            project: project.clone(),
                             upstream,
                             credential,
                             access,
                         },
                     )
                 })?)?;
+                if let Some(share) = share {
+                    info = parse(request(
+                        layout,
+                        Request::MirrorShare {
+                            project,
+                            share: Some(share),
+                        },
+                    )?)?;
+                }
                 println!(
                     "{} {} {}",
                     info.project.project,
@@ -574,8 +638,14 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 }
                 let list: Vec<MirrorInfo> = parse(v)?;
                 for m in list {
+                    let share = m
+                        .project
+                        .share
+                        .as_deref()
+                        .map(|s| format!("\tshare={s}"))
+                        .unwrap_or_default();
                     println!(
-                        "{}\t{:?}\t{}\t{}\t{}",
+                        "{}\t{:?}\t{}\t{}\t{}{share}",
                         m.project.project,
                         m.project.kind,
                         m.project.default_branch,
@@ -583,6 +653,26 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                         m.project.upstream
                     );
                 }
+                Ok(())
+            }
+            MirrorCmd::Set {
+                project,
+                share,
+                no_share,
+            } => {
+                validate(NameKind::Project, &project)?;
+                let share = if no_share {
+                    None
+                } else {
+                    share.as_deref().map(resolve_upstream).transpose()?
+                };
+                let info: MirrorInfo =
+                    parse(request(layout, Request::MirrorShare { project, share })?)?;
+                println!(
+                    "{} share {}",
+                    info.project.project,
+                    info.project.share.as_deref().unwrap_or("(none)")
+                );
                 Ok(())
             }
         },
@@ -625,9 +715,23 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             Ok(())
         }
-        Cmd::Snapshot { thread } => {
+        Cmd::Snapshot {
+            thread,
+            name: None,
+            push: None,
+        } => {
             validate(NameKind::Thread, &thread)?;
             let s: Snapshotted = parse(request(layout, Request::Snapshot { thread })?)?;
+            println!("{}", s.commit);
+            Ok(())
+        }
+        Cmd::Snapshot { thread, name, push } => {
+            validate(NameKind::Thread, &thread)?;
+            let push = push.as_deref().map(resolve_remote).transpose()?;
+            let s: NamedSnapshot = parse(request(
+                layout,
+                Request::SnapshotNamed { thread, name, push },
+            )?)?;
             println!("{}", s.commit);
             Ok(())
         }
@@ -686,8 +790,17 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             from,
             to,
             patch,
+            stat,
+            name_status,
         } => {
             validate(NameKind::Thread, &thread)?;
+            let format = if stat {
+                Some(DiffFormat::Stat)
+            } else if name_status {
+                Some(DiffFormat::NameStatus)
+            } else {
+                None
+            };
             let d: DiffAnswer = parse(request(
                 layout,
                 Request::Diff {
@@ -695,6 +808,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     from,
                     to,
                     patch,
+                    format,
                 },
             )?)?;
             if !d.diff.is_empty() {
@@ -940,6 +1054,29 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     Ok(())
                 }
             }
+        }
+        Cmd::Pull {
+            thread,
+            remote,
+            name,
+            force,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            let remote = resolve_remote(&remote)?;
+            let p: Pulled = parse(request(
+                layout,
+                Request::Pull {
+                    thread,
+                    remote,
+                    name,
+                    force,
+                },
+            )?)?;
+            if let Some(s) = &p.saved_first {
+                println!("saved the local changes first as snapshot {s}");
+            }
+            println!("{}", p.commit);
+            Ok(())
         }
     }
 }

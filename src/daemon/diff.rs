@@ -1,9 +1,11 @@
 //! `octofs diff`: what changed between two snapshots (or commits) of a thread, or from one to the
 //! live state (assembled as a snapshot's tree would be, without writing a commit or moving a ref).
+//! A `--from`/`--to` is a named snapshot (`refs/snapshots/<name>`, also one pulled from a remote),
+//! `saved`/`last` (the thread's last snapshot), or any commit or tree of the mirror.
 //! Runs git only in the thread's mirror.
 
 use super::error::{Context, Error};
-use super::proto::DiffAnswer;
+use super::proto::{DiffAnswer, DiffFormat};
 use super::snapshot::Goal;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
@@ -18,7 +20,7 @@ impl Daemon {
         thread: &str,
         from: Option<&str>,
         to: Option<&str>,
-        patch: bool,
+        format: DiffFormat,
         c: &Caller,
     ) -> Reply<DiffAnswer> {
         validate(NameKind::Thread, thread)?;
@@ -44,6 +46,10 @@ impl Daemon {
             let spec = if spec == "saved" || spec == "last" {
                 last.map(|l| l.to_string())
                     .ok_or_else(|| Error::Refused("the thread has no snapshot yet".into()))?
+            } else if super::snapshot::check_snapshot_name(spec).is_ok()
+                && let Some(id) = snap::read_ref(&repo, &super::snapshot::named_ref(spec))
+            {
+                id.to_string()
             } else {
                 spec.to_string()
             };
@@ -64,10 +70,16 @@ impl Daemon {
             (None, None) => resolve("saved")?,
         };
         let (a, b) = (from_tree.to_string(), to_tree.to_string());
-        let out = if patch {
-            crate::git!(Some(&mirror); "diff", "--no-color", "--no-ext-diff", "--no-textconv", &a, &b)
-        } else {
-            crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
+        let out = match format {
+            DiffFormat::Patch => {
+                crate::git!(Some(&mirror); "diff", "--no-color", "--no-ext-diff", "--no-textconv", &a, &b)
+            }
+            DiffFormat::Stat => {
+                crate::git!(Some(&mirror); "diff", "--no-color", "--no-renames", "--stat", &a, &b)
+            }
+            DiffFormat::NameStatus => {
+                crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
+            }
         }?;
         Ok((
             DiffAnswer {

@@ -318,5 +318,6 @@ pub(super) fn blank_project() -> Project {
         default_branch: "main".into(),
         last_sync: 0,
         access: Default::default(),
+        share: None,
     }
 }

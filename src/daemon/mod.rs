@@ -18,6 +18,8 @@
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
 //! - `deps`: dependency layers: builds after mirror add/sync, `deps build/list/gc`, progress;
 //! - `diff`: what changed between snapshots or up to the live state;
+//! - `share`: a project's share remote: threads that move between hosts;
+//! - `pull`: a named snapshot of a remote applied to a live workspace;
 //! - `status`: list, status, fsmonitor answers and request statistics;
 //! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
 //! - [`proto`]: the request and reply types of the control protocol.
@@ -34,9 +36,11 @@ mod moves;
 pub mod notify;
 mod posix;
 pub mod proto;
+mod pull;
 mod push;
 mod resync;
 mod server;
+mod share;
 mod snapshot;
 mod status;
 mod threads;

@@ -285,6 +285,7 @@ impl Daemon {
             return Err(e);
         }
         let mut warnings: Vec<String> = self.grant_owner(&project, me, false).into_iter().collect();
+        warnings.extend(self.share_thread(&project, to, commit));
         let mut copied = Vec::new();
         if !ignored.is_empty() {
             match self.put_ignored(to, &ignored) {

@@ -9,7 +9,8 @@
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
 //! [`ReleaseAnswer`], `deps build` [`BuildAnswer`], `deps list` [`LayerInfo`], `deps gc`
-//! [`GcAnswer`], `deps progress` [`ProgressAnswer`], `export` [`Exported`], `resync` [`Resynced`].
+//! [`GcAnswer`], `deps progress` [`ProgressAnswer`], `export` [`Exported`], `resync` [`Resynced`],
+//! `snapshot --name` [`NamedSnapshot`], `pull` [`Pulled`], `mirror set` [`MirrorInfo`].
 
 use serde::{Deserialize, Serialize};
 
@@ -78,6 +79,9 @@ pub enum Request {
         from: Option<String>,
         to: Option<String>,
         patch: bool,
+        /// `stat` or `name-status` (default: the patch when `patch`, else name-status).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        format: Option<DiffFormat>,
     },
     /// Request statistics of one mounted thread (its owner or root), or of every mount (root).
     Stats {
@@ -167,6 +171,38 @@ pub enum Request {
         thread: String,
         role: String,
     },
+    /// `octofs snapshot --name N [--push REMOTE]`: the thread's snapshot, filed also as
+    /// `refs/snapshots/N`, and pushed to REMOTE as a fast-forward.
+    SnapshotNamed {
+        thread: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        push: Option<String>,
+    },
+    /// `octofs pull`: `refs/snapshots/<name>` of `remote` applied to the workspace as
+    /// uncommitted changes (fast-forward only).
+    Pull {
+        thread: String,
+        remote: String,
+        name: String,
+        #[serde(default)]
+        force: bool,
+    },
+    /// `octofs mirror set P --share REMOTE`: sets (or, with `None`, clears) the share remote.
+    MirrorShare {
+        project: String,
+        share: Option<String>,
+    },
+}
+
+/// How `diff` prints: git's `--stat`, `--name-status` or the patch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiffFormat {
+    Stat,
+    NameStatus,
+    Patch,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -427,6 +463,28 @@ pub struct Resynced {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
     pub changed_paths: u64,
+}
+
+/// The answer to `snapshot --name`: the named snapshot (or, without a name, the thread's), the
+/// thread's snapshot, and where it was pushed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedSnapshot {
+    pub commit: String,
+    pub snapshot: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pushed: Option<String>,
+}
+
+/// The answer to `pull`: the snapshot applied, the paths written or removed, and the snapshot
+/// that saved the local changes first (`--force`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pulled {
+    pub commit: String,
+    pub changed: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saved_first: Option<String>,
 }
 
 #[cfg(test)]

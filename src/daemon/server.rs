@@ -18,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::Error;
-use super::proto::{Ack, Request, Response};
+use super::proto::{Ack, DiffFormat, Request, Response};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 
@@ -93,7 +93,15 @@ impl Daemon {
                 from,
                 to,
                 patch,
-            } => answer(self.diff(&thread, from.as_deref(), to.as_deref(), patch, c)),
+                format,
+            } => {
+                let format = format.unwrap_or(if patch {
+                    DiffFormat::Patch
+                } else {
+                    DiffFormat::NameStatus
+                });
+                answer(self.diff(&thread, from.as_deref(), to.as_deref(), format, c))
+            }
             Request::Stats { thread } => answer(self.stats(thread.as_deref(), c)),
             Request::Stop => {
                 self.require_admin(c, "stop the daemon")?;
@@ -155,6 +163,19 @@ impl Daemon {
             }
             Request::Export { thread, dry_run } => answer(self.export(&thread, dry_run, c)),
             Request::Resync { thread, role } => answer(self.resync(&thread, &role, c)),
+            Request::SnapshotNamed { thread, name, push } => {
+                answer(self.snapshot_named(&thread, name.as_deref(), push.as_deref(), c))
+            }
+            Request::Pull {
+                thread,
+                remote,
+                name,
+                force,
+            } => answer(self.pull(&thread, &remote, &name, force, c)),
+            Request::MirrorShare { project, share } => {
+                self.require_admin(c, "change a project's share remote")?;
+                answer(self.mirror_share(&project, share.as_deref()))
+            }
         }
     }
 }

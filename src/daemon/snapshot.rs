@@ -4,21 +4,40 @@
 //! carried into the mirror, the POSIX record of what the tree cannot hold, the commit and the
 //! compare-and-swap of `refs/octomate/threads/<thread>`.
 //!
+//! Also the named snapshots: `refs/snapshots/<name>` of the mirror (and only there), a chain of
+//! its own next to the thread's, pushed to a remote on request; and, after every snapshot, the
+//! push to the project's share remote (`super::share`).
+//!
 //! Reads the workspace only through its core (never through the mount, never with git);
-//! writes only the mirror's objects and the thread's refs, and the workspace's
-//! `.git/refs/octomate/saved` mark.
+//! writes only the mirror's objects and the thread's refs, the named snapshots' refs, and the
+//! workspace's `.git/refs/octomate/saved` mark.
 
 use super::error::{Context, Error, on_workspace};
-use super::proto::Snapshotted;
+use super::proto::{NamedSnapshot, Snapshotted};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::cow::catalog::Ts;
 use crate::fs::WorkspaceFs;
+use crate::git::mirror::Shared;
 use crate::git::posix_record;
 use crate::git::snapshot::{self as snap, HeadRef, ViewEdit};
 use crate::names::{NameKind, validate};
 use crate::own_repo::{add_all, carry};
 use crate::workspace::{SavedMark, WorkspaceRecord};
+
+/// The ref of the named snapshot `name` in a mirror.
+pub(super) fn named_ref(name: &str) -> String {
+    format!("refs/snapshots/{name}")
+}
+
+/// A snapshot name: one component of a git ref (the rules of a thread's name).
+pub(super) fn check_snapshot_name(name: &str) -> Result<(), Error> {
+    validate(NameKind::Thread, name).map_err(|_| {
+        Error::Refused(format!(
+            "bad snapshot name {name:?}: 1-128 characters of [A-Za-z0-9._-], not starting with . or -, one component of a git ref"
+        ))
+    })
+}
 
 /// Nested repositories (a directory holding `.git`) become gitlinks at their HEAD, as `git add -A`
 /// records them; one without a commit is left out.
@@ -146,27 +165,153 @@ pub(super) enum Goal {
 }
 
 impl Daemon {
-    /// `octofs snapshot`: saves the working state; returns the snapshot commit.
+    /// `octofs snapshot`: saves the working state; returns the snapshot commit (an error naming
+    /// the divergence when the project's share remote refused it: the snapshot is saved).
     pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply<Snapshotted> {
         validate(NameKind::Thread, thread)?;
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
-        let commit = self.snapshot_locked(thread)?;
+        // Saved either way; a share remote that refused it fails the command (after the save).
+        let (commit, unshared) = self.snapshot_locked_shared(thread)?;
+        if let Some(why) = unshared {
+            return Err(Error::Refused(why));
+        }
         Ok((Snapshotted { commit }, vec![]))
     }
 
     /// Snapshot with the thread's lock held (`snapshot`, `release`): the thread's next snapshot
-    /// commit.
+    /// commit. A snapshot the project's share remote refused is saved all the same (and the
+    /// refusal logged).
     pub(super) fn snapshot_locked(&self, thread: &str) -> Result<String, Error> {
+        self.snapshot_locked_shared(thread).map(|(c, _)| c)
+    }
+
+    /// [`Self::snapshot_locked`], also answering why the snapshot was not shared (the project has a
+    /// share remote that diverged or cannot be reached); the snapshot is saved either way.
+    pub(super) fn snapshot_locked_shared(
+        &self,
+        thread: &str,
+    ) -> Result<(String, Option<String>), Error> {
         let mut rec = self.live_record(thread)?;
         if rec.chat {
             return Err(Error::Refused(format!(
                 "thread {thread} is a chat workspace (no project): it is never saved"
             )));
         }
-        self.assemble(&mut rec, Goal::Snapshot)
-            .map(|id| id.to_string())
+        let id = self.assemble(&mut rec, Goal::Snapshot)?;
+        let unshared = self.share_thread(&rec.project, thread, id);
+        Ok((id.to_string(), unshared))
+    }
+
+    /// `octofs snapshot <thread> [--name N [--push REMOTE]]`: the thread's snapshot, filed also as
+    /// the named snapshot `refs/snapshots/N`, and that one pushed to REMOTE as a fast-forward. A
+    /// remote that diverged, or a share remote that refused the thread's snapshot, fails the
+    /// command after everything local was saved.
+    pub(super) fn snapshot_named(
+        &self,
+        thread: &str,
+        name: Option<&str>,
+        push: Option<&str>,
+        c: &Caller,
+    ) -> Reply<NamedSnapshot> {
+        validate(NameKind::Thread, thread)?;
+        if let Some(n) = name {
+            check_snapshot_name(n)?;
+        }
+        if push.is_some() && name.is_none() {
+            return Err(Error::Refused(
+                "--push needs --name: only a named snapshot is pushed".into(),
+            ));
+        }
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        self.check_thread(c, thread)?;
+        let (snapshot, unshared) = self.snapshot_locked_shared(thread)?;
+        let project = self.live_record(thread)?.project;
+        let id = gix::ObjectId::from_hex(snapshot.as_bytes())
+            .context(|| format!("snapshot id {snapshot:?}"))?;
+        let named = name
+            .map(|n| self.file_named(&project, thread, id, n))
+            .transpose()?;
+        if let (Some(n), Some(r), Some(commit)) = (name, push, named) {
+            let mirror = self.layout.mirror(&project);
+            let target = crate::git::mirror::push_target(&self.layout, &project, Some(r))?;
+            let full = named_ref(n);
+            match crate::git::mirror::push_ref(&mirror, &target, commit, &full, &[])? {
+                Shared::Pushed | Shared::Already => {
+                    tracing::info!(%thread, snapshot = %n, %commit, "named snapshot pushed");
+                }
+                Shared::Diverged(theirs) => {
+                    return Err(Error::Refused(format!(
+                        "{full} on {r} has diverged: it names {theirs}, which {commit} does not descend from; not overwritten (the local snapshot {commit} is kept)"
+                    )));
+                }
+            }
+        }
+        if let Some(why) = unshared {
+            return Err(Error::Refused(why));
+        }
+        Ok((
+            NamedSnapshot {
+                commit: named.unwrap_or(id).to_string(),
+                snapshot,
+                name: name.map(str::to_string),
+                pushed: push.map(str::to_string),
+            },
+            vec![],
+        ))
+    }
+
+    /// Files the thread snapshot `snapshot` as the named snapshot `name`: same tree and HEAD, its
+    /// second parent the previous commit of that name. A state equal to that previous one (tree,
+    /// HEAD, branch, POSIX record) is that commit, and nothing moves.
+    fn file_named(
+        &self,
+        project: &str,
+        thread: &str,
+        snapshot: gix::ObjectId,
+        name: &str,
+    ) -> Result<gix::ObjectId, Error> {
+        let repo = snap::open(&self.layout.mirror(project))?;
+        let (tree, parents, message, _) = snap::commit_info(&repo, snapshot)?;
+        let head = *parents
+            .first()
+            .ok_or_else(|| Error::Refused("the snapshot has no parent".into()))?;
+        let head_ref = snap::head_of(&message);
+        let posix = posix_record::blob_of(&message);
+        let full = named_ref(name);
+        let prev = snap::read_ref(&repo, &full);
+        if let Some(p) = prev {
+            let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
+            if ptree == tree
+                && pparents.first() == Some(&head)
+                && snap::head_of(&pmsg) == head_ref
+                && posix_record::blob_of(&pmsg) == posix
+            {
+                return Ok(p);
+            }
+        }
+        let mut msg = snap::message(thread, &head_ref).replacen(
+            "octofs snapshot of thread",
+            &format!("octofs snapshot {name} of thread"),
+            1,
+        );
+        if let Some(b) = posix {
+            msg.push_str(&posix_record::trailer(b));
+        }
+        let mut parents = vec![head];
+        parents.extend(prev);
+        let commit = snap::write_commit(&repo, tree, parents, &msg)?;
+        snap::cas_ref(
+            &repo,
+            &full,
+            prev,
+            commit,
+            &format!("octofs: snapshot {name} of {thread}"),
+        )?;
+        tracing::info!(%thread, snapshot = %name, %commit, "named snapshot");
+        Ok(commit)
     }
 
     /// Snapshot assembly, the one entry point: the live workspace of `rec` as a tree of its

@@ -139,6 +139,12 @@ impl Daemon {
             return Ok((path, warnings.into_iter().collect()));
         }
         self.check_root()?;
+        // A thread another host moved on: its snapshot comes from the project's share remote.
+        let (binding, shared_warning) = if git_ref.is_none() {
+            self.adopt_shared(thread, binding, project, owner)?
+        } else {
+            (binding, None)
+        };
         let fork = match (&binding, project) {
             (Some(b), _) => {
                 if git_ref.is_some() {
@@ -211,7 +217,7 @@ impl Daemon {
             }
         }
         let warnings = self.grant_owner(&forked_project, owner, false);
-        Ok((path, warnings.into_iter().collect()))
+        Ok((path, warnings.into_iter().chain(shared_warning).collect()))
     }
 
     /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
@@ -383,14 +389,14 @@ impl Daemon {
     }
 
     /// Applies the difference between two trees of the mirror to a workspace: removals first
-    /// (deepest first), then additions and changes.
-    fn apply_diff(
+    /// (deepest first), then additions and changes. Returns the paths it wrote or removed.
+    pub(super) fn apply_diff(
         &self,
         core: &WorkspaceFs,
         project: &str,
         from: gix::ObjectId,
         to: gix::ObjectId,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<Vec<u8>>, Error> {
         use crate::fs::TreeChange;
         let mirror = self.layout.mirror(project);
         let out = crate::git::Git::new(Some(&mirror))
@@ -432,7 +438,10 @@ impl Daemon {
             }
         }
         removals.sort_by(|a, b| b.cmp(a));
-        // One catalog batch for the whole change set (the workspace is not mounted yet).
+        // One catalog batch for the whole change set while the workspace is not mounted yet
+        // (once mounted, as for a pull, each change is its own transaction).
+        let mut done: Vec<Vec<u8>> = removals.clone();
+        done.extend(additions.iter().map(|(p, _)| p.clone()));
         let changes: Vec<(Vec<u8>, TreeChange)> = removals
             .into_iter()
             .map(|p| (p, TreeChange::Remove))
@@ -440,7 +449,9 @@ impl Daemon {
             .collect();
         core.apply_all(&changes)
             .map_err(on_workspace("cannot restore the saved changes"))?;
-        Ok(())
+        done.sort();
+        done.dedup();
+        Ok(done)
     }
 
     pub(super) fn live_record(&self, thread: &str) -> Result<WorkspaceRecord, Error> {
@@ -516,10 +527,13 @@ impl Daemon {
                 self.layout.mountpoint(thread).display()
             )));
         }
+        let mut warnings = Vec::new();
         let saved = if rec.chat || discard {
             None
         } else {
-            Some(self.snapshot_locked(thread)?)
+            let (s, unshared) = self.snapshot_locked_shared(thread)?;
+            warnings.extend(unshared);
+            Some(s)
         };
         if discard {
             tracing::warn!(%thread, "discarding the workspace without saving it");
@@ -537,7 +551,7 @@ impl Daemon {
                 snapshot: saved,
                 pending: false,
             },
-            vec![],
+            warnings,
         ))
     }
 

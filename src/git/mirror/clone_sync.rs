@@ -86,6 +86,7 @@ pub fn add(
         default_branch,
         last_sync: now(),
         access,
+        share: None,
     };
     let saved = match &credential {
         Some(c) => save_credential(layout, project, c),

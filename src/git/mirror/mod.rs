@@ -33,7 +33,10 @@ use credentials::{migrate_credentials, redact_url};
 pub use clone_sync::{add, sync};
 pub use credentials::redact;
 pub use network::set_fetch_timeout;
-pub use push::{Change, PushTarget, changes, push, push_target, remote_tip};
+pub use push::{
+    Change, PushTarget, Shared, changes, check_share, fetch_ref, push, push_ref, push_target,
+    remote_ref_tip, remote_tip, share_target,
+};
 pub use upstream::{check_upstream, classify, is_url};
 
 /// What an upstream is; decides how the mirror is created and synced.
@@ -57,6 +60,10 @@ pub struct Project {
     /// Who may bind the project (open a thread of it).
     #[serde(default, skip_serializing_if = "Access::is_open")]
     pub access: Access,
+    /// The share remote (a URL or an absolute path, no credentials): every snapshot of the
+    /// project's threads is also pushed to its `refs/octomate/threads/<thread>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<String>,
 }
 
 /// Who may bind a project: these users and the members of these groups; both lists empty means any
@@ -138,6 +145,14 @@ pub(super) fn save(layout: &Layout, p: &Project) -> Result<(), Error> {
     store(layout).save(&p.project, p).map_err(Error::Record)
 }
 
+/// Sets (or, with `None`, clears) `project`'s share remote. The caller holds the project's lock.
+pub fn set_share(layout: &Layout, project: &str, share: Option<&str>) -> Result<Project, Error> {
+    let mut p = require(layout, project)?;
+    p.share = share.map(check_share).transpose()?;
+    save(layout, &p)?;
+    Ok(p)
+}
+
 /// Replaces who may bind `project`. The caller holds the project's lock.
 pub fn set_access(layout: &Layout, project: &str, access: Access) -> Result<Project, Error> {
     let mut p = require(layout, project)?;
@@ -150,7 +165,7 @@ pub(super) fn head(mirror: &Path) -> Option<String> {
     git!(Some(mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", "HEAD").ok()
 }
 
-pub(super) fn info(layout: &Layout, mut project: Project) -> MirrorInfo {
+pub fn info(layout: &Layout, mut project: Project) -> MirrorInfo {
     let path = layout.mirror(&project.project);
     project.upstream = redact(&project.upstream);
     MirrorInfo {

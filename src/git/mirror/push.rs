@@ -110,12 +110,21 @@ pub fn remote_tip(
     t: &PushTarget,
     branch: &str,
 ) -> Result<Option<gix::ObjectId>, Error> {
-    let full = format!("refs/heads/{branch}");
+    remote_ref_tip(mirror, t, &format!("refs/heads/{branch}"))
+}
+
+/// The commit the ref `full` names on the target (`None`: no such ref), and that commit fetched
+/// into the mirror when it is missing there.
+pub fn remote_ref_tip(
+    mirror: &Path,
+    t: &PushTarget,
+    full: &str,
+) -> Result<Option<gix::ObjectId>, Error> {
     let args = [
         OsStr::new("ls-remote"),
         OsStr::new("--"),
         OsStr::new(&t.url),
-        OsStr::new(&full),
+        OsStr::new(full),
     ];
     let mut cmd = network_command(Some(mirror), &args, &t.url, t.credential.as_deref(), 300);
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
@@ -158,7 +167,7 @@ pub fn remote_tip(
                 OsStr::new("--no-tags"),
                 OsStr::new("--"),
                 OsStr::new(&t.url),
-                OsStr::new(&full),
+                OsStr::new(full),
             ],
             &t.url,
             t.credential.as_deref(),
@@ -191,6 +200,115 @@ pub fn push(
     }
     args.extend([OsStr::new("--"), OsStr::new(&t.url), OsStr::new(&refspec)]);
     network_git(Some(mirror), &args, &t.url, t.credential.as_deref())
+}
+
+/// A share remote as a project stores it: a URL or an absolute path, without credentials.
+pub fn check_share(remote: &str) -> Result<String, Error> {
+    super::check_upstream(remote)?;
+    let (url, cred) = split_credentials(remote)?;
+    if cred.is_some() {
+        return Err(Error::Refused(
+            "a share remote may not carry credentials".into(),
+        ));
+    }
+    if !super::is_url(&url) && !Path::new(&url).is_absolute() {
+        return Err(Error::Refused(format!(
+            "share remote {url:?}: give a URL or an absolute path"
+        )));
+    }
+    Ok(url)
+}
+
+/// The target of a push to (or a fetch from) a share remote (checked by [`check_share`]).
+pub fn share_target(remote: &str) -> Result<PushTarget, Error> {
+    Ok(PushTarget {
+        url: check_share(remote)?,
+        upstream: false,
+        credential: None,
+    })
+}
+
+/// What a fast-forward push of a ref did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shared {
+    /// The remote ref now names the commit (it was missing, or an ancestor of it).
+    Pushed,
+    /// The remote ref named the commit already: nothing was sent.
+    Already,
+    /// The remote ref names a commit that is not an ancestor of ours: nothing was sent.
+    Diverged(gix::ObjectId),
+}
+
+/// Pushes `tip` to the ref `full` of the target as a fast-forward only: a remote ref that names a
+/// commit which is not an ancestor of `tip` is never overwritten ([`Shared::Diverged`]; git's own
+/// fast-forward check refuses a race the same way). `forced` refs (`(commit, ref)`) travel in
+/// the same atomic push, overwritten (containers that only keep objects reachable); they move
+/// only if `full` does. No hooks run.
+pub fn push_ref(
+    mirror: &Path,
+    t: &PushTarget,
+    tip: gix::ObjectId,
+    full: &str,
+    forced: &[(gix::ObjectId, String)],
+) -> Result<Shared, Error> {
+    let remote = remote_ref_tip(mirror, t, full)?;
+    match remote {
+        Some(r) if r == tip => return Ok(Shared::Already),
+        Some(r) => {
+            let ancestor = crate::git::Git::new(Some(mirror))
+                .args(["merge-base", "--is-ancestor", "--end-of-options"])
+                .args([r.to_string(), tip.to_string()])
+                .output_bytes()
+                .is_ok();
+            if !ancestor {
+                return Ok(Shared::Diverged(r));
+            }
+        }
+        None => {}
+    }
+    let mut specs = vec![format!("{tip}:{full}")];
+    specs.extend(forced.iter().map(|(id, r)| format!("+{id}:{r}")));
+    let mut args: Vec<&OsStr> = vec![
+        OsStr::new("-c"),
+        OsStr::new("core.hooksPath=/dev/null"),
+        OsStr::new("push"),
+        OsStr::new("--no-verify"),
+        OsStr::new("--atomic"),
+        OsStr::new("--"),
+        OsStr::new(&t.url),
+    ];
+    args.extend(specs.iter().map(OsStr::new));
+    network_git(Some(mirror), &args, &t.url, t.credential.as_deref())?;
+    Ok(Shared::Pushed)
+}
+
+/// Fetches the ref `full` of the target into the mirror's `local` ref (overwritten: a ref of the
+/// remote's, never one of the mirror's own). Only the objects the mirror lacks travel. `None`: the
+/// remote has no such ref (and `local` is left as it was).
+pub fn fetch_ref(
+    mirror: &Path,
+    t: &PushTarget,
+    full: &str,
+    local: &str,
+) -> Result<Option<gix::ObjectId>, Error> {
+    let Some(tip) = remote_ref_tip(mirror, t, full)? else {
+        return Ok(None);
+    };
+    let spec = format!("+{full}:{local}");
+    network_git(
+        Some(mirror),
+        &[
+            OsStr::new("fetch"),
+            OsStr::new("--no-tags"),
+            OsStr::new("--no-write-fetch-head"),
+            OsStr::new("--"),
+            OsStr::new(&t.url),
+            OsStr::new(&spec),
+        ],
+        &t.url,
+        t.credential.as_deref(),
+    )?;
+    Ok(Some(tip))
 }
 
 #[cfg(test)]

@@ -1,0 +1,212 @@
+//! Threads that move between hosts: a project's share remote (a bare repository or any git
+//! server; `mirror add … --share` or `mirror set … --share`) holds every thread's last snapshot as
+//! `refs/octomate/threads/<thread>`, and the record of what its tree cannot hold as
+//! `refs/octomate/posix/<thread>`.
+//!
+//! Two moves, both plain git: after every snapshot of a project's thread (explicit, release,
+//! fork/teleport, the sweep) the thread's ref is pushed to the share as a fast-forward only — a
+//! share that diverged is never overwritten, the local snapshot stays, and the caller hears why;
+//! and `open` of a thread this host does not know (or whose last snapshot here is an ancestor of
+//! the share's) fetches the share's ref and resumes from it.
+//!
+//! Runs git only in the project's mirror, through the hardened network git of `git::mirror`;
+//! never in a workspace. The share URL carries no credential.
+
+use super::error::Error;
+use super::proto::MirrorInfo;
+use super::{Daemon, Reply, lock, now};
+use crate::git::mirror::{self, Shared};
+use crate::git::posix_record;
+use crate::git::snapshot::{self as snap, HeadRef};
+use crate::names::{NameKind, validate};
+use crate::workspace::{Binding, Owner};
+
+/// Where the mirror keeps what it last fetched of a thread from the share (overwritten by each
+/// fetch; the thread's own ref moves only as a fast-forward to it).
+fn fetched_ref(thread: &str) -> String {
+    format!("refs/octomate/shared/threads/{thread}")
+}
+
+fn fetched_posix_ref(thread: &str) -> String {
+    format!("refs/octomate/shared/posix/{thread}")
+}
+
+impl Daemon {
+    /// `octofs mirror set P --share REMOTE` (and the second half of `mirror add … --share`).
+    pub(super) fn mirror_share(&self, project: &str, share: Option<&str>) -> Reply<MirrorInfo> {
+        validate(NameKind::Project, project)?;
+        let l = self.locks.get(&format!("project:{project}"));
+        let _g = lock(&l);
+        let p = mirror::set_share(&self.layout, project, share)?;
+        tracing::info!(%project, share = ?p.share, "share remote set");
+        Ok((mirror::info(&self.layout, p), vec![]))
+    }
+
+    /// Pushes the thread's snapshot `commit` to the share remote of `project` (when it has one) as
+    /// a fast-forward of `refs/octomate/threads/<thread>`, with the thread's POSIX records in the
+    /// same atomic push. `Some(why)` when it was not shared (diverged, unreachable): logged here;
+    /// the local snapshot is saved either way.
+    pub(super) fn share_thread(
+        &self,
+        project: &str,
+        thread: &str,
+        commit: gix::ObjectId,
+    ) -> Option<String> {
+        let share = match mirror::load(&self.layout, project) {
+            Ok(Some(p)) => p.share?,
+            Ok(None) => return None,
+            Err(e) => {
+                let why = format!("cannot read project {project}'s record to share: {e}");
+                tracing::warn!(%thread, "{why}");
+                return Some(why);
+            }
+        };
+        let mirror = self.layout.mirror(project);
+        let started = std::time::Instant::now();
+        let pushed = (|| {
+            let target = mirror::share_target(&share)?;
+            let repo = snap::open(&mirror)?;
+            let forced: Vec<(gix::ObjectId, String)> =
+                snap::read_ref(&repo, &posix_record::posix_ref(thread))
+                    .map(|id| (id, posix_record::posix_ref(thread)))
+                    .into_iter()
+                    .collect();
+            Ok::<_, Error>(mirror::push_ref(
+                &mirror,
+                &target,
+                commit,
+                &snap::thread_ref(thread),
+                &forced,
+            )?)
+        })();
+        let why = match pushed {
+            Ok(Shared::Pushed) => {
+                tracing::info!(%thread, %commit, %share, ms = started.elapsed().as_millis() as u64, "snapshot shared");
+                return None;
+            }
+            Ok(Shared::Already) => return None,
+            Ok(Shared::Diverged(theirs)) => format!(
+                "snapshot {commit} of {thread} is saved locally but not shared: {} on the share {share} has diverged (it names {theirs}, which {commit} does not descend from); not overwritten",
+                snap::thread_ref(thread)
+            ),
+            Err(e) => format!(
+                "snapshot {commit} of {thread} is saved locally but not shared to {share}: {e}"
+            ),
+        };
+        tracing::warn!(%thread, "{why}");
+        Some(why)
+    }
+
+    /// `open` of a thread with no live workspace, in a project with a share remote: when this host
+    /// does not know the thread, or its last snapshot here is an ancestor of the share's, the
+    /// share's snapshot is fetched (only the objects the mirror lacks) and becomes the thread's
+    /// last snapshot here, so that `open` resumes from it. Returns the binding to resume with (a
+    /// new one, saved, for a thread this host did not know) and a warning when the share could
+    /// not be asked or has diverged from this host. The caller holds the thread's lock.
+    pub(super) fn adopt_shared(
+        &self,
+        thread: &str,
+        binding: Option<Binding>,
+        project: Option<&str>,
+        owner: Owner,
+    ) -> Result<(Option<Binding>, Option<String>), Error> {
+        let Some(project) = binding
+            .as_ref()
+            .map(|b| b.project.clone())
+            .or(project.map(str::to_string))
+        else {
+            return Ok((binding, None));
+        };
+        let Some(share) = mirror::load(&self.layout, &project)?.and_then(|p| p.share) else {
+            return Ok((binding, None));
+        };
+        let mirror_dir = self.layout.mirror(&project);
+        let tref = snap::thread_ref(thread);
+        let started = std::time::Instant::now();
+        let fetched = (|| {
+            let target = mirror::share_target(&share)?;
+            let tip = mirror::fetch_ref(&mirror_dir, &target, &tref, &fetched_ref(thread))?;
+            if tip.is_some() {
+                mirror::fetch_ref(
+                    &mirror_dir,
+                    &target,
+                    &posix_record::posix_ref(thread),
+                    &fetched_posix_ref(thread),
+                )?;
+            }
+            Ok::<_, Error>(tip)
+        })();
+        let theirs = match fetched {
+            Ok(Some(t)) => t,
+            Ok(None) => return Ok((binding, None)),
+            Err(e) => {
+                let why = format!(
+                    "cannot ask the share {share} for thread {thread}: {e}; opening what this host has"
+                );
+                tracing::warn!(%thread, "{why}");
+                return Ok((binding, Some(why)));
+            }
+        };
+        let repo = snap::open(&mirror_dir)?;
+        let ours = snap::read_ref(&repo, &tref);
+        let adopt = match ours {
+            None => true,
+            Some(o) if o == theirs => false,
+            Some(o) => {
+                let ancestor = |a: gix::ObjectId, b: gix::ObjectId| {
+                    crate::git::Git::new(Some(&mirror_dir))
+                        .args(["merge-base", "--is-ancestor", "--end-of-options"])
+                        .args([a.to_string(), b.to_string()])
+                        .output_bytes()
+                        .is_ok()
+                };
+                if ancestor(o, theirs) {
+                    true
+                } else if ancestor(theirs, o) {
+                    false
+                } else {
+                    let why = format!(
+                        "thread {thread} has diverged between this host ({o}) and the share {share} ({theirs}); resuming this host's snapshot"
+                    );
+                    tracing::warn!(%thread, "{why}");
+                    return Ok((binding, Some(why)));
+                }
+            }
+        };
+        if !adopt {
+            return Ok((binding, None));
+        }
+        let (_, parents, message, _) = snap::commit_info(&repo, theirs)?;
+        let head = *parents.first().ok_or_else(|| {
+            Error::Refused(format!("the share's snapshot {theirs} has no parent"))
+        })?;
+        snap::cas_ref(
+            &repo,
+            &tref,
+            ours,
+            theirs,
+            &format!("octofs: snapshot of {thread} from the share"),
+        )?;
+        tracing::info!(
+            %thread, snapshot = %theirs, %share,
+            ms = started.elapsed().as_millis() as u64,
+            "resuming from the share"
+        );
+        if let Some(b) = binding {
+            return Ok((Some(b), None));
+        }
+        let b = Binding {
+            thread: thread.into(),
+            project,
+            base_commit: head.to_string(),
+            branch: match snap::head_of(&message) {
+                HeadRef::Branch(b) => Some(b),
+                HeadRef::Detached => None,
+            },
+            created: now(),
+            owner,
+        };
+        b.save(&self.layout)?;
+        Ok((Some(b), None))
+    }
+}

@@ -1,0 +1,270 @@
+//! Threads that move between hosts through a project's share remote, checked with two daemons on
+//! this machine (two state directories and two roots: two hosts), one upstream and a bare share
+//! repository:
+//!
+//! 1. [`a_thread_moves_between_hosts_and_back_byte_identical`]: files, a 755 mode, a symlink, a
+//!    deletion, an untracked file, what only the POSIX record holds (a 600 mode, empty
+//!    directories) and a commit on a branch of the thread's own go host 1 →
+//!    share → host 2 (a host that never saw the thread) and, changed there, back to host 1
+//!    (whose own snapshot is an ancestor of the share's): files, modes, symlink targets, HEAD,
+//!    branch and `git status --porcelain` identical each time; ignored content stays home.
+//!    Then the diverged case: both hosts change the thread independently; the second push to
+//!    the share is refused (non-zero exit naming the divergence), the snapshot is kept in the
+//!    local mirror, and release still releases.
+//! 2. [`a_thousand_changed_files_move_between_hosts`]: the time of a move (release on host 1 +
+//!    open on host 2) of a thread with 1,000 changed files, printed.
+
+mod common;
+
+use common::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const FS_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[track_caller]
+fn g(dir: &Path, args: &[&str]) -> String {
+    let out = run(git_command(dir, DATE2).args(args), CMD_TIMEOUT);
+    out.assert_ok();
+    out.stdout_str().trim().to_string()
+}
+
+/// Runs a shell script in `dir` (a mount), bounded by the command timeout.
+#[track_caller]
+fn in_ws(dir: &Path, script: &str) {
+    run(
+        std::process::Command::new("sh")
+            .arg("-ec")
+            .arg(script)
+            .current_dir(dir),
+        CMD_TIMEOUT,
+    )
+    .assert_ok();
+}
+
+/// What must be identical on both hosts.
+#[derive(Debug, PartialEq)]
+struct Moved {
+    head: String,
+    branch: String,
+    status: String,
+    files: BTreeMap<String, String>,
+}
+
+#[track_caller]
+fn capture(mount: &Path) -> Moved {
+    let m = mount.to_path_buf();
+    let files = with_timeout("list the workspace", FS_TIMEOUT, move || {
+        tree_listing(&m)
+            .into_iter()
+            .filter(|(k, _)| k != ".git" && !k.starts_with(".git/"))
+            .collect()
+    });
+    Moved {
+        head: g(mount, &["rev-parse", "HEAD"]),
+        branch: g(mount, &["symbolic-ref", "-q", "HEAD"]),
+        status: g(mount, &["status", "--porcelain"]),
+        files,
+    }
+}
+
+#[track_caller]
+fn assert_moved(what: &str, a: &Moved, b: &Moved) {
+    assert_eq!(a.head, b.head, "{what}: HEAD differs");
+    assert_eq!(a.branch, b.branch, "{what}: the branch differs");
+    assert_eq!(a.status, b.status, "{what}: git status differs");
+    assert_same_listing(what, &a.files, &b.files);
+}
+
+struct Hosts {
+    h1: Daemon,
+    h2: Daemon,
+    share: PathBuf,
+}
+
+/// Two daemons with project `p` of one upstream, sharing to one bare repository.
+fn hosts(files: &[(&str, &str)]) -> Hosts {
+    let h1 = Daemon::start();
+    let h2 = Daemon::start();
+    let up = GitRepo::init(&h1.base.join("upstream"));
+    for (p, c) in files {
+        up.write(p, c);
+    }
+    up.write(".gitignore", "*.log\n");
+    up.commit_all("initial", DATE1);
+    let share = h1.base.join("share.git");
+    git(&h1.base, ["init", "-q", "--bare", share.to_str().unwrap()]);
+    for h in [&h1, &h2] {
+        h.cli_ok([
+            "mirror",
+            "add",
+            "p",
+            up.path.to_str().unwrap(),
+            "--share",
+            share.to_str().unwrap(),
+        ]);
+    }
+    let list = h2.cli_ok(["mirror", "list"]);
+    assert!(
+        list.contains(&format!("share={}", share.display())),
+        "mirror list does not show the share: {list}"
+    );
+    Hosts { h1, h2, share }
+}
+
+fn share_tip(share: &Path, thread: &str) -> String {
+    g(
+        share,
+        &[
+            "rev-parse",
+            "--verify",
+            &format!("refs/octomate/threads/{thread}"),
+        ],
+    )
+}
+
+#[test]
+fn a_thread_moves_between_hosts_and_back_byte_identical() {
+    let Hosts { h1, h2, share } = hosts(&[
+        ("README.md", "# demo\n"),
+        ("a.txt", "alpha\n"),
+        ("b.txt", "bravo\n"),
+        ("tool.sh", "#!/bin/sh\necho tool\n"),
+        ("src/lib.rs", "pub fn f() {}\n"),
+    ]);
+
+    // Host 1: a commit on a branch of its own, then working changes of every kind.
+    let m1 = h1.open_thread("a", &["--project", "p"]);
+    g(&m1, &["checkout", "-q", "-b", "feature/a"]);
+    in_ws(&m1, "printf 'committed\\n' > src/new.rs");
+    g(&m1, &["add", "src/new.rs"]);
+    g(&m1, &["commit", "-q", "-m", "agent work"]);
+    in_ws(
+        &m1,
+        "printf 'alpha changed\\n' > a.txt\n\
+         chmod 755 tool.sh\n\
+         ln -s src/lib.rs lib-link\n\
+         rm b.txt\n\
+         mkdir -p notes && printf 'untracked\\n' > notes/todo.md\n\
+         printf 'stays home\\n' > debug.log\n\
+         mkdir -p empty/dir\n\
+         chmod 600 src/lib.rs",
+    );
+    let before = capture(&m1);
+    assert!(before.status.contains("?? lib-link") && before.status.contains(" D b.txt"));
+    h1.cli_ok(["release", "a"]);
+    let s1 = share_tip(&share, "a");
+    // The POSIX record (the 600 mode, the empty directories) travels with it.
+    g(&share, &["rev-parse", "--verify", "refs/octomate/posix/a"]);
+
+    // Host 2 never saw the thread: it resumes from the share.
+    let m2 = h2.open_thread("a", &["--project", "p"]);
+    let mut arrived = capture(&m2);
+    assert!(
+        arrived.files.remove("debug.log").is_none(),
+        "ignored content travelled"
+    );
+    let mut expected = before;
+    expected.files.remove("debug.log");
+    assert_moved("host 1 -> host 2", &expected, &arrived);
+    assert_eq!(
+        g(&h2.mirror("p"), &["rev-parse", "refs/octomate/threads/a"]),
+        s1
+    );
+
+    // Changed on host 2, released, back on host 1 (its own snapshot is an ancestor).
+    in_ws(
+        &m2,
+        "printf 'from host 2\\n' >> README.md\nrm a.txt\nprintf 'two\\n' > notes/host2.md",
+    );
+    let changed = capture(&m2);
+    h2.cli_ok(["release", "a"]);
+    let s2 = share_tip(&share, "a");
+    assert_ne!(s1, s2);
+    assert_eq!(g(&share, &["rev-parse", &format!("{s2}^2")]), s1);
+    let m1 = h1.open_thread("a", &[]);
+    assert_moved("host 2 -> host 1", &changed, &capture(&m1));
+    let back = capture(&m1);
+    assert_eq!(back.branch, "refs/heads/feature/a");
+
+    // Diverged: host 2 moves on through the share while host 1 keeps working.
+    let m2 = h2.open_thread("a", &[]);
+    in_ws(&m2, "printf 'host 2 again\\n' > c.txt");
+    h2.cli_ok(["release", "a"]);
+    let s3 = share_tip(&share, "a");
+    in_ws(&m1, "printf 'host 1 alone\\n' > d.txt");
+    let out = h1.cli(["snapshot", "a"]);
+    out.assert_failed();
+    let err = out.stderr_str();
+    assert!(
+        err.contains("diverged") && err.contains("not shared") && err.trim().lines().count() == 1,
+        "{}",
+        out.describe()
+    );
+    let local = g(&h1.mirror("p"), &["rev-parse", "refs/octomate/threads/a"]);
+    assert_ne!(local, s3);
+    assert_eq!(
+        g(&h1.mirror("p"), &["show", &format!("{local}:d.txt")]),
+        "host 1 alone"
+    );
+    assert_eq!(share_tip(&share, "a"), s3, "the share was overwritten");
+    // Release still releases (the refusal is a warning and a log line).
+    let out = h1.cli(["release", "a"]);
+    out.assert_ok();
+    assert!(
+        out.stderr_str().contains("not shared"),
+        "{}",
+        out.describe()
+    );
+    assert!(h1.log_text().contains("not shared"));
+    assert_eq!(share_tip(&share, "a"), s3);
+}
+
+#[test]
+fn a_thousand_changed_files_move_between_hosts() {
+    let files: Vec<(String, String)> = (0..2000)
+        .map(|i| (format!("d{}/f{i}.txt", i % 40), format!("file {i}\n")))
+        .collect();
+    let refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let Hosts { h1, h2, share } = hosts(&refs);
+    let m1 = h1.open_thread("big", &["--project", "p"]);
+    in_ws(
+        &m1,
+        "i=0; while [ $i -lt 1000 ]; do printf 'changed %s\\n' $i > d$((i % 40))/f$i.txt; i=$((i+1)); done",
+    );
+    let before = capture(&m1);
+    let t = Instant::now();
+    h1.cli_ok_within(["release", "big"], Duration::from_secs(120));
+    let released = t.elapsed();
+    let t = Instant::now();
+    let out = run(
+        h2.command().args(["open", "big", "--project", "p"]),
+        Duration::from_secs(120),
+    );
+    out.assert_ok();
+    let opened = t.elapsed();
+    let m2 = PathBuf::from(out.stdout_str().trim());
+    assert_moved("1,000 changed files", &before, &capture(&m2));
+    assert!(!share_tip(&share, "big").is_empty());
+    println!(
+        "move of a thread with 1,000 changed files: release+share on host 1 {} ms, open from the share on host 2 {} ms, total {} ms",
+        released.as_millis(),
+        opened.as_millis(),
+        (released + opened).as_millis()
+    );
+    // The share's part of it, as the daemons logged it.
+    for line in h1.log_text().lines().chain(h2.log_text().lines()) {
+        if line.contains("snapshot")
+            || line.contains("resuming from the share")
+            || line.contains("released")
+            || line.contains("mounted")
+        {
+            println!("{line}");
+        }
+    }
+    h2.cli_ok(["release", "big"]);
+}
