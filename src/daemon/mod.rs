@@ -17,6 +17,7 @@
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
 //! - `diff`: what changed between snapshots or up to the live state;
 //! - `status`: list, status, fsmonitor answers and request statistics;
+//! - `layers`: the dependency layers a workspace presents, and their absence from what leaves it;
 //! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
 //! - [`proto`]: the request and reply types of the control protocol.
 
@@ -24,6 +25,7 @@ mod authz;
 mod commit;
 mod diff;
 pub mod error;
+mod layers;
 mod mirrors;
 mod mounts;
 mod moves;

@@ -2,7 +2,8 @@
 //! project's mirror. From the core's consistent view of what changed, through what `git add -A`
 //! would keep (ignore rules, nested repositories as gitlinks), to a tree, the agent's own commits
 //! carried into the mirror, the POSIX record of what the tree cannot hold, the commit and the
-//! compare-and-swap of `refs/octomate/threads/<thread>`.
+//! compare-and-swap of `refs/octomate/threads/<thread>`. Dependency layers are left out (see
+//! `layers`): a snapshot is built from the real base tree, never the grafted view root.
 //!
 //! Reads the workspace only through its core (never through the mount, never with git);
 //! writes only the mirror's objects and the thread's refs, and the workspace's
@@ -207,14 +208,23 @@ impl Daemon {
         let mut repo = snap::open(&mirror).context(gone)?;
         // The upper layer's clock before the view: files last changed before it may be remembered.
         let clock = Some((view.taken_at.0, i64::from(view.taken_at.1)));
-        if !repo.has_object(view.base_tree) {
+        // Dependency layers never leave the workspace: the tree is built from the real base (the
+        // view's root has the layers grafted in), without what is at or below a layer's path.
+        let base_tree = if rec.layers.is_empty() {
+            view.base_tree
+        } else {
+            gix::ObjectId::from_hex(rec.base_tree.as_bytes())
+                .context(|| format!("thread {thread}: bad base tree"))?
+        };
+        let edits = super::layers::strip(rec, &core, &*self.store(project)?, &repo, edits)?;
+        if !repo.has_object(base_tree) {
             return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
-                view.base_tree
+                base_tree
             )));
         }
         let Some((head, head_ref)) = head else {
-            return Ok(snap::build_tree(&repo, view.base_tree, &edits, clock)?);
+            return Ok(snap::build_tree(&repo, base_tree, &edits, clock)?);
         };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
@@ -259,7 +269,7 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
-        let tree = snap::build_tree(&repo, view.base_tree, &edits, clock)?;
+        let tree = snap::build_tree(&repo, base_tree, &edits, clock)?;
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
         let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),
