@@ -8,7 +8,8 @@
 //!    fork cost and disk (printed); two workspaces read the same blob-cache file; a write copies up
 //!    and leaves the sealed blob as it was; snapshots and commits hold no `node_modules` and the
 //!    mirror gets no layer object; `rm -rf node_modules` survives a daemon restart, which presents
-//!    the same tree; release + resume and fork present the layer again.
+//!    the same tree; release + resume and fork present the layer again (and nothing of what was
+//!    changed under it: content, modes, empty directories).
 
 mod common;
 
@@ -332,6 +333,14 @@ fn a_layer_is_presented_read_through_and_never_leaves_the_workspace() {
         "module.exports = require('./lib/deep/answer.js');"
     );
 
+    // What an install leaves that git cannot hold (an empty directory, a mode) is not saved either.
+    fs::create_dir(w1.join("node_modules/.cache")).expect("mkdir");
+    fs::set_permissions(
+        w1.join("node_modules/x/lib"),
+        fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+
     // Snapshots and commits hold no node_modules; the mirror holds no layer object.
     fs::write(w1.join("index.js"), "console.log(require('x') + 1);\n").expect("write");
     // A layer file copied out of the layer is content like any other (its object reaches the mirror).
@@ -393,6 +402,8 @@ fn a_layer_is_presented_read_through_and_never_leaves_the_workspace() {
         read(&w1.join("index.js")),
         "console.log(require('x') + 1);\n"
     );
+    assert!(!w1.join("node_modules/.cache").exists());
+    assert_eq!(mode(&w1.join("node_modules/x/lib")), 0o755);
     assert_eq!(
         read(&w1.join(".git/octomate-installed")),
         format!("npm node_modules {hash}\n")

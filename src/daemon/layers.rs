@@ -213,6 +213,18 @@ pub(super) fn strip(
     Ok(out)
 }
 
+/// Drops from a view's metadata every node at or below a layer path of `rec` (its modes, owners,
+/// special files and empty directories are the layer's, or the install's: never saved).
+pub(super) fn strip_meta(
+    rec: &WorkspaceRecord,
+    mut meta: Vec<crate::fs::NodeMeta>,
+) -> Vec<crate::fs::NodeMeta> {
+    if !rec.layers.is_empty() {
+        meta.retain(|m| !under_layer(&m.path, rec.layers.iter().map(|l| l.path.as_str())));
+    }
+    meta
+}
+
 impl Daemon {
     /// The built layers a new workspace of `project` whose files are `tree` presents, and one line
     /// per eligible lockfile without one. Reads two or three blobs and the layer records; runs

@@ -217,6 +217,7 @@ impl Daemon {
                 .context(|| format!("thread {thread}: bad base tree"))?
         };
         let edits = super::layers::strip(rec, &core, &*self.store(project)?, &repo, edits)?;
+        let meta = super::layers::strip_meta(rec, view.meta);
         if !repo.has_object(base_tree) {
             return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
@@ -271,7 +272,7 @@ impl Daemon {
         }
         let tree = snap::build_tree(&repo, base_tree, &edits, clock)?;
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
-        let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
+        let posix = match super::posix::record_of(&repo, tree, &meta, &rec.owner)? {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),
             None => None,
         };
