@@ -10,6 +10,8 @@
 //!    mirror gets no layer object; `rm -rf node_modules` survives a daemon restart, which presents
 //!    the same tree; release + resume and fork present the layer again (and nothing of what was
 //!    changed under it: content, modes, empty directories).
+//! 2. [`a_failed_layer_leaves_a_usable_workspace_and_status_says_why`]: the failed build's
+//!    message, matched to the lockfile by its key; a layer of another lockfile is not used.
 
 mod common;
 
@@ -115,9 +117,7 @@ fn seal_layer(d: &Daemon, nm: &Path, lock: &[u8]) -> String {
     g_bare(&store, Some(&index), Some(nm), &["add", "-f", "-A", "."]);
     let tree = g_bare(&store, Some(&index), Some(nm), &["write-tree"]);
     let hash = blake3::hash(lock).to_hex().to_string();
-    let key = blake3::hash(format!("npm 10 {hash}").as_bytes())
-        .to_hex()
-        .to_string();
+    let key = layer_key("npm", "10", lock);
     let record = serde_json::json!({
         "key": key,
         "manager": "npm",
@@ -142,6 +142,48 @@ fn seal_layer(d: &Daemon, nm: &Path, lock: &[u8]) -> String {
     )
     .expect("write record");
     tree
+}
+
+#[test]
+fn a_failed_layer_leaves_a_usable_workspace_and_status_says_why() {
+    let d = Daemon::start();
+    let repo = project(&d.base);
+    d.cli_ok(["mirror", "add", "app", repo.path.to_str().expect("utf8")]);
+    // A failed build of this lockfile (npm 10), and a built layer of another lockfile.
+    let layers = d.state.join("deps/layers");
+    fs::create_dir_all(&layers).expect("mkdir layers");
+    let key = layer_key("npm", "10", LOCK.as_bytes());
+    let failed = serde_json::json!({
+        "key": key, "manager": "npm", "manager_version": "10.9.2", "built_at": 1_700_000_000u64,
+        "state": "failed", "message": "404 Not Found - GET https://registry/x-9.tgz",
+        "log": d.state.join("deps/logs/x.log"),
+    });
+    fs::write(layers.join(format!("{key}.json")), failed.to_string()).expect("write");
+    seal_layer(&d, &layer_dir(&d.base), b"another lockfile\n");
+    let ws = d.open_thread("t", &["--project", "app"]);
+    assert!(!ws.join("node_modules").exists());
+    assert_eq!(read(&ws.join("index.js")), "console.log(require('x'));\n");
+    assert!(!ws.join(".git/octomate-installed").exists());
+    let s = status(&d, "t");
+    assert_eq!(
+        s["dependencies"][0].as_str(),
+        Some(
+            "npm layer not built (its build failed: 404 Not Found - GET https://registry/x-9.tgz)"
+        ),
+        "{s}"
+    );
+    fs::write(ws.join("new.txt"), "work\n").expect("write");
+    d.snapshot_id("t");
+    d.cli_ok(["release", "t"]);
+}
+
+/// The key layer builds give a lockfile (`docs/deps.md` "Key").
+fn layer_key(manager: &str, major: &str, lock: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [manager.as_bytes(), b"\0", major.as_bytes(), b"\0", lock] {
+        h.update(part);
+    }
+    h.finalize().to_hex().to_string()
 }
 
 fn read(p: &Path) -> String {

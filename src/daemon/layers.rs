@@ -14,7 +14,7 @@ use gix_ignore::search::Ignore;
 
 use super::Daemon;
 use super::error::{Error, on_workspace};
-use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, detect};
+use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, Manager, detect};
 use crate::fs::WorkspaceFs;
 use crate::git::graft::{Graft, under_layer};
 use crate::git::objects::{EntryKind, ObjectStore};
@@ -64,28 +64,45 @@ fn eligible(store: &ObjectStore, tree: ObjectId) -> std::io::Result<Vec<Lockfile
         .collect())
 }
 
-/// Why lockfile `lock` has no built layer: the failed build's message when the store has one
-/// for it, else how to build it.
-fn why_missing(deps: &DepStore, lock: &Lockfile) -> String {
-    // A failed record names its lockfile when its build recorded the hash (`lockfile_hash`, at
-    // the top or in the state); one that does not is not matched to a lockfile.
-    let failed = std::fs::read_dir(deps.records())
+/// The key of a layer of `manager` at major version `major` for `lockfile`: hex blake3 over the
+/// manager's name, NUL, its major version, NUL and the lockfile's bytes. It must match the key
+/// layer builds record (`docs/deps.md` "Key").
+fn layer_key(manager: Manager, major: &str, lockfile: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(manager.name().as_bytes());
+    h.update(b"\0");
+    h.update(major.as_bytes());
+    h.update(b"\0");
+    h.update(lockfile);
+    h.finalize().to_hex().to_string()
+}
+
+/// The major version a key is made with: the first number, or `0.<minor>` for a 0.x release.
+fn major(version: &str) -> String {
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split('.');
+    let first = parts.next().unwrap_or("");
+    if first == "0" {
+        format!("0.{}", parts.next().unwrap_or(""))
+    } else {
+        first.to_string()
+    }
+}
+
+/// Why lockfile `lock` (whose bytes are `bytes`) has no built layer: the newest failed build's
+/// message for it, else how to build it.
+fn why_missing(deps: &DepStore, lock: &Lockfile, bytes: &[u8]) -> String {
+    let failed = deps
+        .list()
+        .unwrap_or_default()
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path()).ok())
-        .filter_map(|b| {
-            let v: serde_json::Value = serde_json::from_slice(&b).ok()?;
-            let rec: crate::deps::LayerRecord = serde_json::from_value(v.clone()).ok()?;
-            let hash = v.get("lockfile_hash").and_then(|h| h.as_str());
-            match rec.state {
-                LayerState::Failed { message, .. }
-                    if rec.manager == lock.manager && hash == Some(lock.hash.as_str()) =>
-                {
-                    Some((rec.built_at, message))
-                }
-                _ => None,
-            }
+        .filter(|rec| {
+            rec.manager == lock.manager
+                && rec.key == layer_key(rec.manager, &major(&rec.manager_version), bytes)
+        })
+        .filter_map(|rec| match rec.state {
+            LayerState::Failed { message, .. } => Some((rec.built_at, message)),
+            LayerState::Built { .. } => None,
         })
         .max_by_key(|(at, _)| *at)
         .map(|(_, m)| m);
@@ -267,11 +284,20 @@ impl Daemon {
             return Vec::new();
         };
         let deps = DepStore::new(&self.layout);
-        let locks = self
-            .store(&rec.project)
-            .ok()
-            .and_then(|s| eligible(&s, tree).ok())
-            .unwrap_or_default();
+        let Ok(store) = self.store(&rec.project) else {
+            return Vec::new();
+        };
+        let locks = eligible(&store, tree).unwrap_or_default();
+        let bytes_of = |lock: &Lockfile| -> Vec<u8> {
+            store
+                .tree(tree)
+                .ok()
+                .and_then(|entries| {
+                    let e = entries.iter().find(|e| &*e.name == lock.name.as_bytes())?;
+                    store.blob(e.id).ok()
+                })
+                .unwrap_or_default()
+        };
         locks
             .into_iter()
             .filter(|lock| {
@@ -287,7 +313,7 @@ impl Daemon {
                 _ => format!(
                     "{} layer not built ({})",
                     lock.manager.name(),
-                    why_missing(&deps, &lock)
+                    why_missing(&deps, &lock, &bytes_of(&lock))
                 ),
             })
             .collect()
