@@ -17,6 +17,7 @@
 //!   per host by the package manager, sealed as git trees and presented read-through in workspaces.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
+//! - [`hooks`]: commit hooks, run by the CLI in a mount as the workspace's owner (never by the daemon).
 //! - [`doctor`]: finds (and with `--fix` repairs what is safe of) what crashes and kills left behind
 //!   in the state directory and under the root, reading them directly.
 
@@ -31,6 +32,7 @@ pub mod doctor;
 pub mod errno;
 pub mod fs;
 pub mod git;
+pub mod hooks;
 pub mod layout;
 pub mod names;
 pub mod own_repo;

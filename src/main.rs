@@ -18,7 +18,7 @@ use octofs::daemon::proto::{
     Access, DiffAnswer, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer, Request,
     Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
-use octofs::daemon::proto::{Committed, Pushed};
+use octofs::daemon::proto::{CommitMode, Committed, Pushed};
 use octofs::layout::Layout;
 use octofs::names::{NameKind, validate};
 
@@ -187,14 +187,29 @@ enum Cmd {
     /// gates; print the new commit id
     Commit {
         thread: String,
-        #[arg(short = 'm', long = "message")]
+        /// The message (optional only with --mode amend, which then keeps HEAD's)
+        #[arg(short = 'm', long = "message", default_value = "")]
         message: String,
+        /// commit: a new commit on HEAD; fixup: `fixup! <anchor's subject>` on HEAD; amend: replace HEAD
+        #[arg(long, value_enum, default_value_t = CommitMode::Commit)]
+        mode: CommitMode,
+        /// The commit a fixup fixes (HEAD or an ancestor; with --mode fixup)
+        #[arg(long)]
+        anchor: Option<String>,
         /// Commit only the changes at or below this path (repeatable)
         #[arg(long = "path")]
         paths: Vec<String>,
         /// A gate besides `excludes` (which always runs): secret-names, max-size=BYTES, cmd=PROGRAM
         #[arg(long = "gate")]
         gates: Vec<String>,
+        /// A command run in the workspace (as its owner) before the commit; it may rewrite files,
+        /// which are then committed; a failing hook stops the commit (repeatable, in order)
+        #[arg(long = "hook")]
+        hooks: Vec<String>,
+        /// Also run git's own pre-commit, commit-msg and post-commit hooks of the workspace (as its
+        /// owner); skipped by default
+        #[arg(long)]
+        git_hooks: bool,
     },
     /// Push the workspace's branch from the project's mirror through the gates
     Push {
@@ -211,6 +226,36 @@ enum Cmd {
         /// A gate besides `excludes` (which always runs): secret-names, max-size=BYTES, cmd=PROGRAM
         #[arg(long = "gate")]
         gates: Vec<String>,
+    },
+    /// Dependency layers (node_modules, .venv): installed once per host from a project's lockfiles
+    /// and presented read-through in its workspaces
+    Deps {
+        #[command(subcommand)]
+        cmd: DepsCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum DepsCmd {
+    /// The layers of the host: key, manager, path, state, size, files, when built, users
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the layers no workspace uses and no mirror's default branch needs; prune the store
+    Gc {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build the layers of a project's commit that are missing or failed; print what was built or
+    /// why it failed
+    Build {
+        project: String,
+        /// Branch, tag or commit of the mirror (default: its default branch)
+        #[arg(long = "ref")]
+        git_ref: Option<String>,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -276,12 +321,11 @@ fn request(layout: &Layout, req: Request) -> Result<Value, String> {
 
 /// `octofs watch`: polls the daemon's journal of the thread every 100 ms and prints one JSON line per
 /// change — `{"path", "kind", "token"}`, kind `changed`, `removed` or `directory` as the path is now
-/// in the mount — a `rescan` line when the token cannot be trusted, and a `released` line (exit 0)
+/// in the workspace (the daemon's answer: nothing here looks through the mount) — a `rescan` line when the token cannot be trusted, and a `released` line (exit 0)
 /// when the workspace goes away. Each line's token resumes the stream after it (`--since`).
 fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), String> {
     use octofs::daemon::proto::WatchAnswer;
     use std::io::Write;
-    let mount = layout.mountpoint(&thread);
     let mut token = since.unwrap_or_default();
     let mut first = true;
     loop {
@@ -316,23 +360,7 @@ fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), S
             line(serde_json::json!({"kind": "rescan", "token": a.token}))
         } else {
             a.entries.iter().try_for_each(|e| {
-                let dir = e.path.ends_with('/');
-                let exists = match &e.path_hex {
-                    None => std::fs::symlink_metadata(mount.join(&e.path)).is_ok(),
-                    Some(hex) => {
-                        let bytes: Vec<u8> = (0..hex.len() / 2)
-                            .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
-                            .collect();
-                        use std::os::unix::ffi::OsStrExt;
-                        let rel = std::ffi::OsStr::from_bytes(&bytes);
-                        std::fs::symlink_metadata(mount.join(rel)).is_ok()
-                    }
-                };
-                let kind = match (exists, dir) {
-                    (false, _) => "removed",
-                    (true, true) => "directory",
-                    (true, false) => "changed",
-                };
+                let kind = &e.kind;
                 let mut v = serde_json::json!({"path": e.path, "kind": kind, "token": e.token});
                 if let Some(h) = &e.path_hex {
                     v["path_hex"] = Value::String(h.clone());
@@ -450,15 +478,17 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                             .map_err(|e| format!("cannot read {}: {e}", f.display()))
                     })
                     .transpose()?;
-                let info: MirrorInfo = parse(request(
-                    layout,
-                    Request::MirrorAdd {
-                        project,
-                        upstream,
-                        credential,
-                        access,
-                    },
-                )?)?;
+                let info: MirrorInfo = parse(with_progress(layout, &project.clone(), || {
+                    request(
+                        layout,
+                        Request::MirrorAdd {
+                            project,
+                            upstream,
+                            credential,
+                            access,
+                        },
+                    )
+                })?)?;
                 println!(
                     "{} {} {}",
                     info.project.project,
@@ -494,7 +524,9 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             MirrorCmd::Sync { project } => {
                 validate(NameKind::Project, &project)?;
-                let out: SyncOutcome = parse(request(layout, Request::MirrorSync { project })?)?;
+                let out: SyncOutcome = parse(with_progress(layout, &project.clone(), || {
+                    request(layout, Request::MirrorSync { project })
+                })?)?;
                 let what = if out.recreated {
                     "re-created"
                 } else if out.fresh {
@@ -764,10 +796,36 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
         Cmd::Commit {
             thread,
             message,
+            mode,
+            anchor,
             paths,
             gates,
+            hooks,
+            git_hooks,
         } => {
             validate(NameKind::Thread, &thread)?;
+            let mut message = message;
+            let hooked = if hooks.is_empty() && !git_hooks {
+                None
+            } else {
+                let w: WorkspaceStatus = parse(request(
+                    layout,
+                    Request::Status {
+                        thread: thread.clone(),
+                    },
+                )?)?;
+                let run = octofs::hooks::Runner::for_workspace(&w)?;
+                for h in &hooks {
+                    run.hook(h)?;
+                }
+                if git_hooks {
+                    run.git_hook("pre-commit", &[])?;
+                    if !message.is_empty() {
+                        message = run.commit_msg(&message)?;
+                    }
+                }
+                Some(run)
+            };
             let c: Committed = parse(request(
                 layout,
                 Request::Commit {
@@ -775,8 +833,16 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     message,
                     paths,
                     gates,
+                    mode,
+                    anchor,
                 },
             )?)?;
+            if git_hooks && let Some(run) = hooked {
+                // As git does: post-commit cannot undo the commit; its failure is only reported.
+                if let Err(e) = run.git_hook("post-commit", &[]) {
+                    eprintln!("octofs: warning: {e}");
+                }
+            }
             println!("{}", c.commit);
             Ok(())
         }
@@ -801,5 +867,177 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             println!("{} {}", p.branch, p.commit);
             Ok(())
         }
+        Cmd::Deps { cmd } => deps(layout, cmd),
+    }
+}
+
+/// Runs `f` (a `mirror add` or `mirror sync` request); when stderr is a terminal, shows the
+/// project's dependency builds meanwhile: a line when one starts, a line with its result and time.
+fn with_progress<T: Send>(layout: &Layout, project: &str, f: impl FnOnce() -> T + Send) -> T {
+    use octofs::daemon::proto::{OutcomeKind, ProgressAnswer};
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return f();
+    }
+    let poll = |after: u64, autostart: bool| -> Option<ProgressAnswer> {
+        let req = Request::DepsProgress {
+            project: project.to_string(),
+            after,
+        };
+        let resp = client::call(layout, &req, autostart).ok()?;
+        if !resp.ok {
+            return None;
+        }
+        serde_json::from_value(resp.result).ok()
+    };
+    let Some(first) = poll(u64::MAX, true) else {
+        return f();
+    };
+    let show = |a: &ProgressAnswer| {
+        for e in &a.events {
+            match &e.outcome {
+                None => eprintln!("octofs: building {}…", e.what),
+                Some(o) => match &o.result {
+                    // The warning line that follows names the reason and the log.
+                    OutcomeKind::Failed { .. } => {
+                        eprintln!(
+                            "octofs: {}: failed after {:.1} s",
+                            e.what,
+                            o.ms as f64 / 1e3
+                        )
+                    }
+                    _ => eprintln!("octofs: {}", o.describe()),
+                },
+            }
+        }
+    };
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let worker = s.spawn(|| {
+            let v = f();
+            done.store(true, std::sync::atomic::Ordering::Release);
+            v
+        });
+        let mut last = first.last;
+        while !done.load(std::sync::atomic::Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(250));
+            if let Some(a) = poll(last, false) {
+                show(&a);
+                last = a.last;
+            }
+        }
+        if let Some(a) = poll(last, false) {
+            show(&a);
+        }
+        match worker.join() {
+            Ok(v) => v,
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    })
+}
+
+/// `octofs deps list|gc|build`.
+fn deps(layout: &Layout, cmd: DepsCmd) -> Result<(), String> {
+    use octofs::daemon::proto::{BuildAnswer, GcAnswer, LayerInfo, OutcomeKind};
+    match cmd {
+        DepsCmd::List { json } => {
+            let v = request(layout, Request::DepsList)?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let list: Vec<LayerInfo> = parse(v)?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
+            for l in list {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    short(&l.key),
+                    l.manager.name(),
+                    l.path,
+                    l.state,
+                    mib(l.bytes),
+                    l.files,
+                    ago(now.saturating_sub(l.built_at)),
+                    if l.users.is_empty() {
+                        "-".to_string()
+                    } else {
+                        l.users.join(",")
+                    }
+                );
+                if let (Some(m), Some(log)) = (&l.message, &l.log) {
+                    println!("  {m} (see {})", log.display());
+                }
+            }
+            Ok(())
+        }
+        DepsCmd::Gc { json } => {
+            let v = request(layout, Request::DepsGc)?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let a: GcAnswer = parse(v)?;
+            for r in &a.removed {
+                println!(
+                    "removed {} layer {} ({}, {})",
+                    r.manager.name(),
+                    short(&r.key),
+                    r.state,
+                    mib(r.bytes)
+                );
+            }
+            println!(
+                "{} layer(s) removed, {} kept, {} freed",
+                a.removed.len(),
+                a.kept,
+                mib(a.freed_bytes)
+            );
+            Ok(())
+        }
+        DepsCmd::Build {
+            project,
+            git_ref,
+            json,
+        } => {
+            validate(NameKind::Project, &project)?;
+            let v = request(layout, Request::DepsBuild { project, git_ref })?;
+            if json {
+                println!("{v}");
+                return Ok(());
+            }
+            let a: BuildAnswer = parse(v)?;
+            if a.outcomes.is_empty() {
+                println!("{} {}: no lockfile, no layer", a.project, short(&a.commit));
+            }
+            let mut failed = 0;
+            for o in &a.outcomes {
+                if matches!(o.result, OutcomeKind::Failed { .. }) {
+                    failed += 1;
+                }
+                println!("{}", o.describe());
+            }
+            match failed {
+                0 => Ok(()),
+                n => Err(format!("{n} layer(s) failed to build")),
+            }
+        }
+    }
+}
+
+/// Bytes as MiB with one decimal.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// How long ago, in the largest whole unit.
+fn ago(secs: u64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s ago"),
+        s if s < 7200 => format!("{}m ago", s / 60),
+        s if s < 172_800 => format!("{}h ago", s / 3600),
+        s => format!("{}d ago", s / 86_400),
     }
 }

@@ -407,3 +407,245 @@ fn commit_and_push_on_top_of_the_agents_own_commit() {
     assert_eq!(g(&bare, &["rev-parse", &own]), id);
     assert_eq!(g(&bare, &["rev-parse", &format!("{own}^")]), agents);
 }
+
+#[test]
+fn fixup_and_amend_modes() {
+    let d = Daemon::start();
+    bare_project(&d, "p", FILES);
+    let ws = d.open_thread("tm", &["--project", "p"]);
+    let base = g(&ws, &["rev-parse", "HEAD"]);
+    put(&ws, "a.txt", b"alpha 2\n");
+    let c1 = d
+        .cli_ok(["commit", "tm", "-m", "change alpha\n\nwith a body"])
+        .trim()
+        .to_string();
+    // A fixup needs an anchor that HEAD reaches.
+    put(&ws, "b.txt", b"bravo 2\n");
+    let out = d.cli(["commit", "tm", "-m", "x", "--mode", "fixup"]);
+    out.assert_failed();
+    assert!(out.stderr_str().contains("--anchor"), "{}", out.describe());
+    let out = d.cli(["commit", "tm", "-m", "x", "--anchor", &c1]);
+    out.assert_failed();
+    assert!(out.stderr_str().contains("fixup"), "{}", out.describe());
+    for bad in ["1".repeat(40), "no-such-rev".to_string()] {
+        let out = d.cli(["commit", "tm", "--mode", "fixup", "--anchor", &bad]);
+        out.assert_failed();
+        assert_eq!(g(&ws, &["rev-parse", "HEAD"]), c1, "{}", out.describe());
+    }
+    let fix = d
+        .cli_ok(["commit", "tm", "--mode", "fixup", "--anchor", &c1])
+        .trim()
+        .to_string();
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), fix);
+    assert_eq!(g(&ws, &["rev-parse", "HEAD^"]), c1);
+    assert_eq!(g(&ws, &["log", "-1", "--format=%s"]), "fixup! change alpha");
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    // Amend replaces HEAD: same parent, both changes, the new message; the branch moves.
+    put(&ws, "c.txt", b"charlie 2\n");
+    let amended = d
+        .cli_ok([
+            "commit",
+            "tm",
+            "--mode",
+            "amend",
+            "-m",
+            "alpha, bravo, charlie",
+        ])
+        .trim()
+        .to_string();
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), amended);
+    assert_eq!(
+        g(&ws, &["rev-parse", "HEAD^"]),
+        c1,
+        "amend keeps HEAD's parent"
+    );
+    assert_eq!(
+        g(&ws, &["show", "--name-status", "--format=", "HEAD"]),
+        "M\tb.txt\nM\tc.txt"
+    );
+    assert_eq!(
+        g(&ws, &["log", "-1", "--format=%s"]),
+        "alpha, bravo, charlie"
+    );
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    // Without -m an amend keeps the message; with nothing changed and no new message it refuses.
+    put(&ws, "src/lib.rs", b"pub fn h() {}\n");
+    d.cli_ok(["commit", "tm", "--mode", "amend"]);
+    assert_eq!(
+        g(&ws, &["log", "-1", "--format=%s"]),
+        "alpha, bravo, charlie"
+    );
+    assert_eq!(g(&ws, &["rev-parse", "HEAD^"]), c1);
+    let head = g(&ws, &["rev-parse", "HEAD"]);
+    let out = d.cli(["commit", "tm", "--mode", "amend"]);
+    out.assert_failed();
+    assert!(
+        out.stderr_str().contains("nothing to commit"),
+        "{}",
+        out.describe()
+    );
+    // A reword alone is an amend.
+    d.cli_ok(["commit", "tm", "--mode", "amend", "-m", "reworded"]);
+    assert_eq!(g(&ws, &["log", "-1", "--format=%s"]), "reworded");
+    assert_ne!(g(&ws, &["rev-parse", "HEAD"]), head);
+    assert_eq!(g(&ws, &["rev-parse", "HEAD~2"]), base);
+    // An amend is gated on everything it carries: a secret committed earlier is refused too.
+    put(&ws, ".env", b"TOKEN=1\n");
+    d.cli_ok(["commit", "tm", "-m", "with a secret"]);
+    let head = g(&ws, &["rev-parse", "HEAD"]);
+    put(&ws, "a.txt", b"alpha 3\n");
+    let out = d.cli([
+        "commit",
+        "tm",
+        "--mode",
+        "amend",
+        "-m",
+        "hide it",
+        "--gate",
+        "secret-names",
+    ]);
+    out.assert_failed();
+    assert!(out.stderr_str().contains(".env"), "{}", out.describe());
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), head);
+}
+
+#[test]
+fn commits_carry_the_workspaces_identity() {
+    let d = Daemon::start();
+    bare_project(&d, "p", FILES);
+    let ws = d.open_thread("ti", &["--project", "p"]);
+    put(&ws, "a.txt", b"alpha 2\n");
+    d.cli_ok(["commit", "ti", "-m", "anonymous"]);
+    assert_eq!(
+        g(&ws, &["log", "-1", "--format=%an <%ae>"]),
+        "octofs <octofs@localhost>"
+    );
+    g(&ws, &["config", "user.name", "Agent Smith"]);
+    g(&ws, &["config", "user.email", "smith@example.invalid"]);
+    put(&ws, "b.txt", b"bravo 2\n");
+    d.cli_ok(["commit", "ti", "-m", "signed"]);
+    assert_eq!(
+        g(&ws, &["log", "-1", "--format=%an <%ae>|%cn <%ce>"]),
+        "Agent Smith <smith@example.invalid>|Agent Smith <smith@example.invalid>"
+    );
+}
+
+#[test]
+fn hooks_run_in_the_workspace_as_its_owner() {
+    let d = Daemon::start();
+    let a = user_a();
+    bare_project(&d, "p", FILES);
+    d.cli_ok(["mirror", "access", "p", "--allow-user", "octofs-test-user"]);
+    // The workspace is user a's; root (an orchestrator) commits with hooks.
+    let mut open = as_user(a, bin());
+    open.arg("--state")
+        .arg(&d.state)
+        .arg("--root")
+        .arg(&d.root)
+        .args(["open", "th", "--project", "p"]);
+    let out = run(&mut open, CMD_TIMEOUT);
+    out.assert_ok();
+    let ws = PathBuf::from(out.stdout_str().trim());
+    let head = g(&ws, &["-c", "safe.directory=*", "rev-parse", "HEAD"]);
+    put(&ws, "a.txt", b"alpha bad\n");
+    // A failing hook stops the commit.
+    let out = d.cli(["commit", "th", "-m", "x", "--hook", "exit 3"]);
+    out.assert_failed();
+    assert!(
+        out.stderr_str().contains("exit 3") || out.stderr_str().contains("exit status: 3"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(
+        g(&ws, &["-c", "safe.directory=*", "rev-parse", "HEAD"]),
+        head
+    );
+    // Hooks run in order, in the mount, as the owner, and what they rewrite is committed.
+    let id = d
+        .cli_ok([
+            "commit",
+            "th",
+            "-m",
+            "formatted",
+            "--hook",
+            "sed -i s/bad/good/ a.txt",
+            "--hook",
+            "id -u > who.txt",
+        ])
+        .trim()
+        .to_string();
+    assert_eq!(
+        g(
+            &ws,
+            &["-c", "safe.directory=*", "show", &format!("{id}:a.txt")]
+        ),
+        "alpha good"
+    );
+    assert_eq!(
+        g(
+            &ws,
+            &["-c", "safe.directory=*", "show", &format!("{id}:who.txt")]
+        ),
+        a.uid.to_string(),
+        "the hook ran as someone else than the workspace's owner"
+    );
+    // Git's own hooks are skipped unless asked for.
+    let hooks = ws.join(".git/hooks");
+    let (pre, msg) = (hooks.join("pre-commit"), hooks.join("commit-msg"));
+    with_timeout("write hooks", FS_TIMEOUT, move || {
+        fs::create_dir_all(pre.parent().unwrap()).unwrap();
+        write_file(&pre, b"#!/bin/sh\nid -u > pre-commit-ran\n", 0o755);
+        write_file(
+            &msg,
+            b"#!/bin/sh\nprintf '\\nSigned-off-by: hook\\n' >> \"$1\"\n",
+            0o755,
+        );
+    });
+    put(&ws, "b.txt", b"bravo 2\n");
+    let id = d.cli_ok(["commit", "th", "-m", "plain"]).trim().to_string();
+    assert_eq!(
+        g(
+            &ws,
+            &["-c", "safe.directory=*", "log", "-1", "--format=%B", &id]
+        ),
+        "plain"
+    );
+    assert!(!ws.join("pre-commit-ran").exists());
+    put(&ws, "c.txt", b"charlie 2\n");
+    let id = d
+        .cli_ok(["commit", "th", "-m", "hooked", "--git-hooks"])
+        .trim()
+        .to_string();
+    assert_eq!(
+        g(
+            &ws,
+            &["-c", "safe.directory=*", "log", "-1", "--format=%B", &id]
+        ),
+        "hooked\n\nSigned-off-by: hook"
+    );
+    assert_eq!(
+        g(
+            &ws,
+            &[
+                "-c",
+                "safe.directory=*",
+                "show",
+                &format!("{id}:pre-commit-ran")
+            ]
+        ),
+        a.uid.to_string()
+    );
+    // Another user may not run hooks in it.
+    let b = user_b();
+    let mut other = as_user(b, bin());
+    other
+        .arg("--state")
+        .arg(&d.state)
+        .arg("--root")
+        .arg(&d.root)
+        .args(["commit", "th", "-m", "x", "--hook", "touch owned-by-b"]);
+    let out = run(&mut other, CMD_TIMEOUT);
+    out.assert_failed();
+    assert!(!ws.join("owned-by-b").exists());
+    d.cli_ok(["release", "th"]);
+}

@@ -162,3 +162,40 @@ fn watch_streams_changes_resumes_from_a_token_and_ends_at_release() {
     let status = wait_timeout(&mut w.child, Duration::from_secs(10)).expect("watch exits");
     assert!(status.success(), "{status:?}");
 }
+
+/// A path whose parent became a symlink to a host directory is `removed` (as the workspace has it),
+/// whatever the host directory holds: the kind is never found by looking through the mount, where
+/// the symlink would lead a root watcher out of the workspace.
+#[test]
+fn kinds_never_follow_a_planted_symlink() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = GitRepo::init(&src.path().join("repo"));
+    repo.write("README.md", "watch\n");
+    repo.commit_all("initial", DATE);
+    let d = Daemon::start();
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    let mnt = d.open_thread("t2", &["--project", "proj"]);
+    // A host directory with a file of the same name, which only root can see into.
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("secret"), "host\n").unwrap();
+
+    let w = Watcher::start(&d, &["t2"]);
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::create_dir(mnt.join("x")).unwrap();
+    std::fs::write(mnt.join("x/secret"), "mine\n").unwrap();
+    std::fs::remove_file(mnt.join("x/secret")).unwrap();
+    std::fs::remove_dir(mnt.join("x")).unwrap();
+    std::os::unix::fs::symlink(host.path(), mnt.join("x")).unwrap();
+    let lines = w.until(|l| last_kind(l, "x").is_some() && last_kind(l, "x/secret").is_some());
+    assert_eq!(
+        last_kind(&lines, "x/secret").as_deref(),
+        Some("removed"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        last_kind(&lines, "x").as_deref(),
+        Some("changed"),
+        "{lines:?}"
+    );
+    d.cli_ok(["release", "t2"]);
+}

@@ -9,11 +9,11 @@
 //! changes nothing.
 
 use super::error::{Error, on_workspace};
-use super::proto::Committed;
+use super::proto::{CommitMode, Committed};
 use super::snapshot::{Goal, read_head};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
-use crate::fs::{ROOT_INO, WorkspaceFs};
+use crate::fs::WorkspaceFs;
 use crate::git::gates::{self, Gate, Item};
 use crate::git::mirror::{Change, changes};
 use crate::git::snapshot::{self as snap, HeadRef, ViewEdit, ViewSource};
@@ -91,19 +91,13 @@ pub(super) fn check_gates(
 /// stat, so its content is compared. Without a readable old index nothing is carried (slower, not
 /// wrong).
 fn keep_stat(core: &WorkspaceFs, state: &std::path::Path, index: &mut gix::index::File) {
-    use std::ffi::OsStr;
-    let old_written = core
-        .lookup(ROOT_INO, OsStr::new(".git"))
-        .and_then(|git| {
-            core.forget(git.ino.0, 1);
-            core.lookup(git.ino.0, OsStr::new("index"))
-        })
-        .map(|attr| {
-            core.forget(attr.ino.0, 1);
-            attr.mtime
+    let old_written = core.attr_at(&[b".git", b"index"]).map(|attr| {
+        attr.map_or(0, |a| {
+            a.mtime
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs())
-        });
+        })
+    });
     let (Ok(old), Ok(written)) = (add_all::read_index(core, state), old_written) else {
         return;
     };
@@ -140,21 +134,113 @@ fn write_index(core: &WorkspaceFs, bytes: &[u8]) -> Result<(), Error> {
     Ok(())
 }
 
+/// What `octofs commit` asks for, beyond the thread.
+#[derive(Debug, Clone, Default)]
+pub(super) struct CommitRequest {
+    pub message: String,
+    pub paths: Vec<String>,
+    pub gates: Vec<String>,
+    pub mode: CommitMode,
+    pub anchor: Option<String>,
+}
+
+/// The commit a fixup fixes: `spec` resolved in the mirror (the agent's commits are carried there
+/// before), which must be HEAD or one of its ancestors — a fixup of anything else could never
+/// be squashed into it.
+fn resolve_anchor(
+    repo: &gix::Repository,
+    spec: &str,
+    head: gix::ObjectId,
+) -> Result<gix::ObjectId, Error> {
+    let unknown = || Error::Refused(format!("--anchor {spec}: no such commit"));
+    let anchor = if spec == "HEAD" {
+        head
+    } else {
+        repo.rev_parse_single(spec)
+            .map_err(|_| unknown())?
+            .object()
+            .map_err(|_| unknown())?
+            .peel_to_commit()
+            .map_err(|_| unknown())?
+            .id
+    };
+    let reaches = anchor == head
+        || repo
+            .rev_walk([head])
+            .all()
+            .map_err(|e| Error::Op {
+                what: "cannot walk HEAD's history".into(),
+                source: Box::new(e),
+            })?
+            .filter_map(Result::ok)
+            .any(|info| info.id == anchor);
+    if !reaches {
+        return Err(Error::Refused(format!(
+            "--anchor {spec} ({anchor}) is not HEAD or an ancestor of it: nothing to fix up"
+        )));
+    }
+    Ok(anchor)
+}
+
+/// The largest `.git/config` whose identity is read (bigger ones are not a git config).
+const CONFIG_MAX: u64 = 1 << 20;
+
+/// The workspace's own author identity: `user.name` and `user.email` of its `.git/config`, parsed
+/// in process without includes (nothing else of it is used, nothing runs). `None` when either is
+/// missing or the file is not a config: the commit is then octofs's.
+fn identity(core: &WorkspaceFs) -> Option<snap::Identity> {
+    use std::io::Read as _;
+    let f = core.open_file(&[b".git", b"config"]).ok()??;
+    let mut bytes = Vec::new();
+    f.take(CONFIG_MAX + 1).read_to_end(&mut bytes).ok()?;
+    if bytes.len() as u64 > CONFIG_MAX {
+        return None;
+    }
+    let config = gix::config::File::from_bytes_no_includes(
+        &bytes,
+        gix::config::file::Metadata::api(),
+        Default::default(),
+    )
+    .ok()?;
+    let get = |key: &str| {
+        config
+            .string(key)
+            .map(|v| v.to_string())
+            .filter(|v| !v.trim().is_empty() && !v.contains(['<', '>', '\n']))
+    };
+    Some(snap::Identity {
+        name: get("user.name")?,
+        email: get("user.email")?,
+    })
+}
+
 impl Daemon {
     /// `octofs commit`: returns the new commit.
-    pub(super) fn commit(
-        &self,
-        thread: &str,
-        message: &str,
-        paths: &[String],
-        gate_specs: &[String],
-        c: &Caller,
-    ) -> Reply<Committed> {
+    pub(super) fn commit(&self, thread: &str, req: &CommitRequest, c: &Caller) -> Reply<Committed> {
+        let CommitRequest {
+            message,
+            paths,
+            gates: gate_specs,
+            mode,
+            anchor,
+        } = req;
+        let (message, mode) = (message.as_str(), *mode);
         validate(NameKind::Thread, thread)?;
         // Every gate is known before anything runs.
         let gates = parse_gates(self, gate_specs, c)?;
-        if message.trim().is_empty() {
+        if message.trim().is_empty() && mode == CommitMode::Commit {
             return Err(Error::Refused("a commit needs a message (-m)".into()));
+        }
+        match (mode, anchor) {
+            (CommitMode::Fixup, None) => {
+                return Err(Error::Refused(
+                    "--mode fixup needs --anchor: the commit it fixes".into(),
+                ));
+            }
+            (CommitMode::Commit | CommitMode::Amend, Some(_)) => {
+                return Err(Error::Refused("--anchor is only for --mode fixup".into()));
+            }
+            _ => {}
         }
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
@@ -175,7 +261,36 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
-        let (head_tree, _, _, _) = snap::commit_info(&repo, head)?;
+        let (head_tree, head_parents, head_message, _) = snap::commit_info(&repo, head)?;
+        // What the new commit says and where it goes.
+        let (message, parents) = match mode {
+            CommitMode::Commit => (message.to_string(), vec![head]),
+            CommitMode::Fixup => {
+                let spec = anchor.as_deref().unwrap_or_default();
+                let anchor = resolve_anchor(&repo, spec, head)?;
+                let (_, _, anchor_message, _) = snap::commit_info(&repo, anchor)?;
+                let subject = String::from_utf8_lossy(&anchor_message)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let body = message.trim();
+                let message = if body.is_empty() {
+                    format!("fixup! {subject}\n")
+                } else {
+                    format!("fixup! {subject}\n\n{body}\n")
+                };
+                (message, vec![head])
+            }
+            CommitMode::Amend => {
+                let message = if message.trim().is_empty() {
+                    String::from_utf8_lossy(&head_message).into_owned()
+                } else {
+                    message.to_string()
+                };
+                (message, head_parents.clone())
+            }
+        };
         let raw = crate::git::Git::new(Some(&mirror))
             .args(["diff-tree", "-r", "-z", "--raw", "--no-renames"])
             .arg(head_tree.to_string())
@@ -185,7 +300,9 @@ impl Daemon {
         if !paths.is_empty() {
             changes.retain(|ch| paths.iter().any(|p| selected(&ch.path, p.as_bytes())));
         }
-        if changes.is_empty() {
+        // An amend may only change the message (as `git commit --amend -m` does).
+        let reworded = mode == CommitMode::Amend && message.as_bytes() != head_message.as_slice();
+        if changes.is_empty() && !reworded {
             let what = if paths.is_empty() {
                 String::new()
             } else {
@@ -213,8 +330,24 @@ impl Daemon {
         if !in_layer.is_empty() {
             return Err(Error::Refused(gates::refused_message("commit", &in_layer)));
         }
-        // The gates see every path the commit adds or changes.
-        check_gates(&core, &repo, &changes, &gates, "commit")?;
+        // The gates see every path the commit adds or changes; an amended commit's paths are
+        // those it changes from its own parent (HEAD's, which travel again under the new id).
+        if mode == CommitMode::Amend {
+            let mut gated = changes.clone();
+            let parent_tree = match head_parents.first() {
+                Some(p) => snap::commit_info(&repo, *p)?.0,
+                None => gix::ObjectId::empty_tree(gix::hash::Kind::Sha1),
+            };
+            let raw = crate::git::Git::new(Some(&mirror))
+                .args(["diff-tree", "-r", "-z", "--raw", "--no-renames"])
+                .arg(parent_tree.to_string())
+                .arg(head_tree.to_string())
+                .output_bytes()?;
+            gated.extend(crate::git::mirror::changes(&raw)?);
+            check_gates(&core, &repo, &gated, &gates, "commit")?;
+        } else {
+            check_gates(&core, &repo, &changes, &gates, "commit")?;
+        }
         let tree = if paths.is_empty() {
             working
         } else {
@@ -244,7 +377,8 @@ impl Daemon {
             // Objects already in the mirror: no file is read, nothing to remember.
             snap::build_tree(&repo, head_tree, &edits, None)?
         };
-        let commit = snap::write_commit(&repo, tree, vec![head], message)?;
+        let who = identity(&core);
+        let commit = snap::write_commit_as(&repo, tree, parents, &message, who.as_ref())?;
         // The index first (a crash leaves the old HEAD with an index of the new tree: `git status`
         // shows the commit's changes staged, nothing lost), then the branch.
         let mut index = repo.index_from_tree(&tree).map_err(|e| Error::Op {
@@ -278,7 +412,7 @@ impl Daemon {
             }
         }
         self.tell_kernel(thread);
-        tracing::info!(%thread, %commit, paths = changes.len(), "commit");
+        tracing::info!(%thread, %commit, ?mode, paths = changes.len(), "commit");
         Ok((
             Committed {
                 commit: commit.to_string(),

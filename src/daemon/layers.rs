@@ -14,7 +14,8 @@ use gix_ignore::search::Ignore;
 
 use super::Daemon;
 use super::error::{Error, on_workspace};
-use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, Manager, detect};
+use crate::deps::build::{layer_key, major};
+use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, detect};
 use crate::fs::WorkspaceFs;
 use crate::git::graft::{Graft, under_layer};
 use crate::git::objects::{EntryKind, ObjectStore};
@@ -62,31 +63,6 @@ fn eligible(store: &ObjectStore, tree: ObjectId) -> std::io::Result<Vec<Lockfile
                 && ignored(l.install_path)
         })
         .collect())
-}
-
-/// The key of a layer of `manager` at major version `major` for `lockfile`: hex blake3 over the
-/// manager's name, NUL, its major version, NUL and the lockfile's bytes. It must match the key
-/// layer builds record (`docs/deps.md` "Key").
-fn layer_key(manager: Manager, major: &str, lockfile: &[u8]) -> String {
-    let mut h = blake3::Hasher::new();
-    h.update(manager.name().as_bytes());
-    h.update(b"\0");
-    h.update(major.as_bytes());
-    h.update(b"\0");
-    h.update(lockfile);
-    h.finalize().to_hex().to_string()
-}
-
-/// The major version a key is made with: the first number, or `0.<minor>` for a 0.x release.
-fn major(version: &str) -> String {
-    let v = version.trim().trim_start_matches('v');
-    let mut parts = v.split('.');
-    let first = parts.next().unwrap_or("");
-    if first == "0" {
-        format!("0.{}", parts.next().unwrap_or(""))
-    } else {
-        first.to_string()
-    }
 }
 
 /// Why lockfile `lock` (whose bytes are `bytes`) has no built layer: the newest failed build's

@@ -111,7 +111,10 @@ impl Daemon {
         // state directory does not change behind a command that follows (a build still writing its
         // temporary file when the next command runs would look like that command's doing).
         run_index_jobs(&self.layout, &self.locks, self.index_jobs(project));
-        Ok((info, vec![]))
+        // Then the default branch's dependency layers, still outside the project's lock; a failed
+        // build is a warning, never a failed `mirror add`.
+        let warnings = self.build_missing_layers(project);
+        Ok((info, warnings))
     }
 
     /// The shared indexes of `project`'s default branch (the mirror's HEAD) that are missing: one per
@@ -261,7 +264,8 @@ impl Daemon {
         // there, and builds it when it is not (a new owner, an index removed). Before the answer,
         // as after `mirror add`.
         run_index_jobs(&self.layout, &self.locks, self.index_jobs(project));
-        let warnings = out.warning.iter().cloned().collect();
+        let mut warnings: Vec<String> = out.warning.iter().cloned().collect();
+        warnings.extend(self.build_missing_layers(project));
         Ok((out, warnings))
     }
 

@@ -15,6 +15,7 @@
 //! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
 //! - `moves`: a thread's state carried to a new thread: `fork` and `teleport`;
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
+//! - `deps`: dependency layers: builds after mirror add/sync, `deps build/list/gc`, progress;
 //! - `diff`: what changed between snapshots or up to the live state;
 //! - `status`: list, status, fsmonitor answers and request statistics;
 //! - `layers`: the dependency layers a workspace presents, and their absence from what leaves it;
@@ -23,6 +24,7 @@
 
 mod authz;
 mod commit;
+mod deps;
 mod diff;
 pub mod error;
 mod layers;

@@ -8,10 +8,13 @@
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
-//! [`ReleaseAnswer`].
+//! [`ReleaseAnswer`], `deps build` [`BuildAnswer`], `deps list` [`LayerInfo`], `deps gc`
+//! [`GcAnswer`], `deps progress` [`ProgressAnswer`].
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::deps::build::{BuildAnswer, Outcome, OutcomeKind, ProgressAnswer, ProgressEvent};
+pub use crate::deps::gc::{GcAnswer, LayerInfo, Removed};
 pub use crate::fs::stats::{OpStats, StatsReport};
 pub use crate::git::mirror::{Access, MirrorInfo, SyncOutcome, is_url};
 
@@ -110,11 +113,17 @@ pub enum Request {
     /// `octofs commit`: the working state (or the listed paths) on the workspace's branch.
     Commit {
         thread: String,
+        /// May be empty only with `amend` (HEAD's message is kept).
         message: String,
         #[serde(default)]
         paths: Vec<String>,
         #[serde(default)]
         gates: Vec<String>,
+        #[serde(default)]
+        mode: CommitMode,
+        /// The commit a `fixup` fixes (any revision the workspace's HEAD reaches).
+        #[serde(default)]
+        anchor: Option<String>,
     },
     /// `octofs push`: the workspace's branch from the mirror to a remote.
     Push {
@@ -127,6 +136,24 @@ pub enum Request {
         lease: Option<String>,
         #[serde(default)]
         gates: Vec<String>,
+    },
+    /// `octofs deps build`: the missing (or failed) dependency layers of a project's commit (its
+    /// default branch when no ref is given).
+    DepsBuild {
+        project: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        git_ref: Option<String>,
+    },
+    /// `octofs deps list`: every dependency layer of the host.
+    DepsList,
+    /// `octofs deps gc`: removes the layers nothing uses.
+    DepsGc,
+    /// What the dependency builds of `project` reported after event `after` (the CLI polls it
+    /// while `mirror add/sync` runs, to show progress on a terminal).
+    DepsProgress {
+        project: String,
+        #[serde(default)]
+        after: u64,
     },
 }
 
@@ -227,6 +254,10 @@ pub struct WatchEntry {
     /// The path's bytes in hex, when they are not UTF-8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path_hex: Option<String>,
+    /// What the path is now, as the workspace itself says (no symlink followed): `changed` (it
+    /// exists), `directory` (a directory's listing changed) or `removed`.
+    #[serde(default)]
+    pub kind: String,
 }
 
 /// The answer to an fsmonitor query.
@@ -326,6 +357,19 @@ pub struct DiffAnswer {
     pub from: String,
     pub to: String,
     pub diff: String,
+}
+
+/// How `octofs commit` records the change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum CommitMode {
+    /// A new commit on top of HEAD.
+    #[default]
+    Commit,
+    /// A new commit on top of HEAD titled `fixup! <anchor's subject>` (for `git rebase --autosquash`).
+    Fixup,
+    /// HEAD replaced by a commit with HEAD's parents, the working state and the new (or HEAD's) message.
+    Amend,
 }
 
 /// The answer to `commit`: the new commit (a JSON string on the wire).

@@ -113,7 +113,19 @@ impl Daemon {
                 message,
                 paths,
                 gates,
-            } => answer(self.commit(&thread, &message, &paths, &gates, c)),
+                mode,
+                anchor,
+            } => answer(self.commit(
+                &thread,
+                &super::commit::CommitRequest {
+                    message,
+                    paths,
+                    gates,
+                    mode,
+                    anchor,
+                },
+                c,
+            )),
             Request::Push {
                 thread,
                 remote,
@@ -128,6 +140,19 @@ impl Daemon {
                 &gates,
                 c,
             )),
+            Request::DepsBuild { project, git_ref } => {
+                self.require_admin(c, "build dependency layers")?;
+                answer(self.deps_build(&project, git_ref.as_deref()))
+            }
+            Request::DepsList => answer(self.deps_list(c)),
+            Request::DepsGc => {
+                self.require_admin(c, "collect dependency layers")?;
+                answer(self.deps_gc())
+            }
+            Request::DepsProgress { project, after } => {
+                self.require_admin(c, "follow dependency builds")?;
+                answer(self.deps_progress(&project, after))
+            }
         }
     }
 }
@@ -383,7 +408,8 @@ async fn serve_request(
         Request::Fsmonitor { .. }
         | Request::Stats { .. }
         | Request::Watch { .. }
-        | Request::Stop => &pools.fast,
+        | Request::Stop
+        | Request::DepsProgress { .. } => &pools.fast,
         _ => &pools.heavy,
     };
     let is_stop = matches!(req, Request::Stop);

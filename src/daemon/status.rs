@@ -152,10 +152,24 @@ impl Daemon {
                         let path_hex = std::str::from_utf8(&p)
                             .is_err()
                             .then(|| p.iter().map(|b| format!("{b:02x}")).collect());
+                        // The kind comes from the core, which follows no symlink: a caller's own
+                        // lstat through the mount would follow an intermediate symlink the agent
+                        // planted, and tell a root watcher about a host path.
+                        let dir = p.ends_with(b"/");
+                        let comps: Vec<&[u8]> =
+                            p.split(|b| *b == b'/').filter(|c| !c.is_empty()).collect();
+                        let exists =
+                            comps.is_empty() || matches!(core.kind_at(&comps), Ok(Some(_)));
+                        let kind = match (exists, dir) {
+                            (false, _) => "removed",
+                            (true, true) => "directory",
+                            (true, false) => "changed",
+                        };
                         proto::WatchEntry {
                             token,
                             path: String::from_utf8_lossy(&p).into_owned(),
                             path_hex,
+                            kind: kind.into(),
                         }
                     })
                     .collect(),

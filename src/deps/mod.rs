@@ -8,7 +8,11 @@
 //! This module owns the layer records and the store's paths. It never writes a mirror or a workspace
 //! and never runs anything a workspace can configure: a layer is built from a mirror's commit.
 
-use std::path::PathBuf;
+pub mod build;
+pub mod gc;
+pub mod seal;
+
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +91,10 @@ pub struct DepStore {
 impl DepStore {
     pub fn new(layout: &Layout) -> DepStore {
         DepStore { dir: layout.deps() }
+    }
+    /// `<state>/deps` itself.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
     /// The bare repository holding every sealed layer's objects.
     pub fn objects(&self) -> PathBuf {

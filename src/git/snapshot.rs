@@ -386,7 +386,29 @@ pub fn write_commit(
     parents: Vec<ObjectId>,
     message: &str,
 ) -> Result<ObjectId, Error> {
-    let sig = signature();
+    write_commit_as(repo, tree, parents, message, None)
+}
+
+/// Who a commit is by: a name and an email (the time is the commit's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    pub name: String,
+    pub email: String,
+}
+
+/// Writes a commit object by `who` (author and committer; octofs's own signature without one).
+pub fn write_commit_as(
+    repo: &gix::Repository,
+    tree: ObjectId,
+    parents: Vec<ObjectId>,
+    message: &str,
+    who: Option<&Identity>,
+) -> Result<ObjectId, Error> {
+    let mut sig = signature();
+    if let Some(who) = who {
+        sig.name = who.name.as_str().into();
+        sig.email = who.email.as_str().into();
+    }
     let commit = gix::objs::Commit {
         tree,
         parents: parents.into_iter().collect(),

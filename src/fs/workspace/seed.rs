@@ -152,6 +152,12 @@ impl WorkspaceFs {
 
     /// What is at `path` (components from the root), without following symlinks.
     pub fn kind_at(&self, path: &[&[u8]]) -> Result<Option<FileType>, FsError> {
+        Ok(self.attr_at(path)?.map(|a| a.kind))
+    }
+
+    /// The attributes presented for `path` (components from the root; symlinks are not
+    /// followed), or `None` when nothing is there. Takes no lookup the kernel would have to forget.
+    pub fn attr_at(&self, path: &[&[u8]]) -> Result<Option<FileAttr>, FsError> {
         let mut st = self.lock();
         let ino = match self.walk(&mut st, path) {
             Ok(Some(ino)) => ino,
@@ -161,7 +167,7 @@ impl WorkspaceFs {
         };
         let rec = st.node(ino)?.rec.clone();
         drop(st);
-        Ok(Some(self.attr(&rec)?.kind))
+        Ok(Some(self.attr(&rec)?))
     }
 
     /// The names in the directory at `path` (components from the root) with their kinds, without

@@ -1,0 +1,695 @@
+//! Building a layer: the key of a lockfile, the staging directory filled from a mirror's commit,
+//! the package manager run there (cleared environment, timeout, output to the layer's log), the
+//! check that nothing installed names the staging path, and the record of the result.
+//!
+//! Owns `<state>/deps/staging/<key>`, `<state>/deps/logs/<key>.log`, `<state>/deps/locks/<key>.lock`
+//! and the records it writes. It reads the mirror only through its object store (never a mirror's
+//! working tree, never a workspace) and runs nothing inside a mount; sealing is `seal`.
+
+use std::io::{Read, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use super::{DepLayer, DepStore, LayerRecord, LayerState, Lockfile, Manager, detect, seal};
+use crate::git::objects::{EntryKind, ObjectStore};
+
+/// How long one manager command may run before it is killed (`OCTOFS_DEPS_TIMEOUT`, seconds,
+/// overrides it).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// The timeout of one manager command: `OCTOFS_DEPS_TIMEOUT` seconds, else [`DEFAULT_TIMEOUT`].
+pub fn timeout_from_env() -> Duration {
+    std::env::var("OCTOFS_DEPS_TIMEOUT")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_TIMEOUT)
+}
+
+/// One lockfile of a commit, with the key of the layer it makes on this host.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub lock: Lockfile,
+    /// The manager's version as it printed it, or why it could not be asked.
+    pub version: Result<String, String>,
+    pub key: String,
+}
+
+impl Plan {
+    /// `npm layer for package-lock.json`: how progress lines name it.
+    pub fn describe(&self) -> String {
+        format!("{} layer for {}", self.lock.manager.name(), self.lock.name)
+    }
+}
+
+/// What one build (or the check that made it unnecessary) came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub key: String,
+    pub manager: Manager,
+    /// The lockfile's name at the commit's root.
+    pub lockfile: String,
+    /// Where the layer is presented in a workspace.
+    pub path: String,
+    /// Milliseconds the build took (0 when nothing was built).
+    pub ms: u64,
+    #[serde(flatten)]
+    pub result: OutcomeKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "kebab-case")]
+pub enum OutcomeKind {
+    /// Built now.
+    Built {
+        tree: String,
+        bytes: u64,
+        files: u64,
+    },
+    /// Built before: nothing was run.
+    UpToDate {
+        tree: String,
+        bytes: u64,
+        files: u64,
+    },
+    /// The build failed: `message` is one line, the whole output is in `log`.
+    Failed { message: String, log: PathBuf },
+}
+
+/// One step of a build, as `deps progress` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressEvent {
+    /// Increases by one per event of this daemon.
+    pub seq: u64,
+    pub project: String,
+    /// `npm layer for package-lock.json`.
+    pub what: String,
+    /// Set when the build is over; absent while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+}
+
+/// The answer to `deps progress`: the events after the one asked for, and the last one's number.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProgressAnswer {
+    pub last: u64,
+    pub events: Vec<ProgressEvent>,
+}
+
+/// The answer to `deps build`: one outcome per lockfile of the commit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BuildAnswer {
+    pub project: String,
+    pub commit: String,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// One line for a finished build: what it did and how long it took.
+impl Outcome {
+    pub fn describe(&self) -> String {
+        let o = self;
+        let secs = o.ms as f64 / 1000.0;
+        let what = format!("{} layer for {}", o.manager.name(), o.lockfile);
+        match &o.result {
+            OutcomeKind::Built { bytes, files, .. } => format!(
+                "{what}: built in {secs:.1} s ({files} files, {:.1} MiB)",
+                *bytes as f64 / (1 << 20) as f64
+            ),
+            OutcomeKind::UpToDate { files, bytes, .. } => format!(
+                "{what}: up to date ({files} files, {:.1} MiB)",
+                *bytes as f64 / (1 << 20) as f64
+            ),
+            OutcomeKind::Failed { message, log } => format!(
+                "{what}: failed after {secs:.1} s: {message} (see {})",
+                log.display()
+            ),
+        }
+    }
+}
+
+/// The major version a layer is keyed by: the first number, or `0.<minor>` for a 0.x release
+/// (where the minor number is the one that breaks).
+pub fn major(version: &str) -> String {
+    let v = version.trim().trim_start_matches('v');
+    let mut parts = v.split('.');
+    let first = parts.next().unwrap_or("");
+    if first == "0" {
+        format!("0.{}", parts.next().unwrap_or(""))
+    } else {
+        first.to_string()
+    }
+}
+
+/// The layer key: hex blake3 over the manager's name, its major version and the lockfile's bytes.
+pub fn layer_key(manager: Manager, major: &str, lockfile: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(manager.name().as_bytes());
+    h.update(b"\0");
+    h.update(major.as_bytes());
+    h.update(b"\0");
+    h.update(lockfile);
+    h.finalize().to_hex().to_string()
+}
+
+/// The environment a manager runs with: the daemon's PATH, a HOME, LANG, and the proxy and CA
+/// variables of the daemon's environment; nothing else.
+fn manager_env() -> Vec<(String, String)> {
+    const CA: [&str; 6] = [
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "NODE_EXTRA_CA_CERTS",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "PIP_CERT",
+    ];
+    let mut env = vec![
+        (
+            "PATH".to_string(),
+            std::env::var("PATH").unwrap_or_else(|_| {
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+            }),
+        ),
+        (
+            "HOME".to_string(),
+            std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
+        ),
+        (
+            "LANG".to_string(),
+            std::env::var("LANG").unwrap_or_else(|_| "C.UTF-8".into()),
+        ),
+    ];
+    for (k, v) in std::env::vars() {
+        if k.to_ascii_lowercase().ends_with("_proxy") || CA.contains(&k.as_str()) {
+            env.push((k, v));
+        }
+    }
+    env
+}
+
+/// A manager command with the cleared environment, stdin null, in its own process group.
+fn command(program: &str, dir: &Path) -> Command {
+    let mut c = Command::new(program);
+    c.env_clear()
+        .envs(manager_env())
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .process_group(0);
+    c
+}
+
+/// The manager's version, as `<manager> --version` prints it (`uv 0.9.1 (...)` gives `0.9.1`).
+pub fn manager_version(manager: Manager) -> Result<String, String> {
+    let name = manager.name();
+    let dir = std::env::temp_dir();
+    let out = command(name, &dir)
+        .arg("--version")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => format!("{name} is not installed on this host"),
+            _ => format!("cannot run {name} --version: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(format!("{name} --version failed ({})", out.status));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))
+        .map(str::to_string)
+        .ok_or_else(|| format!("{name} --version printed no version: {:?}", text.trim()))
+}
+
+/// The lockfiles of `tree` and the keys of their layers on this host (asks each manager its
+/// version once).
+pub fn plan(store: &ObjectStore, tree: gix::ObjectId) -> std::io::Result<Vec<Plan>> {
+    let entries = store.tree(tree)?;
+    let mut plans = Vec::new();
+    for lock in detect(store, tree)? {
+        let Some(entry) = entries
+            .iter()
+            .find(|e| &*e.name == lock.name.as_bytes() && e.kind == EntryKind::Blob)
+        else {
+            continue;
+        };
+        let bytes = store.blob(entry.id)?;
+        let version = manager_version(lock.manager);
+        let key = match &version {
+            Ok(v) => layer_key(lock.manager, &major(v), &bytes),
+            // Keyed as "no manager": a later build with the manager present is another key.
+            Err(_) => layer_key(lock.manager, "none", &bytes),
+        };
+        plans.push(Plan { lock, version, key });
+    }
+    Ok(plans)
+}
+
+/// The files a manager needs to install, by name, wherever they are in the tree (workspace
+/// packages included).
+fn manifests(manager: Manager) -> &'static [&'static str] {
+    match manager {
+        Manager::Npm | Manager::Pnpm => &[
+            "package.json",
+            "package-lock.json",
+            "npm-shrinkwrap.json",
+            "pnpm-lock.yaml",
+            "pnpm-workspace.yaml",
+            ".npmrc",
+        ],
+        Manager::Uv => &["pyproject.toml", ".python-version", "uv.lock"],
+    }
+}
+
+/// Directories never looked into for manifests.
+const SKIPPED_DIRS: [&str; 3] = ["node_modules", ".venv", ".git"];
+
+/// Writes the manifests of `tree` (the commit's root tree) under `dir`.
+fn stage(
+    store: &ObjectStore,
+    tree: gix::ObjectId,
+    manager: Manager,
+    dir: &Path,
+) -> Result<u64, String> {
+    let wanted = manifests(manager);
+    let mut written = 0;
+    let mut stack = vec![(tree, dir.to_path_buf())];
+    while let Some((t, at)) = stack.pop() {
+        let entries = store
+            .tree(t)
+            .map_err(|e| format!("cannot read tree {t}: {e}"))?;
+        for e in entries.iter() {
+            let Ok(name) = std::str::from_utf8(&e.name) else {
+                continue;
+            };
+            match e.kind {
+                EntryKind::Tree if !SKIPPED_DIRS.contains(&name) => {
+                    stack.push((e.id, at.join(name)));
+                }
+                EntryKind::Blob | EntryKind::Executable if wanted.contains(&name) => {
+                    let bytes = store
+                        .blob(e.id)
+                        .map_err(|err| format!("cannot read {name}: {err}"))?;
+                    std::fs::create_dir_all(&at)
+                        .map_err(|err| format!("cannot create {}: {err}", at.display()))?;
+                    let path = at.join(name);
+                    std::fs::write(&path, bytes)
+                        .map_err(|err| format!("cannot write {}: {err}", path.display()))?;
+                    written += 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(written)
+}
+
+/// One command of an install: its argv and the variables it gets besides the cleared environment.
+type Step = (Vec<&'static str>, Vec<(&'static str, &'static str)>);
+
+/// The commands that install `manager`'s tree in the staging directory.
+fn install_commands(manager: Manager) -> Vec<Step> {
+    match manager {
+        Manager::Npm => vec![(vec!["npm", "install", "--no-audit", "--no-fund"], vec![])],
+        Manager::Pnpm => vec![(vec!["pnpm", "install", "--frozen-lockfile"], vec![])],
+        Manager::Uv => {
+            let env = vec![("UV_PYTHON_DOWNLOADS", "never")];
+            let mut sync = vec!["uv", "sync", "--frozen", "--no-install-project"];
+            if uv_has_flag("--no-install-workspace") {
+                sync.push("--no-install-workspace");
+            }
+            vec![
+                (vec!["uv", "venv", "--relocatable", ".venv"], env.clone()),
+                (sync, env),
+            ]
+        }
+    }
+}
+
+/// Whether this host's `uv sync` takes `flag`.
+fn uv_has_flag(flag: &str) -> bool {
+    command("uv", &std::env::temp_dir())
+        .args(["sync", "--help"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
+        .unwrap_or(false)
+}
+
+/// Runs one command in `dir` with its output appended to `log`; kills its process group after
+/// `timeout`.
+fn run_logged(
+    argv: &[&str],
+    env: &[(&str, &str)],
+    dir: &Path,
+    log: &std::fs::File,
+    timeout: Duration,
+) -> Result<(), String> {
+    let out = log
+        .try_clone()
+        .map_err(|e| format!("cannot write the log: {e}"))?;
+    let err = log
+        .try_clone()
+        .map_err(|e| format!("cannot write the log: {e}"))?;
+    let mut child = command(argv[0], dir)
+        .args(&argv[1..])
+        .envs(env.iter().copied())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => format!("{} is not installed on this host", argv[0]),
+            _ => format!("cannot run {}: {e}", argv[0]),
+        })?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("`{}` failed ({status})", argv.join(" "))),
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = crate::sys::kill_process_group(child.id());
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "`{}` did not finish within {} s and was killed",
+                    argv.join(" "),
+                    timeout.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => return Err(format!("cannot wait for {}: {e}", argv[0])),
+        }
+    }
+}
+
+/// The one line that says why a manager failed: the first line of its output that reports an
+/// error and says more than a code, else its last non-blank line.
+pub fn failure_line(output: &str) -> Option<String> {
+    let noise = |l: &str| {
+        let t = l.trim();
+        t.is_empty()
+            || t.contains("A complete log of this run")
+            || t.starts_with("npm error code ")
+            || t.split_whitespace().count() <= 3
+    };
+    let clean = |l: &str| {
+        let t = l.trim();
+        let t = t.strip_prefix("npm error ").unwrap_or(t);
+        let t: String = t.chars().take(300).collect();
+        t
+    };
+    output
+        .lines()
+        .find(|l| l.to_ascii_lowercase().contains("err") && !noise(l))
+        .or_else(|| output.lines().rev().find(|l| !l.trim().is_empty()))
+        .map(clean)
+}
+
+/// Unix seconds now.
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The exclusive lock of one key's build (`<state>/deps/locks/<key>.lock`), held until dropped.
+pub fn key_lock(deps: &DepStore, key: &str) -> std::io::Result<std::fs::File> {
+    let dir = deps.dir().join("locks");
+    crate::layout::create_private_dir(&dir)?;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(crate::layout::PRIVATE_FILE_MODE)
+        .open(dir.join(format!("{key}.lock")))?;
+    f.lock()?;
+    Ok(f)
+}
+
+/// Where a layer of `manager` is presented.
+pub fn install_path(manager: Manager) -> &'static str {
+    match manager {
+        Manager::Npm | Manager::Pnpm => "node_modules",
+        Manager::Uv => ".venv",
+    }
+}
+
+/// What the record of a built layer says, as an outcome that built nothing.
+fn up_to_date(plan: &Plan, rec: &LayerRecord) -> Option<Outcome> {
+    match &rec.state {
+        LayerState::Built {
+            layer,
+            bytes,
+            files,
+        } => Some(Outcome {
+            key: plan.key.clone(),
+            manager: plan.lock.manager,
+            lockfile: plan.lock.name.to_string(),
+            path: layer.path.clone(),
+            ms: 0,
+            result: OutcomeKind::UpToDate {
+                tree: layer.tree.clone(),
+                bytes: *bytes,
+                files: *files,
+            },
+        }),
+        LayerState::Failed { .. } => None,
+    }
+}
+
+/// Whether `plan`'s layer is built already (its record says so).
+pub fn is_built(deps: &DepStore, plan: &Plan) -> bool {
+    deps.load(&plan.key)
+        .is_some_and(|r| matches!(r.state, LayerState::Built { .. }))
+}
+
+/// Builds `plan`'s layer from `tree` (the root tree of a commit of the mirror behind `store`),
+/// unless it is built already; `what` names the commit in the log. Waits for a build of the same
+/// key that is under way (then reports its result). Never fails: a failure is a `Failed` record
+/// and outcome.
+pub fn build(
+    deps: &DepStore,
+    store: &ObjectStore,
+    tree: gix::ObjectId,
+    plan: &Plan,
+    what: &str,
+    timeout: Duration,
+) -> Outcome {
+    let started = Instant::now();
+    let manager = plan.lock.manager;
+    let path = plan.lock.install_path.to_string();
+    let log_path = deps.log(&plan.key);
+    let failed = |message: String, started: Instant| Outcome {
+        key: plan.key.clone(),
+        manager,
+        lockfile: plan.lock.name.to_string(),
+        path: path.clone(),
+        ms: started.elapsed().as_millis() as u64,
+        result: OutcomeKind::Failed {
+            message,
+            log: deps.log(&plan.key),
+        },
+    };
+    let prepared = (|| {
+        for d in [
+            deps.records(),
+            deps.dir().join("logs"),
+            deps.dir().join("staging"),
+        ] {
+            crate::layout::create_private_dir(&d)
+                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+        }
+        key_lock(deps, &plan.key).map_err(|e| format!("cannot lock the build of {}: {e}", plan.key))
+    })();
+    let _lock = match prepared {
+        Ok(l) => l,
+        Err(message) => return failed(message, started),
+    };
+    // Another build of this key may have finished while this one waited for the lock.
+    if let Some(done) = deps.load(&plan.key).and_then(|r| up_to_date(plan, &r)) {
+        return done;
+    }
+    let result = build_locked(deps, store, tree, plan, what, timeout);
+    let version = plan.version.clone().unwrap_or_default();
+    let (state, outcome) = match result {
+        Ok((tree, bytes, files)) => (
+            LayerState::Built {
+                layer: DepLayer {
+                    key: plan.key.clone(),
+                    manager,
+                    path: path.clone(),
+                    tree: tree.clone(),
+                    lockfile_hash: plan.lock.hash.clone(),
+                },
+                bytes,
+                files,
+            },
+            Outcome {
+                key: plan.key.clone(),
+                manager,
+                lockfile: plan.lock.name.to_string(),
+                path: path.clone(),
+                ms: started.elapsed().as_millis() as u64,
+                result: OutcomeKind::Built { tree, bytes, files },
+            },
+        ),
+        Err(message) => {
+            let _ = append(&log_path, &format!("octofs: build failed: {message}\n"));
+            (
+                LayerState::Failed {
+                    message: message.clone(),
+                    log: log_path.clone(),
+                },
+                failed(message, started),
+            )
+        }
+    };
+    let record = LayerRecord {
+        key: plan.key.clone(),
+        manager,
+        manager_version: version,
+        built_at: now(),
+        state,
+    };
+    match serde_json::to_vec_pretty(&record) {
+        Ok(bytes) => {
+            if let Err(e) = crate::records::write_atomic(&deps.record(&plan.key), &bytes) {
+                return failed(format!("cannot write the layer's record: {e}"), started);
+            }
+        }
+        Err(e) => return failed(format!("cannot encode the layer's record: {e}"), started),
+    }
+    outcome
+}
+
+fn append(path: &Path, text: &str) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(path)?
+        .write_all(text.as_bytes())
+}
+
+/// The build proper, under the key's lock: stage, install, check, seal. Returns the sealed tree,
+/// the content's bytes and its file count, or the one-line reason it failed. The staging directory
+/// is gone afterwards either way.
+fn build_locked(
+    deps: &DepStore,
+    store: &ObjectStore,
+    tree: gix::ObjectId,
+    plan: &Plan,
+    what: &str,
+    timeout: Duration,
+) -> Result<(String, u64, u64), String> {
+    let manager = plan.lock.manager;
+    let log_path = deps.log(&plan.key);
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .read(true)
+        .truncate(true)
+        .mode(crate::layout::PRIVATE_FILE_MODE)
+        .open(&log_path)
+        .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+    let _ = writeln!(
+        log,
+        "octofs: {} layer {} for {} of {what} (manager {})",
+        manager.name(),
+        plan.key,
+        plan.lock.name,
+        plan.version.as_deref().unwrap_or("missing")
+    );
+    plan.version.as_ref().map_err(String::clone)?;
+    let staging = deps.staging(&plan.key);
+    let _ = std::fs::remove_dir_all(&staging);
+    crate::layout::create_private_dir(&staging)
+        .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+    let result = (|| {
+        let n = stage(store, tree, manager, &staging)?;
+        let _ = writeln!(
+            log,
+            "octofs: staged {n} manifest file(s) in {}",
+            staging.display()
+        );
+        for (argv, env) in install_commands(manager) {
+            let _ = writeln!(log, "$ {}", argv.join(" "));
+            let start = log.stream_position().unwrap_or(0);
+            if let Err(e) = run_logged(&argv, &env, &staging, &log, timeout) {
+                // The manager's own words, when it said why.
+                let mut out = String::new();
+                let _ = log.seek(std::io::SeekFrom::Start(start));
+                let _ = (&log).take(4 << 20).read_to_string(&mut out);
+                let _ = log.seek(std::io::SeekFrom::End(0));
+                return Err(match failure_line(&out) {
+                    Some(line) if !e.contains("did not finish") => line,
+                    _ => e,
+                });
+            }
+            let _ = log.seek(std::io::SeekFrom::End(0));
+        }
+        let install = staging.join(plan.lock.install_path);
+        if !install.is_dir() {
+            return Err(format!(
+                "{} finished without creating {}",
+                manager.name(),
+                plan.lock.install_path
+            ));
+        }
+        seal::prepare(manager, &install)?;
+        let (bytes, files) = seal::check_unbound(&install, &staging)?;
+        let tree = seal::seal(deps, &staging, plan.lock.install_path, &plan.key)?;
+        let _ = writeln!(
+            log,
+            "octofs: sealed tree {tree}: {files} files, {bytes} bytes"
+        );
+        Ok((tree, bytes, files))
+    })();
+    if let Err(e) = std::fs::remove_dir_all(&staging) {
+        tracing::warn!(key = %plan.key, "cannot remove {}: {e}", staging.display());
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn majors_and_keys() {
+        assert_eq!(major("11.19.1"), "11");
+        assert_eq!(major("0.13.9"), "0.13");
+        assert_eq!(major("v20.1.0"), "20");
+        let a = layer_key(Manager::Npm, "11", b"{}");
+        assert_ne!(a, layer_key(Manager::Npm, "10", b"{}"));
+        assert_ne!(a, layer_key(Manager::Pnpm, "11", b"{}"));
+        assert_ne!(a, layer_key(Manager::Npm, "11", b"{ }"));
+        assert_eq!(a.len(), 64);
+    }
+
+    #[test]
+    fn the_failure_line_is_the_managers_reason() {
+        let npm = "npm error code E404\nnpm error 404 Not Found - GET https://r/x.tgz\nnpm error 404\n\
+                   npm error A complete log of this run can be found in: /root/.npm/_logs/x.log\n";
+        assert_eq!(
+            failure_line(npm).as_deref(),
+            Some("404 Not Found - GET https://r/x.tgz")
+        );
+        let uv =
+            "Using CPython 3.11\nerror: Failed to fetch: `https://x/y.whl`\n  Caused by: 404\n";
+        assert_eq!(
+            failure_line(uv).as_deref(),
+            Some("error: Failed to fetch: `https://x/y.whl`")
+        );
+        assert_eq!(
+            failure_line("first\nlast words\n\n").as_deref(),
+            Some("last words")
+        );
+        assert_eq!(failure_line(""), None);
+    }
+}
