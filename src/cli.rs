@@ -120,6 +120,17 @@ pub fn print_status(w: &WorkspaceStatus) {
     if let Some(t) = &w.transport {
         println!("transport:     {t}");
     }
+    for l in &w.layers {
+        println!(
+            "layer:         {} {} ({})",
+            l.manager.name(),
+            l.path,
+            short(&l.key)
+        );
+    }
+    for d in &w.dependencies {
+        println!("dependencies:  {d}");
+    }
     println!("changed paths: {}", w.changed_paths);
     println!("base reads:    {}", w.base_content_opens);
     if w.quarantined > 0 {

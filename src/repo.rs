@@ -111,6 +111,9 @@ pub struct RepoPlan {
     pub origin_head: Option<String>,
     /// The command `core.fsmonitor` runs.
     pub fsmonitor: String,
+    /// `.git/octomate-installed`: the dependency layers the workspace presents, one line each
+    /// (`<manager> <path> <lockfile hash>`); `None` without layers.
+    pub installed: Option<String>,
 }
 
 /// Removes `user:password@` from a URL: credentials belong to the daemon, never to a workspace.
@@ -195,6 +198,7 @@ pub fn plan(
         refs,
         origin_head,
         fsmonitor,
+        installed: None,
     })
 }
 
@@ -507,6 +511,10 @@ pub fn seed(
     let ginfo = core.seed_dir(git, "info", 0o755).map_err(e("info"))?;
     core.seed_file(ginfo, "exclude", b"", 0o644)
         .map_err(e("info/exclude"))?;
+    if let Some(stamp) = &plan.installed {
+        core.seed_file(git, "octomate-installed", stamp.as_bytes(), 0o644)
+            .map_err(e("octomate-installed"))?;
+    }
     let index_ino = core
         .seed_shared(git, "index", index, 0o644)
         .map_err(e("index"))?;

@@ -312,6 +312,24 @@ impl Daemon {
                 "nothing to commit{what}: the working state equals HEAD"
             )));
         }
+        // A dependency layer's path is ignored content even if HEAD tracks it: never committed.
+        let in_layer: Vec<gates::Refusal> = changes
+            .iter()
+            .filter(|ch| {
+                ch.mode != 0
+                    && crate::git::graft::under_layer(
+                        &ch.path,
+                        rec.layers.iter().map(|l| l.path.as_str()),
+                    )
+            })
+            .map(|ch| gates::Refusal {
+                path: String::from_utf8_lossy(&ch.path).into_owned(),
+                why: "it is in a dependency layer (excludes)".into(),
+            })
+            .collect();
+        if !in_layer.is_empty() {
+            return Err(Error::Refused(gates::refused_message("commit", &in_layer)));
+        }
         // The gates see every path the commit adds or changes; an amended commit's paths are
         // those it changes from its own parent (HEAD's, which travel again under the new id).
         if mode == CommitMode::Amend {

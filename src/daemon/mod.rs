@@ -21,6 +21,7 @@
 //! - `share`: a project's share remote: threads that move between hosts;
 //! - `pull`: a named snapshot of a remote applied to a live workspace;
 //! - `status`: list, status, fsmonitor answers and request statistics;
+//! - `layers`: the dependency layers a workspace presents, and their absence from what leaves it;
 //! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
 //! - [`proto`]: the request and reply types of the control protocol.
 
@@ -30,6 +31,7 @@ mod deps;
 mod diff;
 pub mod error;
 mod export;
+mod layers;
 mod mirrors;
 mod mounts;
 mod moves;

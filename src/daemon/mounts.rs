@@ -40,8 +40,17 @@ impl Daemon {
     /// Loads the filesystem core of `rec`'s workspace (its upper layer over its base).
     pub(super) fn load_core(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
         let store = self.store(&rec.project)?;
-        let tree = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
+        let base = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
             .context(|| format!("thread {}: bad base tree", rec.thread))?;
+        // The view's root: the base with the dependency layers grafted in (the same tree at every
+        // load). A layer that cannot be grafted is left out, logged: the workspace still opens.
+        let tree = match crate::git::graft::graft(&store, base, &super::layers::grafts(rec)?) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(thread = %rec.thread, "cannot present the dependency layers: {e}");
+                base
+            }
+        };
         let pres = Presentation {
             uid: rec.owner.uid,
             gid: rec.owner.gid,

@@ -273,6 +273,13 @@ pub struct WorkspaceStatus {
     /// `release --when-idle` is pending: released once no process uses the mount.
     #[serde(default)]
     pub release_when_idle: bool,
+    /// The dependency layers the workspace presents.
+    #[serde(default)]
+    pub layers: Vec<crate::deps::DepLayer>,
+    /// One line per lockfile of the base whose layer the workspace does not present, and why
+    /// (`npm layer not built (run octofs deps build)`).
+    #[serde(default)]
+    pub dependencies: Vec<String>,
 }
 
 /// The answer to a watch query.

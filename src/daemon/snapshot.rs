@@ -2,7 +2,8 @@
 //! project's mirror. From the core's consistent view of what changed, through what `git add -A`
 //! would keep (ignore rules, nested repositories as gitlinks), to a tree, the agent's own commits
 //! carried into the mirror, the POSIX record of what the tree cannot hold, the commit and the
-//! compare-and-swap of `refs/octomate/threads/<thread>`.
+//! compare-and-swap of `refs/octomate/threads/<thread>`. Dependency layers are left out (see
+//! `layers`): a snapshot is built from the real base tree, never the grafted view root.
 //!
 //! Also the named snapshots: `refs/snapshots/<name>` of the mirror (and only there), a chain of
 //! its own next to the thread's, pushed to a remote on request; and, after every snapshot, the
@@ -361,14 +362,30 @@ impl Daemon {
         // 3. Objects, then (for a snapshot) the commit and the ref.
         // The upper layer's clock before the view: files last changed before it may be remembered.
         let clock = Some((view.taken_at.0, i64::from(view.taken_at.1)));
-        if !repo.has_object(view.base_tree) {
+        // Dependency layers never leave the workspace: the tree is built from the real base (the
+        // view's root has the layers grafted in), without what is at or below a layer's path.
+        let base_tree = if rec.layers.is_empty() {
+            view.base_tree
+        } else {
+            gix::ObjectId::from_hex(rec.base_tree.as_bytes())
+                .context(|| format!("thread {thread}: bad base tree"))?
+        };
+        let edits = super::layers::strip(rec, &core, &*self.store(project)?, &repo, edits)?;
+        let meta = super::layers::strip_meta(rec, view.meta);
+        if !repo.has_object(base_tree) {
             return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
-                view.base_tree
+                base_tree
             )));
         }
+        // The edits apply to the last snapshot's tree (incremental), else to the real base.
+        let onto = if view.since_last {
+            view.onto
+        } else {
+            base_tree
+        };
         let Some((head, head_ref)) = head else {
-            return Ok(snap::build_tree(&repo, view.onto, &edits, clock)?);
+            return Ok(snap::build_tree(&repo, onto, &edits, clock)?);
         };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
@@ -413,9 +430,9 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
-        let tree = snap::build_tree(&repo, view.onto, &edits, clock)?;
+        let tree = snap::build_tree(&repo, onto, &edits, clock)?;
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
-        let posix = match super::posix::record_of(&repo, tree, &view.meta, &rec.owner)? {
+        let posix = match super::posix::record_of(&repo, tree, &meta, &rec.owner)? {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),
             None => None,
         };

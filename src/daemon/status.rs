@@ -49,6 +49,12 @@ impl Daemon {
             users: if m.is_some() { rec.users.max(1) } else { 0 },
             chat: rec.chat,
             release_when_idle: rec.release_when_idle,
+            layers: rec.layers.clone(),
+            dependencies: if rec.chat {
+                Vec::new()
+            } else {
+                self.dependency_lines(rec)
+            },
         }
     }
 
@@ -79,6 +85,8 @@ impl Daemon {
             users: 0,
             chat: false,
             release_when_idle: false,
+            layers: Vec::new(),
+            dependencies: Vec::new(),
         }
     }
 

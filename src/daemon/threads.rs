@@ -295,7 +295,14 @@ impl Daemon {
             owner,
             users: 1,
             release_when_idle: false,
-            layers: Vec::new(),
+            layers: if fork.chat {
+                Vec::new()
+            } else {
+                // The layers of the lockfiles the workspace's files have (a resumed one's are its
+                // snapshot's).
+                let files = fork.apply.map_or(fork.base_tree, |(_, to)| to);
+                self.choose_layers(&fork.project, files)
+            },
         };
         // Not synced: a fork that a crash interrupts before its `open` is answered is made again;
         // the record is saved durably below, before the answer (two fsyncs fewer per fork).
@@ -307,7 +314,7 @@ impl Daemon {
             let loaded = ms(t0);
             let exe =
                 std::env::current_exe().context(|| "cannot find the octofs binary".to_string())?;
-            let plan = crate::repo::plan(
+            let mut plan = crate::repo::plan(
                 &self.layout,
                 &proj,
                 thread,
@@ -315,6 +322,7 @@ impl Daemon {
                 fork.branch.as_deref(),
                 &exe,
             )?;
+            plan.installed = super::layers::installed_stamp(&rec.layers);
             let index = {
                 let il = self.locks.get(&super::mirrors::index_lock_key(
                     fork.index_tree,

@@ -8,6 +8,7 @@
 
 pub mod error;
 pub mod gates;
+pub mod graft;
 pub mod mirror;
 pub mod objects;
 pub mod posix_record;

@@ -3,6 +3,12 @@
 //! This is the lower layer of every workspace (invariant 2: the lower layer is a commit, not a
 //! directory). It never writes. Parsed trees and blob sizes are cached, shared by every workspace of the
 //! mirror; stat data comes from object headers, never from reading content.
+//!
+//! An object the mirror does not have is looked up in the store's fallback, the host's dependency
+//! layer store (`<state>/deps/store.git`, opened at the first miss once it exists): a workspace
+//! whose view grafts a layer reads the layer's trees and blobs from there. The mirror is never
+//! written; the fallback is written only through [`ObjectStore::with_fallback_repo`] (grafted
+//! trees, `git::graft`).
 
 use crate::git::error::{Context, Error};
 use std::cell::RefCell;
@@ -10,7 +16,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use dashmap::DashMap;
 use gix::ObjectId;
@@ -60,6 +66,15 @@ pub struct ObjectStore {
     repo: gix::ThreadSafeRepository,
     trees: Mutex<LruCache<ObjectId, Arc<[TreeEntry]>>>,
     sizes: DashMap<ObjectId, u64>,
+    fallback: Option<Fallback>,
+}
+
+/// The object store searched when the mirror lacks an object (the dependency layer store).
+struct Fallback {
+    id: u64,
+    path: PathBuf,
+    /// Opened at the first miss once the repository exists.
+    repo: OnceLock<gix::ThreadSafeRepository>,
 }
 
 impl std::fmt::Debug for ObjectStore {
@@ -86,7 +101,56 @@ impl ObjectStore {
                 std::num::NonZeroUsize::new(16 * 1024).expect("nonzero"),
             )),
             sizes: DashMap::new(),
+            fallback: None,
         })
+    }
+
+    /// The same store, looking up in the repository at `path` (a bare repository; it may not exist
+    /// yet) every object the mirror does not have.
+    pub fn with_fallback(mut self, path: &Path) -> ObjectStore {
+        self.fallback = Some(Fallback {
+            id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
+            path: path.to_path_buf(),
+            repo: OnceLock::new(),
+        });
+        self
+    }
+
+    /// Runs `f` on this thread's handle of the fallback repository; `None` when there is no
+    /// fallback or it does not exist (yet).
+    pub fn with_fallback_repo<R>(&self, f: impl FnOnce(&gix::Repository) -> R) -> Option<R> {
+        let fb = self.fallback.as_ref()?;
+        let shared = match fb.repo.get() {
+            Some(r) => r,
+            None => {
+                if !fb.path.exists() {
+                    return None;
+                }
+                match super::open_owned(&fb.path) {
+                    Ok(r) => fb.repo.get_or_init(|| r.into_sync()),
+                    Err(e) => {
+                        tracing::warn!(path = %fb.path.display(), "cannot open the dependency layer store: {e}");
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(REPOS.with(|cell| {
+            let mut map = cell.borrow_mut();
+            let repo = map.entry(fb.id).or_insert_with(|| shared.to_thread_local());
+            f(repo)
+        }))
+    }
+
+    /// `f` on the mirror, then, if it failed, on the fallback; the mirror's error when both fail.
+    fn find<R>(&self, f: impl Fn(&gix::Repository) -> io::Result<R>) -> io::Result<R> {
+        match self.with_repo(&f) {
+            Ok(r) => Ok(r),
+            Err(e) => match self.with_fallback_repo(&f) {
+                Some(Ok(r)) => Ok(r),
+                _ => Err(e),
+            },
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -167,7 +231,7 @@ impl ObjectStore {
         if let Some(t) = self.trees.lock().map_err(other)?.get(&id) {
             return Ok(t.clone());
         }
-        let entries: Arc<[TreeEntry]> = self.with_repo(|repo| -> io::Result<Arc<[TreeEntry]>> {
+        let entries: Arc<[TreeEntry]> = self.find(|repo| -> io::Result<Arc<[TreeEntry]>> {
             let tree = repo.find_tree(id).map_err(other)?;
             let decoded = tree.decode().map_err(other)?;
             Ok(decoded
@@ -199,14 +263,14 @@ impl ObjectStore {
         if let Some(s) = self.sizes.get(&id) {
             return Ok(*s);
         }
-        let size = self.with_repo(|repo| repo.find_header(id).map(|h| h.size()).map_err(other))?;
+        let size = self.find(|repo| repo.find_header(id).map(|h| h.size()).map_err(other))?;
         self.sizes.insert(id, size);
         Ok(size)
     }
 
     /// The content of blob `id`.
     pub fn blob(&self, id: ObjectId) -> io::Result<Vec<u8>> {
-        self.with_repo(|repo| repo.find_blob(id).map(|mut b| b.take_data()).map_err(other))
+        self.find(|repo| repo.find_blob(id).map(|mut b| b.take_data()).map_err(other))
     }
 
     /// The content of blob `id` as a stream, for blobs too large to hold in memory: gix decodes an
@@ -214,7 +278,14 @@ impl ObjectStore {
     /// never deltifies objects above `core.bigFileThreshold`). Git runs in the mirror through the
     /// daemon's one hardened git command, so only the daemon's own mirror config is read.
     pub fn blob_stream(&self, id: ObjectId) -> io::Result<BlobStream> {
-        let mut child = crate::git::Git::new(Some(&self.path))
+        let mut dir = &self.path;
+        if !self.with_repo(|repo| repo.has_object(id))
+            && let Some(fb) = &self.fallback
+            && self.with_fallback_repo(|repo| repo.has_object(id)) == Some(true)
+        {
+            dir = &fb.path;
+        }
+        let mut child = crate::git::Git::new(Some(dir))
             .into_command()
             .args(["cat-file", "blob"])
             .arg(id.to_string())

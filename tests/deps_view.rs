@@ -1,0 +1,496 @@
+//! Dependency layers presented in workspaces, through the real daemon and real mounts. The layer
+//! is built by hand (a small fake `node_modules` sealed into `<state>/deps/store.git` with git, and
+//! its `Built` record), so these tests do not depend on how layers are built:
+//!
+//! 1. [`a_layer_is_presented_read_through_and_never_leaves_the_workspace`]: a workspace opened
+//!    before the layer exists says why it has none; one opened after presents it (content, modes,
+//!    symlinks, `require` with node, a clean `git status`, `.git/octomate-installed`), at the same
+//!    fork cost and disk (printed); two workspaces read the same blob-cache file; a write copies up
+//!    and leaves the sealed blob as it was; snapshots and commits hold no `node_modules` and the
+//!    mirror gets no layer object; `rm -rf node_modules` survives a daemon restart, which presents
+//!    the same tree; release + resume and fork present the layer again (and nothing of what was
+//!    changed under it: content, modes, empty directories).
+//! 2. [`a_failed_layer_leaves_a_usable_workspace_and_status_says_why`]: the failed build's
+//!    message, matched to the lockfile by its key; a layer of another lockfile is not used.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const LOCK: &str = "{\n  \"name\": \"app\",\n  \"lockfileVersion\": 3,\n  \"packages\": {\"node_modules/x\": {\"version\": \"1.0.0\"}}\n}\n";
+
+#[track_caller]
+fn g(dir: &Path, args: &[&str]) -> String {
+    let out = run(git_command(dir, DATE1).args(args), CMD_TIMEOUT);
+    out.assert_ok();
+    out.stdout_str().trim().to_string()
+}
+
+/// git on a bare repository `git_dir` (with an optional index and work tree).
+#[track_caller]
+fn g_bare(git_dir: &Path, index: Option<&Path>, work: Option<&Path>, args: &[&str]) -> String {
+    let mut c = git_command(git_dir, DATE1);
+    c.env("GIT_DIR", git_dir);
+    if let Some(i) = index {
+        c.env("GIT_INDEX_FILE", i);
+    }
+    if let Some(w) = work {
+        c.env("GIT_WORK_TREE", w).current_dir(w);
+    }
+    let out = run(c.args(args), CMD_TIMEOUT);
+    out.assert_ok();
+    out.stdout_str().trim().to_string()
+}
+
+fn status(d: &Daemon, thread: &str) -> serde_json::Value {
+    parse_json("status --json", &d.cli_ok(["status", thread, "--json"]))
+}
+
+/// Bytes of disk (allocated blocks) under `p`.
+fn disk_usage(p: &Path) -> u64 {
+    let out = run(Command::new("du").arg("-s").arg("-B1").arg(p), CMD_TIMEOUT);
+    out.assert_ok();
+    out.stdout_str()
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("du output")
+}
+
+/// The project: a package.json, its lockfile, code that requires `x`, `node_modules/` ignored.
+fn project(base: &Path) -> GitRepo {
+    let repo = GitRepo::init(&base.join("app"));
+    repo.write(
+        "package.json",
+        "{\"name\": \"app\", \"dependencies\": {\"x\": \"1.0.0\"}}\n",
+    );
+    repo.write("package-lock.json", LOCK);
+    repo.write("index.js", "console.log(require('x'));\n");
+    repo.write(".gitignore", "node_modules/\n");
+    repo.git(["add", "-A"]);
+    repo.git(["commit", "-q", "-m", "app"]);
+    repo
+}
+
+/// The layer's files: a fake `node_modules`.
+fn layer_dir(base: &Path) -> PathBuf {
+    let nm = base.join("layer").join("node_modules");
+    write_file(
+        &nm.join("x/package.json"),
+        b"{\"name\": \"x\", \"version\": \"1.0.0\", \"main\": \"index.js\", \"bin\": {\"tool\": \"bin/tool.js\"}}\n",
+        0o644,
+    );
+    write_file(
+        &nm.join("x/index.js"),
+        b"module.exports = require('./lib/deep/answer.js');\n",
+        0o644,
+    );
+    write_file(
+        &nm.join("x/lib/deep/answer.js"),
+        b"module.exports = 42;\n",
+        0o644,
+    );
+    write_file(
+        &nm.join("x/bin/tool.js"),
+        b"#!/usr/bin/env node\nconsole.log('tool ' + require('..'));\n",
+        0o755,
+    );
+    fs::create_dir_all(nm.join(".bin")).expect("mkdir .bin");
+    std::os::unix::fs::symlink("../x/bin/tool.js", nm.join(".bin/tool")).expect("symlink");
+    nm
+}
+
+/// Seals `nm` into `<state>/deps/store.git` and writes its `Built` record; returns the tree id.
+fn seal_layer(d: &Daemon, nm: &Path, lock: &[u8]) -> String {
+    let deps = d.state.join("deps");
+    let store = deps.join("store.git");
+    if !store.exists() {
+        fs::create_dir_all(&deps).expect("mkdir deps");
+        g(&deps, &["init", "-q", "--bare", "store.git"]);
+    }
+    let index = d.base.join("layer.index");
+    g_bare(&store, Some(&index), Some(nm), &["add", "-f", "-A", "."]);
+    let tree = g_bare(&store, Some(&index), Some(nm), &["write-tree"]);
+    let hash = blake3::hash(lock).to_hex().to_string();
+    let key = layer_key("npm", "10", lock);
+    let record = serde_json::json!({
+        "key": key,
+        "manager": "npm",
+        "manager_version": "10.0.0",
+        "built_at": 1_700_000_000u64,
+        "state": "built",
+        "layer": {
+            "key": key,
+            "manager": "npm",
+            "path": "node_modules",
+            "tree": tree,
+            "lockfile_hash": hash,
+        },
+        "bytes": 200,
+        "files": 5,
+    });
+    let layers = deps.join("layers");
+    fs::create_dir_all(&layers).expect("mkdir layers");
+    fs::write(
+        layers.join(format!("{key}.json")),
+        serde_json::to_vec_pretty(&record).expect("json"),
+    )
+    .expect("write record");
+    tree
+}
+
+#[test]
+fn a_failed_layer_leaves_a_usable_workspace_and_status_says_why() {
+    let d = Daemon::start();
+    let repo = project(&d.base);
+    d.cli_ok(["mirror", "add", "app", repo.path.to_str().expect("utf8")]);
+    // A failed build of this lockfile (npm 10, the newest record: `mirror add` may have failed
+    // one of its own), and a built layer of another lockfile.
+    let layers = d.state.join("deps/layers");
+    fs::create_dir_all(&layers).expect("mkdir layers");
+    let key = layer_key("npm", "10", LOCK.as_bytes());
+    let failed = serde_json::json!({
+        "key": key, "manager": "npm", "manager_version": "10.9.2", "built_at": 4_000_000_000u64,
+        "state": "failed", "message": "404 Not Found - GET https://registry/x-9.tgz",
+        "log": d.state.join("deps/logs/x.log"),
+    });
+    fs::write(layers.join(format!("{key}.json")), failed.to_string()).expect("write");
+    seal_layer(&d, &layer_dir(&d.base), b"another lockfile\n");
+    let ws = d.open_thread("t", &["--project", "app"]);
+    assert!(!ws.join("node_modules").exists());
+    assert_eq!(read(&ws.join("index.js")), "console.log(require('x'));\n");
+    assert!(!ws.join(".git/octomate-installed").exists());
+    let s = status(&d, "t");
+    assert_eq!(
+        s["dependencies"][0].as_str(),
+        Some(
+            "npm layer not built (its build failed: 404 Not Found - GET https://registry/x-9.tgz)"
+        ),
+        "{s}"
+    );
+    fs::write(ws.join("new.txt"), "work\n").expect("write");
+    d.snapshot_id("t");
+    d.cli_ok(["release", "t"]);
+}
+
+/// The key layer builds give a lockfile (`docs/deps.md` "Key").
+fn layer_key(manager: &str, major: &str, lock: &[u8]) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [manager.as_bytes(), b"\0", major.as_bytes(), b"\0", lock] {
+        h.update(part);
+    }
+    h.finalize().to_hex().to_string()
+}
+
+fn read(p: &Path) -> String {
+    fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// `octofs open` of a new thread, timed.
+fn timed_open(d: &Daemon, thread: &str) -> Duration {
+    let t0 = Instant::now();
+    d.open_thread(thread, &["--project", "app"]);
+    t0.elapsed()
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn names_in(d: &Daemon, commit: &str) -> String {
+    g(&d.mirror("app"), &["ls-tree", "-r", "--name-only", commit])
+}
+
+#[test]
+fn a_layer_is_presented_read_through_and_never_leaves_the_workspace() {
+    let mut d = Daemon::start();
+    let repo = project(&d.base);
+    d.cli_ok(["mirror", "add", "app", repo.path.to_str().expect("utf8")]);
+
+    // Without a layer: the workspace opens without one and status says why.
+    let mut without = Vec::new();
+    for i in 0..3 {
+        without.push(timed_open(&d, &format!("plain{i}")));
+    }
+    let plain = d.mount("plain0");
+    assert!(!plain.join("node_modules").exists());
+    let s = status(&d, "plain0");
+    assert_eq!(s["layers"].as_array().map(Vec::len), Some(0), "{s}");
+    // (`mirror add` tried to build it: the fake lockfile names no real package, so the reason
+    // is npm's own, or how to build it where the build did not run.)
+    assert!(
+        s["dependencies"][0]
+            .as_str()
+            .is_some_and(|m| m.starts_with("npm layer not built (")),
+        "{s}"
+    );
+    let text = d.cli_ok(["status", "plain0"]);
+    assert!(
+        text.contains("dependencies:  npm layer not built ("),
+        "{text}"
+    );
+    assert!(!plain.join(".git/octomate-installed").exists());
+
+    // The layer, sealed by hand.
+    let nm = layer_dir(&d.base);
+    let layer_tree = seal_layer(&d, &nm, LOCK.as_bytes());
+    let store = d.state.join("deps/store.git");
+    let mut with = Vec::new();
+    for i in 0..3 {
+        with.push(timed_open(&d, &format!("dep{i}")));
+    }
+    let w1 = d.mount("dep0");
+    let w2 = d.mount("dep1");
+    let upper = |t: &str| disk_usage(&d.state.join("workspaces").join(t));
+    let (disk_without, disk_with) = (upper("plain1"), upper("dep1"));
+    eprintln!(
+        "open (fork) of the project, CLI wall time: without a layer median {:?} (all {without:?}), \
+         with a layer median {:?} (all {with:?}); upper layer + records after open (du of \
+         <state>/workspaces/<thread>): without {disk_without} bytes, with {disk_with} bytes",
+        median(without.clone()),
+        median(with.clone())
+    );
+    // The same disk: nothing of the layer is copied (a stamp of one line more at most).
+    assert!(
+        disk_with <= disk_without + (64 << 10),
+        "a workspace with a layer takes {disk_with} bytes, without {disk_without}"
+    );
+    // The same cost (loosely: the machine is shared; the figures are printed above).
+    assert!(
+        median(with.clone()) <= median(without.clone()) * 3 + Duration::from_millis(300),
+        "open with a layer {with:?} vs without {without:?}"
+    );
+
+    // Presented read-through: content, modes, symlinks, nested directories.
+    assert_eq!(
+        read(&w1.join("node_modules/x/lib/deep/answer.js")),
+        "module.exports = 42;\n"
+    );
+    assert_eq!(
+        fs::read(w1.join("node_modules/x/package.json")).expect("read"),
+        fs::read(nm.join("x/package.json")).expect("read")
+    );
+    let mode = |p: &Path| fs::symlink_metadata(p).expect("stat").permissions().mode() & 0o777;
+    assert_eq!(mode(&w1.join("node_modules/x/bin/tool.js")), 0o755);
+    assert_eq!(mode(&w1.join("node_modules/x/index.js")), 0o644);
+    assert_eq!(
+        fs::read_link(w1.join("node_modules/.bin/tool")).expect("readlink"),
+        PathBuf::from("../x/bin/tool.js")
+    );
+    let out = run(
+        Command::new("node")
+            .args(["-e", "console.log(require('./node_modules/x'))"])
+            .current_dir(&w1),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    assert_eq!(out.stdout_str().trim(), "42");
+    let out = run(
+        Command::new("node").arg("index.js").current_dir(&w1),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    assert_eq!(out.stdout_str().trim(), "42");
+    let out = run(
+        Command::new(w1.join("node_modules/.bin/tool")).current_dir(&w1),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    assert_eq!(out.stdout_str().trim(), "tool 42");
+    assert_eq!(g(&w1, &["status", "--porcelain"]), "");
+
+    // The stamp, and what status says.
+    let hash = blake3::hash(LOCK.as_bytes()).to_hex().to_string();
+    assert_eq!(
+        read(&w1.join(".git/octomate-installed")),
+        format!("npm node_modules {hash}\n")
+    );
+    let s = status(&d, "dep0");
+    assert_eq!(s["layers"][0]["path"], "node_modules", "{s}");
+    assert_eq!(
+        s["layers"][0]["tree"].as_str(),
+        Some(layer_tree.as_str()),
+        "{s}"
+    );
+    assert_eq!(s["dependencies"].as_array().map(Vec::len), Some(0), "{s}");
+    assert!(
+        d.cli_ok(["status", "dep0"])
+            .contains("layer:         npm node_modules")
+    );
+    // The workspace opened before the layer existed says how to get it.
+    let s = status(&d, "plain0");
+    assert!(
+        s["dependencies"][0]
+            .as_str()
+            .is_some_and(|m| m.starts_with("npm layer not in use (built after")),
+        "{s}"
+    );
+
+    // Two workspaces reading the same layer file share one blob-cache file.
+    let answer_id = g_bare(
+        &store,
+        None,
+        None,
+        &["rev-parse", &format!("{layer_tree}:x/lib/deep/answer.js")],
+    );
+    assert_eq!(
+        read(&w2.join("node_modules/x/lib/deep/answer.js")),
+        "module.exports = 42;\n"
+    );
+    let cached: Vec<PathBuf> = walk(&d.state.join("blobs"))
+        .into_iter()
+        .filter(|p| {
+            p.strip_prefix(d.state.join("blobs"))
+                .ok()
+                .map(|r| r.to_string_lossy().replace('/', ""))
+                .is_some_and(|r| r.ends_with(&answer_id))
+        })
+        .collect();
+    assert_eq!(
+        cached.len(),
+        1,
+        "blob-cache files of {answer_id}: {cached:?}"
+    );
+
+    // A write copies up; the other workspace and the sealed blob are unchanged.
+    let index_id = g_bare(
+        &store,
+        None,
+        None,
+        &["rev-parse", &format!("{layer_tree}:x/index.js")],
+    );
+    fs::write(w1.join("node_modules/x/index.js"), "module.exports = 7;\n").expect("write");
+    assert_eq!(
+        read(&w1.join("node_modules/x/index.js")),
+        "module.exports = 7;\n"
+    );
+    assert_eq!(
+        read(&w2.join("node_modules/x/index.js")),
+        "module.exports = require('./lib/deep/answer.js');\n"
+    );
+    assert_eq!(
+        g_bare(&store, None, None, &["cat-file", "blob", &index_id]),
+        "module.exports = require('./lib/deep/answer.js');"
+    );
+
+    // What an install leaves that git cannot hold (an empty directory, a mode) is not saved either.
+    fs::create_dir(w1.join("node_modules/.cache")).expect("mkdir");
+    fs::set_permissions(
+        w1.join("node_modules/x/lib"),
+        fs::Permissions::from_mode(0o700),
+    )
+    .expect("chmod");
+
+    // Snapshots and commits hold no node_modules; the mirror holds no layer object.
+    fs::write(w1.join("index.js"), "console.log(require('x') + 1);\n").expect("write");
+    // A layer file copied out of the layer is content like any other (its object reaches the mirror).
+    fs::copy(
+        w1.join("node_modules/x/lib/deep/answer.js"),
+        w1.join("answer.js"),
+    )
+    .expect("cp");
+    let snap = d.snapshot_id("dep0");
+    let names = names_in(&d, &snap);
+    assert!(!names.contains("node_modules"), "snapshot tree: {names}");
+    assert!(
+        names.contains("answer.js") && names.contains("index.js"),
+        "{names}"
+    );
+    let commit = d
+        .cli_ok(["commit", "dep0", "-m", "work"])
+        .trim()
+        .to_string();
+    let names = names_in(&d, &commit);
+    assert!(!names.contains("node_modules"), "commit tree: {names}");
+    assert!(names.contains("answer.js"), "{names}");
+    let missing = run(
+        git_command(&d.mirror("app"), DATE1).args(["cat-file", "-e", &layer_tree]),
+        CMD_TIMEOUT,
+    );
+    assert!(!missing.success(), "the layer's tree reached the mirror");
+    g(
+        &d.mirror("app"),
+        &["fsck", "--connectivity-only", "--no-dangling"],
+    );
+    assert_eq!(g(&w1, &["status", "--porcelain"]), "");
+
+    // rm -rf node_modules works, and survives a restart (which presents the same tree).
+    fs::remove_dir_all(w2.join("node_modules")).expect("rm -rf node_modules");
+    assert!(!w2.join("node_modules").exists());
+    d.stop();
+    d.spawn();
+    wait_mounted(&[w1.clone(), w2.clone()], Duration::from_secs(20));
+    assert!(!w2.join("node_modules").exists());
+    assert_eq!(
+        read(&w1.join("node_modules/x/index.js")),
+        "module.exports = 7;\n"
+    );
+    assert_eq!(
+        read(&d.mount("dep2").join("node_modules/x/index.js")),
+        "module.exports = require('./lib/deep/answer.js');\n"
+    );
+    assert_eq!(status(&d, "dep1")["layers"][0]["path"], "node_modules");
+
+    // Release + resume presents the layer again (its own copy-up did not travel: not content).
+    d.cli_ok(["release", "dep0"]);
+    d.open_thread("dep0", &[]);
+    assert_eq!(
+        read(&w1.join("node_modules/x/index.js")),
+        "module.exports = require('./lib/deep/answer.js');\n"
+    );
+    assert_eq!(
+        read(&w1.join("index.js")),
+        "console.log(require('x') + 1);\n"
+    );
+    assert!(!w1.join("node_modules/.cache").exists());
+    assert_eq!(mode(&w1.join("node_modules/x/lib")), 0o755);
+    assert_eq!(
+        read(&w1.join(".git/octomate-installed")),
+        format!("npm node_modules {hash}\n")
+    );
+    let out = run(
+        Command::new("node").arg("index.js").current_dir(&w1),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    assert_eq!(out.stdout_str().trim(), "43");
+
+    // A fork gets the layer by its own lockfile.
+    d.cli_ok(["fork", "dep0", "forked"]);
+    let f = d.mount("forked");
+    assert_eq!(
+        read(&f.join("node_modules/x/lib/deep/answer.js")),
+        "module.exports = 42;\n"
+    );
+    assert_eq!(status(&d, "forked")["layers"][0]["path"], "node_modules");
+
+    for t in [
+        "plain0", "plain1", "plain2", "dep0", "dep1", "dep2", "forked",
+    ] {
+        d.cli_ok(["release", t, "--force"]);
+    }
+}
+
+/// Every regular file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let p = e.path();
+            match e.file_type() {
+                Ok(t) if t.is_dir() => stack.push(p),
+                Ok(t) if t.is_file() => out.push(p),
+                _ => {}
+            }
+        }
+    }
+    out
+}
