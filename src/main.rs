@@ -346,11 +346,18 @@ enum MirrorCmd {
     Set {
         project: String,
         /// The share remote (a URL or a bare repository's path)
-        #[arg(long, value_name = "REMOTE", required_unless_present = "no_share")]
+        #[arg(long, value_name = "REMOTE")]
         share: Option<String>,
         /// Stop sharing the project's threads
         #[arg(long, conflicts_with = "share")]
         no_share: bool,
+        /// A gitignore-style pattern whose paths are never committed or pushed from the project's
+        /// workspaces, even where a branch tracks them (repeatable; replaces the project's list)
+        #[arg(long = "exclude", value_name = "PATTERN")]
+        excludes: Vec<String>,
+        /// Clear the project's excludes
+        #[arg(long, conflicts_with = "excludes")]
+        no_excludes: bool,
     },
 }
 
@@ -659,20 +666,52 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 project,
                 share,
                 no_share,
+                excludes,
+                no_excludes,
             } => {
                 validate(NameKind::Project, &project)?;
-                let share = if no_share {
-                    None
-                } else {
-                    share.as_deref().map(resolve_upstream).transpose()?
-                };
-                let info: MirrorInfo =
-                    parse(request(layout, Request::MirrorShare { project, share })?)?;
-                println!(
-                    "{} share {}",
-                    info.project.project,
-                    info.project.share.as_deref().unwrap_or("(none)")
-                );
+                let sets_share = share.is_some() || no_share;
+                let sets_excludes = !excludes.is_empty() || no_excludes;
+                if !sets_share && !sets_excludes {
+                    return Err(
+                        "mirror set: nothing to set (--share, --no-share, --exclude or --no-excludes)"
+                            .into(),
+                    );
+                }
+                if sets_share {
+                    let share = if no_share {
+                        None
+                    } else {
+                        share.as_deref().map(resolve_upstream).transpose()?
+                    };
+                    let info: MirrorInfo = parse(request(
+                        layout,
+                        Request::MirrorShare {
+                            project: project.clone(),
+                            share,
+                        },
+                    )?)?;
+                    println!(
+                        "{} share {}",
+                        info.project.project,
+                        info.project.share.as_deref().unwrap_or("(none)")
+                    );
+                }
+                if sets_excludes {
+                    let info: MirrorInfo = parse(request(
+                        layout,
+                        Request::MirrorExcludes { project, excludes },
+                    )?)?;
+                    println!(
+                        "{} excludes {}",
+                        info.project.project,
+                        if info.project.excludes.is_empty() {
+                            "(none)".to_string()
+                        } else {
+                            info.project.excludes.join(" ")
+                        }
+                    );
+                }
                 Ok(())
             }
         },

@@ -649,3 +649,63 @@ fn hooks_run_in_the_workspace_as_its_owner() {
     assert!(!ws.join("owned-by-b").exists());
     d.cli_ok(["release", "th"]);
 }
+
+#[test]
+fn a_projects_excludes_are_never_committed_or_pushed() {
+    let d = Daemon::start();
+    // An old branch tracks .npmrc: the project's excludes refuse it even so.
+    let mut files = FILES.to_vec();
+    files.push((".npmrc", "//registry.example/:_authToken=old\n"));
+    let bare = bare_project(&d, "p", &files);
+    let up_tip = g(&bare, &["rev-parse", "main"]);
+    // Bad input changes nothing.
+    let out = d.cli(["mirror", "set", "p", "--exclude", ""]);
+    out.assert_failed();
+    let out = d.cli(["mirror", "set", "nosuch", "--exclude", ".npmrc"]);
+    out.assert_failed();
+    let out = d.cli(["mirror", "set", "p"]);
+    out.assert_failed();
+    let set = d.cli_ok([
+        "mirror",
+        "set",
+        "p",
+        "--exclude",
+        ".npmrc",
+        "--exclude",
+        "secrets/",
+    ]);
+    assert!(set.contains(".npmrc") && set.contains("secrets/"), "{set}");
+    let ws = d.open_thread("tx", &["--project", "p"]);
+    let head = g(&ws, &["rev-parse", "HEAD"]);
+    put(&ws, ".npmrc", b"//registry.example/:_authToken=new\n");
+    put(&ws, "secrets/prod.txt", b"password\n");
+    put(&ws, "a.txt", b"alpha 2\n");
+    let out = d.cli(["commit", "tx", "-m", "leak"]);
+    out.assert_failed();
+    let err = out.stderr_str();
+    assert!(
+        err.contains(".npmrc")
+            && err.contains("secrets/prod.txt")
+            && err.contains("project excludes"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), head, "a refusal moved HEAD");
+    // Only the allowed path commits.
+    d.cli_ok(["commit", "tx", "-m", "fine", "--path", "a.txt"]);
+    // A push carries the range: an excluded path committed by the agent's own git is refused.
+    g(&ws, &["add", ".npmrc"]);
+    g(&ws, &["commit", "-q", "-m", "agent commits the token"]);
+    let out = d.cli(["push", "tx", "--branch", "main"]);
+    out.assert_failed();
+    assert!(out.stderr_str().contains(".npmrc"), "{}", out.describe());
+    assert_eq!(
+        g(&bare, &["rev-parse", "main"]),
+        up_tip,
+        "a refused push sent something"
+    );
+    // Cleared, the same push goes (the project's own choice).
+    d.cli_ok(["mirror", "set", "p", "--no-excludes"]);
+    d.cli_ok(["push", "tx", "--branch", "main"]);
+    assert_ne!(g(&bare, &["rev-parse", "main"]), up_tip);
+}

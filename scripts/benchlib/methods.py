@@ -48,8 +48,8 @@ class Method:
         self.n += 1
         return os.path.join(self.dir, f"ws{self.n}")
 
-    def copy_deps(self, dst):
-        for d in self.corpus.deps:
+    def copy_deps(self, dst, only=None):
+        for d in (self.corpus.deps if only is None else only):
             run(["cp", "-a", os.path.join(self.corpus.repo, d), os.path.join(dst, d)])
 
     def pre_fork(self):
@@ -254,8 +254,9 @@ class FuseOverlay(Overlay):
 
 class Octo(Method):
     name, label = "octofs", "octofs"
-    desc = ("`octofs open` of the repository's mirror (a private daemon and state) + `cp -a` of the "
-            "ignored dependencies into the mount; snapshots with `octofs snapshot`")
+    desc = ("`octofs open` of the repository's mirror (a private daemon and state), its ignored "
+            "dependencies presented by the project's dependency layer (built once at `mirror add`; "
+            "`cp -a` into the mount only when no layer was built); snapshots with `octofs snapshot`")
 
     daemon_key = "main"
 
@@ -283,7 +284,11 @@ class Octo(Method):
         self.n += 1
         thread = f"{self.corpus.name}-{self.daemon_key}-{self.n}"
         p = self.octo.open(thread, self.project)
-        self.copy_deps(p)
+        # A dependency layer presents them already; without one (no lockfile, a failed build)
+        # they are copied in as a user would have to.
+        missing = [d for d in self.corpus.deps if not os.path.isdir(os.path.join(p, d))]
+        if missing:
+            self.copy_deps(p, only=missing)
         return Fork(p, thread=thread, before=self.before)
 
     def new_bytes(self, fork):

@@ -48,6 +48,7 @@ pub(super) fn check_gates(
     repo: &gix::Repository,
     changes: &[Change],
     gates: &[Gate],
+    project_excludes: &[String],
     what: &str,
 ) -> Result<(), Error> {
     let mut items: Vec<Item> = Vec::new();
@@ -76,7 +77,16 @@ pub(super) fn check_gates(
     let item_paths: Vec<&[u8]> = items.iter().map(|i| i.path.as_slice()).collect();
     let ignored = add_all::ignored(core, &item_paths)?;
     let mut verdict = ignored.into_iter();
-    let refusals = gates::run(&items, gates, |_| verdict.next().unwrap_or(false));
+    let mut refusals = gates::run(&items, gates, |_| verdict.next().unwrap_or(false));
+    if !project_excludes.is_empty() {
+        let known: Vec<String> = refusals.iter().map(|r| r.path.clone()).collect();
+        refusals.extend(
+            gates::ProjectExcludes::new(project_excludes)
+                .refusals(&items)
+                .into_iter()
+                .filter(|r| !known.contains(&r.path)),
+        );
+    }
     if refusals.is_empty() {
         Ok(())
     } else {
@@ -252,6 +262,7 @@ impl Daemon {
             )));
         }
         let core = self.core_of(&rec)?;
+        let excludes = crate::git::mirror::require(&self.layout, &rec.project)?.excludes;
         let (head, head_ref) = read_head(&core)?;
         let working = self.assemble(&mut rec.clone(), Goal::Tree)?;
         let mirror = self.layout.mirror(&rec.project);
@@ -344,9 +355,9 @@ impl Daemon {
                 .arg(head_tree.to_string())
                 .output_bytes()?;
             gated.extend(crate::git::mirror::changes(&raw)?);
-            check_gates(&core, &repo, &gated, &gates, "commit")?;
+            check_gates(&core, &repo, &gated, &gates, &excludes, "commit")?;
         } else {
-            check_gates(&core, &repo, &changes, &gates, "commit")?;
+            check_gates(&core, &repo, &changes, &gates, &excludes, "commit")?;
         }
         let tree = if paths.is_empty() {
             working

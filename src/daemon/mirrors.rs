@@ -320,5 +320,6 @@ pub(super) fn blank_project() -> Project {
         last_sync: 0,
         access: Default::default(),
         share: None,
+        excludes: Vec::new(),
     }
 }

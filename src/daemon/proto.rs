@@ -194,6 +194,11 @@ pub enum Request {
         project: String,
         share: Option<String>,
     },
+    /// `octofs mirror set P --exclude PATTERN… | --no-excludes`: replaces the project's excludes.
+    MirrorExcludes {
+        project: String,
+        excludes: Vec<String>,
+    },
 }
 
 /// How `diff` prints: git's `--stat`, `--name-status` or the patch.

@@ -97,7 +97,8 @@ impl Daemon {
         };
         let raw = log.output_bytes()?;
         let touched = changes(&raw)?;
-        check_gates(&core, &repo, &touched, &gates, "push")?;
+        let excludes = crate::git::mirror::require(&self.layout, &rec.project)?.excludes;
+        check_gates(&core, &repo, &touched, &gates, &excludes, "push")?;
         push(&mirror, &target, head, &branch, lease).map_err(|e| {
             Error::Refused(format!(
                 "push of {head} to {branch} failed: {e} (when the remote refused it: its branch is not at --lease, or the push is not a fast-forward)"

@@ -176,6 +176,10 @@ impl Daemon {
                 self.require_admin(c, "change a project's share remote")?;
                 answer(self.mirror_share(&project, share.as_deref()))
             }
+            Request::MirrorExcludes { project, excludes } => {
+                self.require_admin(c, "change a project's excludes")?;
+                answer(self.mirror_excludes(&project, excludes))
+            }
         }
     }
 }

@@ -42,6 +42,20 @@ impl Daemon {
         Ok((mirror::info(&self.layout, p), vec![]))
     }
 
+    /// `octofs mirror set P --exclude …`: replaces the project's excludes (see `git::gates`).
+    pub(super) fn mirror_excludes(
+        &self,
+        project: &str,
+        excludes: Vec<String>,
+    ) -> Reply<MirrorInfo> {
+        validate(NameKind::Project, project)?;
+        let l = self.locks.get(&format!("project:{project}"));
+        let _g = lock(&l);
+        let p = mirror::set_excludes(&self.layout, project, excludes)?;
+        tracing::info!(%project, excludes = ?p.excludes, "excludes set");
+        Ok((mirror::info(&self.layout, p), vec![]))
+    }
+
     /// Pushes the thread's snapshot `commit` to the share remote of `project` (when it has one) as
     /// a fast-forward of `refs/octomate/threads/<thread>`, with the thread's POSIX records in the
     /// same atomic push. `Some(why)` when it was not shared (diverged, unreachable): logged here;

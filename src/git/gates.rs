@@ -119,6 +119,65 @@ pub fn excludes(items: &[Item], mut ignored: impl FnMut(&[u8]) -> bool) -> Vec<R
     out
 }
 
+/// A project's configured excludes: gitignore-style patterns (`mirror set P --exclude PATTERN`) whose
+/// paths are never committed or pushed, whatever the workspace's own rules say — a file an old branch
+/// tracks (`.npmrc`) included. Part of the `excludes` gate.
+pub struct ProjectExcludes {
+    list: gix_ignore::glob::search::pattern::List<gix_ignore::search::Ignore>,
+}
+
+impl ProjectExcludes {
+    pub fn new(patterns: &[String]) -> ProjectExcludes {
+        use gix_ignore::glob::search::Pattern as _;
+        let text = patterns.join("\n");
+        ProjectExcludes {
+            list: gix_ignore::glob::search::pattern::List {
+                patterns: gix_ignore::search::Ignore::default()
+                    .bytes_to_patterns(text.as_bytes(), std::path::Path::new("")),
+                source: None,
+                base: None,
+            },
+        }
+    }
+
+    /// The pattern that excludes `path` (or one of its directories), if one does.
+    pub fn matching(&self, path: &[u8]) -> Option<String> {
+        use gix::bstr::ByteSlice as _;
+        let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+        for n in 1..=comps.len() {
+            let sub = comps[..n].join(&b'/');
+            let sub = sub.as_bstr();
+            let basename = sub.rfind_byte(b'/').map(|p| p + 1);
+            let m = gix_ignore::search::pattern_matching_relative_path(
+                &self.list,
+                sub,
+                basename,
+                Some(n < comps.len()),
+                gix_ignore::glob::pattern::Case::Sensitive,
+            );
+            if let Some(m) = m
+                && !m.pattern.is_negative()
+            {
+                return Some(m.pattern.text.to_str_lossy().into_owned());
+            }
+        }
+        None
+    }
+
+    /// The refusals of `items`: one per path a pattern excludes.
+    pub fn refusals(&self, items: &[Item]) -> Vec<Refusal> {
+        items
+            .iter()
+            .filter_map(|i| {
+                self.matching(&i.path).map(|pat| Refusal {
+                    path: shown(&i.path),
+                    why: format!("the project excludes {pat} (excludes)"),
+                })
+            })
+            .collect()
+    }
+}
+
 /// `cmd=PROGRAM`: runs the host's program (not in a workspace: in `/`, with git's hardened
 /// environment), the paths on stdin one a line; a non-zero exit refuses every path with the
 /// program's message.

@@ -20,9 +20,12 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 
-/// Blocks kept allocated ahead of the log's end, and when to top them up.
-pub(super) const RESERVE: u64 = 256 << 10;
-const RESERVE_LOW: u64 = 64 << 10;
+/// Blocks kept allocated ahead of the log's end, and when to top them up. Every workspace pays
+/// the reserve in disk (a few hundred workspaces per host: 64 KiB each, not more); a batch bigger
+/// than what is left of it is written only after its space is allocated, so a full disk refuses it
+/// cleanly instead of losing an acknowledged change.
+pub(super) const RESERVE: u64 = 64 << 10;
+const RESERVE_LOW: u64 = 16 << 10;
 
 #[derive(Debug)]
 pub(super) struct Log {

@@ -87,6 +87,7 @@ pub fn add(
         last_sync: now(),
         access,
         share: None,
+        excludes: Vec::new(),
     };
     let saved = match &credential {
         Some(c) => save_credential(layout, project, c),

@@ -64,6 +64,10 @@ pub struct Project {
     /// project's threads is also pushed to its `refs/octomate/threads/<thread>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share: Option<String>,
+    /// Gitignore-style patterns whose paths are never committed or pushed from the project's
+    /// workspaces (the `excludes` gate), even where a branch tracks them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub excludes: Vec<String>,
 }
 
 /// Who may bind a project: these users and the members of these groups; both lists empty means any
@@ -149,6 +153,27 @@ pub(super) fn save(layout: &Layout, p: &Project) -> Result<(), Error> {
 pub fn set_share(layout: &Layout, project: &str, share: Option<&str>) -> Result<Project, Error> {
     let mut p = require(layout, project)?;
     p.share = share.map(check_share).transpose()?;
+    save(layout, &p)?;
+    Ok(p)
+}
+
+/// Replaces `project`'s configured excludes (an empty list clears them). The caller holds the
+/// project's lock.
+pub fn set_excludes(
+    layout: &Layout,
+    project: &str,
+    excludes: Vec<String>,
+) -> Result<Project, Error> {
+    let mut p = require(layout, project)?;
+    if let Some(bad) = excludes
+        .iter()
+        .find(|e| e.trim().is_empty() || e.contains('\n') || e.starts_with('#'))
+    {
+        return Err(Error::Refused(format!(
+            "{bad:?} is not an exclude pattern (one gitignore line, not empty, not a comment)"
+        )));
+    }
+    p.excludes = excludes;
     save(layout, &p)?;
     Ok(p)
 }

@@ -1,0 +1,295 @@
+//! Dependency layers end to end, against the real npm registry and PyPI: a project's layer built at
+//! `mirror add` is there in every workspace with no install step — `require` and the project's own
+//! `npm test` work in the mount, a uv venv runs the workspace's interpreter with `sys.prefix` at the
+//! workspace's path — it costs no disk per workspace, an agent's own `npm install` after changing the
+//! lockfile works in the mount and never touches the layer, and a failing install leaves a usable
+//! workspace that `octofs status` explains.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{DATE1, Daemon, GitRepo, parse_json, run};
+
+/// A build or an install talks to a registry: generous, and still bounded.
+const NET: Duration = Duration::from_secs(600);
+
+/// Runs `argv` in `dir` (a checkout or a mount), asserting success; stdout.
+#[track_caller]
+fn in_dir(dir: &Path, argv: &[&str]) -> String {
+    let out = run(
+        Command::new(argv[0])
+            .args(&argv[1..])
+            .current_dir(dir)
+            .env("UV_PYTHON_DOWNLOADS", "never")
+            .env("npm_config_audit", "false")
+            .env("npm_config_fund", "false"),
+        NET,
+    );
+    out.assert_ok();
+    out.stdout_str().trim().to_string()
+}
+
+/// Disk used under `dir` in bytes (`du -sB1`).
+fn du(dir: &Path) -> u64 {
+    let out = common::sh("du", ["-sB1", dir.to_str().expect("utf-8")]);
+    out.assert_ok();
+    out.stdout_str()
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("du output")
+}
+
+/// Every regular file under `dir` with its blake3, sorted (the sealed layer's state).
+fn tree_digest(dir: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let m = e.path().symlink_metadata().expect("lstat");
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() {
+                let bytes = std::fs::read(e.path()).expect("read");
+                out.push((
+                    e.path().display().to_string(),
+                    blake3::hash(&bytes).to_hex().to_string(),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn npm_project(d: &Daemon) -> GitRepo {
+    let repo = GitRepo::init(&d.base.join("up-npm"));
+    repo.write(
+        "package.json",
+        r#"{"name":"demo","version":"1.0.0","private":true,
+"scripts":{"test":"node test.js"},
+"dependencies":{"is-number":"7.0.0","left-pad":"1.3.0"}}"#,
+    );
+    repo.write(
+        "test.js",
+        "const isNumber = require('is-number');\nconst pad = require('left-pad');\n\
+         if (!isNumber(5) || pad('x', 3) !== '  x') { process.exit(1); }\nconsole.log('tests pass');\n",
+    );
+    in_dir(&repo.path, &["npm", "install", "--package-lock-only"]);
+    repo.write(".gitignore", "node_modules/\n");
+    repo.commit_all("npm project", DATE1);
+    repo
+}
+
+#[test]
+fn npm_layer_is_ready_in_every_workspace_and_costs_no_disk() {
+    let d = Daemon::start();
+    let repo = npm_project(&d);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "p", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+
+    // Open of a project whose layer exists costs what an open without one costs.
+    let plain = GitRepo::init(&d.base.join("up-plain"));
+    plain.write("package.json", "{}");
+    plain.commit_all("plain", DATE1);
+    d.cli_ok([
+        "mirror",
+        "add",
+        "plain",
+        plain.path.to_str().expect("utf-8"),
+    ]);
+    let time_open = |project: &str, thread: &str| {
+        let t = std::time::Instant::now();
+        d.open_thread(thread, &["--project", project]);
+        t.elapsed()
+    };
+    let mut with = Vec::new();
+    let mut without = Vec::new();
+    for i in 0..5 {
+        without.push(time_open("plain", &format!("plain{i}")));
+        with.push(time_open("p", &format!("w{i}")));
+    }
+    with.sort();
+    without.sort();
+    eprintln!(
+        "open, median of 5: {:?} with the npm layer, {:?} without",
+        with[2], without[2]
+    );
+
+    // The workspace is ready to run: no install step.
+    let ws = d.mount("w0");
+    assert_eq!(
+        in_dir(&ws, &["node", "-e", "console.log(require('is-number')(7))"]),
+        "true"
+    );
+    assert!(in_dir(&ws, &["npm", "test"]).contains("tests pass"));
+    let status = parse_json("status", &d.cli_ok(["status", "w0", "--json"]));
+    assert!(
+        status["layers"].to_string().contains("node_modules"),
+        "{status}"
+    );
+    assert_eq!(
+        in_dir(&ws, &["git", "status", "--porcelain"]),
+        "",
+        "the layer must read as ignored content"
+    );
+    let installed = std::fs::read_to_string(ws.join(".git/octomate-installed")).expect("stamp");
+    assert!(installed.starts_with("npm node_modules "), "{installed}");
+
+    // 20 workspaces (the 5 above and 15 more) add little disk, and each runs the tests.
+    for i in 5..20 {
+        d.open_thread(&format!("w{i}"), &["--project", "p"]);
+    }
+    for i in 0..20 {
+        assert!(in_dir(&d.mount(&format!("w{i}")), &["npm", "test"]).contains("tests pass"));
+    }
+    let mut total = 0;
+    for i in 0..20 {
+        total += du(&d.state.join(format!("workspaces/w{i}")));
+    }
+    eprintln!("20 workspaces after npm test: {total} bytes of upper layers and records");
+    assert!(total < 5 << 20, "20 workspaces use {total} bytes");
+
+    // The agent changes its dependencies and installs in the mount, as a user would: it works, and
+    // the sealed layer (read through another workspace) is unchanged.
+    let before = tree_digest(&d.mount("w1").join("node_modules"));
+    in_dir(&ws, &["npm", "install", "is-odd@3.0.1"]);
+    assert_eq!(
+        in_dir(&ws, &["node", "-e", "console.log(require('is-odd')(3))"]),
+        "true"
+    );
+    assert!(in_dir(&ws, &["npm", "test"]).contains("tests pass"));
+    assert_eq!(
+        tree_digest(&d.mount("w1").join("node_modules")),
+        before,
+        "an install in one workspace changed the layer another one reads"
+    );
+    assert!(
+        !d.mount("w1").join("node_modules/is-odd").exists(),
+        "another workspace sees the package"
+    );
+    // A snapshot never carries the layer or the agent's install.
+    let snap = d.snapshot_id("w0");
+    let files = common::sh(
+        "git",
+        [
+            "-C",
+            d.mirror("p").to_str().expect("utf-8"),
+            "ls-tree",
+            "-r",
+            "--name-only",
+            &snap,
+        ],
+    );
+    files.assert_ok();
+    assert!(
+        !files.stdout_str().contains("node_modules"),
+        "{}",
+        files.stdout_str()
+    );
+    // Deleting the directory works, and the next workspace still has it.
+    in_dir(&ws, &["rm", "-rf", "node_modules"]);
+    assert!(!ws.join("node_modules").exists());
+    d.open_thread("after", &["--project", "p"]);
+    assert!(d.mount("after").join("node_modules/is-number").is_dir());
+    for i in 0..20 {
+        d.cli_ok(["release", &format!("w{i}"), "--force"]);
+    }
+    for i in 0..5 {
+        d.cli_ok(["release", &format!("plain{i}")]);
+    }
+    d.cli_ok(["release", "after"]);
+}
+
+#[test]
+fn uv_venv_runs_the_workspaces_interpreter() {
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up-uv"));
+    repo.write(
+        "pyproject.toml",
+        "[project]\nname = \"demo\"\nversion = \"0.1.0\"\nrequires-python = \">=3.8\"\n\
+         dependencies = [\"six==1.16.0\", \"pyflakes==3.2.0\"]\n",
+    );
+    in_dir(&repo.path, &["uv", "lock"]);
+    repo.write(".gitignore", ".venv/\n");
+    repo.commit_all("uv project", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "u", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    let ws = d.open_thread("t", &["--project", "u"]);
+    let printed = in_dir(
+        &ws,
+        &[
+            ".venv/bin/python",
+            "-c",
+            "import six, sys; print(sys.prefix)",
+        ],
+    );
+    assert_eq!(
+        Path::new(&printed),
+        ws.join(".venv"),
+        "sys.prefix must be the workspace's venv"
+    );
+    // A console script of the venv runs the workspace's interpreter.
+    std::fs::write(ws.join("bad.py"), "import os\n").expect("write");
+    let out = run(
+        Command::new(ws.join(".venv/bin/pyflakes"))
+            .arg("bad.py")
+            .current_dir(&ws),
+        NET,
+    );
+    assert!(
+        out.stdout_str().contains("'os' imported but unused"),
+        "{}",
+        out.describe()
+    );
+    d.cli_ok(["release", "t"]);
+}
+
+#[test]
+fn a_failing_install_leaves_a_usable_workspace_and_says_why() {
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up-bad"));
+    repo.write(
+        "package.json",
+        r#"{"name":"bad","version":"1.0.0","dependencies":{"octofs-no-such-package-zz9":"1.0.0"}}"#,
+    );
+    repo.write(
+        "package-lock.json",
+        r#"{"name":"bad","version":"1.0.0","lockfileVersion":3,"requires":true,"packages":{
+"":{"name":"bad","version":"1.0.0","dependencies":{"octofs-no-such-package-zz9":"1.0.0"}},
+"node_modules/octofs-no-such-package-zz9":{"version":"1.0.0",
+"resolved":"https://registry.npmjs.org/octofs-no-such-package-zz9/-/octofs-no-such-package-zz9-1.0.0.tgz"}}}"#,
+    );
+    repo.write(".gitignore", "node_modules/\n");
+    repo.write("README.md", "still here\n");
+    repo.commit_all("bad lockfile", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "b", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    let ws = d.open_thread("t", &["--project", "b"]);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README.md")).expect("read"),
+        "still here\n"
+    );
+    assert!(!ws.join("node_modules").exists());
+    let status = d.cli_ok(["status", "t"]);
+    assert!(
+        status.contains("dependencies") && status.contains("not built"),
+        "{status}"
+    );
+    d.cli_ok(["release", "t"]);
+}
