@@ -293,3 +293,79 @@ fn a_failing_install_leaves_a_usable_workspace_and_says_why() {
     );
     d.cli_ok(["release", "t"]);
 }
+
+#[test]
+fn pnpm_layer_is_ready_in_the_workspace() {
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up-pnpm"));
+    repo.write(
+        "package.json",
+        r#"{"name":"demo-pnpm","version":"1.0.0","private":true,
+"scripts":{"test":"node -e \"if(!require('is-number')(3)) process.exit(1); console.log('tests pass')\""},
+"dependencies":{"is-number":"7.0.0"}}"#,
+    );
+    in_dir(&repo.path, &["pnpm", "install", "--lockfile-only"]);
+    repo.write(".gitignore", "node_modules/\n");
+    repo.commit_all("pnpm project", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "q", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    let ws = d.open_thread("t", &["--project", "q"]);
+    // pnpm's layout: node_modules/is-number is a relative symlink into node_modules/.pnpm.
+    let link = std::fs::read_link(ws.join("node_modules/is-number")).expect("a symlink");
+    assert!(link.is_relative(), "{}", link.display());
+    assert_eq!(
+        in_dir(&ws, &["node", "-e", "console.log(require('is-number')(7))"]),
+        "true"
+    );
+    assert!(in_dir(&ws, &["pnpm", "test"]).contains("tests pass"));
+    assert_eq!(in_dir(&ws, &["git", "status", "--porcelain"]), "");
+    d.cli_ok(["release", "t", "--force"]);
+}
+
+#[test]
+fn an_agents_uv_sync_after_a_lockfile_change_works_in_the_mount() {
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up-uv2"));
+    repo.write(
+        "pyproject.toml",
+        "[project]\nname = \"demo\"\nversion = \"0.1.0\"\nrequires-python = \">=3.8\"\n\
+         dependencies = [\"six==1.16.0\"]\n",
+    );
+    in_dir(&repo.path, &["uv", "lock"]);
+    repo.write(".gitignore", ".venv/\n");
+    repo.commit_all("uv project", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "u", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    let ws = d.open_thread("a", &["--project", "u"]);
+    let other = d.open_thread("b", &["--project", "u"]);
+    let before = tree_digest(&other.join(".venv"));
+    // The agent adds a package and syncs, as a user would.
+    in_dir(&ws, &["uv", "add", "--no-sync", "iniconfig==2.0.0"]);
+    in_dir(&ws, &["uv", "sync", "--frozen", "--no-install-project"]);
+    assert_eq!(
+        in_dir(
+            &ws,
+            &[
+                ".venv/bin/python",
+                "-c",
+                "import iniconfig, six, sys; print(sys.prefix)"
+            ]
+        ),
+        ws.join(".venv").display().to_string()
+    );
+    assert_eq!(
+        tree_digest(&other.join(".venv")),
+        before,
+        "a sync in one workspace changed the layer another one reads"
+    );
+    d.cli_ok(["release", "a", "--force"]);
+    d.cli_ok(["release", "b", "--force"]);
+}
