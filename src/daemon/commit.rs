@@ -224,6 +224,33 @@ fn identity(core: &WorkspaceFs) -> Option<snap::Identity> {
     })
 }
 
+/// Moves what HEAD names to `to`, quietly (the caller tells the kernel): the branch's ref file under
+/// `.git/refs/heads`, or `.git/HEAD` itself when detached.
+pub(super) fn move_head(
+    core: &WorkspaceFs,
+    head: &HeadRef,
+    to: gix::ObjectId,
+) -> Result<(), Error> {
+    let line = format!("{to}\n");
+    match head {
+        HeadRef::Branch(b) => {
+            let mut dirs: Vec<&str> = vec![".git", "refs", "heads"];
+            let comps: Vec<&str> = b.split('/').collect();
+            let (name, parents) = comps
+                .split_last()
+                .ok_or_else(|| Error::Refused("empty branch name".into()))?;
+            dirs.extend(parents);
+            core.put_file_quietly(&dirs, name, line.as_bytes())
+                .map_err(on_workspace("cannot move the branch"))?;
+        }
+        HeadRef::Detached => {
+            core.put_file_quietly(&[".git"], "HEAD", line.as_bytes())
+                .map_err(on_workspace("cannot move HEAD"))?;
+        }
+    }
+    Ok(())
+}
+
 impl Daemon {
     /// `octofs commit`: returns the new commit.
     pub(super) fn commit(&self, thread: &str, req: &CommitRequest, c: &Caller) -> Reply<Committed> {
@@ -405,23 +432,7 @@ impl Daemon {
                 source: Box::new(e),
             })?;
         write_index(&core, &bytes)?;
-        let line = format!("{commit}\n");
-        match &head_ref {
-            HeadRef::Branch(b) => {
-                let mut dirs: Vec<&str> = vec![".git", "refs", "heads"];
-                let comps: Vec<&str> = b.split('/').collect();
-                let (name, parents) = comps
-                    .split_last()
-                    .ok_or_else(|| Error::Refused("empty branch name".into()))?;
-                dirs.extend(parents);
-                core.put_file_quietly(&dirs, name, line.as_bytes())
-                    .map_err(on_workspace("cannot move the branch"))?;
-            }
-            HeadRef::Detached => {
-                core.put_file_quietly(&[".git"], "HEAD", line.as_bytes())
-                    .map_err(on_workspace("cannot move HEAD"))?;
-            }
-        }
+        move_head(&core, &head_ref, commit)?;
         self.tell_kernel(thread);
         tracing::info!(%thread, %commit, ?mode, paths = changes.len(), "commit");
         Ok((

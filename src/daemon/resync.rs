@@ -410,23 +410,7 @@ impl Daemon {
                 source: Box::new(e),
             })?;
         write_index(core, &bytes)?;
-        let line = format!("{to}\n");
-        match head_ref {
-            HeadRef::Branch(b) => {
-                let mut dirs: Vec<&str> = vec![".git", "refs", "heads"];
-                let comps: Vec<&str> = b.split('/').collect();
-                let (name, parents) = comps
-                    .split_last()
-                    .ok_or_else(|| Error::Refused("empty branch name".into()))?;
-                dirs.extend(parents);
-                core.put_file_quietly(&dirs, name, line.as_bytes())
-                    .map_err(on_workspace("cannot move the branch"))?;
-            }
-            HeadRef::Detached => {
-                core.put_file_quietly(&[".git"], "HEAD", line.as_bytes())
-                    .map_err(on_workspace("cannot move HEAD"))?;
-            }
-        }
+        super::commit::move_head(core, head_ref, to)?;
         self.update_remote_refs(core, rec, &repo)?;
         self.tell_kernel(&rec.thread);
         Ok(list.len() as u64)
