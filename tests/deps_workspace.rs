@@ -369,3 +369,45 @@ fn an_agents_uv_sync_after_a_lockfile_change_works_in_the_mount() {
     d.cli_ok(["release", "a", "--force"]);
     d.cli_ok(["release", "b", "--force"]);
 }
+
+/// A lockfile reaches the default branch through anyone who can push (an agent's `octofs push`), and
+/// the daemon builds it as root: no package code runs — the project's own lifecycle scripts
+/// included — and the project's `.npmrc` is not used.
+#[test]
+fn builds_run_no_package_code() {
+    let d = Daemon::start();
+    let marker = d.base.join("postinstall-ran");
+    let repo = GitRepo::init(&d.base.join("up-scripts"));
+    repo.write(
+        "package.json",
+        format!(
+            r#"{{"name":"demo","version":"1.0.0","private":true,
+"scripts":{{"preinstall":"touch {m}","install":"touch {m}","postinstall":"touch {m}","prepare":"touch {m}"}},
+"dependencies":{{"is-number":"7.0.0"}}}}"#,
+            m = marker.display()
+        ),
+    );
+    in_dir(
+        &repo.path,
+        &["npm", "install", "--package-lock-only", "--ignore-scripts"],
+    );
+    repo.write(
+        ".npmrc",
+        format!("script-shell=/bin/sh -c 'touch {}'\n", marker.display()),
+    );
+    repo.write(".gitignore", "node_modules/\n");
+    repo.commit_all("scripts", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "s", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    assert!(
+        !marker.exists(),
+        "a build ran the project's scripts as the daemon"
+    );
+    let ws = d.open_thread("t", &["--project", "s"]);
+    assert!(ws.join("node_modules/is-number/package.json").exists());
+    d.cli_ok(["release", "t"]);
+}

@@ -251,7 +251,9 @@ pub fn plan(store: &ObjectStore, tree: gix::ObjectId) -> std::io::Result<Vec<Pla
 }
 
 /// The files a manager needs to install, by name, wherever they are in the tree (workspace
-/// packages included).
+/// packages included). Not `.npmrc` nor `.pnpmfile.cjs`: the project's content can reach the
+/// default branch through `octofs push`, so it is an agent's to write, and those files can name
+/// programs the manager runs (`git=`, `script-shell=`, pnpm's hooks) — with the daemon's rights.
 fn manifests(manager: Manager) -> &'static [&'static str] {
     match manager {
         Manager::Npm | Manager::Pnpm => &[
@@ -260,7 +262,6 @@ fn manifests(manager: Manager) -> &'static [&'static str] {
             "npm-shrinkwrap.json",
             "pnpm-lock.yaml",
             "pnpm-workspace.yaml",
-            ".npmrc",
         ],
         Manager::Uv => &["pyproject.toml", ".python-version", "uv.lock"],
     }
@@ -312,14 +313,41 @@ fn stage(
 /// One command of an install: its argv and the variables it gets besides the cleared environment.
 type Step = (Vec<&'static str>, Vec<(&'static str, &'static str)>);
 
-/// The commands that install `manager`'s tree in the staging directory.
+/// The commands that install `manager`'s tree in the staging directory. No package code runs: the
+/// daemon is root and a lockfile is content an agent can push, so install scripts are not run
+/// (`--ignore-scripts`) and uv installs wheels only (`--no-build`); a package that needs them fails
+/// the build, with the manager's message, and the workspace is handed over without the layer.
 fn install_commands(manager: Manager) -> Vec<Step> {
     match manager {
-        Manager::Npm => vec![(vec!["npm", "install", "--no-audit", "--no-fund"], vec![])],
-        Manager::Pnpm => vec![(vec!["pnpm", "install", "--frozen-lockfile"], vec![])],
+        Manager::Npm => vec![(
+            vec![
+                "npm",
+                "install",
+                "--no-audit",
+                "--no-fund",
+                "--ignore-scripts",
+            ],
+            vec![],
+        )],
+        Manager::Pnpm => vec![(
+            vec![
+                "pnpm",
+                "install",
+                "--frozen-lockfile",
+                "--ignore-scripts",
+                "--ignore-pnpmfile",
+            ],
+            vec![],
+        )],
         Manager::Uv => {
             let env = vec![("UV_PYTHON_DOWNLOADS", "never")];
-            let mut sync = vec!["uv", "sync", "--frozen", "--no-install-project"];
+            let mut sync = vec![
+                "uv",
+                "sync",
+                "--frozen",
+                "--no-install-project",
+                "--no-build",
+            ];
             if uv_has_flag("--no-install-workspace") {
                 sync.push("--no-install-workspace");
             }
