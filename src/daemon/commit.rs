@@ -192,26 +192,43 @@ fn resolve_anchor(
     Ok(anchor)
 }
 
-/// The largest `.git/config` whose identity is read (bigger ones are not a git config).
+/// The largest `.git/config` read (bigger ones are not a git config).
 const CONFIG_MAX: u64 = 1 << 20;
 
-/// The workspace's own author identity: `user.name` and `user.email` of its `.git/config`, parsed
-/// in process without includes (nothing else of it is used, nothing runs). `None` when either is
-/// missing or the file is not a config: the commit is then octofs's.
-fn identity(core: &WorkspaceFs) -> Option<snap::Identity> {
+/// The workspace's `.git/config` (the agent controls it), read through the core (no symlink
+/// followed) and parsed in process without includes: callers take single values from it and
+/// nothing of it runs. `None` when there is none, or it is larger than [`CONFIG_MAX`] or not a
+/// config.
+pub(super) fn workspace_config(core: &WorkspaceFs) -> Result<Option<gix::config::File>, Error> {
     use std::io::Read as _;
-    let f = core.open_file(&[b".git", b"config"]).ok()??;
+    let Some(f) = core
+        .open_file(&[b".git", b"config"])
+        .map_err(on_workspace("cannot read .git/config"))?
+    else {
+        return Ok(None);
+    };
     let mut bytes = Vec::new();
-    f.take(CONFIG_MAX + 1).read_to_end(&mut bytes).ok()?;
+    f.take(CONFIG_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::Op {
+            what: "cannot read .git/config".into(),
+            source: Box::new(e),
+        })?;
     if bytes.len() as u64 > CONFIG_MAX {
-        return None;
+        return Ok(None);
     }
-    let config = gix::config::File::from_bytes_no_includes(
+    Ok(gix::config::File::from_bytes_no_includes(
         &bytes,
         gix::config::file::Metadata::api(),
         Default::default(),
     )
-    .ok()?;
+    .ok())
+}
+
+/// The workspace's own author identity: `user.name` and `user.email` of its `.git/config`. `None`
+/// when either is missing or the file cannot be read: the commit is then octofs's.
+fn identity(core: &WorkspaceFs) -> Option<snap::Identity> {
+    let config = workspace_config(core).ok()??;
     let get = |key: &str| {
         config
             .string(key)

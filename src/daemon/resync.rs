@@ -62,9 +62,6 @@ impl Role {
     }
 }
 
-/// The most of `.git/config` read to find the tracking branch (the agent controls the file).
-const CONFIG_MAX: u64 = 1 << 20;
-
 /// The upstream branch of a workspace and where the mirror has it now.
 struct Upstream {
     /// As the workspace names it (`origin/main`, or `main` for a directory upstream).
@@ -534,22 +531,7 @@ fn relation(
 
 /// `branch.<branch>.merge` of remote `origin` in the workspace's `.git/config`, as a branch name.
 fn tracking_branch(core: &WorkspaceFs, branch: &str) -> Result<Option<String>, Error> {
-    use std::io::Read as _;
-    let Some(f) = core
-        .open_file(&[b".git", b"config"])
-        .map_err(on_workspace("cannot read .git/config"))?
-    else {
-        return Ok(None);
-    };
-    let mut bytes = Vec::new();
-    f.take(CONFIG_MAX)
-        .read_to_end(&mut bytes)
-        .context(|| "cannot read .git/config".to_string())?;
-    let Ok(config) = gix::config::File::from_bytes_no_includes(
-        &bytes,
-        gix::config::file::Metadata::api(),
-        Default::default(),
-    ) else {
+    let Some(config) = super::commit::workspace_config(core)? else {
         return Ok(None);
     };
     let sub: &gix::bstr::BStr = branch.as_bytes().into();
