@@ -238,7 +238,7 @@ impl Daemon {
             HeadRef::Branch(_) => HeadRef::Branch(own),
             HeadRef::Detached => HeadRef::Detached,
         };
-        let mut message = snap::message(to, &head_ref);
+        let mut message = snap::message(to, &head_ref, &snap::SnapshotOwner::local(me.uid));
         if let Some(b) = posix {
             message.push_str(&posix_record::trailer(b));
         }

@@ -15,6 +15,7 @@
 use super::error::Error;
 use super::proto::MirrorInfo;
 use super::{Daemon, Reply, lock, now};
+use crate::access::{Caller, describe_uid};
 use crate::git::mirror::{self, Shared};
 use crate::git::posix_record;
 use crate::git::snapshot::{self as snap, HeadRef};
@@ -123,6 +124,7 @@ impl Daemon {
         binding: Option<Binding>,
         project: Option<&str>,
         owner: Owner,
+        c: &Caller,
     ) -> Result<(Option<Binding>, Option<String>), Error> {
         let Some(project) = binding
             .as_ref()
@@ -194,6 +196,12 @@ impl Daemon {
         let head = *parents.first().ok_or_else(|| {
             Error::Refused(format!("the share's snapshot {theirs} has no parent"))
         })?;
+        // A thread this host does not know yet becomes the share's owner's, never the caller's
+        // merely because they asked first: a share holds every user's threads.
+        let owner = match &binding {
+            Some(_) => owner,
+            None => self.shared_owner(thread, &snap::owner_of(&message), owner, c)?,
+        };
         snap::cas_ref(
             &repo,
             &tref,
@@ -222,5 +230,49 @@ impl Daemon {
         };
         b.save(&self.layout)?;
         Ok((Some(b), None))
+    }
+    /// Who a thread adopted from the share belongs to here. The snapshot names its owner (uid
+    /// and, where the other host knew it, the user name). A user other than root may adopt only
+    /// their own thread: same name, or the same uid where no name was recorded. Root adopts it
+    /// for the user of that name on this host (else for the caller).
+    fn shared_owner(
+        &self,
+        thread: &str,
+        recorded: &Option<snap::SnapshotOwner>,
+        caller_owner: Owner,
+        c: &Caller,
+    ) -> Result<Owner, Error> {
+        let local = recorded
+            .as_ref()
+            .and_then(|o| o.name.as_deref())
+            .and_then(|n| crate::sys::user_by_name(n).ok().flatten())
+            .map(|(uid, gid)| Owner { uid, gid });
+        if self.is_admin(c) {
+            return Ok(local.unwrap_or(caller_owner));
+        }
+        let mine = match recorded {
+            Some(o) => match (&o.name, crate::sys::user_name(c.uid)) {
+                (Some(theirs), Some(me)) => *theirs == me,
+                (Some(_), None) => false,
+                (None, _) => o.uid == c.uid,
+            },
+            None => false,
+        };
+        if mine {
+            return Ok(caller_owner);
+        }
+        let whose = match recorded {
+            Some(snap::SnapshotOwner {
+                name: Some(n), uid, ..
+            }) => format!("{n} (uid {uid} on the host that shared it)"),
+            Some(snap::SnapshotOwner { uid, .. }) => {
+                format!("uid {uid} on the host that shared it")
+            }
+            None => "a user the snapshot does not name (only root may open it)".into(),
+        };
+        Err(Error::PermissionDenied(format!(
+            "thread {thread} on the share belongs to {whose}; {} may not open it",
+            describe_uid(c.uid)
+        )))
     }
 }

@@ -293,7 +293,11 @@ impl Daemon {
                 return Ok(p);
             }
         }
-        let mut msg = snap::message(thread, &head_ref).replacen(
+        let owner = match snap::owner_of(&message) {
+            Some(o) => o,
+            None => snap::SnapshotOwner::local(self.live_record(thread)?.owner.uid),
+        };
+        let mut msg = snap::message(thread, &head_ref, &owner).replacen(
             "octofs snapshot of thread",
             &format!("octofs snapshot {name} of thread"),
             1,
@@ -436,7 +440,11 @@ impl Daemon {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),
             None => None,
         };
-        let mut message = snap::message(thread, &head_ref);
+        let mut message = snap::message(
+            thread,
+            &head_ref,
+            &snap::SnapshotOwner::local(rec.owner.uid),
+        );
         if let Some(b) = posix {
             message.push_str(&posix_record::trailer(b));
         }

@@ -141,10 +141,12 @@ impl Daemon {
         self.check_root()?;
         // A thread another host moved on: its snapshot comes from the project's share remote.
         let (binding, shared_warning) = if git_ref.is_none() {
-            self.adopt_shared(thread, binding, project, owner)?
+            self.adopt_shared(thread, binding, project, owner, c)?
         } else {
             (binding, None)
         };
+        // A thread adopted from the share is its recorded owner's (see `shared_owner`).
+        let owner = binding.as_ref().map_or(owner, |b| b.owner);
         let fork = match (&binding, project) {
             (Some(b), _) => {
                 if git_ref.is_some() {
