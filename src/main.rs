@@ -371,7 +371,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("octofs: {e}");
-            ExitCode::FAILURE
+            if INTERRUPTED.load(std::sync::atomic::Ordering::Acquire) {
+                ExitCode::from(130)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
@@ -1120,30 +1124,58 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
     }
 }
 
-/// Runs `f` (a `mirror add` or `mirror sync` request); when stderr is a terminal, shows the
-/// project's dependency builds meanwhile: a line when one starts, a line with its result and time.
+/// Set once Ctrl-C asked the daemon to cancel the running `mirror add`/`mirror sync`: the command
+/// then exits 130, as an interrupted command does.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Runs `f` (a `mirror add` or `mirror sync` request of `project`). Meanwhile, when stderr is a
+/// terminal, shows git's progress line and the project's dependency builds (a line when one
+/// starts, a line with its result and time); and on Ctrl-C asks the daemon to cancel the request,
+/// which then fails having kept nothing (a second Ctrl-C leaves at once).
 fn with_progress<T: Send>(layout: &Layout, project: &str, f: impl FnOnce() -> T + Send) -> T {
-    use octofs::daemon::proto::{OutcomeKind, ProgressAnswer};
-    use std::io::IsTerminal;
-    if !std::io::stderr().is_terminal() {
-        return f();
+    use octofs::daemon::proto::{FetchProgress, OutcomeKind, ProgressAnswer};
+    use std::io::{IsTerminal, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let tty = std::io::stderr().is_terminal();
+    let ctrl_c = std::sync::Arc::new(AtomicBool::new(false));
+    // The first Ctrl-C only sets the flag; one more while it is set ends the CLI (exit 130).
+    let trapped = signal_hook::flag::register_conditional_shutdown(
+        signal_hook::consts::SIGINT,
+        130,
+        ctrl_c.clone(),
+    )
+    .and_then(|_| signal_hook::flag::register(signal_hook::consts::SIGINT, ctrl_c.clone()));
+    if let Err(e) = trapped {
+        eprintln!("octofs: warning: Ctrl-C will not cancel cleanly: {e}");
     }
-    let poll = |after: u64, autostart: bool| -> Option<ProgressAnswer> {
-        let req = Request::DepsProgress {
+    let call = |req: Request| -> Option<serde_json::Value> {
+        let resp = client::call(layout, &req, false).ok()?;
+        resp.ok.then_some(resp.result)
+    };
+    let deps = |after: u64| -> Option<ProgressAnswer> {
+        serde_json::from_value(call(Request::DepsProgress {
             project: project.to_string(),
             after,
-        };
-        let resp = client::call(layout, &req, autostart).ok()?;
-        if !resp.ok {
-            return None;
-        }
-        serde_json::from_value(resp.result).ok()
+        })?)
+        .ok()
     };
-    let Some(first) = poll(u64::MAX, true) else {
-        return f();
+    let fetch = || -> Option<FetchProgress> {
+        serde_json::from_value(call(Request::MirrorProgress {
+            project: project.to_string(),
+        })?)
+        .ok()
+    };
+    // git's progress line is redrawn in place; anything else first clears it.
+    let shown = std::cell::RefCell::new(String::new());
+    let clear = || {
+        if !shown.borrow().is_empty() {
+            eprint!("\r\x1b[K");
+            shown.borrow_mut().clear();
+        }
     };
     let show = |a: &ProgressAnswer| {
         for e in &a.events {
+            clear();
             match &e.outcome {
                 None => eprintln!("octofs: building {}…", e.what),
                 Some(o) => match &o.result {
@@ -1160,22 +1192,57 @@ fn with_progress<T: Send>(layout: &Layout, project: &str, f: impl FnOnce() -> T 
             }
         }
     };
-    let done = std::sync::atomic::AtomicBool::new(false);
+    let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let worker = s.spawn(|| {
             let v = f();
-            done.store(true, std::sync::atomic::Ordering::Release);
+            done.store(true, Ordering::Release);
             v
         });
-        let mut last = first.last;
-        while !done.load(std::sync::atomic::Ordering::Acquire) {
-            std::thread::sleep(std::time::Duration::from_millis(250));
-            if let Some(a) = poll(last, false) {
+        let mut last = if tty {
+            deps(u64::MAX).map(|a| a.last)
+        } else {
+            None
+        };
+        let mut cancel_sent = false;
+        while !done.load(Ordering::Acquire) {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            if ctrl_c.load(Ordering::Acquire) && !cancel_sent {
+                cancel_sent = true;
+                INTERRUPTED.store(true, Ordering::Release);
+                clear();
+                eprintln!("octofs: cancelling (Ctrl-C again leaves without waiting)…");
+                if call(Request::MirrorCancel {
+                    project: project.to_string(),
+                })
+                .is_none()
+                {
+                    eprintln!("octofs: the daemon has nothing of {project} to cancel yet; waiting");
+                    cancel_sent = false;
+                    ctrl_c.store(false, Ordering::Release);
+                }
+            }
+            if !tty {
+                continue;
+            }
+            if let Some(a) = last.and_then(deps) {
                 show(&a);
-                last = a.last;
+                last = Some(a.last);
+            }
+            if let Some(p) = fetch()
+                && p.running
+                && !p.line.is_empty()
+                && *shown.borrow() != p.line
+            {
+                let width = 100;
+                let line: String = p.line.chars().take(width).collect();
+                eprint!("\r\x1b[Koctofs: {line}");
+                let _ = std::io::stderr().flush();
+                *shown.borrow_mut() = p.line;
             }
         }
-        if let Some(a) = poll(last, false) {
+        clear();
+        if let Some(a) = last.and_then(deps) {
             show(&a);
         }
         match worker.join() {

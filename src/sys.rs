@@ -257,17 +257,36 @@ pub fn set_umask(mask: u32) -> u32 {
     unsafe { libc::umask(mask as libc::mode_t) as u32 }
 }
 
-/// `kill(-pgid, SIGKILL)`: kills every process of the process group led by our child `pgid` (a
-/// child spawned with `process_group(0)`, not yet reaped, so that the id cannot have been reused).
-pub fn kill_process_group(pgid: u32) -> io::Result<()> {
+/// A signal [`signal_process_group`] may send.
+#[derive(Debug, Clone, Copy)]
+pub enum Signal {
+    /// SIGTERM: ask to end (git removes its temporary files).
+    Term,
+    /// SIGKILL.
+    Kill,
+}
+
+/// Sends `sig` to the process group `pgid`: every process of the group led by our child `pgid`
+/// (spawned with `process_group(0)`, not yet reaped, so that the id cannot have been reused).
+pub fn signal_process_group(pgid: u32, sig: Signal) -> io::Result<()> {
     let Ok(pgid) = libc::pid_t::try_from(pgid) else {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     };
     if pgid <= 1 {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     }
+    let sig = match sig {
+        Signal::Term => libc::SIGTERM,
+        Signal::Kill => libc::SIGKILL,
+    };
     // SAFETY: kill(2) touches no memory; a negative pid names a process group.
-    check(unsafe { libc::kill(-pgid, libc::SIGKILL) })
+    check(unsafe { libc::kill(-pgid, sig) })
+}
+
+/// `kill(-pgid, SIGKILL)`: kills every process of the process group led by our child `pgid` (a
+/// child spawned with `process_group(0)`, not yet reaped, so that the id cannot have been reused).
+pub fn kill_process_group(pgid: u32) -> io::Result<()> {
+    signal_process_group(pgid, Signal::Kill)
 }
 
 /// Whether `path` (not followed if a symlink) carries a POSIX ACL, access or default: its group

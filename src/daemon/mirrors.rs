@@ -8,11 +8,12 @@
 //! so the mirror is never held by it), and on a background thread at daemon start. The build itself
 //! is `repo::shared_index`, holding only its `index:` lock.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use super::error::{Context, Error};
-use super::proto::{Access, MirrorInfo, SyncOutcome};
+use super::proto::{Access, Ack, FetchProgress, MirrorInfo, SyncOutcome};
 use super::{Daemon, KeyedLocks, Reply, lock};
 use crate::access::Caller;
 use crate::git::Git;
@@ -103,6 +104,18 @@ impl Daemon {
         access: Access,
     ) -> Reply<MirrorInfo> {
         validate(NameKind::Project, project)?;
+        with_job(project, || {
+            self.mirror_add_watched(project, upstream, credential, access)
+        })
+    }
+
+    fn mirror_add_watched(
+        &self,
+        project: &str,
+        upstream: &str,
+        credential: Option<&str>,
+        access: Access,
+    ) -> Reply<MirrorInfo> {
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
         let info = mirror::add(&self.layout, project, upstream, credential, access)?;
@@ -256,6 +269,10 @@ impl Daemon {
 
     pub(super) fn mirror_sync(&self, project: &str) -> Reply<SyncOutcome> {
         validate(NameKind::Project, project)?;
+        with_job(project, || self.mirror_sync_watched(project))
+    }
+
+    fn mirror_sync_watched(&self, project: &str) -> Reply<SyncOutcome> {
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
         let out = mirror::sync(&self.layout, project, self.settings.freshness_secs)?;
@@ -321,5 +338,48 @@ pub(super) fn blank_project() -> Project {
         access: Default::default(),
         share: None,
         excludes: Vec::new(),
+    }
+}
+
+/// The `mirror add`/`mirror sync` requests running, by project: what `mirror progress` reads and
+/// `mirror cancel` ends (see [`mirror::Watch`]).
+static JOBS: LazyLock<Mutex<HashMap<String, Arc<mirror::Watch>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Runs `f` (a `mirror add` or `mirror sync` of `project`) watched: its clones and fetches report
+/// their progress and stop on `mirror cancel`.
+fn with_job<T>(project: &str, f: impl FnOnce() -> T) -> T {
+    let w = Arc::new(mirror::Watch::default());
+    lock(&JOBS).insert(project.to_string(), w.clone());
+    let out = mirror::watched(&w, f);
+    let mut jobs = lock(&JOBS);
+    if jobs.get(project).is_some_and(|j| Arc::ptr_eq(j, &w)) {
+        jobs.remove(project);
+    }
+    out
+}
+
+/// `mirror progress`.
+pub(super) fn progress(project: &str) -> FetchProgress {
+    match lock(&JOBS).get(project) {
+        Some(w) => FetchProgress {
+            running: true,
+            line: w.line(),
+        },
+        None => FetchProgress::default(),
+    }
+}
+
+/// `mirror cancel`.
+pub(super) fn cancel(project: &str) -> Reply<Ack> {
+    match lock(&JOBS).get(project) {
+        Some(w) => {
+            w.cancel();
+            tracing::info!(%project, "clone or fetch cancelled by its caller");
+            Ok((Ack("cancelling".into()), vec![]))
+        }
+        None => Err(Error::Refused(format!(
+            "no mirror add or mirror sync of {project} is running"
+        ))),
     }
 }

@@ -199,6 +199,24 @@ pub enum Request {
         project: String,
         excludes: Vec<String>,
     },
+    /// git's progress in the clone or fetch `mirror add`/`mirror sync` of `project` runs.
+    MirrorProgress {
+        project: String,
+    },
+    /// Ends the clone or fetch (and skips the layer builds) `mirror add`/`mirror sync` of
+    /// `project` runs; that request then fails having kept nothing (Ctrl-C of the CLI).
+    MirrorCancel {
+        project: String,
+    },
+}
+
+/// The answer to `mirror progress`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchProgress {
+    /// A `mirror add` or `mirror sync` of the project is running.
+    pub running: bool,
+    /// git's last progress line ("" before the first).
+    pub line: String,
 }
 
 /// How `diff` prints: git's `--stat`, `--name-status` or the patch.

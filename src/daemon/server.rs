@@ -180,6 +180,14 @@ impl Daemon {
                 self.require_admin(c, "change a project's excludes")?;
                 answer(self.mirror_excludes(&project, excludes))
             }
+            Request::MirrorProgress { project } => {
+                self.require_admin(c, "follow a mirror's clone or fetch")?;
+                answer(Ok((super::mirrors::progress(&project), vec![])))
+            }
+            Request::MirrorCancel { project } => {
+                self.require_admin(c, "cancel a mirror's clone or fetch")?;
+                answer(super::mirrors::cancel(&project))
+            }
         }
     }
 }
@@ -436,7 +444,9 @@ async fn serve_request(
         | Request::Stats { .. }
         | Request::Watch { .. }
         | Request::Stop
-        | Request::DepsProgress { .. } => &pools.fast,
+        | Request::DepsProgress { .. }
+        | Request::MirrorProgress { .. }
+        | Request::MirrorCancel { .. } => &pools.fast,
         _ => &pools.heavy,
     };
     let is_stop = matches!(req, Request::Stop);

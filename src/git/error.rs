@@ -16,6 +16,9 @@ pub enum Error {
         "no progress from {upstream} for {secs} s, gave up (octofs serve --fetch-timeout sets the limit)"
     )]
     Stalled { upstream: String, secs: u64 },
+    /// The clone or fetch was cancelled by its caller (Ctrl-C) and git was stopped.
+    #[error("cancelled; nothing was kept")]
+    Cancelled,
     #[error("unknown project {0:?} (add it with `octofs mirror add {0} <upstream>`)")]
     UnknownProject(String),
     #[error("project {0:?} already exists")]

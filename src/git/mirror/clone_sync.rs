@@ -71,6 +71,11 @@ pub fn add(
             return Err(e);
         }
     };
+    // A cancel that came after the last git step still keeps nothing.
+    if super::network::cancelled() {
+        let _ = std::fs::remove_dir_all(&staging);
+        return Err(Error::Cancelled);
+    }
     let dest = layout.mirror(project);
     if let Err(e) = std::fs::rename(&staging, &dest) {
         let _ = std::fs::remove_dir_all(&staging);

@@ -32,7 +32,7 @@ use credentials::{migrate_credentials, redact_url};
 
 pub use clone_sync::{add, sync};
 pub use credentials::redact;
-pub use network::set_fetch_timeout;
+pub use network::{Watch, cancelled, set_fetch_timeout, watched};
 pub use push::{
     Change, PushTarget, Shared, changes, check_share, fetch_ref, push, push_ref, push_target,
     remote_ref_tip, remote_tip, share_target,

@@ -3,14 +3,20 @@
 //! plus the credentials (if any) in the child's environment,
 //! and a stall timeout: no progress for [`set_fetch_timeout`] seconds and the git process group is
 //! killed, leaving the mirror as it was. Errors are one redacted line.
+//!
+//! Whoever waits on a clone or fetch may watch it ([`watched`]): git's last progress line
+//! ("Receiving objects:  45% …") is kept for them, and [`Watch::cancel`] ends git (SIGTERM, so
+//! that it removes its temporary packs; SIGKILL after a grace) with [`Error::Cancelled`], which
+//! the callers turn into "nothing kept" as for any other failure.
 
 use crate::git::error::{Context, Error};
+use std::cell::RefCell;
 use std::ffi::OsStr;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +32,68 @@ pub fn set_fetch_timeout(secs: u64) {
 
 /// What git said last on stderr, kept bounded.
 const STDERR_KEEP: usize = 64 * 1024;
+
+/// How long a cancelled git has to remove its temporary files before it is killed.
+const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// The progress and the cancel switch of the clones and fetches a request runs.
+#[derive(Debug, Default)]
+pub struct Watch {
+    line: Mutex<String>,
+    cancel: AtomicBool,
+}
+
+impl Watch {
+    /// git's last progress line ("" before the first).
+    pub fn line(&self) -> String {
+        self.line.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Ends the running clone or fetch, and any later one of the same request.
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Release);
+    }
+
+    pub fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::Acquire)
+    }
+
+    fn set_line(&self, line: &str) {
+        *self.line.lock().unwrap_or_else(|p| p.into_inner()) = line.to_string();
+    }
+}
+
+thread_local! {
+    static WATCH: RefCell<Option<Arc<Watch>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with its clones and fetches (on this thread) reporting to, and cancelled by, `w`.
+pub fn watched<T>(w: &Arc<Watch>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Arc<Watch>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            WATCH.with(|c| *c.borrow_mut() = prev);
+        }
+    }
+    let _restore = Restore(WATCH.with(|c| c.borrow_mut().replace(w.clone())));
+    f()
+}
+
+/// Whether the request running on this thread was cancelled (a step between two git commands
+/// checks it too, so that a cancel never waits for the next long step).
+pub fn cancelled() -> bool {
+    WATCH.with(|c| c.borrow().as_ref().is_some_and(|w| w.cancelled()))
+}
+
+/// The last progress line in a chunk of git's stderr (lines end in `\r` while they update).
+fn last_line(chunk: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(chunk);
+    text.split(['\r', '\n'])
+        .map(str::trim)
+        .rfind(|l| !l.is_empty())
+        .map(|l| l.strip_prefix("remote: ").unwrap_or(l).to_string())
+}
 
 /// Runs a git command that talks to `upstream` (clone, fetch): only the allowed transports, the
 /// credentials (if any) through the environment, progress on stderr watched, and the whole process
@@ -43,8 +111,10 @@ pub(super) fn network_git(
         .map_err(Error::Spawn)?;
     let last_progress = Arc::new(Mutex::new(Instant::now()));
     let (tx, rx) = std::sync::mpsc::channel();
+    let watch = WATCH.with(|c| c.borrow().clone());
     if let Some(mut stderr) = child.stderr.take() {
         let last = last_progress.clone();
+        let watch = watch.clone();
         std::thread::spawn(move || {
             let mut kept = Vec::new();
             let mut chunk = [0u8; 4096];
@@ -53,6 +123,9 @@ pub(super) fn network_git(
                     break;
                 }
                 kept.extend_from_slice(&chunk[..n]);
+                if let (Some(w), Some(l)) = (&watch, last_line(&chunk[..n])) {
+                    w.set_line(&redact(&l));
+                }
                 if kept.len() > STDERR_KEEP {
                     kept.drain(..kept.len() - STDERR_KEEP);
                 }
@@ -61,7 +134,20 @@ pub(super) fn network_git(
             let _ = tx.send(kept);
         });
     }
+    let mut cancelled_at: Option<Instant> = None;
     let status = loop {
+        if cancelled_at.is_none() && watch.as_ref().is_some_and(|w| w.cancelled()) {
+            // git removes its temporary packs and lock files on SIGTERM.
+            if let Err(e) = crate::sys::signal_process_group(child.id(), crate::sys::Signal::Term) {
+                tracing::warn!("cannot stop a cancelled git: {e}");
+            }
+            cancelled_at = Some(Instant::now());
+        }
+        if cancelled_at.is_some_and(|t| t.elapsed() >= CANCEL_GRACE) {
+            let _ = crate::sys::kill_process_group(child.id());
+            let _ = child.wait();
+            break None;
+        }
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
             Ok(None) => {}
@@ -86,6 +172,9 @@ pub(super) fn network_git(
         std::thread::sleep(Duration::from_millis(50));
     };
     let stderr = rx.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+    if cancelled_at.is_some() {
+        return Err(Error::Cancelled);
+    }
     match status {
         None => Err(Error::Stalled {
             upstream: redact(upstream),
@@ -148,6 +237,27 @@ pub(super) fn network_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watch_keeps_gits_last_progress_line() {
+        assert_eq!(
+            last_line(b"Cloning into 'x'...\nremote: Counting objects:  10% (1/10)\rremote: Counting objects: 100% (10/10), done.\r\nReceiving objects:  45% (45/100)\r"),
+            Some("Receiving objects:  45% (45/100)".into())
+        );
+        assert_eq!(
+            last_line(b"remote: Compressing objects:  50% (5/10)\r"),
+            Some("Compressing objects:  50% (5/10)".into())
+        );
+        assert_eq!(last_line(b"\r\n  \r"), None);
+        let w = Arc::new(Watch::default());
+        assert!(!cancelled());
+        watched(&w, || {
+            assert!(!cancelled());
+            w.cancel();
+            assert!(cancelled());
+        });
+        assert!(!cancelled(), "the watch outlived its request");
+    }
 
     fn env_of(cmd: &Command) -> Vec<(String, Option<String>)> {
         cmd.get_envs()
