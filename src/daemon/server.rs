@@ -43,6 +43,11 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Daemon {
     fn handle(&self, req: Request, c: &Caller) -> Response {
+        // Counted while served; refused while a restart hands everything over.
+        let _in_flight = match super::takeover::enter() {
+            Ok(g) => g,
+            Err(e) => return Response::err(e.to_string()),
+        };
         match self.dispatch(req, c) {
             Ok((v, w)) => Response::ok(v, w),
             Err(e) => Response::err(e.to_string()),
@@ -180,6 +185,7 @@ impl Daemon {
                 self.require_admin(c, "change a project's excludes")?;
                 answer(self.mirror_excludes(&project, excludes))
             }
+            Request::Restart { exe } => answer(self.restart(exe.as_deref(), c)),
         }
     }
 }
@@ -208,6 +214,7 @@ pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
     }
     tracing::info!(socket = %sock.display(), "octofs daemon ready");
     super::notify::ready();
+    super::takeover::serving();
     let stop = Arc::new(tokio::sync::Notify::new());
     if daemon.settings.sweep_idle > 0 && daemon.settings.sweep_every > 0 {
         let d = daemon.clone();
@@ -419,6 +426,7 @@ async fn connection(
     tokio::time::timeout(IO_TIMEOUT, w.write_all(&out))
         .await
         .context("the client did not take its answer")??;
+    super::takeover::exit_if_handed_over();
     Ok(())
 }
 
