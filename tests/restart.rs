@@ -398,3 +398,50 @@ fn a_failed_restart_leaves_the_old_daemon_serving() {
     drop(s);
     assert!(wait_gone(new), "the new daemon {new} did not exit at stop");
 }
+
+/// A daemon with a mount on the io_uring transport refuses to restart (the rings belong to its
+/// process) and goes on serving; without the check the new daemon would serve a connection whose
+/// requests arrive on rings nobody reads.
+#[test]
+fn a_daemon_with_ring_mounts_refuses_to_restart_and_keeps_serving() {
+    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring");
+        return;
+    }
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    repo.write("README.md", "ring\n");
+    repo.commit_all("base", DATE1);
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--transport", "uring"]);
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    let mount = d.open_thread("t", &["--project", "proj"]);
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    let status = d.cli_ok(["status", "t"]);
+    if !status.contains("transport:     uring") {
+        eprintln!("skipped: the mount is not on the ring ({status})");
+        return;
+    }
+    let pid = d.pid().expect("pid");
+    let (out, _) = restart(&d, &[]);
+    assert!(
+        !out.success(),
+        "a ring daemon restarted: {}",
+        out.describe()
+    );
+    assert!(
+        out.stderr_str().contains("io_uring") && out.stderr_str().contains("goes on serving"),
+        "{}",
+        out.describe()
+    );
+    assert!(!gone(pid));
+    assert_eq!(
+        fs::read_to_string(mount.join("README.md")).expect("read"),
+        "ring\n"
+    );
+    fs::write(mount.join("new.txt"), "still serving\n").expect("write after the refusal");
+    d.stop();
+}
