@@ -283,6 +283,21 @@ enum Cmd {
         #[arg(long)]
         force: bool,
     },
+    /// Restart the daemon without unmounting: a new daemon process (the binary now installed at
+    /// the daemon's path) takes over every mount, its open files and its state; processes in the
+    /// mounts notice nothing. If the handover fails, the running daemon goes on serving
+    Restart {
+        /// Start the new daemon from this binary instead of the one at the daemon's path
+        #[arg(long)]
+        exe: Option<PathBuf>,
+    },
+    /// The new daemon of a restart, started by the old one (not for use by hand)
+    #[command(hide = true)]
+    TakeoverServe {
+        /// The old daemon's takeover socket
+        #[arg(long)]
+        from: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -363,7 +378,7 @@ enum MirrorCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.cmd, Cmd::Serve { .. }) {
+    if !matches!(cli.cmd, Cmd::Serve { .. } | Cmd::TakeoverServe { .. }) {
         octofs::sys::default_sigpipe();
     }
     let layout = Layout::resolve(cli.state, cli.root);
@@ -1120,6 +1135,32 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             println!("{}", p.commit);
             Ok(())
+        }
+        Cmd::Restart { exe } => {
+            let exe = exe
+                .map(|p| std::path::absolute(&p).map_err(|e| format!("{}: {e}", p.display())))
+                .transpose()?;
+            let resp = client::call(layout, &Request::Restart { exe }, false)
+                .map_err(|e| e.to_string())?;
+            if !resp.ok {
+                return Err(resp.error.unwrap_or_default());
+            }
+            let r: octofs::daemon::proto::Restarted = parse(resp.result)?;
+            println!(
+                "restarted: pid {} -> {}, {} mounts and {} open files handed over, requests paused {:.1} ms",
+                r.old_pid, r.new_pid, r.mounts, r.handles, r.pause_ms
+            );
+            Ok(())
+        }
+        Cmd::TakeoverServe { from } => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("OCTOFS_LOG")
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .init();
+            octofs::daemon::serve_takeover(layout.clone(), &from).map_err(|e| format!("{e:#}"))
         }
     }
 }

@@ -523,6 +523,156 @@ pub fn as_fs_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> io::Result<T>
     Ok(out)
 }
 
+/// Most descriptors one [`send_fds`] message carries (the kernel's `SCM_MAX_FD` is 253).
+pub const FDS_PER_MESSAGE: usize = 200;
+
+/// Sends `fds` (at most [`FDS_PER_MESSAGE`]) over a connected Unix stream socket as one byte with
+/// `SCM_RIGHTS`: the peer receives duplicates with [`recv_fds`].
+pub fn send_fds(
+    sock: &impl std::os::fd::AsRawFd,
+    fds: &[std::os::fd::BorrowedFd<'_>],
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    if fds.is_empty() || fds.len() > FDS_PER_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} descriptors in one message", fds.len()),
+        ));
+    }
+    let raw: Vec<libc::c_int> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    let data_len = std::mem::size_of_val(raw.as_slice());
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len as u32) } as usize;
+    // u64 elements: the control buffer is aligned for `cmsghdr`.
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut byte = [fds.len() as u8];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: zeroed msghdr is a valid empty header; every pointer set below points into buffers
+    // that outlive the sendmsg call, with the lengths given.
+    let rc = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null() {
+            return Err(io::Error::other("no room for the control message"));
+        }
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+        std::ptr::copy_nonoverlapping(raw.as_ptr(), libc::CMSG_DATA(cmsg).cast(), raw.len());
+        loop {
+            let rc = libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+            if rc < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break rc;
+        }
+    };
+    match rc {
+        1 => Ok(()),
+        r if r < 0 => Err(io::Error::last_os_error()),
+        _ => Err(io::Error::other("sendmsg sent nothing")),
+    }
+}
+
+/// Receives one message of [`send_fds`]: the descriptors it carried (close-on-exec here).
+pub fn recv_fds(sock: &impl std::os::fd::AsRawFd) -> io::Result<Vec<std::os::fd::OwnedFd>> {
+    use std::os::fd::FromRawFd;
+    let data_len = FDS_PER_MESSAGE * std::mem::size_of::<libc::c_int>();
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(data_len as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: as in `send_fds`; the kernel writes at most `msg_controllen` bytes of control data,
+    // and each descriptor it reports is new in this process and owned by nobody else.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let rc = loop {
+            let rc = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if rc < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break rc;
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if rc == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the peer closed the connection",
+            ));
+        }
+        let mut fds = Vec::new();
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let header = libc::CMSG_LEN(0) as usize;
+                let n = ((*cmsg).cmsg_len as usize).saturating_sub(header)
+                    / std::mem::size_of::<libc::c_int>();
+                let data = libc::CMSG_DATA(cmsg).cast::<libc::c_int>();
+                for i in 0..n {
+                    fds.push(std::os::fd::OwnedFd::from_raw_fd(
+                        data.add(i).read_unaligned(),
+                    ));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::other(
+                "descriptors were dropped (control data truncated)",
+            ));
+        }
+        if fds.len() != usize::from(byte[0]) {
+            return Err(io::Error::other(format!(
+                "{} descriptors announced, {} received",
+                byte[0],
+                fds.len()
+            )));
+        }
+        Ok(fds)
+    }
+}
+
+/// The pid of the process at the other end of a Unix socket when it connected (`SO_PEERCRED`).
+pub fn peer_pid(sock: &impl std::os::fd::AsRawFd) -> io::Result<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a writable ucred of `len` bytes.
+    let rc = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.pid as u32)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

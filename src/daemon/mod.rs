@@ -23,6 +23,7 @@
 //! - `status`: list, status, fsmonitor answers and request statistics;
 //! - `layers`: the dependency layers a workspace presents, and their absence from what leaves it;
 //! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
+//! - `takeover`: graceful restart: every mount's connection and state handed to a new process;
 //! - [`proto`]: the request and reply types of the control protocol.
 
 mod authz;
@@ -45,6 +46,7 @@ mod server;
 mod share;
 mod snapshot;
 mod status;
+mod takeover;
 mod threads;
 
 use std::collections::{HashMap, HashSet};
@@ -62,6 +64,7 @@ use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::workspace::Owner;
 use error::Error;
+pub use takeover::serve_takeover;
 
 /// Settings of one daemon.
 #[derive(Debug, Clone)]
@@ -191,7 +194,11 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match lock_file.try_lock() {
-            Ok(()) => break,
+            Ok(()) => {
+                // A restart hands the lock (with its descriptor) to the new daemon.
+                takeover::remember_lock(&lock_file);
+                break;
+            }
             Err(std::fs::TryLockError::WouldBlock) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(50))
             }

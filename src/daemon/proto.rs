@@ -10,7 +10,8 @@
 //! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
 //! [`ReleaseAnswer`], `deps build` [`BuildAnswer`], `deps list` [`LayerInfo`], `deps gc`
 //! [`GcAnswer`], `deps progress` [`ProgressAnswer`], `export` [`Exported`], `resync` [`Resynced`],
-//! `snapshot --name` [`NamedSnapshot`], `pull` [`Pulled`], `mirror set` [`MirrorInfo`].
+//! `snapshot --name` [`NamedSnapshot`], `pull` [`Pulled`], `mirror set` [`MirrorInfo`], `restart`
+//! [`Restarted`].
 
 use serde::{Deserialize, Serialize};
 
@@ -207,6 +208,12 @@ pub enum Request {
     /// `project` runs; that request then fails having kept nothing (Ctrl-C of the CLI).
     MirrorCancel {
         project: String,
+    },
+    /// `octofs restart`: hand every mount to a new daemon process started from `exe` (default:
+    /// the binary now at the daemon's path), without unmounting.
+    Restart {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exe: Option<std::path::PathBuf>,
     },
 }
 
@@ -515,6 +522,18 @@ pub struct Pulled {
     pub changed: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub saved_first: Option<String>,
+}
+
+/// `octofs restart`: the old and new daemon, what was handed over, and how long requests waited.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Restarted {
+    pub old_pid: u32,
+    pub new_pid: u32,
+    pub mounts: usize,
+    /// Open file handles handed over.
+    pub handles: usize,
+    /// From pausing the first mount's readers to the new daemon serving (ms).
+    pub pause_ms: f64,
 }
 
 #[cfg(test)]

@@ -43,6 +43,11 @@ const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Daemon {
     fn handle(&self, req: Request, c: &Caller) -> Response {
+        // Counted while served; refused while a restart hands everything over.
+        let _in_flight = match super::takeover::enter() {
+            Ok(g) => g,
+            Err(e) => return Response::err(e.to_string()),
+        };
         match self.dispatch(req, c) {
             Ok((v, w)) => Response::ok(v, w),
             Err(e) => Response::err(e.to_string()),
@@ -188,6 +193,7 @@ impl Daemon {
                 self.require_admin(c, "cancel a mirror's clone or fetch")?;
                 answer(super::mirrors::cancel(&project))
             }
+            Request::Restart { exe } => answer(self.restart(exe.as_deref(), c)),
         }
     }
 }
@@ -216,6 +222,7 @@ pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
     }
     tracing::info!(socket = %sock.display(), "octofs daemon ready");
     super::notify::ready();
+    super::takeover::serving();
     let stop = Arc::new(tokio::sync::Notify::new());
     if daemon.settings.sweep_idle > 0 && daemon.settings.sweep_every > 0 {
         let d = daemon.clone();
@@ -427,6 +434,7 @@ async fn connection(
     tokio::time::timeout(IO_TIMEOUT, w.write_all(&out))
         .await
         .context("the client did not take its answer")??;
+    super::takeover::exit_if_handed_over();
     Ok(())
 }
 

@@ -42,19 +42,34 @@ pub struct MountInfo {
     pub transport: std::sync::OnceLock<String>,
     /// Every request this mount answered (recorded by a guard at the top of each method).
     pub stats: Stats,
+    /// The adapter's open handles, reachable from the daemon for a handover to another process.
+    pub handles: HandlesLink,
+}
+
+/// The open handles of a mount's adapter, set once when the adapter is made.
+#[derive(Default)]
+pub struct HandlesLink(std::sync::OnceLock<Arc<Handles<BackingId>>>);
+
+impl std::fmt::Debug for HandlesLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.get().map(|h| h.len());
+        f.debug_tuple("HandlesLink").field(&n).finish()
+    }
 }
 
 pub struct FuseAdapter {
     core: Arc<WorkspaceFs>,
     want_passthrough: bool,
     info: Arc<MountInfo>,
-    handles: Handles<BackingId>,
+    handles: Arc<Handles<BackingId>>,
 }
 
 impl FuseAdapter {
     pub fn new(core: Arc<WorkspaceFs>, want_passthrough: bool, info: Arc<MountInfo>) -> Self {
+        let handles = Arc::new(Handles::new(core.clone()));
+        let _ = info.handles.0.set(handles.clone());
         FuseAdapter {
-            handles: Handles::new(core.clone()),
+            handles,
             core,
             want_passthrough,
             info,
@@ -786,4 +801,71 @@ pub fn mount(
 ) -> std::io::Result<fuser::BackgroundSession> {
     let info = adapter.info.clone();
     super::uring::mount(adapter, mountpoint, cfg, transport, &info.transport)
+}
+
+/// What one mount's adapter holds that the kernel depends on, as handed to another daemon process
+/// (`crate::daemon::takeover`): the INIT outcome it acted on, its open handles and the core's live
+/// nodes. The handles' files travel alongside as descriptors.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AdapterState {
+    pub passthrough: bool,
+    pub no_opendir: bool,
+    pub handles: super::handles::HandlesState,
+    pub nodes: Vec<super::workspace::NodeState>,
+}
+
+/// The state of the adapter serving `core` with `info`, and each handle's file (same order as
+/// `handles.handles`). Call it while the mount's readers are paused.
+pub fn export_state(
+    info: &MountInfo,
+    core: &WorkspaceFs,
+) -> std::io::Result<(AdapterState, Vec<Arc<File>>)> {
+    let handles = info
+        .handles
+        .0
+        .get()
+        .ok_or_else(|| std::io::Error::other("the mount has no adapter"))?;
+    let (handles, files) = handles.export_state(BackingId::raw);
+    let state = AdapterState {
+        passthrough: info.passthrough.load(Ordering::Relaxed),
+        no_opendir: info.no_opendir.load(Ordering::Relaxed),
+        handles,
+        nodes: core.export_nodes(),
+    };
+    Ok((state, files))
+}
+
+/// Serves a mount another daemon process made and handed over (`crate::daemon::takeover`): its
+/// connection `fd`, already initialized (`negotiated`), with the adapter given the old process's
+/// handles (`files` in the order of `state.handles.handles`), backing ids and node references.
+/// Nothing is served until the caller spawns the session; dropping it unmounts.
+pub fn adopt(
+    adapter: FuseAdapter,
+    fd: std::os::fd::OwnedFd,
+    mountpoint: &Path,
+    cfg: &fuser::Config,
+    negotiated: fuser::Negotiated,
+    state: AdapterState,
+    files: Vec<File>,
+) -> std::io::Result<fuser::Session<FuseAdapter>> {
+    let info = adapter.info.clone();
+    info.passthrough.store(state.passthrough, Ordering::Relaxed);
+    info.no_opendir.store(state.no_opendir, Ordering::Relaxed);
+    let _ = info.transport.set("dev".into());
+    adapter.core.import_nodes(state.nodes);
+    let mut session =
+        fuser::Session::from_fd_initialized(adapter, fd, mountpoint, cfg.clone(), negotiated)?;
+    let mut ids = std::collections::HashMap::new();
+    for h in &state.handles.handles {
+        if let Some(id) = h.backing {
+            ids.entry(id).or_insert_with(|| session.adopt_backing(id));
+        }
+    }
+    let fs = session
+        .filesystem_mut()
+        .ok_or_else(|| std::io::Error::other("the session has no filesystem"))?;
+    fs.handles
+        .import_state(state.handles, files, |id| ids.remove(&id))
+        .map_err(std::io::Error::other)?;
+    Ok(session)
 }

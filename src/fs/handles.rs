@@ -493,3 +493,124 @@ impl<B> Handles<B> {
         self.handles.is_empty()
     }
 }
+
+/// One open handle as handed to another daemon process: its file goes alongside as a descriptor
+/// (`HandlesState::handles[i]` is `files[i]`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct HandleState {
+    pub fh: u64,
+    pub ino: u64,
+    pub upper: bool,
+    pub write: bool,
+    pub exec: bool,
+    /// The passthrough backing id the kernel holds for this handle's inode.
+    pub backing: Option<u32>,
+}
+
+/// The open handles of one mount as another daemon process needs them to go on serving the same
+/// kernel connection: the kernel refers to them by `fh` and to backing ids by number.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct HandlesState {
+    pub next_fh: u64,
+    pub handles: Vec<HandleState>,
+    /// `(inode, backing file is the data file)` of each inode with a live backing id.
+    pub backing: Vec<(u64, bool)>,
+}
+
+impl<B> Handles<B> {
+    /// The handle table and the file of each handle, in the same order, for a handover. `raw`
+    /// names a backing id. Call it while no request is being served (the readers are paused).
+    pub fn export_state(&self, raw: impl Fn(&B) -> u32) -> (HandlesState, Vec<Arc<File>>) {
+        let mut handles = Vec::new();
+        let mut files = Vec::new();
+        for h in self.handles.iter() {
+            handles.push(HandleState {
+                fh: *h.key(),
+                ino: h.ino,
+                upper: h.upper,
+                write: h.write,
+                exec: h.exec,
+                backing: h._backing.as_deref().map(&raw),
+            });
+            files.push(h.file.clone());
+        }
+        let backing = self
+            .backing
+            .iter()
+            .filter_map(|s| {
+                let b = lock(s.value());
+                (b.id.strong_count() > 0).then_some((*s.key(), b.upper))
+            })
+            .collect();
+        let state = HandlesState {
+            next_fh: self.next_fh.load(Ordering::Relaxed),
+            handles,
+            backing,
+        };
+        (state, files)
+    }
+
+    /// Takes the handles of a handover into an empty table: `files[i]` is the file of
+    /// `state.handles[i]`, and `adopt` takes ownership of a backing id the kernel holds (called once
+    /// per id; `None`: it cannot be). Refuses a state whose files do not match its handles.
+    pub fn import_state(
+        &self,
+        state: HandlesState,
+        files: Vec<File>,
+        mut adopt: impl FnMut(u32) -> Option<B>,
+    ) -> Result<(), String> {
+        if files.len() != state.handles.len() {
+            return Err(format!(
+                "{} handles but {} files",
+                state.handles.len(),
+                files.len()
+            ));
+        }
+        let upper_of: std::collections::HashMap<u64, bool> = state.backing.into_iter().collect();
+        let mut ids: std::collections::HashMap<u32, Arc<B>> = std::collections::HashMap::new();
+        let mut max_fh = 0;
+        for (h, file) in state.handles.into_iter().zip(files) {
+            let backing = match h.backing {
+                None => None,
+                Some(id) => {
+                    let b = match ids.get(&id) {
+                        Some(b) => b.clone(),
+                        None => {
+                            let b = Arc::new(
+                                adopt(id).ok_or_else(|| format!("backing id {id} not adopted"))?,
+                            );
+                            ids.insert(id, b.clone());
+                            b
+                        }
+                    };
+                    let upper = upper_of.get(&h.ino).copied().unwrap_or(h.upper);
+                    self.with_slot(h.ino, |slot| {
+                        *slot = Backing {
+                            id: Arc::downgrade(&b),
+                            upper,
+                        }
+                    });
+                    Some(b)
+                }
+            };
+            if h.exec {
+                *self.executing.entry(h.ino).or_default() += 1;
+            }
+            max_fh = max_fh.max(h.fh);
+            self.handles.insert(
+                h.fh,
+                Handle {
+                    ino: h.ino,
+                    file: Arc::new(file),
+                    upper: h.upper,
+                    write: h.write,
+                    exec: h.exec,
+                    _backing: backing,
+                },
+            );
+        }
+        self.next_fh
+            .store(state.next_fh.max(max_fh + 1), Ordering::Relaxed);
+        Ok(())
+    }
+}

@@ -253,6 +253,15 @@ impl Catalog {
         crate::records::write_atomic(&self.dir.join(CLEAN), b"clean\n")
     }
 
+    /// Takes back the clean-stop marker of `close_clean`: the catalog is in use again (a daemon
+    /// whose handover to another process failed goes on serving).
+    pub fn unmark_clean(&self) -> io::Result<()> {
+        match std::fs::remove_file(self.dir.join(CLEAN)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => File::open(&self.dir)?.sync_all(),
+        }
+    }
+
     /// Bytes in the log, and how many `write`s and `fdatasync`s it took (for tests and benches).
     pub fn log_stats(&self) -> (u64, u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;

@@ -37,6 +37,7 @@ mod attr;
 mod content;
 mod convert;
 mod fsck;
+mod handover;
 mod inodes;
 mod journal;
 mod namespace;
@@ -51,6 +52,7 @@ mod xattr;
 
 pub use convert::unix_time;
 use convert::*;
+pub use handover::NodeState;
 use inodes::Node;
 pub use inodes::path_ino;
 use journal::Journal;

@@ -27,8 +27,17 @@ impl Channel {
     }
 
     /// Receives data up to the capacity of the given buffer (can block).
-    fn receive(&self, buffer: &mut [u8]) -> nix::Result<usize> {
+    pub(crate) fn receive(&self, buffer: &mut [u8]) -> nix::Result<usize> {
         nix::unistd::read(&self.0, buffer)
+    }
+
+    /// Makes reads return `EAGAIN` instead of blocking when no request is queued, so that a
+    /// reader can wait in `poll` for a request or a pause (octofs patch).
+    pub(crate) fn set_nonblocking(&self) -> io::Result<()> {
+        use nix::fcntl::{FcntlArg, OFlag, fcntl};
+        let flags = OFlag::from_bits_retain(fcntl(&self.0, FcntlArg::F_GETFL)?);
+        fcntl(&self.0, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+        Ok(())
     }
 
     /// Receives data up to the capacity of the given buffer (can block),
@@ -80,7 +89,7 @@ impl Channel {
 }
 
 #[derive(Clone, Debug)]
-pub(crate) struct ChannelSender(Arc<DevFuse>);
+pub(crate) struct ChannelSender(pub(crate) Arc<DevFuse>);
 
 impl ChannelSender {
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {

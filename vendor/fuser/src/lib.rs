@@ -76,6 +76,7 @@ pub use crate::reply::ReplyXattr;
 pub use crate::reply::RingReplySink;
 pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
+pub use crate::session::Negotiated;
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::RingDispatcher;
 pub use crate::session::RingWorker;

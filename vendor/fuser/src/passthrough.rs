@@ -75,6 +75,12 @@ impl BackingId {
         }
     }
 
+    /// The raw `backing_id` as the kernel numbers it, still owned by this reference (octofs patch:
+    /// a daemon handing its connection to another process names the ids it holds).
+    pub fn raw(&self) -> u32 {
+        self.backing_id
+    }
+
     /// Converts this backing file reference into the raw `backing_id` value as returned by the kernel.
     ///
     /// This method transfers ownership of the backing file to the caller, who must invoke the

@@ -140,6 +140,147 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// What INIT settled, once it did (octofs patch).
+    negotiated: Option<Negotiated>,
+    /// Stops and resumes the `/dev/fuse` reader threads (octofs patch).
+    pause: Arc<PauseCtl>,
+}
+
+/// What the INIT exchange settled for a connection: recorded after the handshake so that another
+/// process given the connection can serve it without a second INIT (octofs patch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(feature = "serializable", derive(serde::Serialize, serde::Deserialize))]
+pub struct Negotiated {
+    /// The kernel's protocol major version as it announced it.
+    pub kernel_major: u32,
+    /// The kernel's protocol minor version.
+    pub kernel_minor: u32,
+    /// The flags in force: what the kernel offered and the filesystem requested.
+    pub flags: u64,
+    /// The largest write the kernel sends.
+    pub max_write: u32,
+    /// The kernel's readahead.
+    pub max_readahead: u32,
+}
+
+/// Stops the `/dev/fuse` reader threads between two requests and lets them go again (octofs
+/// patch). A reader checks `stop` before each read and, when idle, waits in `poll` for the
+/// device or the pipe, which holds one byte while a pause is asked for.
+#[derive(Debug)]
+struct PauseCtl {
+    stop: std::sync::atomic::AtomicBool,
+    pipe_r: OwnedFd,
+    pipe_w: OwnedFd,
+    /// (reader threads running, reader threads parked)
+    counts: std::sync::Mutex<(usize, usize)>,
+    cv: std::sync::Condvar,
+}
+
+impl PauseCtl {
+    fn new() -> io::Result<Arc<PauseCtl>> {
+        let (pipe_r, pipe_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)?;
+        Ok(Arc::new(PauseCtl {
+            stop: std::sync::atomic::AtomicBool::new(false),
+            pipe_r,
+            pipe_w,
+            counts: std::sync::Mutex::new((0, 0)),
+            cv: std::sync::Condvar::new(),
+        }))
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, (usize, usize)> {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A reader thread starts; the guard says when it ends.
+    fn enter(self: &Arc<Self>) -> ReaderGuard {
+        self.counts().0 += 1;
+        ReaderGuard(self.clone())
+    }
+
+    /// Parks the calling reader until the pause ends.
+    fn park(&self) {
+        let mut c = self.counts();
+        c.1 += 1;
+        self.cv.notify_all();
+        while self.stopping() {
+            c = self.cv.wait(c).unwrap_or_else(|p| p.into_inner());
+        }
+        c.1 -= 1;
+    }
+
+    /// Waits until `dev` has a request (or is gone) or a pause is asked for.
+    fn wait(&self, dev: BorrowedFd<'_>) -> io::Result<()> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        let mut fds = [
+            PollFd::new(dev, PollFlags::POLLIN),
+            PollFd::new(self.pipe_r.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Asks every reader to stop after the request it is serving, and waits until all have.
+    fn pause(&self, timeout: std::time::Duration) -> io::Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut c = self.counts();
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        match nix::unistd::write(&self.pipe_w, &[1u8]) {
+            Ok(_) | Err(nix::errno::Errno::EAGAIN) => {}
+            Err(e) => {
+                drop(c);
+                self.resume();
+                return Err(e.into());
+            }
+        }
+        while c.1 < c.0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                let (running, parked) = *c;
+                drop(c);
+                self.resume();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "{parked} of {running} reader threads stopped within {timeout:?} \
+                         (a request is still being served)"
+                    ),
+                ));
+            }
+            c = self
+                .cv
+                .wait_timeout(c, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Lets the readers go again.
+    fn resume(&self) {
+        let _c = self.counts();
+        let mut byte = [0u8; 16];
+        while matches!(nix::unistd::read(&self.pipe_r, &mut byte), Ok(n) if n > 0) {}
+        self.stop.store(false, std::sync::atomic::Ordering::Release);
+        self.cv.notify_all();
+    }
+}
+
+/// Counts a reader thread out when it ends.
+struct ReaderGuard(Arc<PauseCtl>);
+
+impl Drop for ReaderGuard {
+    fn drop(&mut self) {
+        self.0.counts().0 -= 1;
+        self.0.cv.notify_all();
+    }
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -199,6 +340,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            negotiated: None,
+            pause: PauseCtl::new()?,
         };
 
         session.handshake(hook)?;
@@ -227,11 +370,63 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            negotiated: None,
+            pause: PauseCtl::new()?,
         };
 
         session.handshake(|_| {})?;
 
         Ok(session)
+    }
+
+    /// Serves a connection another process mounted and initialized, whose `/dev/fuse` fd it handed
+    /// over: no INIT is read or answered (the kernel had its answer, `negotiated`), and unmounting
+    /// works as for a mount made here. The filesystem's `init` is not called: the caller gives it
+    /// the state the old process recorded. Requests the kernel queued meanwhile are read once the
+    /// session is spawned. (octofs patch)
+    pub fn from_fd_initialized(
+        filesystem: FS,
+        fd: OwnedFd,
+        mountpoint: &Path,
+        config: Config,
+        negotiated: Negotiated,
+    ) -> io::Result<Self> {
+        let dev = Arc::new(DevFuse(File::from(fd)));
+        let mount = Mount::adopt(mountpoint, dev.clone())?;
+        Ok(Session {
+            filesystem: FilesystemHolder {
+                fs: Some(filesystem),
+            },
+            ch: Channel::new(dev),
+            mount: UmountOnDrop {
+                mount: Arc::new(Mutex::new(Some(mount))),
+            },
+            allowed: config.acl,
+            session_owner: geteuid(),
+            proto_version: Some(Version(negotiated.kernel_major, negotiated.kernel_minor)),
+            config,
+            negotiated: Some(negotiated),
+            pause: PauseCtl::new()?,
+        })
+    }
+
+    /// What INIT settled (`None` before the handshake). (octofs patch)
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        self.negotiated
+    }
+
+    /// The filesystem, before the session is spawned (to give it state). (octofs patch)
+    pub fn filesystem_mut(&mut self) -> Option<&mut FS> {
+        self.filesystem.fs.as_mut()
+    }
+
+    /// Takes over passthrough backing id `id`, registered on this connection by the process that
+    /// handed it over: the returned `BackingId` closes it when dropped, as one made here. The caller
+    /// must own the id (no other `BackingId` of it may exist in this process). (octofs patch)
+    pub fn adopt_backing(&self, id: u32) -> crate::BackingId {
+        // SAFETY: the id was registered on this connection (the kernel keeps backing ids per
+        // connection) and the caller says nothing else here owns it.
+        unsafe { self.ch.sender().wrap_backing(id) }
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -248,6 +443,8 @@ impl<FS: Filesystem> Session<FS> {
         let sender = self.ch.sender();
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
+        let negotiated = self.negotiated;
+        let pause = self.pause.clone();
         let guard = thread::Builder::new()
             .name("fuser-bg".to_string())
             .spawn(move || self.run_with_ring(workers))?;
@@ -255,6 +452,8 @@ impl<FS: Filesystem> Session<FS> {
             guard,
             sender,
             mount,
+            negotiated,
+            pause,
         })
     }
 
@@ -278,6 +477,8 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            negotiated: _,
+            pause,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -325,6 +526,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
+                pause: pause.clone(),
             };
             threads.push(
                 thread::Builder::new()
@@ -342,6 +544,7 @@ impl<FS: Filesystem> Session<FS> {
                     ch: ring_ch.clone(),
                     allowed,
                     session_owner,
+                    pause: pause.clone(),
                 },
                 buf: Vec::new(),
             };
@@ -520,6 +723,13 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            self.negotiated = Some(Negotiated {
+                kernel_major: v.0,
+                kernel_minor: v.1,
+                flags: (init.capabilities() & config.requested).bits(),
+                max_write: config.max_write,
+                max_readahead: config.max_readahead,
+            });
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
@@ -620,6 +830,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
+    /// Pauses this reader between requests (octofs patch).
+    pause: Arc<PauseCtl>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -628,10 +840,18 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
+        // octofs patch: reads never block, so a pause is seen between any two requests; an idle
+        // reader waits in poll for a request or the pause pipe.
+        let _running = self.pause.enter();
+        self.ch.set_nonblocking()?;
         loop {
+            if self.pause.stopping() {
+                self.pause.park();
+                continue;
+            }
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
-            match self.ch.receive_retrying(buf) {
+            match self.ch.receive(buf) {
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
@@ -650,6 +870,8 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         ));
                     }
                 },
+                Err(nix::errno::Errno::EAGAIN) => self.pause.wait(self.ch.as_fd())?,
+                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EINTR) => continue,
                 Err(nix::errno::Errno::ENODEV) => return Ok(()),
                 Err(err) => return Err(err.into()),
             }
@@ -666,6 +888,10 @@ pub struct BackgroundSession {
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
+    /// What INIT settled (octofs patch).
+    negotiated: Option<Negotiated>,
+    /// Stops and resumes the reader threads (octofs patch).
+    pause: Arc<PauseCtl>,
 }
 
 impl BackgroundSession {
@@ -680,6 +906,28 @@ impl BackgroundSession {
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.sender.clone())
+    }
+
+    /// What INIT settled for this connection. (octofs patch)
+    pub fn negotiated(&self) -> Option<Negotiated> {
+        self.negotiated
+    }
+
+    /// A duplicate of the connection's `/dev/fuse` fd, to hand to another process. (octofs patch)
+    pub fn dup_dev_fd(&self) -> io::Result<OwnedFd> {
+        self.sender.0.as_fd().try_clone_to_owned()
+    }
+
+    /// Stops every `/dev/fuse` reader thread after the request it is serving and waits until all
+    /// stopped (requests arriving meanwhile stay queued in the kernel). On timeout the readers go
+    /// on and the error says how many stopped. Ring workers are not paused. (octofs patch)
+    pub fn pause_readers(&self, timeout: std::time::Duration) -> io::Result<()> {
+        self.pause.pause(timeout)
+    }
+
+    /// Lets the reader threads stopped by `pause_readers` go on. (octofs patch)
+    pub fn resume_readers(&self) {
+        self.pause.resume()
     }
 
     /// Join the filesystem thread.

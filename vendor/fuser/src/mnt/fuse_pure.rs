@@ -77,6 +77,17 @@ impl MountImpl {
         ))
     }
 
+    /// The mount at `mountpoint` served through `fuse_device`, made by another process (octofs
+    /// patch: a daemon handing its connections over). No auto-unmount socket.
+    pub(crate) fn adopt(mountpoint: &Path, fuse_device: Arc<DevFuse>) -> io::Result<MountImpl> {
+        let mountpoint = mountpoint.canonicalize()?;
+        Ok(MountImpl {
+            mountpoint: CString::new(mountpoint.as_os_str().as_bytes())?,
+            auto_unmount_socket: None,
+            fuse_device,
+        })
+    }
+
     pub(crate) fn umount_impl(&mut self) -> io::Result<()> {
         if !is_mounted(&self.fuse_device) {
             // If the filesystem has already been unmounted, avoid unmounting it again.

@@ -143,6 +143,27 @@ impl Mount {
         }
     }
 
+    /// A mount made by another process whose `/dev/fuse` connection `dev_fuse` was handed to this
+    /// one (octofs patch): unmounting it works as for a mount made here.
+    pub(crate) fn adopt(mountpoint: &Path, dev_fuse: Arc<DevFuse>) -> io::Result<Mount> {
+        #[cfg(fuser_mount_impl = "pure-rust")]
+        {
+            Ok(Mount {
+                mount_impl: Some(MountImpl::Pure(fuse_pure::MountImpl::adopt(
+                    mountpoint, dev_fuse,
+                )?)),
+                mount_point: mountpoint.to_path_buf(),
+            })
+        }
+        #[cfg(not(fuser_mount_impl = "pure-rust"))]
+        {
+            let _ = (mountpoint, dev_fuse);
+            Err(io::Error::other(
+                "adopting a mount needs the pure-rust mount implementation",
+            ))
+        }
+    }
+
     pub(crate) fn umount(mut self) -> io::Result<()> {
         match self.mount_impl.take() {
             Some(mut mount) => {

@@ -1,0 +1,447 @@
+//! `octofs restart` hands every mount to a new daemon process without unmounting: processes working
+//! in the mount (a `cat` loop, a file held open and appended to, a `git status` loop, a shell whose
+//! cwd is in the mount) see no error across five restarts, no appended byte is lost, the daemon's
+//! pid changes each time, and release/resume afterwards keep everything. A handover that fails (the
+//! new binary exits at once, the new daemon refuses or dies after receiving everything) leaves the
+//! old daemon serving, with no error seen by the processes in the mount.
+//!
+//! What each part catches: without the handover of open handles the appender's writes fail (EBADF);
+//! without the lookup counts the kernel's cached inodes go stale (ESTALE/ENOENT); if the readers are
+//! not quiesced, a request read by the old daemon and unanswered is aborted (ECONNABORTED, EIO);
+//! if a failed handover does not resume the readers, the loops hang (the watchdog fails the test).
+//! The restart pause (the slowest `open`+`read` of a file during the restarts) is printed.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the processes in the mount saw.
+#[derive(Default)]
+struct Seen {
+    errors: Mutex<Vec<String>>,
+    /// Operations done by all loops (the watchdog's progress counter).
+    ops: AtomicU64,
+    /// The slowest `open`+`read` of the cat loop, in microseconds.
+    max_read_us: AtomicU64,
+    reads: AtomicU64,
+}
+
+impl Seen {
+    fn error(&self, e: String) {
+        let mut v = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < 50 {
+            v.push(e);
+        }
+    }
+    fn errors(&self) -> Vec<String> {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+fn spawn_loop(
+    stop: &Arc<AtomicBool>,
+    seen: &Arc<Seen>,
+    mut f: impl FnMut(u64) -> Result<(), String> + Send + 'static,
+) -> std::thread::JoinHandle<()> {
+    let stop = stop.clone();
+    let seen = seen.clone();
+    std::thread::spawn(move || {
+        let mut i = 0;
+        while !stop.load(Ordering::Relaxed) {
+            if let Err(e) = f(i) {
+                seen.error(e);
+            }
+            seen.ops.fetch_add(1, Ordering::Relaxed);
+            i += 1;
+        }
+    })
+}
+
+/// A `cat` of `file` in a loop (each an open and a read the daemon serves), its latency recorded.
+fn cat_loop(
+    stop: &Arc<AtomicBool>,
+    seen: &Arc<Seen>,
+    file: PathBuf,
+    want: Vec<u8>,
+) -> std::thread::JoinHandle<()> {
+    let s = seen.clone();
+    spawn_loop(stop, seen, move |_| {
+        let t = Instant::now();
+        let got = fs::read(&file).map_err(|e| format!("cat {}: {e}", file.display()))?;
+        let us = t.elapsed().as_micros() as u64;
+        s.max_read_us.fetch_max(us, Ordering::Relaxed);
+        s.reads.fetch_add(1, Ordering::Relaxed);
+        if got != want {
+            return Err(format!(
+                "cat {}: {} bytes, not the content",
+                file.display(),
+                got.len()
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// A shell whose cwd is the mount, listing it and reading a file in a loop; errors go to its stderr.
+fn shell_in(mount: &Path) -> Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg(
+            "while :; do ls . >/dev/null || echo 'ls failed'; \
+             cat README.md >/dev/null || echo 'cat failed'; sleep 0.01; done",
+        )
+        .current_dir(mount)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the shell")
+}
+
+fn stop_shell(child: Child) -> String {
+    // SAFETY: kill(2) of our own child by its pid.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGKILL);
+    }
+    let out = child.wait_with_output().expect("reap the shell");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Whether process `pid` is gone (or a zombie).
+fn gone(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn wait_gone(pid: u32) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if gone(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// `octofs restart` (with extra arguments): its output, and the new pid when it succeeded.
+fn restart(d: &Daemon, args: &[&str]) -> (Out, Option<(u32, u32)>) {
+    let mut all = vec!["restart"];
+    all.extend_from_slice(args);
+    let out = run(d.command().args(&all), Duration::from_secs(40));
+    // "restarted: pid A -> B, ..."
+    let pids = out.stdout_str().split_once("pid ").and_then(|(_, rest)| {
+        let (a, rest) = rest.split_once(" -> ")?;
+        let b = rest.split(',').next()?;
+        Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+    });
+    (out, pids)
+}
+
+/// Fails the test (instead of hanging) when the loops stop making progress.
+fn watchdog(seen: &Seen, during: Duration) {
+    let end = Instant::now() + during;
+    let mut last = seen.ops.load(Ordering::Relaxed);
+    let mut last_change = Instant::now();
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = seen.ops.load(Ordering::Relaxed);
+        if now != last {
+            last = now;
+            last_change = Instant::now();
+        }
+        assert!(
+            last_change.elapsed() < Duration::from_secs(15),
+            "the processes in the mount made no progress for 15 s"
+        );
+    }
+}
+
+#[test]
+fn five_restarts_under_load_lose_nothing() {
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    repo.write("README.md", "restart\n");
+    let data: Vec<u8> = (0..200_000u32).flat_map(|i| i.to_le_bytes()).collect();
+    repo.write("data.bin", &data);
+    repo.write("src/lib.rs", "pub fn f() {}\n");
+    repo.commit_all("base", DATE1);
+    let mut d = Daemon::unstarted();
+    d.spawn();
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    let mount = d.open_thread("rs", &["--project", "proj"]);
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Seen::default());
+    let mut loops = vec![cat_loop(&stop, &seen, mount.join("data.bin"), data.clone())];
+    // A file held open the whole time, appended to with a check after each record.
+    let log_path = mount.join("append.log");
+    let appended = Arc::new(AtomicU64::new(0));
+    {
+        let mut f = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .mode(0o644)
+            .open(&log_path)
+            .expect("create the appended file");
+        let n = appended.clone();
+        let s = seen.clone();
+        loops.push(spawn_loop(&stop, &seen, move |i| {
+            let rec = format!("record {i:08}\n");
+            f.write_all(rec.as_bytes())
+                .map_err(|e| format!("append record {i}: {e}"))?;
+            let len = f
+                .metadata()
+                .map_err(|e| format!("fstat after record {i}: {e}"))?
+                .len();
+            if len != (i + 1) * rec.len() as u64 {
+                return Err(format!("after record {i} the file has {len} bytes"));
+            }
+            n.store(i + 1, Ordering::Relaxed);
+            s.ops.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(())
+        }));
+    }
+    // `git status` in a loop.
+    {
+        let mount = mount.clone();
+        loops.push(spawn_loop(&stop, &seen, move |_| {
+            let out = Command::new("git")
+                .args(["status", "--porcelain"])
+                .current_dir(&mount)
+                .output()
+                .map_err(|e| format!("git status: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "git status: {}: {}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(())
+        }));
+    }
+    let shell = shell_in(&mount);
+
+    watchdog(&seen, Duration::from_millis(500));
+    let mut pid = d.pid().expect("the daemon's pid");
+    let mut pauses = Vec::new();
+    for round in 0..5 {
+        let before = seen.reads.load(Ordering::Relaxed);
+        let (out, pids) = restart(&d, &[]);
+        assert!(
+            out.success(),
+            "restart {round}: {}\n--- daemon log ---\n{}",
+            out.describe(),
+            d.log_tail()
+        );
+        let (old, new) = pids.unwrap_or_else(|| panic!("restart printed {:?}", out.stdout_str()));
+        assert_eq!(
+            old, pid,
+            "restart {round}: the old daemon was not the one serving"
+        );
+        assert_ne!(new, pid, "restart {round}: the daemon's pid did not change");
+        assert!(
+            wait_gone(old),
+            "restart {round}: the old daemon {old} is still running"
+        );
+        assert!(
+            !gone(new),
+            "restart {round}: the new daemon {new} is not running"
+        );
+        pauses.push(out.stdout_str().trim().to_string());
+        pid = new;
+        watchdog(&seen, Duration::from_millis(400));
+        assert!(
+            seen.reads.load(Ordering::Relaxed) > before,
+            "restart {round}: no read completed since"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for l in loops {
+        l.join().expect("a loop panicked");
+    }
+    let shell_err = stop_shell(shell);
+    let errors = seen.errors();
+    let max_ms = seen.max_read_us.load(Ordering::Relaxed) as f64 / 1000.0;
+    eprintln!(
+        "restart figures: 5 restarts, {} reads, max open+read latency {max_ms:.1} ms, {} errors, \
+         {} records appended\n{}",
+        seen.reads.load(Ordering::Relaxed),
+        errors.len() + shell_err.lines().count(),
+        appended.load(Ordering::Relaxed),
+        pauses.join("\n")
+    );
+    assert!(errors.is_empty(), "errors seen in the mount: {errors:#?}");
+    assert!(shell_err.is_empty(), "the shell saw errors: {shell_err}");
+
+    // Every record, in order.
+    let n = appended.load(Ordering::Relaxed);
+    assert!(n > 100, "only {n} records appended");
+    let want: String = (0..n).map(|i| format!("record {i:08}\n")).collect();
+    let got = fs::read_to_string(&log_path).expect("read the appended file");
+    assert!(
+        got == want,
+        "the appended file lost records ({} of {} bytes)",
+        got.len(),
+        want.len()
+    );
+
+    // The new daemon keeps all of it across release and resume.
+    d.cli_ok(["release", "rs"]);
+    d.open_thread("rs", &[]);
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    assert_eq!(
+        fs::read_to_string(&log_path).expect("read after resume"),
+        want
+    );
+    assert_eq!(
+        fs::read(mount.join("data.bin")).expect("data after resume"),
+        data
+    );
+    d.stop();
+    assert!(wait_gone(pid), "the last daemon {pid} did not exit at stop");
+}
+
+#[test]
+fn a_failed_restart_leaves_the_old_daemon_serving() {
+    let s = one_file_workspace(true, "rf", "failed restarts\n");
+    let d = &s.d;
+    let pid = d.pid().expect("the daemon's pid");
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Seen::default());
+    let reader = cat_loop(
+        &stop,
+        &seen,
+        s.mount.join("README.md"),
+        b"failed restarts\n".to_vec(),
+    );
+    // A file held open across the failed handovers keeps working.
+    let mut held = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o644)
+        .open(s.mount.join("held.txt"))
+        .expect("create held.txt");
+    watchdog(&seen, Duration::from_millis(300));
+
+    let script_dir = tempfile::tempdir().expect("tempdir");
+    let wrapper = |fault: &str| {
+        let p = script_dir.path().join(format!("octofs-{fault}"));
+        write_file(
+            &p,
+            format!(
+                "#!/bin/sh\nOCTOFS_TAKEOVER_FAULT={fault} exec {} \"$@\"\n",
+                bin()
+            )
+            .as_bytes(),
+            0o755,
+        );
+        p
+    };
+    let cases = [
+        (PathBuf::from("/bin/true"), "exited"),
+        (PathBuf::from("/nonexistent/octofs"), "cannot start"),
+        (wrapper("refuse"), "refused"),
+        (wrapper("exit"), "exited"),
+    ];
+    for (i, (exe, why)) in cases.iter().enumerate() {
+        let (out, _) = restart(d, &["--exe", &exe.to_string_lossy()]);
+        assert!(!out.success(), "restart with {} succeeded", exe.display());
+        assert!(
+            out.stderr_str().contains(why) && out.stderr_str().contains("goes on serving"),
+            "restart with {}: {}",
+            exe.display(),
+            out.describe()
+        );
+        assert!(!gone(pid), "the old daemon died with {}", exe.display());
+        writeln!(held, "line {i}").expect("write to the held file after a failed restart");
+        watchdog(&seen, Duration::from_millis(300));
+    }
+    // Still the same daemon, still answering, and a real restart works after the failures.
+    d.cli_ok(["list"]);
+    let (out, pids) = restart(d, &[]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let (_, new) = pids.expect("pids");
+    writeln!(held, "after").expect("write after the restart");
+    drop(held);
+    watchdog(&seen, Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("reader panicked");
+    let errors = seen.errors();
+    assert!(errors.is_empty(), "errors seen in the mount: {errors:#?}");
+    assert_eq!(
+        fs::read_to_string(s.mount.join("held.txt")).expect("read held.txt"),
+        "line 0\nline 1\nline 2\nline 3\nafter\n"
+    );
+    drop(s);
+    assert!(wait_gone(new), "the new daemon {new} did not exit at stop");
+}
+
+/// A daemon with a mount on the io_uring transport refuses to restart (the rings belong to its
+/// process) and goes on serving; without the check the new daemon would serve a connection whose
+/// requests arrive on rings nobody reads.
+#[test]
+fn a_daemon_with_ring_mounts_refuses_to_restart_and_keeps_serving() {
+    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring");
+        return;
+    }
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    repo.write("README.md", "ring\n");
+    repo.commit_all("base", DATE1);
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--transport", "uring"]);
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    let mount = d.open_thread("t", &["--project", "proj"]);
+    wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
+    let status = d.cli_ok(["status", "t"]);
+    if !status.contains("transport:     uring") {
+        eprintln!("skipped: the mount is not on the ring ({status})");
+        return;
+    }
+    let pid = d.pid().expect("pid");
+    let (out, _) = restart(&d, &[]);
+    assert!(
+        !out.success(),
+        "a ring daemon restarted: {}",
+        out.describe()
+    );
+    assert!(
+        out.stderr_str().contains("io_uring") && out.stderr_str().contains("goes on serving"),
+        "{}",
+        out.describe()
+    );
+    assert!(!gone(pid));
+    assert_eq!(
+        fs::read_to_string(mount.join("README.md")).expect("read"),
+        "ring\n"
+    );
+    fs::write(mount.join("new.txt"), "still serving\n").expect("write after the refusal");
+    d.stop();
+}
