@@ -202,6 +202,12 @@ pub fn commit_info(
 /// were read. With it, the blob id of a file read now is remembered ([`FileBlobs`]) when the file
 /// last changed before that reading, and a file that has not changed since a snapshot remembered it
 /// is not read again: a snapshot reads only the files written since the last one.
+///
+/// Cost: what the edits name. Each tree on a changed path is read once and written once; the
+/// names and object ids checked are those of the edits, not every entry of every tree written
+/// (gix's own tree editor checks that every entry of a tree it writes exists: one object lookup,
+/// a `stat` of a loose path, per entry, 100,000 of them for a snapshot touching the directories of
+/// a 100,000-file tree, whatever changed).
 pub fn build_tree(
     repo: &gix::Repository,
     base_tree: ObjectId,
@@ -210,10 +216,22 @@ pub fn build_tree(
 ) -> Result<ObjectId, Error> {
     let mut ed = repo
         .edit_tree(base_tree)
-        .context(|| format!("cannot edit tree {base_tree}"))?;
-    let blob = |source: &ViewSource| -> Result<ObjectId, Error> {
+        .context(|| format!("cannot edit tree {base_tree}"))?
+        .detach();
+    // An id the view names (a tree or object of the base, of the last snapshot) must be in the
+    // mirror: a tree naming a missing object would be written, and the ref moved to it.
+    let present = |id: ObjectId, path: &BStr| -> Result<ObjectId, Error> {
+        if repo.has_object(id) {
+            Ok(id)
+        } else {
+            Err(Error::Invalid(format!(
+                "the object {id} at {path} is not in the mirror"
+            )))
+        }
+    };
+    let blob = |source: &ViewSource, path: &BStr| -> Result<ObjectId, Error> {
         Ok(match source {
-            ViewSource::Object(id) => *id,
+            ViewSource::Object(id) => present(*id, path)?,
             ViewSource::File(p) => FileBlobs::shared().blob(repo, p, clock)?,
             ViewSource::Bytes(b) => repo
                 .write_blob(b)
@@ -223,31 +241,60 @@ pub fn build_tree(
     };
     for e in edits {
         let path: &BStr = e.path().as_bstr();
+        let comps = || path.split(|b| *b == b'/').map(|c| c.as_bstr());
+        let leaf = match e {
+            ViewEdit::Symlink { .. } => Some(gix::validate::path::component::Mode::Symlink),
+            _ => None,
+        };
+        if !matches!(e, ViewEdit::Remove { .. } | ViewEdit::AddedDir { .. }) {
+            check_path(path, leaf)?;
+        }
         let r = match e {
-            ViewEdit::Remove { .. } => ed.remove(path).map(|_| ()),
-            ViewEdit::Tree { id, .. } => ed.upsert(path, EntryKind::Tree, *id).map(|_| ()),
-            ViewEdit::Gitlink { id, .. } => ed.upsert(path, EntryKind::Commit, *id).map(|_| ()),
+            ViewEdit::Remove { .. } => ed.remove(comps()).map(|_| ()),
+            ViewEdit::Tree { id, .. } => ed
+                .upsert(comps(), EntryKind::Tree, present(*id, path)?)
+                .map(|_| ()),
+            ViewEdit::Gitlink { id, .. } => ed.upsert(comps(), EntryKind::Commit, *id).map(|_| ()),
             ViewEdit::AddedDir { .. } => Ok(()),
             ViewEdit::File { exec, source, .. } => {
-                let id = blob(source)?;
+                let id = blob(source, path)?;
                 let kind = if *exec {
                     EntryKind::BlobExecutable
                 } else {
                     EntryKind::Blob
                 };
-                ed.upsert(path, kind, id).map(|_| ())
+                ed.upsert(comps(), kind, id).map(|_| ())
             }
             ViewEdit::Symlink { source, .. } => {
-                let id = blob(source)?;
-                ed.upsert(path, EntryKind::Link, id).map(|_| ())
+                let id = blob(source, path)?;
+                ed.upsert(comps(), EntryKind::Link, id).map(|_| ())
             }
         };
         r.context(|| format!("cannot edit {}", path))?;
     }
-    Ok(ed
-        .write()
-        .map_err(err("cannot write the snapshot tree"))?
-        .detach())
+    ed.write(|tree| repo.write_object(tree).map(|id| id.detach()))
+        .map_err(err("cannot write the snapshot tree"))
+}
+
+/// The checks gix's tree editor makes of every name it writes, made of the names an edit adds:
+/// no empty, `.`, `..` or `.git` component (nor an NTFS alias of `.git`), no `/` or NUL in a name.
+/// The defaults of git on Linux (`core.protectNTFS` on, HFS and Windows device names off).
+fn check_path(
+    path: &BStr,
+    leaf: Option<gix::validate::path::component::Mode>,
+) -> Result<(), Error> {
+    let opts = gix::validate::path::component::Options {
+        protect_windows: false,
+        protect_hfs: false,
+        protect_ntfs: true,
+    };
+    let n = path.split(|b| *b == b'/').count();
+    for (i, c) in path.split(|b| *b == b'/').enumerate() {
+        let mode = if i + 1 == n { leaf } else { None };
+        gix::validate::path::component(c.as_bstr(), mode, opts)
+            .map_err(|e| Error::Invalid(format!("cannot write {path} into a tree: {e}")))?;
+    }
+    Ok(())
 }
 
 /// What identifies the content of a file on disk without reading it: its device and inode, size,
@@ -359,10 +406,15 @@ fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<(ObjectId, Stamp)
     };
     let (f, size, stamp) = open()?;
     if size <= IN_MEMORY_UP_TO {
+        // Read whole into a buffer of its size: no 1 MiB read buffer allocated (and its pages
+        // faulted in) for every small file.
         let mut buf = Vec::with_capacity(size as usize);
-        exact(f, size)
-            .read_to_end(&mut buf)
-            .context(|| format!("cannot read {}", p.display()))?;
+        ExactSize {
+            inner: f,
+            left: size,
+        }
+        .read_to_end(&mut buf)
+        .context(|| format!("cannot read {}", p.display()))?;
         return Ok((repo.write_blob(&buf).context(what)?.detach(), stamp));
     }
     let id = gix::objs::compute_stream_hash(
@@ -575,6 +627,40 @@ mod tests {
         }];
         build_tree(&repo, empty, &edits, Some((0, 0))).unwrap();
         assert!(!known(&Stamp::of(&std::fs::metadata(&other).unwrap())));
+    }
+
+    /// Only the edits are checked now (not every entry of every tree written): an edit naming an
+    /// object the mirror lacks, or a name git refuses, still fails the tree instead of writing
+    /// a tree a ref could name.
+    #[test]
+    fn an_edit_naming_a_missing_object_or_a_refused_name_fails_the_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path()).unwrap();
+        let empty = ObjectId::empty_tree(repo.object_hash());
+        let missing = ObjectId::from_hex(b"0123456789abcdef0123456789abcdef01234567").unwrap();
+        let file = |path: &[u8], source: ViewSource| ViewEdit::File {
+            path: path.to_vec(),
+            exec: false,
+            source,
+            added: true,
+        };
+        for edits in [
+            vec![file(b"a/f", ViewSource::Object(missing))],
+            vec![ViewEdit::Tree {
+                path: b"d".to_vec(),
+                id: missing,
+            }],
+            vec![file(b"a/.git/config", ViewSource::Bytes(b"x".to_vec()))],
+            vec![file(b"a/.GIT", ViewSource::Bytes(b"x".to_vec()))],
+            vec![file(b"a/../b", ViewSource::Bytes(b"x".to_vec()))],
+        ] {
+            assert!(
+                build_tree(&repo, empty, &edits, None).is_err(),
+                "{edits:?} must not make a tree"
+            );
+        }
+        let ok = [file(b"a/git", ViewSource::Bytes(b"x".to_vec()))];
+        build_tree(&repo, empty, &ok, None).unwrap();
     }
 
     #[test]
