@@ -252,6 +252,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn destroy(&mut self) {
+        // Writers held by inode note their changes before the core closes.
+        self.inode_io.release_all();
         self.core.close();
     }
 

@@ -306,9 +306,9 @@ impl InodeIo {
         self.inner.release_where(|i, _| inodes.contains(&i));
     }
 
-    /// Releases every writer now (their changes noted), as if they had gone idle.
-    pub fn settle(&self) {
-        self.inner.release_where(|_, h| h.write);
+    /// Releases everything held (the mount is going away).
+    pub fn release_all(&self) {
+        self.inner.release_where(|_, _| true);
     }
 
     /// Inodes held open now, and how many of them as writers.
@@ -327,6 +327,6 @@ impl std::fmt::Debug for InodeIo {
 
 impl Drop for InodeIo {
     fn drop(&mut self) {
-        self.inner.release_where(|_, _| true);
+        self.release_all();
     }
 }
