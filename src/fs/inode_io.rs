@@ -11,8 +11,9 @@
 //!   copy_file_range) opens the inode for writing through the core, which copies a base file up and
 //!   counts a writer, so snapshots, git's fsmonitor answers and "changed since" checks see the file
 //!   as being written. Nothing tells when a writer is done (no RELEASE), so a writer is released once
-//!   no write came for [`WRITER_IDLE`]: the core then notes the change, as at a release. A reader
-//!   idle for [`READER_IDLE`] is released too (an open file keeps the workspace from looking idle).
+//!   no write came for [`WRITER_IDLE`] and none is in progress: the core then notes the change, as
+//!   at a release. A reader idle for [`READER_IDLE`] is released too (an open file keeps the
+//!   workspace from looking idle).
 //! - **What the kernel forgets, or the daemon changed behind it, is released at once**, so an
 //!   unlinked file's data goes when the kernel's last reference does, and no stale content is read.
 //!
@@ -49,6 +50,9 @@ struct Held {
     /// Counted as a writer by the core: its release must say so.
     write: bool,
     used: Instant,
+    /// Writes in progress through it: not released meanwhile (a write that landed after the
+    /// core noted the release could be missed by a snapshot taken in between).
+    busy: u32,
 }
 
 struct Inner {
@@ -94,6 +98,9 @@ impl Inner {
 
     fn sweep(&self, now: Instant) -> bool {
         self.release_where(|_, h| {
+            if h.busy > 0 {
+                return false;
+            }
             let idle = now.saturating_duration_since(h.used);
             idle >= if h.write { WRITER_IDLE } else { READER_IDLE }
         })
@@ -131,8 +138,9 @@ impl InodeIo {
         &self.inner.core
     }
 
-    /// The open content of `ino` (for writing: counted as a writer, copied up), opened through the
-    /// core when not held yet; and whether it is the data file.
+    /// The open content of `ino`, opened through the core when not held yet; and whether it is
+    /// the data file. For writing ([`Self::writing`]) it is counted as a writer (copied up first)
+    /// and marked busy until [`Self::written`].
     fn held(&self, ino: u64, write: bool) -> Result<(Arc<File>, bool), FsError> {
         let now = Instant::now();
         let found = lock(&self.inner.table)
@@ -153,6 +161,23 @@ impl InodeIo {
         Ok(self.adopt(ino, opened.file, opened.upper, opened.write))
     }
 
+    /// [`Self::held`] for writing, the entry marked busy: call [`Self::written`] after the write.
+    fn writing(&self, ino: u64) -> Result<Arc<File>, FsError> {
+        let (file, _) = self.held(ino, true)?;
+        if let Some(h) = lock(&self.inner.table).get_mut(&ino) {
+            h.busy += 1;
+        }
+        Ok(file)
+    }
+
+    /// A write through [`Self::writing`] is done: the writer stays while writes come.
+    fn written(&self, ino: u64) {
+        if let Some(h) = lock(&self.inner.table).get_mut(&ino) {
+            h.busy = h.busy.saturating_sub(1);
+            h.used = Instant::now();
+        }
+    }
+
     /// Holds `file`, opened through the core for `ino` (a create's open, or [`Self::held`]'s): the
     /// core's count of it ends when the entry is released. An entry that can write is not replaced
     /// by one that cannot (the new one is released instead).
@@ -162,6 +187,7 @@ impl InodeIo {
             upper,
             write,
             used: Instant::now(),
+            busy: 0,
         };
         let mut out = (held.file.clone(), upper);
         let mut released = Vec::new();
@@ -179,7 +205,11 @@ impl InodeIo {
                 }
             }
             if t.len() > HELD
-                && let Some(oldest) = t.iter().min_by_key(|(_, h)| h.used).map(|(i, _)| *i)
+                && let Some(oldest) = t
+                    .iter()
+                    .filter(|(_, h)| h.busy == 0)
+                    .min_by_key(|(_, h)| h.used)
+                    .map(|(i, _)| *i)
                 && let Some(h) = t.remove(&oldest)
             {
                 released.push((oldest, h));
@@ -199,13 +229,6 @@ impl InodeIo {
             }
         }
         out
-    }
-
-    /// Marks `ino`'s entry as used now (after a write: the writer stays while writes come).
-    fn touch(&self, ino: u64) {
-        if let Some(h) = lock(&self.inner.table).get_mut(&ino) {
-            h.used = Instant::now();
-        }
     }
 
     fn what(&self, ino: u64, upper: bool, op: &str) -> String {
@@ -235,11 +258,11 @@ impl InodeIo {
 
     /// Writes `data` at `offset` of `ino` (copied up first if it is base content).
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
-        let (file, _) = self.held(ino, true)?;
+        let file = self.writing(ino)?;
         let r = file
             .write_all_at(data, offset)
             .context(|| self.what(ino, true, "write"));
-        self.touch(ino);
+        self.written(ino);
         r?;
         u32::try_from(data.len()).map_err(|_| Errno::EINVAL.into())
     }
@@ -267,10 +290,10 @@ impl InodeIo {
     }
 
     pub fn fallocate(&self, ino: u64, mode: i32, offset: u64, length: u64) -> Result<(), FsError> {
-        let (file, _) = self.held(ino, true)?;
+        let file = self.writing(ino)?;
         let r = crate::sys::fallocate(&file, mode, offset, length)
             .context(|| self.what(ino, true, "fallocate"));
-        self.touch(ino);
+        self.written(ino);
         r
     }
 
@@ -288,13 +311,19 @@ impl InodeIo {
         off_out: u64,
         len: u64,
     ) -> Result<u32, FsError> {
-        let (dst, _) = self.held(ino_out, true)?;
+        let dst = self.writing(ino_out)?;
         // Opened after the target: copying a file onto itself reads the data file just made.
-        let (src, _) = self.held(ino_in, false)?;
+        let src = match self.held(ino_in, false) {
+            Ok((src, _)) => src,
+            Err(e) => {
+                self.written(ino_out);
+                return Err(e);
+            }
+        };
         let len = len.min(u64::from(u32::MAX) & !0xfff);
         let r = crate::sys::copy_file_range(&src, off_in, &dst, off_out, len)
             .context(|| self.what(ino_out, true, "copy_file_range into"));
-        self.touch(ino_out);
+        self.written(ino_out);
         u32::try_from(r?).map_err(|_| FsError::eio("copy_file_range copied more than asked"))
     }
 
