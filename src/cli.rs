@@ -120,6 +120,9 @@ pub fn print_status(w: &WorkspaceStatus) {
     if let Some(t) = &w.transport {
         println!("transport:     {t}");
     }
+    if let Some(io) = &w.io {
+        println!("io:            {io}");
+    }
     for l in &w.layers {
         println!(
             "layer:         {} {} ({})",

@@ -63,6 +63,10 @@ enum Cmd {
         /// kernel offers it), uring (or the mount fails); see docs/transport.md
         #[arg(long, default_value = "dev", env = "OCTOFS_TRANSPORT")]
         transport: octofs::fs::uring::Transport,
+        /// How mounts serve file I/O: handles (OPEN/RELEASE, passthrough), or no-open (no request
+        /// for a warm open/read/close; no passthrough, page cache per mount); see docs/performance.md
+        #[arg(long, default_value = "handles", env = "OCTOFS_IO")]
+        io: octofs::fs::fuse::IoMode,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -531,6 +535,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             sweep_every,
             fetch_timeout,
             transport,
+            io,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -548,6 +553,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     sweep_every,
                     fetch_timeout_secs: fetch_timeout,
                     transport,
+                    io,
                 },
             )
             .map_err(|e| format!("{e:#}"))

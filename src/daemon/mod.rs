@@ -81,6 +81,8 @@ pub struct Settings {
     pub fetch_timeout_secs: u64,
     /// How mounts receive requests (`octofs serve --transport`).
     pub transport: crate::fs::uring::Transport,
+    /// How new mounts serve file I/O (`octofs serve --io`).
+    pub io: crate::fs::fuse::IoMode,
 }
 
 struct Mounted {

@@ -112,7 +112,8 @@ impl Daemon {
             core.clone(),
             is_root && self.settings.passthrough,
             info.clone(),
-        );
+        )
+        .with_io(self.settings.io);
         // From here on, what the daemon changes other than through the mount is told to the kernel.
         core.watch_kernel();
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
@@ -137,13 +138,13 @@ impl Daemon {
     /// worker, never a FUSE thread, holding no lock a FUSE request waits for (the kernel may wait
     /// for requests in flight on the same inodes first).
     pub(super) fn tell_kernel(&self, thread: &str) {
-        let Some((core, notifier)) = lock(&self.mounts)
+        let Some((core, notifier, info)) = lock(&self.mounts)
             .get(thread)
-            .map(|m| (m.core.clone(), m.session.notifier()))
+            .map(|m| (m.core.clone(), m.session.notifier(), m.info.clone()))
         else {
             return;
         };
-        crate::fs::fuse::invalidate(&notifier, &core.take_behind());
+        crate::fs::fuse::invalidate_mount(&info, &notifier, &core.take_behind());
     }
 
     /// Unmounts one thread's workspace. A busy mount (a process has its cwd or files in it) is

@@ -310,6 +310,9 @@ pub struct WorkspaceStatus {
     /// (`npm layer not built (run octofs deps build)`).
     #[serde(default)]
     pub dependencies: Vec<String>,
+    /// How the mount serves file I/O ("handles" or "no-open"); `None` when not mounted.
+    #[serde(default)]
+    pub io: Option<String>,
 }
 
 /// The answer to a watch query.

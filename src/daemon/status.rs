@@ -55,6 +55,7 @@ impl Daemon {
             } else {
                 self.dependency_lines(rec)
             },
+            io: m.map(|m| m.info.io_mode().to_string()),
         }
     }
 
@@ -87,6 +88,7 @@ impl Daemon {
             release_when_idle: false,
             layers: Vec::new(),
             dependencies: Vec::new(),
+            io: None,
         }
     }
 

@@ -132,6 +132,9 @@ struct SettingsState {
     sweep_every: u64,
     fetch_timeout_secs: u64,
     transport: String,
+    /// `serve --io` (absent from a handover of a daemon that had no such setting: handles).
+    #[serde(default)]
+    io: String,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -448,6 +451,7 @@ impl Daemon {
                 sweep_every: st.sweep_every,
                 fetch_timeout_secs: st.fetch_timeout_secs,
                 transport: transport_name(st.transport).into(),
+                io: st.io.to_string(),
             },
             fds: fds.len(),
             lock_fd: 0,
@@ -601,7 +605,15 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         Ok(t) => t,
         Err(e) => refuse_and_exit(&mut s, &e),
     };
+    let io = match h.settings.io.as_str() {
+        "" => crate::fs::fuse::IoMode::Handles,
+        m => match m.parse::<crate::fs::fuse::IoMode>() {
+            Ok(io) => io,
+            Err(e) => refuse_and_exit(&mut s, &e),
+        },
+    };
     let settings = Settings {
+        io,
         freshness_secs: h.settings.freshness_secs,
         passthrough: h.settings.passthrough,
         sweep_idle: h.settings.sweep_idle,
@@ -709,7 +721,8 @@ fn build(
         core.clone(),
         is_root && daemon.settings.passthrough,
         info.clone(),
-    );
+    )
+    .with_io(daemon.settings.io);
     core.watch_kernel();
     let cfg = crate::fs::fuse::mount_config(&thread, is_root);
     let n = m.negotiated;

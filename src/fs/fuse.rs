@@ -5,6 +5,11 @@
 //! registering passthrough backing files with the kernel. Open handles and the backing rules live in
 //! [`super::handles`]; every request's meaning lives in the core. A failed request is answered with
 //! its [`FsError`]'s errno and logged once, with the error's context ([`super::failures`]).
+//!
+//! A mount runs in one of two I/O modes ([`IoMode`], `docs/performance.md`): with handles (OPEN and
+//! RELEASE, passthrough when it works), or no-open, where `open` and `flush` answer `ENOSYS` so the
+//! kernel opens and closes files without a request, and READ, WRITE and the other file requests are
+//! served by inode ([`super::inode_io`]).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -24,12 +29,46 @@ use fuser::{
 
 use super::failures::{Cx, failed};
 use super::handles::{FileOpen, Handles};
+use super::inode_io::InodeIo;
 use super::stats::{Op, Stats};
 use super::{Behind, Caller, FsError, SetAttr, SetTime, WorkspaceFs, XattrReply};
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
 const TTL: Duration = Duration::from_secs(3600);
+
+/// How a mount serves file I/O (`octofs serve --io`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IoMode {
+    /// OPEN and RELEASE per open file, each with a handle; reads and writes handed to the kernel
+    /// (passthrough) when it works, the page cache shared with the blob cache's files.
+    #[default]
+    Handles,
+    /// No OPEN, RELEASE or FLUSH (`open` and `flush` answer `ENOSYS`): a warm open, read and close
+    /// costs no request. No passthrough (the kernel refuses to mix them); I/O by inode through READ
+    /// and WRITE, the page cache kept per mount.
+    NoOpen,
+}
+
+impl std::str::FromStr for IoMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "handles" => Ok(IoMode::Handles),
+            "no-open" => Ok(IoMode::NoOpen),
+            _ => Err(format!("unknown I/O mode {s:?} (handles or no-open)")),
+        }
+    }
+}
+
+impl std::fmt::Display for IoMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IoMode::Handles => "handles",
+            IoMode::NoOpen => "no-open",
+        })
+    }
+}
 
 /// Mount-wide facts the daemon reports in `status` and `stats`.
 #[derive(Debug, Default)]
@@ -42,6 +81,11 @@ pub struct MountInfo {
     pub transport: std::sync::OnceLock<String>,
     /// Every request this mount answered (recorded by a guard at the top of each method).
     pub stats: Stats,
+    /// The mount runs in no-open mode (asked for, and the kernel offered `FUSE_NO_OPEN_SUPPORT`).
+    pub no_open: AtomicBool,
+    /// The per-inode I/O of a no-open mount, for the daemon to release what it changed behind the
+    /// kernel ([`invalidate_mount`]).
+    pub inode_io: std::sync::OnceLock<Arc<InodeIo>>,
     /// The adapter's open handles, reachable from the daemon for a handover to another process.
     pub handles: HandlesLink,
 }
@@ -57,27 +101,55 @@ impl std::fmt::Debug for HandlesLink {
     }
 }
 
+impl MountInfo {
+    /// The I/O mode the mount runs in.
+    pub fn io_mode(&self) -> IoMode {
+        if self.no_open.load(Ordering::Relaxed) {
+            IoMode::NoOpen
+        } else {
+            IoMode::Handles
+        }
+    }
+}
+
 pub struct FuseAdapter {
     core: Arc<WorkspaceFs>,
     want_passthrough: bool,
     info: Arc<MountInfo>,
     handles: Arc<Handles<BackingId>>,
+    want_io: IoMode,
+    inode_io: Arc<InodeIo>,
 }
 
 impl FuseAdapter {
     pub fn new(core: Arc<WorkspaceFs>, want_passthrough: bool, info: Arc<MountInfo>) -> Self {
         let handles = Arc::new(Handles::new(core.clone()));
         let _ = info.handles.0.set(handles.clone());
+        let inode_io = Arc::new(InodeIo::new(core.clone()));
+        let _ = info.inode_io.set(inode_io.clone());
         FuseAdapter {
             handles,
             core,
             want_passthrough,
             info,
+            want_io: IoMode::Handles,
+            inode_io,
         }
+    }
+
+    /// The I/O mode to ask the kernel for at INIT (no-open falls back to handles when the kernel
+    /// does not offer it).
+    pub fn with_io(mut self, io: IoMode) -> Self {
+        self.want_io = io;
+        self
     }
 
     fn passthrough(&self) -> bool {
         self.info.passthrough.load(Ordering::Relaxed)
+    }
+
+    fn no_open(&self) -> bool {
+        self.info.no_open.load(Ordering::Relaxed)
     }
 
     /// Counts a passthrough open, or turns passthrough off for the mount when registering failed.
@@ -155,11 +227,21 @@ fn xattr(cx: &Cx, reply: ReplyXattr, r: Result<XattrReply, FsError>) {
 
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
+        let no_open = self.want_io == IoMode::NoOpen
+            && cfg.capabilities().contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
+        if self.want_io == IoMode::NoOpen && !no_open {
+            tracing::warn!("the kernel does not offer no-open; serving files with handles");
+        }
+        self.info.no_open.store(no_open, Ordering::Relaxed);
+        // With no-open, the kernel would leave an atomic `O_TRUNC` to an OPEN it never sends (the
+        // file would silently not be truncated): without the flag it truncates with SETATTR.
+        if !no_open {
+            let _ = cfg.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        }
         for flag in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
             // octofs clears set-user-ID and set-group-ID itself on write, truncate and chown (see
             // `kill_suidgid`), so the kernel need not ask for `security.capability` before writes.
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
@@ -173,7 +255,9 @@ impl Filesystem for FuseAdapter {
             .capabilities()
             .contains(InitFlags::FUSE_NO_OPENDIR_SUPPORT);
         self.info.no_opendir.store(no_opendir, Ordering::Relaxed);
+        // No passthrough with no-open: the kernel refuses to mix them on one connection (EIO).
         if self.want_passthrough
+            && !no_open
             && cfg.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && cfg.set_max_stack_depth(1).is_ok()
         {
@@ -183,6 +267,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn destroy(&mut self) {
+        // Writers held by inode note their changes before the core closes.
+        self.inode_io.release_all();
         self.core.close();
     }
 
@@ -199,6 +285,11 @@ impl Filesystem for FuseAdapter {
 
     fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
         let _t = self.info.stats.time(Op::Forget);
+        if self.no_open() {
+            // The kernel dropped the inode, so no file of it is open any more: what is held of it
+            // goes first (an unlinked file's data goes with the core's last reference).
+            self.inode_io.drop_inodes(&[ino(i)]);
+        }
         self.core.forget(ino(i), nlookup);
     }
 
@@ -357,6 +448,10 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Open);
+        if self.no_open() {
+            // The kernel opens this open and every later one itself (the connection's no_open).
+            return reply.error(Errno::ENOSYS);
+        }
         let cx = Cx::new(Op::Open, i.0, None);
         let i = ino(i);
         // An open that truncates drops set-user/group-ID as a truncate does (KILLPRIV_V2; fuser
@@ -403,6 +498,27 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Create);
         let cx = Cx::new(Op::Create, p.0, Some(name));
+        if self.no_open() {
+            // No RELEASE will come, not even for this file: no handle. The open is held by inode
+            // (released when idle or forgotten), and I/O on the file comes with `fh` 0.
+            return match self
+                .core
+                .create(ino(p), name, mode & !umask, flags, caller(req))
+            {
+                Ok((attr, opened)) => {
+                    self.inode_io
+                        .adopt(attr.ino.0, opened.file, opened.upper, opened.write);
+                    reply.created(
+                        &TTL,
+                        &attr,
+                        Generation(0),
+                        FileHandle(0),
+                        FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                    )
+                }
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
         let register = self
             .passthrough()
             .then_some(|f: &File| reply.open_backing(f));
@@ -449,7 +565,11 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Read);
         let cx = Cx::new(Op::Read, _i.0, None);
-        let r = self.handles.read(fh.0, offset, size);
+        let r = if self.no_open() && fh.0 == 0 {
+            self.inode_io.read(ino(_i), offset, size)
+        } else {
+            self.handles.read(fh.0, offset, size)
+        };
         if let Ok(d) = &r {
             self.info.stats.read_bytes(d.len() as u64);
         }
@@ -477,7 +597,11 @@ impl Filesystem for FuseAdapter {
         {
             return reply.error(failed(&cx, e));
         }
-        let r = self.handles.write(fh.0, offset, data);
+        let r = if self.no_open() && fh.0 == 0 {
+            self.inode_io.write(ino(_i), offset, data)
+        } else {
+            self.handles.write(fh.0, offset, data)
+        };
         if let Ok(n) = r {
             self.info.stats.wrote_bytes(u64::from(n));
         }
@@ -495,6 +619,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Flush);
+        if self.no_open() {
+            // No open answered FOPEN_NOFLUSH: ENOSYS stops FLUSH on close for good.
+            return reply.error(Errno::ENOSYS);
+        }
         reply.ok();
     }
 
@@ -509,7 +637,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Release);
-        self.handles.release(ino(i), fh.0);
+        // No-open: handle 0 stands for no handle (files are held by inode, see inode_io.rs).
+        if fh.0 != 0 || !self.no_open() {
+            self.handles.release(ino(i), fh.0);
+        }
         reply.ok();
     }
 
@@ -523,7 +654,12 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Fsync);
         let cx = Cx::new(Op::Fsync, _i.0, None);
-        empty(&cx, reply, self.handles.fsync(fh.0, datasync));
+        let r = if self.no_open() && fh.0 == 0 {
+            self.inode_io.fsync(ino(_i), datasync)
+        } else {
+            self.handles.fsync(fh.0, datasync)
+        };
+        empty(&cx, reply, r);
     }
 
     /// `ENOSYS` when the kernel can open directories itself (it then never asks again); else a
@@ -687,7 +823,11 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Fallocate);
         let cx = Cx::new(Op::Fallocate, _i.0, None);
-        let r = self.handles.fallocate(fh.0, mode, offset, length);
+        let r = if self.no_open() && fh.0 == 0 {
+            self.inode_io.fallocate(ino(_i), mode, offset, length)
+        } else {
+            self.handles.fallocate(fh.0, mode, offset, length)
+        };
         empty(&cx, reply, r);
     }
 
@@ -702,7 +842,11 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Lseek);
         let cx = Cx::new(Op::Lseek, _i.0, None);
-        let r = self.handles.lseek(fh.0, offset, whence);
+        let r = if self.no_open() && fh.0 == 0 {
+            self.inode_io.lseek(ino(_i), offset, whence)
+        } else {
+            self.handles.lseek(fh.0, offset, whence)
+        };
         match r {
             Ok(off) => reply.offset(off),
             Err(e) => reply.error(failed(&cx, e)),
@@ -724,12 +868,14 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::CopyFileRange);
         let cx = Cx::new(Op::CopyFileRange, _i.0, None);
-        written(
-            &cx,
-            reply,
+        let r = if self.no_open() && fh_in.0 == 0 && fh_out.0 == 0 {
+            self.inode_io
+                .copy_file_range(ino(_i), off_in, ino(_o), off_out, len)
+        } else {
             self.handles
-                .copy_file_range(fh_in.0, off_in, fh_out.0, off_out, len),
-        );
+                .copy_file_range(fh_in.0, off_in, fh_out.0, off_out, len)
+        };
+        written(&cx, reply, r);
     }
 }
 
@@ -791,6 +937,22 @@ pub fn invalidate(notifier: &fuser::Notifier, behind: &[Behind]) {
     }
 }
 
+/// [`invalidate`], after releasing what a no-open mount holds open of the inodes the daemon changed
+/// (their next READ opens the current content).
+pub fn invalidate_mount(info: &MountInfo, notifier: &fuser::Notifier, behind: &[Behind]) {
+    if let Some(io) = info.inode_io.get() {
+        let inodes: Vec<u64> = behind
+            .iter()
+            .filter_map(|b| match b {
+                Behind::Inode(i) => Some(*i),
+                Behind::Entry { .. } => None,
+            })
+            .collect();
+        io.drop_inodes(&inodes);
+    }
+    invalidate(notifier, behind);
+}
+
 /// Mounts `adapter` at `mountpoint` and serves it on background threads over `transport`
 /// (`super::uring`).
 pub fn mount(
@@ -810,6 +972,9 @@ pub fn mount(
 pub struct AdapterState {
     pub passthrough: bool,
     pub no_opendir: bool,
+    /// The mount runs in no-open mode (absent in a handover from a daemon without it: no).
+    #[serde(default)]
+    pub no_open: bool,
     pub handles: super::handles::HandlesState,
     pub nodes: Vec<super::workspace::NodeState>,
 }
@@ -825,10 +990,17 @@ pub fn export_state(
         .0
         .get()
         .ok_or_else(|| std::io::Error::other("the mount has no adapter"))?;
+    // Files a no-open mount holds by inode are not handed over: released here (their writes
+    // noted, the nodes' open counts settled), the new daemon opens them again at the next READ or
+    // WRITE; if the handover fails this daemon does the same.
+    if let Some(io) = info.inode_io.get() {
+        io.release_all();
+    }
     let (handles, files) = handles.export_state(BackingId::raw);
     let state = AdapterState {
         passthrough: info.passthrough.load(Ordering::Relaxed),
         no_opendir: info.no_opendir.load(Ordering::Relaxed),
+        no_open: info.no_open.load(Ordering::Relaxed),
         handles,
         nodes: core.export_nodes(),
     };
@@ -851,6 +1023,7 @@ pub fn adopt(
     let info = adapter.info.clone();
     info.passthrough.store(state.passthrough, Ordering::Relaxed);
     info.no_opendir.store(state.no_opendir, Ordering::Relaxed);
+    info.no_open.store(state.no_open, Ordering::Relaxed);
     let _ = info.transport.set("dev".into());
     adapter.core.import_nodes(state.nodes);
     let mut session =

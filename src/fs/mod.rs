@@ -12,6 +12,7 @@ pub mod error;
 pub mod failures;
 pub mod fuse;
 pub mod handles;
+pub mod inode_io;
 pub mod stats;
 pub mod uring;
 pub mod workspace;

@@ -1,0 +1,361 @@
+//! No-open mode (`octofs serve --io no-open`) on a real mount: `open` and `flush` answer `ENOSYS`,
+//! so the kernel opens and closes files without a request and serves reads and writes by inode
+//! (`src/fs/inode_io.rs`). Each test names the wrong implementation it catches.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const N: u64 = 20;
+
+/// A daemon in no-open mode with project `p` (files `f0.txt`..`f19.txt`, `dir/c.txt`,
+/// `src/changed.txt`) and workspace `t` mounted.
+fn no_open_workspace() -> (Daemon, GitRepo, std::path::PathBuf) {
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--io", "no-open"]);
+    let repo = GitRepo::init(&d.base.join("up"));
+    for i in 0..N {
+        repo.write(&format!("f{i}.txt"), format!("file {i}\n"));
+    }
+    repo.write("dir/c.txt", "see\n");
+    repo.write("src/changed.txt", "old\n");
+    repo.commit_all("files", DATE1);
+    d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
+    let mnt = d.open_thread("t", &["--project", "p"]);
+    (d, repo, mnt)
+}
+
+fn stats(d: &Daemon) -> Value {
+    parse_json("stats --json", &d.cli_ok(["stats", "t", "--json"]))
+}
+
+fn count(v: &Value, op: &str) -> u64 {
+    v["total"]["ops"]
+        .as_array()
+        .and_then(|ops| ops.iter().find(|o| o["op"] == op))
+        .and_then(|o| o["count"].as_u64())
+        .unwrap_or(0)
+}
+
+fn read_all(mnt: &Path) -> Vec<String> {
+    (0..N)
+        .map(|i| fs::read_to_string(mnt.join(format!("f{i}.txt"))).expect("read"))
+        .collect()
+}
+
+fn show(d: &Daemon, rev_path: &str) -> String {
+    git(&d.mirror("p"), ["show", rev_path])
+        .trim_end()
+        .to_string()
+}
+
+/// The paths git's fsmonitor hook reports since `token`, and the new token.
+fn fsmonitor(d: &Daemon, token: &str) -> (String, Vec<String>) {
+    let out = d.cli(["fsmonitor", "t", "2", token]);
+    out.assert_ok();
+    let text = out.stdout_str();
+    let mut parts = text.split('\0').filter(|s| !s.is_empty());
+    let token = parts.next().expect("a token").to_string();
+    (token, parts.map(str::to_string).collect())
+}
+
+/// Catches: answering `open` (OPEN/RELEASE per open), answering FLUSH (a request per close), a
+/// mode not recorded in `status`, or passthrough asked for alongside no-open.
+#[test]
+fn open_read_close_of_a_base_file_sends_no_request() {
+    let (d, _repo, mnt) = no_open_workspace();
+    let st = parse_json("status", &d.cli_ok(["status", "t", "--json"]));
+    assert_eq!(st["io"], "no-open", "{st}");
+    assert_eq!(st["passthrough"], false, "{st}");
+    assert!(d.cli_ok(["status", "t"]).contains("io:            no-open"));
+
+    // The connection's first open and close are asked (answered ENOSYS), never again.
+    assert_eq!(fs::read_to_string(mnt.join("dir/c.txt")).unwrap(), "see\n");
+    let cold = read_all(&mnt);
+    // The cold reads marked atime stale (READ does): the next fstat of each asks once.
+    read_all(&mnt);
+    let s0 = stats(&d);
+    let warm = read_all(&mnt);
+    assert_eq!(cold, warm);
+    assert_eq!(warm[7], "file 7\n");
+    std::thread::sleep(Duration::from_millis(200));
+    let s1 = stats(&d);
+    for op in ["OPEN", "RELEASE", "FLUSH", "READ", "GETATTR", "LOOKUP"] {
+        assert_eq!(
+            count(&s1, op),
+            count(&s0, op),
+            "{op}: {N} warm open+read+close sent requests: {s1}"
+        );
+    }
+    assert!(count(&s1, "OPEN") <= 1, "{s1}");
+    assert!(count(&s1, "FLUSH") <= 1, "{s1}");
+    assert_eq!(s1["total"]["passthrough_opens"], 0);
+    assert!(s1["total"]["bytes_read"].as_u64().unwrap() >= 7 * N);
+}
+
+/// Catches: writes served by handle (EBADF with `fh` 0), no copy-up at the first WRITE (the base
+/// content is read-only), and writer accounting lost (an incremental snapshot after the first one
+/// would miss a write that no journal entry names).
+#[test]
+fn writes_to_a_base_file_copy_it_up_into_the_next_snapshot() {
+    let (d, _repo, mnt) = no_open_workspace();
+    let first = d.snapshot_id("t");
+    assert_eq!(show(&d, &format!("{first}:f1.txt")), "file 1");
+
+    let mut f = fs::OpenOptions::new()
+        .append(true)
+        .open(mnt.join("f1.txt"))
+        .expect("open for append");
+    f.write_all(b"more\n").expect("append");
+    // Taken while the file is still open for writing.
+    let second = d.snapshot_id("t");
+    assert_eq!(show(&d, &format!("{second}:f1.txt")), "file 1\nmore");
+    f.write_all(b"again\n").expect("append");
+    drop(f);
+    assert_eq!(
+        fs::read_to_string(mnt.join("f1.txt")).unwrap(),
+        "file 1\nmore\nagain\n"
+    );
+    let third = d.snapshot_id("t");
+    assert_eq!(show(&d, &format!("{third}:f1.txt")), "file 1\nmore\nagain");
+
+    // Written again once the writer went idle (released): still seen.
+    std::thread::sleep(Duration::from_millis(600));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("f1.txt"))
+        .expect("open for write");
+    f.seek(SeekFrom::Start(0)).unwrap();
+    f.write_all(b"FILE").expect("overwrite");
+    drop(f);
+    let fourth = d.snapshot_id("t");
+    assert_eq!(show(&d, &format!("{fourth}:f1.txt")), "FILE 1\nmore\nagain");
+    let status = git(&mnt, ["status", "--porcelain"]);
+    assert_eq!(status.trim(), "M f1.txt", "{status}");
+    assert_eq!(fs::read_to_string(mnt.join("f2.txt")).unwrap(), "file 2\n");
+}
+
+/// Catches: a CREATE answered with a handle (no RELEASE ever frees it: the file stays "open for
+/// writing" for good, so fsmonitor reports it forever), and `O_TRUNC` lost (`FUSE_ATOMIC_O_TRUNC`
+/// requested with no-open: the kernel leaves the truncate to an OPEN it never sends).
+#[test]
+fn create_write_reopen_and_truncate() {
+    let (d, _repo, mnt) = no_open_workspace();
+    let (t0, _) = fsmonitor(&d, "octofs:none");
+    let path = mnt.join("new.txt");
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .expect("create");
+    f.write_all(b"hello\n").expect("write");
+    drop(f);
+    assert_eq!(fs::read_to_string(&path).unwrap(), "hello\n");
+    let mut f = fs::OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(b"world\n").unwrap();
+    drop(f);
+    assert_eq!(fs::read_to_string(&path).unwrap(), "hello\nworld\n");
+    assert_eq!(fs::metadata(&path).unwrap().len(), 12);
+    let (t1, changed) = fsmonitor(&d, &t0);
+    assert!(changed.iter().any(|p| p == "new.txt"), "{changed:?}");
+
+    // O_TRUNC of a base file and of the new one, without writing.
+    for name in ["f3.txt", "new.txt"] {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(mnt.join(name))
+            .expect("open O_TRUNC");
+        drop(f);
+        assert_eq!(fs::metadata(mnt.join(name)).unwrap().len(), 0, "{name}");
+        assert_eq!(fs::read(mnt.join(name)).unwrap(), b"", "{name}");
+    }
+    // O_RDONLY|O_TRUNC truncates too on Linux.
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_TRUNC)
+        .open(mnt.join("f4.txt"))
+        .expect("open O_RDONLY|O_TRUNC");
+    drop(f);
+    assert_eq!(fs::read(mnt.join("f4.txt")).unwrap(), b"");
+    let snap = d.snapshot_id("t");
+    assert_eq!(show(&d, &format!("{snap}:f3.txt")), "");
+    assert_eq!(show(&d, &format!("{snap}:new.txt")), "");
+
+    // Once nothing was written for a while, no file counts as open for writing.
+    let (mut token, _) = fsmonitor(&d, &t1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let (next, changed) = fsmonitor(&d, &token);
+        if changed.is_empty() {
+            break;
+        }
+        token = next;
+        assert!(
+            Instant::now() < deadline,
+            "still reported as being written 5 s after the last write: {changed:?}"
+        );
+    }
+}
+
+/// Catches: the data of an unlinked file dropped while the kernel still has it open (the inode's
+/// held file released at unlink instead of when the kernel forgets it), and rename losing the
+/// held content.
+#[test]
+fn unlinked_and_renamed_files_keep_their_content() {
+    let (d, _repo, mnt) = no_open_workspace();
+    // A base file open, unlinked, still readable.
+    let mut base = fs::File::open(mnt.join("f5.txt")).unwrap();
+    fs::remove_file(mnt.join("f5.txt")).unwrap();
+    let mut s = String::new();
+    base.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "file 5\n");
+
+    // A written file open, unlinked, written and read through its descriptor.
+    let mut w = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(mnt.join("tmp.txt"))
+        .unwrap();
+    w.write_all(b"first\n").unwrap();
+    fs::remove_file(mnt.join("tmp.txt")).unwrap();
+    std::thread::sleep(Duration::from_millis(600));
+    w.write_all(b"second\n").unwrap();
+    w.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    w.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "first\nsecond\n");
+    drop(w);
+    assert!(!mnt.join("tmp.txt").exists());
+
+    // Rename over a base file; the old name's reader keeps what it opened.
+    fs::write(mnt.join("g.txt"), "gee\n").unwrap();
+    let mut old = fs::File::open(mnt.join("f6.txt")).unwrap();
+    fs::rename(mnt.join("g.txt"), mnt.join("f6.txt")).unwrap();
+    let mut s = String::new();
+    old.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "file 6\n");
+    assert_eq!(fs::read_to_string(mnt.join("f6.txt")).unwrap(), "gee\n");
+    fs::rename(mnt.join("dir/c.txt"), mnt.join("c2.txt")).unwrap();
+    assert_eq!(fs::read_to_string(mnt.join("c2.txt")).unwrap(), "see\n");
+    let snap = d.snapshot_id("t");
+    assert_eq!(show(&d, &format!("{snap}:f6.txt")), "gee");
+    assert_eq!(show(&d, &format!("{snap}:c2.txt")), "see");
+    assert!(!git_out_ok(&d, &format!("{snap}:f5.txt")));
+    assert!(!git_out_ok(&d, &format!("{snap}:dir/c.txt")));
+}
+
+fn git_out_ok(d: &Daemon, rev_path: &str) -> bool {
+    run(
+        git_command(&d.mirror("p"), DATE1).args(["cat-file", "-e", rev_path]),
+        CMD_TIMEOUT,
+    )
+    .success()
+}
+
+/// Catches: a page cache or held file not dropped when the daemon changes a file behind the
+/// kernel (a resync): the old content would be read.
+#[test]
+fn a_file_the_daemon_changed_is_read_fresh() {
+    let (d, repo, mnt) = no_open_workspace();
+    let changed = mnt.join("src/changed.txt");
+    assert_eq!(fs::read_to_string(&changed).unwrap(), "old\n");
+    // Held open across the resync, as an editor would.
+    let kept = fs::File::open(&changed).unwrap();
+    repo.write("src/changed.txt", "new content\n");
+    repo.write("f0.txt", "file 0 changed upstream\n");
+    repo.commit_all("second", DATE2);
+    d.cli_ok(["mirror", "sync", "p"]);
+    let out = d.cli(["resync", "t", "--role", "developer", "--json"]);
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(
+        fs::read_to_string(&changed).unwrap(),
+        "new content\n",
+        "a resync's change read stale"
+    );
+    assert_eq!(
+        fs::read_to_string(mnt.join("f0.txt")).unwrap(),
+        "file 0 changed upstream\n"
+    );
+    assert_eq!(fs::read_to_string(mnt.join("f2.txt")).unwrap(), "file 2\n");
+    drop(kept);
+    // Release and resume: the mode and the content stay.
+    d.cli_ok(["release", "t"]);
+    let mnt = d.open_thread("t", &[]);
+    let st = parse_json("status", &d.cli_ok(["status", "t", "--json"]));
+    assert_eq!(st["io"], "no-open", "{st}");
+    assert_eq!(
+        fs::read_to_string(mnt.join("src/changed.txt")).unwrap(),
+        "new content\n"
+    );
+    d.cli_ok(["release", "t"]);
+}
+
+fn open_flags(path: &Path, flags: i32) -> std::io::Result<fs::File> {
+    let mut o = fs::OpenOptions::new();
+    o.custom_flags(flags & !libc::O_ACCMODE);
+    match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => o.write(true),
+        libc::O_RDWR => o.read(true).write(true),
+        _ => o.read(true),
+    };
+    o.open(path)
+}
+
+/// Catches: a running program truncated (with atomic `O_TRUNC` an `O_RDONLY|O_TRUNC` open would be
+/// answered without the kernel's check; here the kernel truncates with SETATTR after checking), and
+/// an exec of a file written in the mount failing (a writer's file held so that exec sees it busy,
+/// or content read through a stale page cache).
+#[test]
+fn exec_and_etxtbsy() {
+    let (_d, _repo, mnt) = no_open_workspace();
+    let which = sh("sh", ["-c", "command -v sleep"]);
+    let program = fs::read(which.stdout_str().trim()).expect("read the sleep binary");
+    for round in 0..5 {
+        let path = mnt.join(format!("prog-{round}"));
+        fs::write(&path, &program).expect("copy the program in");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
+        let mut child = Command::new(&path)
+            .arg("30")
+            .spawn()
+            .expect("exec the copy");
+        for flags in [
+            libc::O_WRONLY,
+            libc::O_RDWR,
+            libc::O_RDONLY | libc::O_TRUNC,
+            libc::O_WRONLY | libc::O_TRUNC,
+        ] {
+            let err = open_flags(&path, flags).expect_err("a running program opened to truncate");
+            assert_eq!(
+                err.raw_os_error(),
+                Some(libc::ETXTBSY),
+                "round {round}, flags {flags:#x}: {err}"
+            );
+        }
+        assert_eq!(fs::metadata(&path).unwrap().len(), program.len() as u64);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(child.try_wait().expect("wait").is_none(), "round {round}");
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        drop(open_flags(&path, libc::O_RDONLY | libc::O_TRUNC).expect("truncate after exit"));
+        assert_eq!(fs::metadata(&path).unwrap().len(), 0, "round {round}");
+        fs::remove_file(&path).expect("unlink");
+    }
+    // A script written in the mount runs.
+    let script = mnt.join("run.sh");
+    fs::write(&script, "#!/bin/sh\necho ran\n").unwrap();
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = run(&mut Command::new(&script), CMD_TIMEOUT);
+    out.assert_ok();
+    assert_eq!(out.stdout_str(), "ran\n");
+}
