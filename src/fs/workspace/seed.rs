@@ -203,12 +203,25 @@ impl WorkspaceFs {
         name: &str,
         bytes: &[u8],
     ) -> Result<u64, FsError> {
+        let dirs: Vec<&[u8]> = dirs.iter().map(|d| d.as_bytes()).collect();
+        self.put_bytes_quietly(&dirs, name.as_bytes(), bytes)
+    }
+
+    /// [`Self::put_file_quietly`] for names that are bytes (any name a file can have, UTF-8 or
+    /// not).
+    pub fn put_bytes_quietly(
+        &self,
+        dirs: &[&[u8]],
+        name: &[u8],
+        bytes: &[u8],
+    ) -> Result<u64, FsError> {
         let owner = self.owner();
         let mut cur = ROOT_INO;
         for d in dirs {
+            let d: &[u8] = d;
             let next = {
                 let mut st = self.lock();
-                self.resolve(&mut st, cur, d.as_bytes())?
+                self.resolve(&mut st, cur, d)?
             };
             cur = match next {
                 Some(i) => i,
@@ -217,28 +230,28 @@ impl WorkspaceFs {
                         quiet: true,
                         ..New::plain(Kind::Dir, 0o755, 0)
                     };
-                    let made = self.seeded(self.make(cur, OsStr::new(d), new, owner))?;
-                    self.entry_behind(cur, d.as_bytes());
+                    let made = self.seeded(self.make(cur, OsStr::from_bytes(d), new, owner))?;
+                    self.entry_behind(cur, d);
                     made
                 }
             };
         }
         let existing = {
             let mut st = self.lock();
-            self.resolve(&mut st, cur, name.as_bytes())?
+            self.resolve(&mut st, cur, name)?
         };
         let ino = match existing {
-            Some(old) => self.replace_quietly(cur, name.as_bytes(), old, bytes)?,
+            Some(old) => self.replace_quietly(cur, name, old, bytes)?,
             None => {
                 let new = New {
                     quiet: true,
                     content: Content::Bytes(bytes),
                     ..New::plain(Kind::File, 0o644, 0)
                 };
-                self.seeded(self.make(cur, OsStr::new(name), new, owner))?
+                self.seeded(self.make(cur, OsStr::from_bytes(name), new, owner))?
             }
         };
-        self.entry_behind(cur, name.as_bytes());
+        self.entry_behind(cur, name);
         Ok(ino)
     }
 
