@@ -8,8 +8,9 @@
 //!    own ref; a released source forks from its last snapshot.
 //! 2. [`fork_refusals_change_nothing`]: unknown source, a new thread that exists (live or
 //!    released), a chat source, bad names, the source itself, another user's thread.
-//! 3. [`teleport_with_a_project_binds_at_a_validated_ref`] and
-//!    [`teleport_carries_the_state_and_small_ignored_files`].
+//! 3. [`teleport_with_a_project_binds_at_a_validated_ref`],
+//!    [`teleport_carries_the_state_and_small_ignored_files`] and
+//!    [`teleport_keeps_ignored_files_byte_names_and_metadata`].
 //! 4. [`release_when_idle_waits_for_the_last_process`].
 //! 5. [`fork_of_a_large_workspace_is_o1`]: the figures of a fork of a large workspace with 1,000
 //!    changed files (20k files, `OCTOFS_FORK_FILES=100000` for the 100k; times printed,
@@ -696,6 +697,110 @@ fn teleport_carries_the_state_and_small_ignored_files() {
         b"feature\nmore\n"
     );
     for t in ["src", "dst", "feat", "feat2"] {
+        d.cli_ok(["release", t]);
+    }
+}
+
+fn lsetxattr(p: &Path, name: &str, value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+fn lgetxattr(p: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let n = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated; buf is writable for its length.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (r >= 0).then(|| {
+        buf.truncate(r as usize);
+        buf
+    })
+}
+
+/// Teleport's small ignored files arrive as they were: a name that is not UTF-8 is carried (names
+/// are bytes), and owner, group, every mode bit (setuid included), modification time and a
+/// `user.*` extended attribute are kept. The old code skipped the name and kept only the mode.
+#[test]
+fn teleport_keeps_ignored_files_byte_names_and_metadata() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let d = Daemon::start();
+    project(&d, "p", FILES);
+    let src = d.open_thread("src", &["--project", "p"]);
+    let odd = OsStr::from_bytes(b"sec\xff.log").to_os_string();
+    let mtime = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    let (w, o) = (src.clone(), odd.clone());
+    fsop("ignored files", move || {
+        write_file(&w.join(&o), b"odd name\n", 0o640);
+        let env = w.join("config/.env");
+        write_file(&env, b"TOKEN=2\n", 0o600);
+        std::os::unix::fs::chown(&env, Some(4321), Some(8765)).unwrap();
+        fs::set_permissions(&env, fs::Permissions::from_mode(0o4600)).unwrap();
+        lsetxattr(&env, "user.x", b"kept \xff");
+        let f = fs::File::options().write(true).open(&env).unwrap();
+        f.set_modified(mtime).unwrap();
+    });
+    let v = parse_json(
+        "teleport --json",
+        &d.cli_ok(["teleport", "src", "dst", "--json"]),
+    );
+    let mut copied: Vec<String> = v["ignored_copied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect();
+    copied.sort();
+    assert_eq!(copied, ["config/.env", "sec\u{fffd}.log"], "{v}");
+    let dst = d.mount("dst");
+    assert_eq!(
+        read_ws(&dst.join(&odd)).as_deref(),
+        Some(&b"odd name\n"[..]),
+        "the ignored file whose name is not UTF-8"
+    );
+    let (a, b) = (src.join("config/.env"), dst.join("config/.env"));
+    let (was, now) = fsop("stat", move || {
+        let m = |p: &Path| {
+            let md = fs::symlink_metadata(p).unwrap();
+            (
+                md.mode(),
+                md.uid(),
+                md.gid(),
+                md.modified().unwrap(),
+                fs::read(p).unwrap(),
+                lgetxattr(p, "user.x"),
+            )
+        };
+        (m(&a), m(&b))
+    });
+    assert_eq!(was.0 & 0o7777, 0o4600, "the source's own file");
+    assert_eq!((was.1, was.2), (4321, 8765));
+    assert_eq!(
+        now, was,
+        "mode, uid, gid, mtime, content, user.x of config/.env"
+    );
+    assert_eq!(now.3, mtime);
+    assert_eq!(now.5.as_deref(), Some(&b"kept \xff"[..]));
+    let m = fsop("stat", {
+        let p = dst.join(&odd);
+        move || fs::symlink_metadata(p).unwrap().mode()
+    });
+    assert_eq!(m & 0o7777, 0o640);
+    for t in ["src", "dst"] {
         d.cli_ok(["release", t]);
     }
 }

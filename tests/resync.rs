@@ -12,6 +12,8 @@
 //! 3. [`reviewer_saves_then_resets`]: a diverged, dirty reviewer workspace is saved as a snapshot
 //!    and reset to the tip: tracked files, index and HEAD at the tip, untracked files gone (and
 //!    in the snapshot), ignored files kept.
+//!    [`reviewer_reset_keeps_an_untracked_nested_repository`]: an untracked nested repository
+//!    (`sub/.git`) is left in place, its history and uncommitted files whole.
 //! 4. [`resync_refusals_change_nothing`]: unknown thread, another user's thread, a chat thread,
 //!    a released thread, an unknown role.
 //! 5. [`fast_forward_of_1000_paths_in_10k_files`]: the figure (printed) of a developer
@@ -395,6 +397,60 @@ fn reviewer_saves_then_resets() {
     let plain = d.cli_ok(["resync", "rev", "--role", "reviewer"]);
     assert!(plain.contains("up to date"), "{plain}");
     d.cli_ok(["release", "rev"]);
+}
+
+/// A reviewer reset of a workspace holding an untracked nested repository (`sub/.git`, with its
+/// own commit and an uncommitted file): the nested repository is left in place, whole. The
+/// snapshot taken first cannot hold it (git records a nested repository as a gitlink, a commit id
+/// whose objects are only in `sub/.git`), so removing it as an untracked path would lose its
+/// history; git's own `reset --hard` and `clean -fd` leave it alone too.
+#[test]
+fn reviewer_reset_keeps_an_untracked_nested_repository() {
+    let d = Daemon::start();
+    let up = project(&d);
+    let ws = d.open_thread("nest", &["--project", "proj"]);
+    let sub = ws.join("sub");
+    fs::create_dir(&sub).unwrap();
+    g(&sub, &["init", "-q", "-b", "main"]);
+    fs::write(sub.join("inner.txt"), "inner\n").unwrap();
+    g(&sub, &["add", "inner.txt"]);
+    g(&sub, &["commit", "-q", "-m", "inner work"]);
+    let inner = g(&sub, &["rev-parse", "HEAD"]);
+    fs::write(sub.join("wip.txt"), "uncommitted\n").unwrap();
+    fs::write(ws.join("src/changed.txt"), "reviewer edit\n").unwrap();
+    let second = advance(&up);
+    d.cli_ok(["mirror", "sync", "proj"]);
+
+    let (v, out) = resync(&d, "nest", "reviewer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "reset", "{v}");
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), second);
+    // The nested repository, its history and its uncommitted file, as they were.
+    assert_eq!(g(&sub, &["rev-parse", "HEAD"]), inner);
+    assert_eq!(g(&sub, &["log", "--format=%s"]), "inner work");
+    assert_eq!(
+        fs::read_to_string(sub.join("inner.txt")).unwrap(),
+        "inner\n"
+    );
+    assert_eq!(
+        fs::read_to_string(sub.join("wip.txt")).unwrap(),
+        "uncommitted\n"
+    );
+    assert_eq!(
+        g(&sub, &["status", "--porcelain"]),
+        "?? wip.txt",
+        "the nested repository's own state"
+    );
+    // Everything else is the tip.
+    let expected = tempfile_checkout(&d, &up, &second);
+    let mut got = files(&ws);
+    got.retain(|p, _| !p.starts_with("sub/"));
+    assert_eq!(got, files(&expected));
+    assert_eq!(
+        g(&ws, &["status", "--porcelain", "--untracked-files=normal"]),
+        "?? sub/"
+    );
+    d.cli_ok(["release", "nest"]);
 }
 
 #[test]

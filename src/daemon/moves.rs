@@ -24,8 +24,18 @@ use crate::workspace::{Binding, Owner, WorkspaceRecord};
 /// next build or install makes again).
 pub(super) const IGNORED_COPY_MAX: u64 = 64 << 10;
 
-/// A small ignored file carried by `teleport`: its path, mode and content.
-type IgnoredFile = (Vec<u8>, u32, Vec<u8>);
+/// A small ignored file carried by `teleport`: its path (bytes: any name a file can have), what
+/// the core keeps of it besides its content (permission bits with setuid/setgid/sticky, owner,
+/// group, modification time, extended attributes) and its content.
+struct IgnoredFile {
+    path: Vec<u8>,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: std::time::SystemTime,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    bytes: Vec<u8>,
+}
 
 /// Which branch the new thread gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -354,6 +364,8 @@ impl Daemon {
             .map_err(on_workspace("cannot read the workspace's changes"))?;
         let paths =
             crate::own_repo::add_all::ignored_files(&core, &self.layout.state, &view.edits)?;
+        let meta: std::collections::HashMap<&[u8], &crate::fs::NodeMeta> =
+            view.meta.iter().map(|m| (m.path.as_slice(), m)).collect();
         let mut out = Vec::new();
         for p in paths {
             let comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
@@ -370,42 +382,68 @@ impl Daemon {
             if bytes.len() as u64 > IGNORED_COPY_MAX {
                 continue;
             }
-            let mode = view
-                .meta
-                .iter()
-                .find(|m| m.path == p)
-                .map_or(0o644, |m| m.mode & 0o7777);
-            out.push((p, mode, bytes));
+            // What the core presents for it (never followed: `open_file` found a regular file).
+            let Some(attr) = core
+                .attr_at(&comps)
+                .map_err(on_workspace("cannot read an ignored file's attributes"))?
+            else {
+                continue;
+            };
+            let xattrs = meta
+                .get(p.as_slice())
+                .map(|m| m.xattrs.clone())
+                .unwrap_or_default();
+            out.push(IgnoredFile {
+                mode: u32::from(attr.perm) & 0o7777,
+                uid: attr.uid,
+                gid: attr.gid,
+                mtime: attr.mtime,
+                xattrs,
+                bytes,
+                path: p,
+            });
         }
         Ok(out)
     }
 
     /// Writes `files` into `to`'s live workspace through its core (directories made as needed),
-    /// with their modes, and tells the kernel. Returns the paths written; a name that is not UTF-8
-    /// is skipped.
+    /// each with its owner, group, mode, modification time and extended attributes, and tells the
+    /// kernel. Returns the paths written (a name that is not UTF-8 shown lossily).
     fn put_ignored(&self, to: &str, files: &[IgnoredFile]) -> Result<Vec<String>, Error> {
         let rec = self.live_record(to)?;
         let core = self.core_of(&rec)?;
         let mut done = Vec::new();
-        for (path, mode, bytes) in files {
-            let Ok(path) = std::str::from_utf8(path) else {
-                tracing::warn!(thread = %to, "ignored file with a non-UTF-8 name not copied");
-                continue;
-            };
-            let mut comps: Vec<&str> = path.split('/').collect();
+        for f in files {
+            let shown = String::from_utf8_lossy(&f.path).into_owned();
+            let mut comps: Vec<&[u8]> = f.path.split(|b| *b == b'/').collect();
             let Some(name) = comps.pop() else { continue };
             let ino = core
-                .put_file_quietly(&comps, name, bytes)
-                .map_err(on_workspace(format!("cannot write {path}")))?;
-            if *mode != 0o644 {
-                let set = crate::fs::SetAttr {
-                    mode: Some(*mode),
-                    ..Default::default()
-                };
-                core.setattr(ino, set)
-                    .map_err(on_workspace(format!("cannot set the mode of {path}")))?;
+                .put_bytes_quietly(&comps, name, &f.bytes)
+                .map_err(on_workspace(format!("cannot write {shown}")))?;
+            // Owner first, then the mode (a change of owner never widens what the mode says).
+            let set = crate::fs::SetAttr {
+                uid: Some(f.uid),
+                gid: Some(f.gid),
+                ..Default::default()
+            };
+            core.setattr(ino, set)
+                .map_err(on_workspace(format!("cannot set the owner of {shown}")))?;
+            for (k, v) in &f.xattrs {
+                use std::os::unix::ffi::OsStrExt as _;
+                core.setxattr(ino, std::ffi::OsStr::from_bytes(k), v, 0)
+                    .map_err(on_workspace(format!(
+                        "cannot set the extended attribute {} of {shown}",
+                        String::from_utf8_lossy(k)
+                    )))?;
             }
-            done.push(path.to_string());
+            let set = crate::fs::SetAttr {
+                mode: Some(f.mode),
+                mtime: Some(crate::fs::SetTime::At(f.mtime)),
+                ..Default::default()
+            };
+            core.setattr(ino, set)
+                .map_err(on_workspace(format!("cannot set the mode of {shown}")))?;
+            done.push(shown);
         }
         self.tell_kernel(to);
         Ok(done)

@@ -7,7 +7,7 @@
 //!   ahead or diverged is left exactly as it is, and the answer says why.
 //! - reviewer: the current state is saved as a snapshot first (nothing is lost), then HEAD, the
 //!   index and every tracked file go to the tip, untracked non-ignored files go (they are in the
-//!   snapshot), ignored files stay.
+//!   snapshot), ignored files and nested repositories (a directory holding `.git`) stay.
 //!
 //! The workspace's lower layer does not move (a base is a commit and never changes under a mount):
 //! the difference between what the workspace presented and the tip is applied over it as entries
@@ -354,11 +354,26 @@ impl Daemon {
             .unwrap_or_default();
         let dated =
             std::time::UNIX_EPOCH + std::time::Duration::from_secs(now.as_secs().saturating_sub(1));
-        let mut removals: Vec<&[u8]> = list
-            .iter()
-            .filter(|c| c.mode == 0)
-            .map(|c| c.path.as_slice())
-            .collect();
+        // A nested repository (a directory holding `.git`) is never removed: a snapshot holds it
+        // as a gitlink, a commit id whose objects only its own `.git` has, so removing it would
+        // lose its history and its uncommitted files (git's `reset --hard` leaves it too).
+        let nested = |p: &[u8]| -> Result<bool, Error> {
+            let mut comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
+            comps.push(b".git");
+            Ok(core
+                .kind_at(&comps)
+                .map_err(on_workspace("cannot read the workspace"))?
+                .is_some())
+        };
+        let mut removals: Vec<&[u8]> = Vec::new();
+        for c in list.iter().filter(|c| c.mode == 0) {
+            if nested(&c.path)? {
+                tracing::info!(thread = %rec.thread, path = %String::from_utf8_lossy(&c.path),
+                    "resync leaves a nested repository in place");
+                continue;
+            }
+            removals.push(c.path.as_slice());
+        }
         removals.sort_by(|a, b| b.cmp(a));
         let shown = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
         for p in &removals {

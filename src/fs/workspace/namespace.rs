@@ -135,6 +135,19 @@ impl WorkspaceFs {
         new: New<'_>,
         caller: Caller,
     ) -> Result<FileAttr, FsError> {
+        let rec = self.make_rec(parent, name, new, caller)?;
+        self.attr(&rec)
+    }
+
+    /// [`Self::make`] without computing the new node's attributes (which, for an entry referring
+    /// to a blob, reads the blob's size): its record, with one kernel reference counted.
+    pub(super) fn make_rec(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new: New<'_>,
+        caller: Caller,
+    ) -> Result<InodeRecord, FsError> {
         let New {
             quiet,
             kind,
@@ -236,8 +249,7 @@ impl WorkspaceFs {
         let ino = rec.ino;
         st.node_mut(ino)?.lookups += 1;
         self.journal_name(&mut st, parent, name, kind == Kind::Dir);
-        drop(st);
-        self.attr(&rec)
+        Ok(rec)
     }
 
     /// Creates the data file of new inode `ino` holding `content` (empty or bytes), with times `now`.

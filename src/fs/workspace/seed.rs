@@ -203,12 +203,25 @@ impl WorkspaceFs {
         name: &str,
         bytes: &[u8],
     ) -> Result<u64, FsError> {
+        let dirs: Vec<&[u8]> = dirs.iter().map(|d| d.as_bytes()).collect();
+        self.put_bytes_quietly(&dirs, name.as_bytes(), bytes)
+    }
+
+    /// [`Self::put_file_quietly`] for names that are bytes (any name a file can have, UTF-8 or
+    /// not).
+    pub fn put_bytes_quietly(
+        &self,
+        dirs: &[&[u8]],
+        name: &[u8],
+        bytes: &[u8],
+    ) -> Result<u64, FsError> {
         let owner = self.owner();
         let mut cur = ROOT_INO;
         for d in dirs {
+            let d: &[u8] = d;
             let next = {
                 let mut st = self.lock();
-                self.resolve(&mut st, cur, d.as_bytes())?
+                self.resolve(&mut st, cur, d)?
             };
             cur = match next {
                 Some(i) => i,
@@ -217,28 +230,28 @@ impl WorkspaceFs {
                         quiet: true,
                         ..New::plain(Kind::Dir, 0o755, 0)
                     };
-                    let made = self.seeded(self.make(cur, OsStr::new(d), new, owner))?;
-                    self.entry_behind(cur, d.as_bytes());
+                    let made = self.seeded(self.make(cur, OsStr::from_bytes(d), new, owner))?;
+                    self.entry_behind(cur, d);
                     made
                 }
             };
         }
         let existing = {
             let mut st = self.lock();
-            self.resolve(&mut st, cur, name.as_bytes())?
+            self.resolve(&mut st, cur, name)?
         };
         let ino = match existing {
-            Some(old) => self.replace_quietly(cur, name.as_bytes(), old, bytes)?,
+            Some(old) => self.replace_quietly(cur, name, old, bytes)?,
             None => {
                 let new = New {
                     quiet: true,
                     content: Content::Bytes(bytes),
                     ..New::plain(Kind::File, 0o644, 0)
                 };
-                self.seeded(self.make(cur, OsStr::new(name), new, owner))?
+                self.seeded(self.make(cur, OsStr::from_bytes(name), new, owner))?
             }
         };
-        self.entry_behind(cur, name.as_bytes());
+        self.entry_behind(cur, name);
         Ok(ino)
     }
 
@@ -319,12 +332,28 @@ impl WorkspaceFs {
     /// snapshot's changes from HEAD's tree, in O(changed paths)). Removals prune directories they
     /// leave empty, as git keeps no empty directories; additions create missing directories.
     pub fn apply(&self, path: &[u8], change: &TreeChange) -> Result<(), FsError> {
+        self.apply_in(path, change, &mut Dirs::default())
+    }
+
+    /// [`Self::apply`], with the directories on the way looked up in (and added to) `dirs`: a
+    /// change set sorted by path resolves or creates each directory once, not once per name in
+    /// it. `dirs` must only hold what this workspace has now (nothing else changes it while a
+    /// change set is applied; what this change removes it forgets here).
+    fn apply_in(&self, path: &[u8], change: &TreeChange, dirs: &mut Dirs) -> Result<(), FsError> {
         let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
-        let (name, dirs) = comps.split_last().ok_or(Errno::EINVAL)?;
+        let (name, dir_comps) = comps.split_last().ok_or(Errno::EINVAL)?;
         let owner = self.owner();
         let mut parents = vec![ROOT_INO];
-        for d in dirs {
+        let mut end = 0usize;
+        for d in dir_comps {
             let cur = *parents.last().expect("root");
+            end += d.len();
+            let prefix = &path[..end];
+            end += 1;
+            if let Some(i) = dirs.get(prefix) {
+                parents.push(*i);
+                continue;
+            }
             let next = {
                 let mut st = self.lock();
                 self.resolve(&mut st, cur, d)?
@@ -333,7 +362,7 @@ impl WorkspaceFs {
                 Some(i) => i,
                 None if *change == TreeChange::Remove => return Ok(()),
                 None => {
-                    let made = self.seeded(self.make(
+                    let made = self.seeded_rec(self.make_rec(
                         cur,
                         OsStr::from_bytes(d),
                         New::plain(Kind::Dir, 0o755, 0),
@@ -343,6 +372,7 @@ impl WorkspaceFs {
                     made
                 }
             };
+            dirs.insert(prefix.to_vec(), next);
             parents.push(next);
         }
         let dir = *parents.last().expect("root");
@@ -355,7 +385,10 @@ impl WorkspaceFs {
             }
         };
         match existing {
-            Some(Kind::Dir) => self.rmdir(dir, name)?,
+            Some(Kind::Dir) => {
+                self.rmdir(dir, name)?;
+                dirs.forget(path);
+            }
             Some(_) => self.unlink(dir, name)?,
             None => {}
         }
@@ -376,6 +409,8 @@ impl WorkspaceFs {
                     drop(st);
                     self.rmdir(parents[i - 1], OsStr::from_bytes(comps[i - 1]))?;
                     self.entry_behind(parents[i - 1], comps[i - 1]);
+                    let len = comps[..i].iter().map(|c| c.len() + 1).sum::<usize>() - 1;
+                    dirs.forget(&path[..len]);
                 }
                 return Ok(());
             }
@@ -392,7 +427,15 @@ impl WorkspaceFs {
                 ..New::plain(Kind::Dir, 0o755, 0)
             },
         };
-        self.seeded(self.make(dir, name, made, owner)).map(|_| ())
+        self.seeded_rec(self.make_rec(dir, name, made, owner))
+            .map(|_| ())
+    }
+
+    /// [`Self::seeded`] of a record made without its attributes.
+    fn seeded_rec(&self, r: Result<InodeRecord, FsError>) -> Result<u64, FsError> {
+        let ino = r?.ino;
+        self.forget(ino, 1);
+        Ok(ino)
     }
 
     /// Applies a whole change set, in order, as [`Self::apply`] applies one change (used to bring
@@ -421,9 +464,11 @@ impl WorkspaceFs {
             }
             st.batch = Some(Batch::default());
         }
-        let applied = changes
-            .iter()
-            .try_for_each(|(p, c)| self.apply(p, c).map_err(|e| e.context(restoring(p))));
+        let mut dirs = Dirs::default();
+        let applied = changes.iter().try_for_each(|(p, c)| {
+            self.apply_in(p, c, &mut dirs)
+                .map_err(|e| e.context(restoring(p)))
+        });
         // What was applied is written even after a failure: memory and catalog agree again.
         let written = self.end_batch();
         applied.and(written)
@@ -516,6 +561,29 @@ impl WorkspaceFs {
             uid: self.pres.uid,
             gid: self.pres.gid,
         }
+    }
+}
+
+/// The directories a change set reached, by path (no trailing `/`): their inodes.
+#[derive(Default)]
+struct Dirs(std::collections::HashMap<Vec<u8>, u64>);
+
+impl Dirs {
+    fn get(&self, path: &[u8]) -> Option<&u64> {
+        self.0.get(path)
+    }
+
+    fn insert(&mut self, path: Vec<u8>, ino: u64) {
+        self.0.insert(path, ino);
+    }
+
+    /// The directory at `path` is gone: it and everything below it.
+    fn forget(&mut self, path: &[u8]) {
+        if self.0.remove(path).is_none() {
+            return;
+        }
+        self.0
+            .retain(|k, _| !(k.starts_with(path) && k.get(path.len()) == Some(&b'/')));
     }
 }
 
