@@ -494,3 +494,55 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A file the user put under a layer path, and a layer file they changed, are saved once the
+/// workspace's `.gitignore` no longer ignores them (the old rule dropped everything under a layer
+/// path from every snapshot, so un-ignoring lost them at release); what the layer presented and
+/// nobody changed stays out, and no layer object reaches the mirror.
+#[test]
+fn what_the_user_un_ignores_under_a_layer_is_saved() {
+    let d = Daemon::start();
+    let repo = project(&d.base);
+    d.cli_ok(["mirror", "add", "app", repo.path.to_str().expect("utf8")]);
+    let layer_tree = seal_layer(&d, &layer_dir(&d.base), LOCK.as_bytes());
+    let ws = d.open_thread("u", &["--project", "app"]);
+    assert_eq!(status(&d, "u")["layers"][0]["path"], "node_modules");
+    fs::write(ws.join("node_modules/mine.txt"), "mine\n").expect("write");
+    fs::write(ws.join("node_modules/x/index.js"), "module.exports = 7;\n").expect("write");
+    fs::create_dir(ws.join("node_modules/.cache")).expect("mkdir");
+    // While ignored: nothing under node_modules is saved.
+    let snap = d.snapshot_id("u");
+    let names = names_in(&d, &snap);
+    assert!(!names.contains("node_modules"), "snapshot tree: {names}");
+    // Un-ignored: the user's file and the changed layer file are content; the rest stays ignored.
+    fs::write(
+        ws.join(".gitignore"),
+        "node_modules/*\n!node_modules/mine.txt\n!node_modules/x/\n",
+    )
+    .expect("write");
+    let snap = d.snapshot_id("u");
+    let names = names_in(&d, &snap);
+    for p in ["node_modules/mine.txt", "node_modules/x/index.js"] {
+        assert!(names.lines().any(|l| l == p), "{p} not saved: {names}");
+    }
+    for p in ["node_modules/x/lib/deep/answer.js", "node_modules/.cache"] {
+        assert!(!names.contains(p), "{p} saved: {names}");
+    }
+    d.cli_ok(["release", "u"]);
+    let ws = d.open_thread("u", &[]);
+    assert_eq!(read(&ws.join("node_modules/mine.txt")), "mine\n");
+    assert_eq!(
+        read(&ws.join("node_modules/x/index.js")),
+        "module.exports = 7;\n"
+    );
+    let missing = run(
+        git_command(&d.mirror("app"), DATE1).args(["cat-file", "-e", &layer_tree]),
+        CMD_TIMEOUT,
+    );
+    assert!(!missing.success(), "the layer's tree reached the mirror");
+    g(
+        &d.mirror("app"),
+        &["fsck", "--connectivity-only", "--no-dangling"],
+    );
+    d.cli_ok(["release", "u", "--force"]);
+}

@@ -411,3 +411,73 @@ fn builds_run_no_package_code() {
     assert!(ws.join("node_modules/is-number/package.json").exists());
     d.cli_ok(["release", "t"]);
 }
+
+/// A pnpm workspace (two packages, `b` depends on `a` and on a registry package): the layer holds
+/// every `node_modules` the install made (the root's `.pnpm` store and each package's links), each
+/// presented at its own path, so `require` from inside `packages/b` works with no install step.
+/// Before, only the root's `node_modules` was a layer: `packages/b/node_modules` was missing.
+#[test]
+fn pnpm_workspace_packages_get_their_node_modules() {
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up-mono"));
+    repo.write(
+        "package.json",
+        r#"{"name":"mono","version":"1.0.0","private":true}"#,
+    );
+    repo.write("pnpm-workspace.yaml", "packages:\n  - 'packages/*'\n");
+    repo.write(
+        "packages/a/package.json",
+        r#"{"name":"a","version":"1.0.0","main":"index.js","dependencies":{"is-number":"7.0.0"}}"#,
+    );
+    repo.write(
+        "packages/a/index.js",
+        "module.exports = (x) => require('is-number')(x);\n",
+    );
+    repo.write(
+        "packages/b/package.json",
+        r#"{"name":"b","version":"1.0.0","dependencies":{"a":"workspace:*","left-pad":"1.3.0"}}"#,
+    );
+    in_dir(&repo.path, &["pnpm", "install", "--lockfile-only"]);
+    repo.write(".gitignore", "node_modules/\n");
+    repo.commit_all("pnpm workspace", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "mono", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    let ws = d.open_thread("t", &["--project", "mono"]);
+    let s = parse_json("status", &d.cli_ok(["status", "t", "--json"]));
+    let paths: Vec<&str> = s["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .filter_map(|l| l["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "node_modules",
+            "packages/a/node_modules",
+            "packages/b/node_modules"
+        ],
+        "{s}"
+    );
+    assert_eq!(
+        in_dir(
+            &ws.join("packages/b"),
+            &[
+                "node",
+                "-e",
+                "console.log(require('a')(5), JSON.stringify(require('left-pad')('x', 3)))"
+            ]
+        ),
+        "true \"  x\""
+    );
+    assert_eq!(in_dir(&ws, &["git", "status", "--porcelain"]), "");
+    // The stamp names every path.
+    let stamp = std::fs::read_to_string(ws.join(".git/octomate-installed")).expect("stamp");
+    assert_eq!(stamp.lines().count(), 3, "{stamp}");
+    assert!(stamp.contains("pnpm packages/b/node_modules "), "{stamp}");
+    d.cli_ok(["release", "t", "--force"]);
+}
