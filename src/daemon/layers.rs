@@ -16,7 +16,7 @@ use gix_ignore::search::Ignore;
 use super::Daemon;
 use super::error::{Error, on_workspace};
 use crate::deps::build::{layer_key, major};
-use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, detect};
+use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, Manager, detect};
 use crate::fs::WorkspaceFs;
 use crate::git::graft::{Graft, under_layer};
 use crate::git::objects::{EntryKind, ObjectStore};
@@ -334,7 +334,92 @@ pub(super) fn strip_meta(
     Ok(meta)
 }
 
+/// How much of a `pyvenv.cfg` or of a script's first line is read.
+const VENV_READ_MAX: u64 = 64 << 10;
+/// How many scripts of an existing venv's `bin/` are looked at.
+const VENV_SCRIPTS_MAX: usize = 256;
+
+/// Why the `.venv` already in `dir` cannot be presented elsewhere, when there is one that is not
+/// relocatable: it is not a plain directory, its `pyvenv.cfg` lacks `relocatable = true`, or a
+/// script in its `bin/` has a shebang naming an absolute path inside the venv (it would run the
+/// interpreter at the old path). `None` without a `.venv`, or for a relocatable one. Reads at most
+/// a few KiB of a few hundred files; never writes.
+pub(super) fn kept_venv(dir: &std::path::Path) -> Option<String> {
+    use std::io::Read as _;
+    let venv = dir.join(".venv");
+    let meta = std::fs::symlink_metadata(&venv).ok()?;
+    if !meta.is_dir() {
+        return Some("it is not a directory".into());
+    }
+    let read = |p: &std::path::Path, max: u64| -> Option<Vec<u8>> {
+        let f = std::fs::File::open(p).ok()?;
+        let mut out = Vec::new();
+        f.take(max).read_to_end(&mut out).ok()?;
+        Some(out)
+    };
+    let cfg = match read(&venv.join("pyvenv.cfg"), VENV_READ_MAX) {
+        Some(c) => String::from_utf8_lossy(&c).into_owned(),
+        None => return Some("it has no pyvenv.cfg".into()),
+    };
+    let relocatable = cfg.lines().any(|l| {
+        let mut kv = l.splitn(2, '=');
+        let k = kv.next().unwrap_or("").trim();
+        let v = kv.next().unwrap_or("").trim();
+        k == "relocatable" && v.eq_ignore_ascii_case("true")
+    });
+    if !relocatable {
+        return Some("pyvenv.cfg has no `relocatable = true`".into());
+    }
+    let roots: Vec<Vec<u8>> = [Some(venv.clone()), venv.canonicalize().ok()]
+        .into_iter()
+        .flatten()
+        .map(|p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec())
+        .collect();
+    let bin = std::fs::read_dir(venv.join("bin")).ok()?;
+    for entry in bin.flatten().take(VENV_SCRIPTS_MAX) {
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let Some(head) = read(&entry.path(), 512) else {
+            continue;
+        };
+        let Some(line) = head
+            .strip_prefix(b"#!")
+            .and_then(|h| h.split(|b| *b == b'\n').next())
+        else {
+            continue;
+        };
+        let interp = line
+            .split(|b| b.is_ascii_whitespace())
+            .find(|w| !w.is_empty())
+            .unwrap_or(b"");
+        if roots.iter().any(|r| interp.starts_with(r)) {
+            return Some(format!(
+                "bin/{} runs {}",
+                entry.file_name().to_string_lossy(),
+                String::from_utf8_lossy(interp)
+            ));
+        }
+    }
+    None
+}
+
 impl Daemon {
+    /// The `.venv` a project already has that a uv layer must not replace: one in the project's
+    /// folder (a plain-directory upstream) or in its mirror's checkout that is not relocatable,
+    /// with where it is and why.
+    pub(super) fn existing_venv(&self, project: &str) -> Option<(std::path::PathBuf, String)> {
+        let mut dirs = Vec::new();
+        if let Ok(Some(p)) = crate::git::mirror::load(&self.layout, project)
+            && p.kind == crate::git::mirror::UpstreamKind::Directory
+        {
+            dirs.push(std::path::PathBuf::from(p.upstream));
+        }
+        dirs.push(self.layout.mirror(project));
+        dirs.into_iter()
+            .find_map(|d| kept_venv(&d).map(|why| (d.join(".venv"), why)))
+    }
+
     /// The built layers a new workspace of `project` whose files are `tree` presents, and one line
     /// per eligible lockfile without one. Reads two or three blobs and the layer records; runs
     /// nothing. A failure to read is logged and means no layers (the workspace opens without).
@@ -355,6 +440,12 @@ impl Daemon {
         };
         let mut layers = Vec::new();
         for lock in locks {
+            if lock.manager == Manager::Uv
+                && let Some((at, why)) = self.existing_venv(project)
+            {
+                tracing::info!(%project, "existing {} kept (not relocatable: {why}); no uv layer", at.display());
+                continue;
+            }
             match deps.built_for(&lock) {
                 Ok(Some(layer)) => {
                     // The root's install path, then each workspace package's that this tree
@@ -407,6 +498,14 @@ impl Daemon {
                     .any(|l| l.manager == lock.manager && l.path == lock.install_path)
             })
             .map(|lock| match deps.built_for(&lock) {
+                _ if lock.manager == Manager::Uv
+                    && let Some((at, why)) = self.existing_venv(&rec.project) =>
+                {
+                    format!(
+                        "existing .venv kept (not relocatable: {why}): {}; the uv layer is not presented",
+                        at.display()
+                    )
+                }
                 Ok(Some(_)) => format!(
                     "{} layer not in use (built after this workspace opened: release it and open it again)",
                     lock.manager.name()
