@@ -494,3 +494,149 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A file the user put under a layer path, and a layer file they changed, are saved once the
+/// workspace's `.gitignore` no longer ignores them (the old rule dropped everything under a layer
+/// path from every snapshot, so un-ignoring lost them at release); what the layer presented and
+/// nobody changed stays out, and no layer object reaches the mirror.
+#[test]
+fn what_the_user_un_ignores_under_a_layer_is_saved() {
+    let d = Daemon::start();
+    let repo = project(&d.base);
+    d.cli_ok(["mirror", "add", "app", repo.path.to_str().expect("utf8")]);
+    let layer_tree = seal_layer(&d, &layer_dir(&d.base), LOCK.as_bytes());
+    let ws = d.open_thread("u", &["--project", "app"]);
+    assert_eq!(status(&d, "u")["layers"][0]["path"], "node_modules");
+    fs::write(ws.join("node_modules/mine.txt"), "mine\n").expect("write");
+    fs::write(ws.join("node_modules/x/index.js"), "module.exports = 7;\n").expect("write");
+    fs::create_dir(ws.join("node_modules/.cache")).expect("mkdir");
+    // While ignored: nothing under node_modules is saved.
+    let snap = d.snapshot_id("u");
+    let names = names_in(&d, &snap);
+    assert!(!names.contains("node_modules"), "snapshot tree: {names}");
+    // Un-ignored: the user's file and the changed layer file are content; the rest stays ignored.
+    fs::write(
+        ws.join(".gitignore"),
+        "node_modules/*\n!node_modules/mine.txt\n!node_modules/x/\n",
+    )
+    .expect("write");
+    let snap = d.snapshot_id("u");
+    let names = names_in(&d, &snap);
+    for p in ["node_modules/mine.txt", "node_modules/x/index.js"] {
+        assert!(names.lines().any(|l| l == p), "{p} not saved: {names}");
+    }
+    for p in ["node_modules/x/lib/deep/answer.js", "node_modules/.cache"] {
+        assert!(!names.contains(p), "{p} saved: {names}");
+    }
+    d.cli_ok(["release", "u"]);
+    let ws = d.open_thread("u", &[]);
+    assert_eq!(read(&ws.join("node_modules/mine.txt")), "mine\n");
+    assert_eq!(
+        read(&ws.join("node_modules/x/index.js")),
+        "module.exports = 7;\n"
+    );
+    let missing = run(
+        git_command(&d.mirror("app"), DATE1).args(["cat-file", "-e", &layer_tree]),
+        CMD_TIMEOUT,
+    );
+    assert!(!missing.success(), "the layer's tree reached the mirror");
+    g(
+        &d.mirror("app"),
+        &["fsck", "--connectivity-only", "--no-dangling"],
+    );
+    d.cli_ok(["release", "u", "--force"]);
+}
+
+/// A project folder that already has a `.venv` that is not relocatable keeps it: no uv layer is
+/// presented in its workspaces, the folder's venv is left as it is, and `status` says why (its
+/// `pyvenv.cfg` lacks `relocatable = true`, or a script's shebang names the venv's own path). A
+/// relocatable one does not stop the layer. Before, the layer was presented regardless.
+#[test]
+fn an_existing_non_relocatable_venv_is_kept_and_reported() {
+    let d = Daemon::start();
+    let folder = d.base.join("pyproj");
+    let uv_lock = "version = 1\nrequires-python = \">=3.8\"\n";
+    write_file(
+        &folder.join("pyproject.toml"),
+        b"[project]\nname = \"p\"\nversion = \"0.1.0\"\n",
+        0o644,
+    );
+    write_file(&folder.join("uv.lock"), uv_lock.as_bytes(), 0o644);
+    write_file(&folder.join(".gitignore"), b".venv/\n", 0o644);
+    let venv = folder.join(".venv");
+    write_file(
+        &venv.join("pyvenv.cfg"),
+        b"home = /usr/bin\nversion = 3.11.2\n",
+        0o644,
+    );
+    let bound = format!("#!{}/bin/python\nimport sys\n", venv.display());
+    write_file(&venv.join("bin/tool"), bound.as_bytes(), 0o755);
+    d.cli_ok(["mirror", "add", "p", folder.to_str().expect("utf8")]);
+    // A built uv layer for this lockfile, sealed by hand.
+    let deps = d.state.join("deps");
+    let store = deps.join("store.git");
+    if !store.exists() {
+        fs::create_dir_all(&deps).expect("mkdir deps");
+        g(&deps, &["init", "-q", "--bare", "store.git"]);
+    }
+    let files = d.base.join("uvlayer/.venv");
+    write_file(&files.join("pyvenv.cfg"), b"relocatable = true\n", 0o644);
+    let index = d.base.join("uvlayer.index");
+    g_bare(
+        &store,
+        Some(&index),
+        Some(&files),
+        &["add", "-f", "-A", "."],
+    );
+    let tree = g_bare(&store, Some(&index), Some(&files), &["write-tree"]);
+    let key = layer_key("uv", "0.9", uv_lock.as_bytes());
+    let record = serde_json::json!({
+        "key": key, "manager": "uv", "manager_version": "0.9.0", "built_at": 1_700_000_000u64,
+        "state": "built", "bytes": 19, "files": 1,
+        "layer": {"key": key, "manager": "uv", "path": ".venv", "tree": tree,
+                  "lockfile_hash": blake3::hash(uv_lock.as_bytes()).to_hex().to_string()},
+    });
+    fs::create_dir_all(deps.join("layers")).expect("mkdir");
+    fs::write(deps.join(format!("layers/{key}.json")), record.to_string()).expect("write record");
+
+    let kept = |thread: &str, why: &str| {
+        let ws = d.open_thread(thread, &["--project", "p"]);
+        let s = status(&d, thread);
+        assert_eq!(s["layers"].as_array().map(Vec::len), Some(0), "{s}");
+        let line = s["dependencies"][0]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            line.starts_with(&format!("existing .venv kept (not relocatable: {why}")),
+            "{s}"
+        );
+        assert!(!ws.join(".venv").exists());
+        assert!(
+            d.cli_ok(["status", thread])
+                .contains("dependencies:  existing .venv kept (not relocatable: ")
+        );
+    };
+    kept("t1", "pyvenv.cfg has no `relocatable = true`)");
+    // Relocatable by its configuration, but a script still runs the interpreter at its old path.
+    write_file(
+        &venv.join("pyvenv.cfg"),
+        b"home = /usr/bin\nrelocatable = true\n",
+        0o644,
+    );
+    kept("t2", "bin/tool runs ");
+    // The folder's venv is left as it was.
+    assert_eq!(read(&venv.join("bin/tool")), bound);
+    // A relocatable venv does not stop the layer.
+    write_file(
+        &venv.join("bin/tool"),
+        b"#!/bin/sh\nexec \"$(dirname \"$0\")/python\" \"$@\"\n",
+        0o755,
+    );
+    let ws = d.open_thread("t3", &["--project", "p"]);
+    assert_eq!(status(&d, "t3")["layers"][0]["path"], ".venv");
+    assert_eq!(read(&ws.join(".venv/pyvenv.cfg")), "relocatable = true\n");
+    for t in ["t1", "t2", "t3"] {
+        d.cli_ok(["release", t, "--force"]);
+    }
+}

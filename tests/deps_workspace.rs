@@ -65,6 +65,48 @@ fn tree_digest(dir: &Path) -> Vec<(String, String)> {
     out
 }
 
+/// Bytes of the files under `dir` that are in the page cache (`fincore`).
+fn resident(dir: &Path) -> u64 {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+            let m = e.path().symlink_metadata().expect("lstat");
+            if m.is_dir() {
+                stack.push(e.path());
+            } else if m.is_file() && m.len() > 0 {
+                files.push(e.path());
+            }
+        }
+    }
+    files
+        .chunks(200)
+        .map(|chunk| {
+            let out = run(
+                Command::new("fincore")
+                    .args(["--bytes", "--noheadings", "--output", "RES"])
+                    .args(chunk),
+                NET,
+            );
+            out.assert_ok();
+            out.stdout_str()
+                .split_whitespace()
+                .filter_map(|n| n.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// The host's `Cached` in KiB (`/proc/meminfo`).
+fn meminfo_cached() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .expect("meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("Cached:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("Cached in /proc/meminfo")
+}
+
 fn npm_project(d: &Daemon) -> GitRepo {
     let repo = GitRepo::init(&d.base.join("up-npm"));
     repo.write(
@@ -143,13 +185,34 @@ fn npm_layer_is_ready_in_every_workspace_and_costs_no_disk() {
     let installed = std::fs::read_to_string(ws.join(".git/octomate-installed")).expect("stamp");
     assert!(installed.starts_with("npm node_modules "), "{installed}");
 
-    // 20 workspaces (the 5 above and 15 more) add little disk, and each runs the tests.
+    // 20 workspaces (the 5 above and 15 more) add little disk, and each runs the tests: the page
+    // cache the layer's files take after all 20 ran them is what it was after one (every workspace
+    // reads the same blob-cache files). Measured as the resident bytes of the blob cache's files
+    // (`fincore`, no cache is dropped); the host's `Cached` delta is printed beside it (noisy: the
+    // machine is shared).
+    let blobs = d.state.join("blobs");
+    let (one, cached_one) = (resident(&blobs), meminfo_cached());
     for i in 5..20 {
         d.open_thread(&format!("w{i}"), &["--project", "p"]);
     }
-    for i in 0..20 {
+    for i in 1..20 {
         assert!(in_dir(&d.mount(&format!("w{i}")), &["npm", "test"]).contains("tests pass"));
     }
+    let (twenty, cached_twenty) = (resident(&blobs), meminfo_cached());
+    eprintln!(
+        "page cache of the blob cache's files: {one} bytes after 1 workspace ran npm test, \
+         {twenty} after 20 ({:.2}x); host Cached grew by {} KiB meanwhile",
+        twenty as f64 / one.max(1) as f64,
+        cached_twenty as i64 - cached_one as i64
+    );
+    assert!(
+        one > 0,
+        "the tests read no layer file through the blob cache"
+    );
+    assert!(
+        twenty as f64 <= one as f64 * 1.2,
+        "page cache {twenty} bytes after 20 workspaces vs {one} after one"
+    );
     let mut total = 0;
     for i in 0..20 {
         total += du(&d.state.join(format!("workspaces/w{i}")));
@@ -410,4 +473,74 @@ fn builds_run_no_package_code() {
     let ws = d.open_thread("t", &["--project", "s"]);
     assert!(ws.join("node_modules/is-number/package.json").exists());
     d.cli_ok(["release", "t"]);
+}
+
+/// A pnpm workspace (two packages, `b` depends on `a` and on a registry package): the layer holds
+/// every `node_modules` the install made (the root's `.pnpm` store and each package's links), each
+/// presented at its own path, so `require` from inside `packages/b` works with no install step.
+/// Before, only the root's `node_modules` was a layer: `packages/b/node_modules` was missing.
+#[test]
+fn pnpm_workspace_packages_get_their_node_modules() {
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up-mono"));
+    repo.write(
+        "package.json",
+        r#"{"name":"mono","version":"1.0.0","private":true}"#,
+    );
+    repo.write("pnpm-workspace.yaml", "packages:\n  - 'packages/*'\n");
+    repo.write(
+        "packages/a/package.json",
+        r#"{"name":"a","version":"1.0.0","main":"index.js","dependencies":{"is-number":"7.0.0"}}"#,
+    );
+    repo.write(
+        "packages/a/index.js",
+        "module.exports = (x) => require('is-number')(x);\n",
+    );
+    repo.write(
+        "packages/b/package.json",
+        r#"{"name":"b","version":"1.0.0","dependencies":{"a":"workspace:*","left-pad":"1.3.0"}}"#,
+    );
+    in_dir(&repo.path, &["pnpm", "install", "--lockfile-only"]);
+    repo.write(".gitignore", "node_modules/\n");
+    repo.commit_all("pnpm workspace", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "mono", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    let ws = d.open_thread("t", &["--project", "mono"]);
+    let s = parse_json("status", &d.cli_ok(["status", "t", "--json"]));
+    let paths: Vec<&str> = s["layers"]
+        .as_array()
+        .expect("layers")
+        .iter()
+        .filter_map(|l| l["path"].as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "node_modules",
+            "packages/a/node_modules",
+            "packages/b/node_modules"
+        ],
+        "{s}"
+    );
+    assert_eq!(
+        in_dir(
+            &ws.join("packages/b"),
+            &[
+                "node",
+                "-e",
+                "console.log(require('a')(5), JSON.stringify(require('left-pad')('x', 3)))"
+            ]
+        ),
+        "true \"  x\""
+    );
+    assert_eq!(in_dir(&ws, &["git", "status", "--porcelain"]), "");
+    // The stamp names every path.
+    let stamp = std::fs::read_to_string(ws.join(".git/octomate-installed")).expect("stamp");
+    assert_eq!(stamp.lines().count(), 3, "{stamp}");
+    assert!(stamp.contains("pnpm packages/b/node_modules "), "{stamp}");
+    d.cli_ok(["release", "t", "--force"]);
 }

@@ -324,7 +324,25 @@ class Octo(Method):
         return {}
 
 
-ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo]
+class OctoCopy(Octo):
+    """octofs as it was before dependency layers: the same daemon code with no layer built, so
+    each fork `cp -a`s the ignored dependencies into the mount (the figure layers replace)."""
+    name, label = "octofs-copy", "octofs, no layer (cp -a)"
+    desc = ("`octofs open` of the repository's mirror (its own daemon and state) with its "
+            "dependency layer records removed after `mirror add`, so the ignored dependencies are "
+            "copied into each mount with `cp -a`, as without layers")
+
+    daemon_key = "nolayer"
+
+    def prepare(self, corpus):
+        super().prepare(corpus)
+        layers = os.path.join(self.octo.state, "deps", "layers")
+        if os.path.isdir(layers):
+            for f in os.listdir(layers):
+                os.remove(os.path.join(layers, f))
+
+
+ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoCopy]
 NAMES = [m.name for m in ALL]
 
 

@@ -1,8 +1,9 @@
-//! Dependency layers in a workspace: which built layers a new workspace presents (a lockfile at
-//! the root of its files whose install path the tree does not have and its root `.gitignore`
-//! ignores), what `status` says about them, the stamp `.git/octomate-installed`, and the one rule
-//! for everything that leaves a workspace: nothing at or below a layer's path, and no layer object
-//! named where the mirror cannot find it.
+//! Dependency layers in a workspace: which built layers a new workspace presents (each install
+//! path of a layer — the root's, and workspace packages' — that the tree does not have and its
+//! `.gitignore` files ignore), what `status` says about them, the stamp `.git/octomate-installed`,
+//! and the one rule for everything that leaves a workspace: nothing at or below a layer's path
+//! while the workspace's ignore rules ignore it (what the user un-ignored there is content), and
+//! no layer object named where the mirror cannot find it.
 //!
 //! Reads the mirror (through its object store) and the layer records; never builds a layer, never
 //! writes a mirror, and reads a workspace only through its core.
@@ -15,59 +16,110 @@ use gix_ignore::search::Ignore;
 use super::Daemon;
 use super::error::{Error, on_workspace};
 use crate::deps::build::{layer_key, major};
-use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, detect};
+use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, Manager, detect};
 use crate::fs::WorkspaceFs;
 use crate::git::graft::{Graft, under_layer};
 use crate::git::objects::{EntryKind, ObjectStore};
 use crate::git::snapshot::{ViewEdit, ViewSource};
 use crate::workspace::WorkspaceRecord;
 
-/// The lockfiles at the root of `tree` whose layer a workspace of it would present: the install
-/// path is not in the tree and the tree's root `.gitignore` ignores it as a directory.
-fn eligible(store: &ObjectStore, tree: ObjectId) -> std::io::Result<Vec<Lockfile>> {
-    let locks = detect(store, tree)?;
-    if locks.is_empty() {
-        return Ok(locks);
+/// Whether the `.gitignore` files of `tree` (the root's and those of every directory on the way)
+/// ignore directory `path` (relative, `/`-separated), by git's rules: the deepest file with a
+/// matching line decides, and an ignored directory ignores everything below it.
+fn ignored_in_tree(store: &ObjectStore, tree: ObjectId, path: &str) -> std::io::Result<bool> {
+    type Rules = gix_ignore::glob::search::pattern::List<Ignore>;
+    let comps: Vec<&str> = path.split('/').collect();
+    // The rules of each directory on the way: `lists[k]` is the `.gitignore` of the first `k`
+    // components' directory.
+    let mut lists: Vec<Option<Rules>> = Vec::with_capacity(comps.len());
+    let mut at = Some(tree);
+    for k in 0..comps.len() {
+        let Some(t) = at else {
+            lists.push(None);
+            continue;
+        };
+        let entries = store.tree(t)?;
+        let list = match entries
+            .iter()
+            .find(|e| &*e.name == b".gitignore" && e.kind == EntryKind::Blob)
+        {
+            Some(e) => Some(Rules {
+                patterns: Ignore::default()
+                    .bytes_to_patterns(&store.blob(e.id)?, std::path::Path::new("")),
+                source: None,
+                base: (k > 0).then(|| format!("{}/", comps[..k].join("/")).into()),
+            }),
+            None => None,
+        };
+        lists.push(list);
+        at = entries
+            .iter()
+            .find(|e| &*e.name == comps[k].as_bytes() && e.kind == EntryKind::Tree)
+            .map(|e| e.id);
     }
-    let entries = store.tree(tree)?;
-    let rules = match entries
-        .iter()
-        .find(|e| &*e.name == b".gitignore" && e.kind == EntryKind::Blob)
-    {
-        Some(e) => Some(gix_ignore::glob::search::pattern::List::<Ignore> {
-            patterns: Ignore::default()
-                .bytes_to_patterns(&store.blob(e.id)?, std::path::Path::new("")),
-            source: None,
-            base: None,
-        }),
-        None => None,
-    };
-    let ignored = |path: &str| {
-        rules.as_ref().is_some_and(|list| {
+    // Each directory from the top: the deepest list (at or above its parent) that matches decides.
+    for n in 1..=comps.len() {
+        let dir = comps[..n].join("/");
+        let basename = dir.rfind('/').map(|p| p + 1);
+        let verdict = lists[..n].iter().rev().flatten().find_map(|list| {
             gix_ignore::search::pattern_matching_relative_path(
                 list,
-                path.into(),
-                None,
+                dir.as_str().into(),
+                basename,
                 Some(true),
                 Case::Sensitive,
             )
-            .is_some_and(|m| !m.pattern.is_negative())
-        })
-    };
-    Ok(locks
-        .into_iter()
-        .filter(|l| {
-            !entries
-                .iter()
-                .any(|e| &*e.name == l.install_path.as_bytes())
-                && ignored(l.install_path)
-        })
-        .collect())
+            .map(|m| !m.pattern.is_negative())
+        });
+        if verdict == Some(true) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Whether `tree` has anything at `path` (relative, `/`-separated).
+fn in_tree(store: &ObjectStore, tree: ObjectId, path: &str) -> std::io::Result<bool> {
+    let mut at = tree;
+    let comps: Vec<&str> = path.split('/').collect();
+    for (k, c) in comps.iter().enumerate() {
+        let entries = store.tree(at)?;
+        let Some(e) = entries.iter().find(|e| &*e.name == c.as_bytes()) else {
+            return Ok(false);
+        };
+        if k + 1 == comps.len() {
+            return Ok(true);
+        }
+        if e.kind != EntryKind::Tree {
+            return Ok(false);
+        }
+        at = e.id;
+    }
+    Ok(false)
+}
+
+/// Whether a workspace of `tree` presents a layer at `path`: the tree has nothing there and its
+/// ignore rules ignore it as a directory.
+fn presentable(store: &ObjectStore, tree: ObjectId, path: &str) -> std::io::Result<bool> {
+    Ok(!in_tree(store, tree, path)? && ignored_in_tree(store, tree, path)?)
+}
+
+/// The lockfiles at the root of `tree` whose layer a workspace of it would present: the install
+/// path is not in the tree and the tree's ignore rules ignore it as a directory.
+fn eligible(store: &ObjectStore, tree: ObjectId) -> std::io::Result<Vec<Lockfile>> {
+    let mut out = Vec::new();
+    for l in detect(store, tree)? {
+        if presentable(store, tree, l.install_path)? {
+            out.push(l);
+        }
+    }
+    Ok(out)
 }
 
 /// Why lockfile `lock` (whose bytes are `bytes`) has no built layer: the newest failed build's
 /// message for it, else how to build it.
-fn why_missing(deps: &DepStore, lock: &Lockfile, bytes: &[u8]) -> String {
+fn why_missing(deps: &DepStore, lock: &Lockfile) -> String {
+    let bytes = &lock.key_input;
     let failed = deps
         .list()
         .unwrap_or_default()
@@ -117,9 +169,37 @@ pub(super) fn grafts(rec: &WorkspaceRecord) -> Result<Vec<Graft>, Error> {
         .collect()
 }
 
-/// Drops from `edits` everything at or below a layer path of `rec`, and turns every edit that
-/// names an object only the layer store has (a layer file or directory moved or copied out of the
-/// layer) into edits the mirror can hold: the content itself. Without layers, `edits` unchanged.
+/// Which of `paths` (each with whether it is a directory) the workspace's ignore rules leave out
+/// now; reads the rules only when there is a path to decide.
+fn ignored_now(core: &WorkspaceFs, paths: &[(&[u8], bool)]) -> Result<Vec<bool>, Error> {
+    if paths.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(crate::own_repo::add_all::ignored_as(core, paths)?)
+}
+
+/// Whether an edit at or below a layer path needs the ignore rules to decide it. A path new to
+/// the view was decided by `git add -A`'s rules already (kept: tracked or not ignored); a removal
+/// changes nothing where the snapshot has nothing, and removes what an earlier snapshot saved
+/// there; an added directory has no tree effect. The rest (a layer file changed in place, a
+/// directory moved) are the layer's presentation unless the path is content now.
+fn needs_rules(e: &ViewEdit) -> bool {
+    !matches!(
+        e,
+        ViewEdit::Remove { .. }
+            | ViewEdit::AddedDir { .. }
+            | ViewEdit::File { added: true, .. }
+            | ViewEdit::Symlink { added: true, .. }
+    )
+}
+
+/// Drops from `edits` what is at or below a layer path of `rec` while the workspace's ignore rules
+/// ignore it (the layer's presentation and the install's output: never saved). A path there that
+/// the rules no longer ignore (the user un-ignored `node_modules/x`) is content and is saved like
+/// any other; what the layer presented and nobody changed makes no edit, so it stays out (it is the
+/// lockfile's install, not the user's work). Every kept edit that names an object only the layer
+/// store has (a layer file changed, moved or copied out of the layer) becomes edits the mirror can
+/// hold: the content itself. Without layers, `edits` unchanged.
 pub(super) fn strip(
     rec: &WorkspaceRecord,
     core: &WorkspaceFs,
@@ -131,6 +211,21 @@ pub(super) fn strip(
         return Ok(edits);
     }
     let paths = || rec.layers.iter().map(|l| l.path.as_str());
+    let asked: Vec<(&[u8], bool)> = edits
+        .iter()
+        .filter(|e| under_layer(e.path(), paths()) && needs_rules(e))
+        .map(|e| {
+            let dir = matches!(e, ViewEdit::Tree { .. } | ViewEdit::Gitlink { .. });
+            (e.path(), dir)
+        })
+        .collect();
+    let verdicts = ignored_now(core, &asked)?;
+    let ignored: std::collections::HashSet<Vec<u8>> = asked
+        .iter()
+        .zip(verdicts)
+        .filter(|(_, ignored)| *ignored)
+        .map(|((p, _), _)| p.to_vec())
+        .collect();
     let content = |id: ObjectId| -> Result<ViewSource, Error> {
         if repo.has_object(id) {
             return Ok(ViewSource::Object(id));
@@ -144,7 +239,7 @@ pub(super) fn strip(
     };
     let mut out = Vec::with_capacity(edits.len());
     for e in edits {
-        if under_layer(e.path(), paths()) {
+        if ignored.contains(e.path()) && under_layer(e.path(), paths()) {
             continue;
         }
         match e {
@@ -206,28 +301,136 @@ pub(super) fn strip(
     Ok(out)
 }
 
-/// Drops from a view's metadata every node at or below a layer path of `rec` (its modes, owners,
-/// special files and empty directories are the layer's, or the install's: never saved).
+/// Drops from a view's metadata every node at or below a layer path of `rec` that the workspace's
+/// ignore rules ignore now (its modes, owners, special files and empty directories are the
+/// layer's, or the install's: never saved); one there that is content now (un-ignored) stays.
 pub(super) fn strip_meta(
     rec: &WorkspaceRecord,
+    core: &WorkspaceFs,
     mut meta: Vec<crate::fs::NodeMeta>,
-) -> Vec<crate::fs::NodeMeta> {
-    if !rec.layers.is_empty() {
-        meta.retain(|m| !under_layer(&m.path, rec.layers.iter().map(|l| l.path.as_str())));
+) -> Result<Vec<crate::fs::NodeMeta>, Error> {
+    if rec.layers.is_empty() {
+        return Ok(meta);
     }
-    meta
+    let paths = || rec.layers.iter().map(|l| l.path.as_str());
+    let asked: Vec<(&[u8], bool)> = meta
+        .iter()
+        .filter(|m| under_layer(&m.path, paths()))
+        .map(|m| {
+            (
+                m.path.as_slice(),
+                m.kind == crate::git::posix_record::PosixKind::Dir,
+            )
+        })
+        .collect();
+    let verdicts = ignored_now(core, &asked)?;
+    let ignored: std::collections::HashSet<Vec<u8>> = asked
+        .iter()
+        .zip(verdicts)
+        .filter(|(_, ignored)| *ignored)
+        .map(|((p, _), _)| p.to_vec())
+        .collect();
+    meta.retain(|m| !ignored.contains(&m.path));
+    Ok(meta)
+}
+
+/// How much of a `pyvenv.cfg` or of a script's first line is read.
+const VENV_READ_MAX: u64 = 64 << 10;
+/// How many scripts of an existing venv's `bin/` are looked at.
+const VENV_SCRIPTS_MAX: usize = 256;
+
+/// Why the `.venv` already in `dir` cannot be presented elsewhere, when there is one that is not
+/// relocatable: it is not a plain directory, its `pyvenv.cfg` lacks `relocatable = true`, or a
+/// script in its `bin/` has a shebang naming an absolute path inside the venv (it would run the
+/// interpreter at the old path). `None` without a `.venv`, or for a relocatable one. Reads at most
+/// a few KiB of a few hundred files; never writes.
+pub(super) fn kept_venv(dir: &std::path::Path) -> Option<String> {
+    use std::io::Read as _;
+    let venv = dir.join(".venv");
+    let meta = std::fs::symlink_metadata(&venv).ok()?;
+    if !meta.is_dir() {
+        return Some("it is not a directory".into());
+    }
+    let read = |p: &std::path::Path, max: u64| -> Option<Vec<u8>> {
+        let f = std::fs::File::open(p).ok()?;
+        let mut out = Vec::new();
+        f.take(max).read_to_end(&mut out).ok()?;
+        Some(out)
+    };
+    let cfg = match read(&venv.join("pyvenv.cfg"), VENV_READ_MAX) {
+        Some(c) => String::from_utf8_lossy(&c).into_owned(),
+        None => return Some("it has no pyvenv.cfg".into()),
+    };
+    let relocatable = cfg.lines().any(|l| {
+        let mut kv = l.splitn(2, '=');
+        let k = kv.next().unwrap_or("").trim();
+        let v = kv.next().unwrap_or("").trim();
+        k == "relocatable" && v.eq_ignore_ascii_case("true")
+    });
+    if !relocatable {
+        return Some("pyvenv.cfg has no `relocatable = true`".into());
+    }
+    let roots: Vec<Vec<u8>> = [Some(venv.clone()), venv.canonicalize().ok()]
+        .into_iter()
+        .flatten()
+        .map(|p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec())
+        .collect();
+    let bin = std::fs::read_dir(venv.join("bin")).ok()?;
+    for entry in bin.flatten().take(VENV_SCRIPTS_MAX) {
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let Some(head) = read(&entry.path(), 512) else {
+            continue;
+        };
+        let Some(line) = head
+            .strip_prefix(b"#!")
+            .and_then(|h| h.split(|b| *b == b'\n').next())
+        else {
+            continue;
+        };
+        let interp = line
+            .split(|b| b.is_ascii_whitespace())
+            .find(|w| !w.is_empty())
+            .unwrap_or(b"");
+        if roots.iter().any(|r| interp.starts_with(r)) {
+            return Some(format!(
+                "bin/{} runs {}",
+                entry.file_name().to_string_lossy(),
+                String::from_utf8_lossy(interp)
+            ));
+        }
+    }
+    None
 }
 
 impl Daemon {
+    /// The `.venv` a project already has that a uv layer must not replace: one in the project's
+    /// folder (a plain-directory upstream) or in its mirror's checkout that is not relocatable,
+    /// with where it is and why.
+    pub(super) fn existing_venv(&self, project: &str) -> Option<(std::path::PathBuf, String)> {
+        let mut dirs = Vec::new();
+        if let Ok(Some(p)) = crate::git::mirror::load(&self.layout, project)
+            && p.kind == crate::git::mirror::UpstreamKind::Directory
+        {
+            dirs.push(std::path::PathBuf::from(p.upstream));
+        }
+        dirs.push(self.layout.mirror(project));
+        dirs.into_iter()
+            .find_map(|d| kept_venv(&d).map(|why| (d.join(".venv"), why)))
+    }
+
     /// The built layers a new workspace of `project` whose files are `tree` presents, and one line
     /// per eligible lockfile without one. Reads two or three blobs and the layer records; runs
     /// nothing. A failure to read is logged and means no layers (the workspace opens without).
     pub(super) fn choose_layers(&self, project: &str, tree: ObjectId) -> Vec<DepLayer> {
         let deps = DepStore::new(&self.layout);
-        let found = self
-            .store(project)
-            .map_err(|e| e.to_string())
-            .and_then(|s| eligible(&s, tree).map_err(|e| e.to_string()));
+        let tree_id = tree;
+        let store = self.store(project).map_err(|e| e.to_string());
+        let found = store
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|s| eligible(s, tree).map_err(|e| e.to_string()));
         let locks = match found {
             Ok(l) => l,
             Err(e) => {
@@ -237,10 +440,33 @@ impl Daemon {
         };
         let mut layers = Vec::new();
         for lock in locks {
+            if lock.manager == Manager::Uv
+                && let Some((at, why)) = self.existing_venv(project)
+            {
+                tracing::info!(%project, "existing {} kept (not relocatable: {why}); no uv layer", at.display());
+                continue;
+            }
             match deps.built_for(&lock) {
-                Ok(Some(mut layer)) => {
-                    layer.path = lock.install_path.to_string();
-                    layers.push(layer);
+                Ok(Some(layer)) => {
+                    // The root's install path, then each workspace package's that this tree
+                    // does not have and ignores: one entry each, presented at its own path.
+                    let mut first = true;
+                    for (path, tree) in layer.paths() {
+                        let path = if first { lock.install_path } else { path };
+                        let shown = first
+                            || store
+                                .as_ref()
+                                .is_ok_and(|s| presentable(s, tree_id, path).unwrap_or(false));
+                        first = false;
+                        if shown {
+                            layers.push(DepLayer {
+                                path: path.to_string(),
+                                tree: tree.to_string(),
+                                nested: Vec::new(),
+                                ..layer.clone()
+                            });
+                        }
+                    }
                 }
                 Ok(None) => tracing::info!(
                     %project,
@@ -264,16 +490,6 @@ impl Daemon {
             return Vec::new();
         };
         let locks = eligible(&store, tree).unwrap_or_default();
-        let bytes_of = |lock: &Lockfile| -> Vec<u8> {
-            store
-                .tree(tree)
-                .ok()
-                .and_then(|entries| {
-                    let e = entries.iter().find(|e| &*e.name == lock.name.as_bytes())?;
-                    store.blob(e.id).ok()
-                })
-                .unwrap_or_default()
-        };
         locks
             .into_iter()
             .filter(|lock| {
@@ -282,6 +498,14 @@ impl Daemon {
                     .any(|l| l.manager == lock.manager && l.path == lock.install_path)
             })
             .map(|lock| match deps.built_for(&lock) {
+                _ if lock.manager == Manager::Uv
+                    && let Some((at, why)) = self.existing_venv(&rec.project) =>
+                {
+                    format!(
+                        "existing .venv kept (not relocatable: {why}): {}; the uv layer is not presented",
+                        at.display()
+                    )
+                }
                 Ok(Some(_)) => format!(
                     "{} layer not in use (built after this workspace opened: release it and open it again)",
                     lock.manager.name()
@@ -289,7 +513,7 @@ impl Daemon {
                 _ => format!(
                     "{} layer not built ({})",
                     lock.manager.name(),
-                    why_missing(&deps, &lock, &bytes_of(&lock))
+                    why_missing(&deps, &lock)
                 ),
             })
             .collect()

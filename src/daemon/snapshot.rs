@@ -367,7 +367,8 @@ impl Daemon {
         // The upper layer's clock before the view: files last changed before it may be remembered.
         let clock = Some((view.taken_at.0, i64::from(view.taken_at.1)));
         // Dependency layers never leave the workspace: the tree is built from the real base (the
-        // view's root has the layers grafted in), without what is at or below a layer's path.
+        // view's root has the layers grafted in), without what is at or below a layer's path
+        // while the ignore rules ignore it (what the user un-ignored there is content).
         let base_tree = if rec.layers.is_empty() {
             view.base_tree
         } else {
@@ -375,7 +376,7 @@ impl Daemon {
                 .context(|| format!("thread {thread}: bad base tree"))?
         };
         let edits = super::layers::strip(rec, &core, &*self.store(project)?, &repo, edits)?;
-        let meta = super::layers::strip_meta(rec, view.meta);
+        let meta = super::layers::strip_meta(rec, &core, view.meta)?;
         if !repo.has_object(base_tree) {
             return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",

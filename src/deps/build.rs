@@ -15,7 +15,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::{DepLayer, DepStore, LayerRecord, LayerState, Lockfile, Manager, detect, seal};
+use super::{
+    DepLayer, DepStore, LayerRecord, LayerState, Lockfile, Manager, NestedTree, detect, seal,
+};
 use crate::git::objects::{EntryKind, ObjectStore};
 
 /// How long one manager command may run before it is killed (`OCTOFS_DEPS_TIMEOUT`, seconds,
@@ -108,6 +110,43 @@ pub struct BuildAnswer {
     pub project: String,
     pub commit: String,
     pub outcomes: Vec<Outcome>,
+}
+
+/// The `node_modules` directories an install made inside the project besides the root's
+/// (workspace packages' own: pnpm links each package's dependencies there; npm puts there what it
+/// cannot hoist), relative to `staging`, sorted. Never looks into a `node_modules`, `.venv` or
+/// `.git`.
+fn nested_installs(staging: &Path) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    let mut stack = vec![(staging.to_path_buf(), String::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        let rd =
+            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+            let ft = entry
+                .file_type()
+                .map_err(|e| format!("cannot stat {}: {e}", entry.path().display()))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            if !ft.is_dir() || SKIPPED_DIRS.contains(&name.as_str()) && rel.is_empty() {
+                continue;
+            }
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            if name == "node_modules" {
+                out.push(path);
+            } else if !SKIPPED_DIRS.contains(&name.as_str()) {
+                stack.push((entry.path(), path));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
 }
 
 /// One line for a finished build: what it did and how long it took.
@@ -229,16 +268,9 @@ pub fn manager_version(manager: Manager) -> Result<String, String> {
 /// The lockfiles of `tree` and the keys of their layers on this host (asks each manager its
 /// version once).
 pub fn plan(store: &ObjectStore, tree: gix::ObjectId) -> std::io::Result<Vec<Plan>> {
-    let entries = store.tree(tree)?;
     let mut plans = Vec::new();
     for lock in detect(store, tree)? {
-        let Some(entry) = entries
-            .iter()
-            .find(|e| &*e.name == lock.name.as_bytes() && e.kind == EntryKind::Blob)
-        else {
-            continue;
-        };
-        let bytes = store.blob(entry.id)?;
+        let bytes = lock.key_input.clone();
         let version = manager_version(lock.manager);
         let key = match &version {
             Ok(v) => layer_key(lock.manager, &major(v), &bytes),
@@ -547,7 +579,7 @@ pub fn build(
     let result = build_locked(deps, store, tree, plan, what, timeout);
     let version = plan.version.clone().unwrap_or_default();
     let (state, outcome) = match result {
-        Ok((tree, bytes, files)) => (
+        Ok((tree, nested, bytes, files)) => (
             LayerState::Built {
                 layer: DepLayer {
                     key: plan.key.clone(),
@@ -555,6 +587,7 @@ pub fn build(
                     path: path.clone(),
                     tree: tree.clone(),
                     lockfile_hash: plan.lock.hash.clone(),
+                    nested,
                 },
                 bytes,
                 files,
@@ -614,7 +647,7 @@ fn build_locked(
     plan: &Plan,
     what: &str,
     timeout: Duration,
-) -> Result<(String, u64, u64), String> {
+) -> Result<(String, Vec<NestedTree>, u64, u64), String> {
     let manager = plan.lock.manager;
     let log_path = deps.log(&plan.key);
     let mut log = std::fs::OpenOptions::new()
@@ -669,14 +702,27 @@ fn build_locked(
                 plan.lock.install_path
             ));
         }
-        seal::prepare(manager, &install)?;
-        let (bytes, files) = seal::check_unbound(&install, &staging)?;
-        let tree = seal::seal(deps, &staging, plan.lock.install_path, &plan.key)?;
-        let _ = writeln!(
-            log,
-            "octofs: sealed tree {tree}: {files} files, {bytes} bytes"
-        );
-        Ok((tree, bytes, files))
+        let mut paths = vec![plan.lock.install_path.to_string()];
+        if manager != Manager::Uv {
+            paths.extend(nested_installs(&staging)?);
+        }
+        let (mut bytes, mut files) = (0, 0);
+        for p in &paths {
+            let install = staging.join(p);
+            seal::prepare(manager, &install)?;
+            let (b, f) = seal::check_unbound(&install, &staging)?;
+            bytes += b;
+            files += f;
+        }
+        let trees = seal::seal(deps, &staging, &paths, &plan.key)?;
+        for (p, tree) in paths.iter().zip(&trees) {
+            let _ = writeln!(log, "octofs: sealed {p} as tree {tree}");
+        }
+        let _ = writeln!(log, "octofs: sealed {files} files, {bytes} bytes");
+        let mut all = paths.into_iter().zip(trees);
+        let (_, tree) = all.next().ok_or_else(|| "nothing was sealed".to_string())?;
+        let nested = all.map(|(path, tree)| NestedTree { path, tree }).collect();
+        Ok((tree, nested, bytes, files))
     })();
     if let Err(e) = std::fs::remove_dir_all(&staging) {
         tracing::warn!(key = %plan.key, "cannot remove {}: {e}", staging.display());

@@ -11,6 +11,7 @@
 pub mod build;
 pub mod gc;
 pub mod seal;
+pub mod workspace;
 
 use std::path::{Path, PathBuf};
 
@@ -51,8 +52,32 @@ pub struct DepLayer {
     pub path: String,
     /// The sealed tree (hex object id in `<state>/deps/store.git`).
     pub tree: String,
-    /// Hex blake3 of the lockfile(s) alone: what `.git/octomate-installed` records.
+    /// Hex blake3 of the lockfile(s) alone: what `.git/octomate-installed` records. In a project
+    /// with workspace packages, blake3 of the lockfile and every workspace package's manifest
+    /// (see [`Lockfile::key_input`]).
     pub lockfile_hash: String,
+    /// The other `node_modules` the install made inside the project (workspace packages'), each a
+    /// tree of its own, presented at its own path. Empty for a layer of one path.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nested: Vec<NestedTree>,
+}
+
+/// One more install path of a layer (`packages/app/node_modules`) and its sealed tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NestedTree {
+    pub path: String,
+    pub tree: String,
+}
+
+impl DepLayer {
+    /// Every path of the layer with its tree: the root install path's first.
+    pub fn paths(&self) -> impl Iterator<Item = (&str, &str)> {
+        std::iter::once((self.path.as_str(), self.tree.as_str())).chain(
+            self.nested
+                .iter()
+                .map(|n| (n.path.as_str(), n.tree.as_str())),
+        )
+    }
 }
 
 /// Where a layer's build stands.
@@ -122,12 +147,18 @@ pub struct Lockfile {
     pub name: &'static str,
     /// Where the manager installs, relative to the root.
     pub install_path: &'static str,
-    /// Hex blake3 of the lockfile's bytes.
+    /// Hex blake3 of [`Self::key_input`].
     pub hash: String,
+    /// What the layer's key covers besides the manager: the lockfile's bytes; in a project with
+    /// workspace packages (`pnpm-workspace.yaml`, or `"workspaces"` in the root `package.json`),
+    /// followed by each workspace package's `package.json` (by path, sorted) and the workspace
+    /// file itself, since the install reads them.
+    pub key_input: Vec<u8>,
 }
 
 /// The lockfiles at the root of `tree` that make layers: pnpm's (else npm's) for `node_modules`,
-/// uv's for `.venv`. Reads two or three blobs; runs nothing.
+/// uv's for `.venv`. Reads the lockfiles and, in a project with workspace packages, their
+/// manifests (following the workspace globs only); runs nothing.
 pub fn detect(
     store: &crate::git::objects::ObjectStore,
     tree: gix::ObjectId,
@@ -149,12 +180,21 @@ pub fn detect(
     .find_map(|(m, name)| blob(name).map(|id| (m, name, "node_modules", id)));
     let uv = blob("uv.lock").map(|id| (Manager::Uv, "uv.lock", ".venv", id));
     for (manager, name, install_path, id) in node.into_iter().chain(uv) {
-        let bytes = store.blob(id)?;
+        let mut key_input = store.blob(id)?;
+        if manager != Manager::Uv {
+            for (path, bytes) in workspace::manifests(store, tree, manager)? {
+                key_input.extend_from_slice(b"\0");
+                key_input.extend_from_slice(path.as_bytes());
+                key_input.extend_from_slice(b"\0");
+                key_input.extend_from_slice(&bytes);
+            }
+        }
         found.push(Lockfile {
             manager,
             name,
             install_path,
-            hash: blake3::hash(&bytes).to_hex().to_string(),
+            hash: blake3::hash(&key_input).to_hex().to_string(),
+            key_input,
         });
     }
     Ok(found)

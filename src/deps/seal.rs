@@ -151,9 +151,16 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     false
 }
 
-/// Seals `<staging>/<path>` as a tree of `store.git` whose entries are `path`'s children, keeps it
-/// alive with a commit at `refs/layers/<key>`, and returns the tree's id.
-pub fn seal(deps: &DepStore, staging: &Path, path: &str, key: &str) -> Result<String, String> {
+/// Seals `<staging>/<path>` of every path of `paths` as a tree of `store.git` whose entries are
+/// that path's children, keeps them alive with a commit at `refs/layers/<key>` (of the one tree,
+/// or, for several paths, of the tree that holds them all at their paths), and returns the trees'
+/// ids in the order of `paths`.
+pub fn seal(
+    deps: &DepStore,
+    staging: &Path,
+    paths: &[String],
+    key: &str,
+) -> Result<Vec<String>, String> {
     let _shared =
         store_lock(deps, false).map_err(|e| format!("cannot lock the layer store: {e}"))?;
     ensure_store(deps)?;
@@ -166,27 +173,39 @@ pub fn seal(deps: &DepStore, staging: &Path, path: &str, key: &str) -> Result<St
             .env("GIT_INDEX_FILE", &index)
             .env("GIT_ATTR_SOURCE", EMPTY_TREE)
     };
+    let what = paths.join(", ");
+    let failed = |e: crate::git::error::Error| format!("cannot seal {what}: {e}");
     let sealed = (|| {
         git()
             .env("GIT_WORK_TREE", staging)
-            .args(["add", "-f", "-A", "--", path])
+            .args(["add", "-f", "-A", "--"])
+            .args(paths)
             .output()
-            .map_err(|e| format!("cannot seal {path}: {e}"))?;
-        let tree = git()
-            .arg("write-tree")
-            .arg(format!("--prefix={path}/"))
-            .output()
-            .map_err(|e| format!("cannot seal {path}: {e}"))?;
+            .map_err(failed)?;
+        let mut trees = Vec::with_capacity(paths.len());
+        for p in paths {
+            trees.push(
+                git()
+                    .arg("write-tree")
+                    .arg(format!("--prefix={p}/"))
+                    .output()
+                    .map_err(failed)?,
+            );
+        }
+        let kept = match &trees[..] {
+            [one] => one.clone(),
+            _ => git().arg("write-tree").output().map_err(failed)?,
+        };
         let commit = git()
             .by_octofs()
-            .args(["commit-tree", &tree, "-m", &format!("octofs layer {key}")])
+            .args(["commit-tree", &kept, "-m", &format!("octofs layer {key}")])
             .output()
-            .map_err(|e| format!("cannot seal {path}: {e}"))?;
+            .map_err(failed)?;
         git()
             .args(["update-ref", &format!("refs/layers/{key}"), &commit])
             .output()
-            .map_err(|e| format!("cannot seal {path}: {e}"))?;
-        Ok(tree)
+            .map_err(failed)?;
+        Ok(trees)
     })();
     let _ = std::fs::remove_file(&index);
     sealed

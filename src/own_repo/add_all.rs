@@ -221,6 +221,16 @@ pub fn ignored(core: &WorkspaceFs, paths: &[&[u8]]) -> Result<Vec<bool>, Error> 
     paths.iter().map(|p| rules.ignored(p, false)).collect()
 }
 
+/// Whether each of `paths` (with whether it is a directory) is ignored by the workspace's rules,
+/// as [`keep`] decides for an untracked path: what a dependency layer's path leaves out.
+pub fn ignored_as(core: &WorkspaceFs, paths: &[(&[u8], bool)]) -> Result<Vec<bool>, Error> {
+    let mut rules = Rules::new(core)?;
+    paths
+        .iter()
+        .map(|(p, dir)| rules.ignored(p, *dir))
+        .collect()
+}
+
 /// The ignore state of one directory of the workspace.
 struct DirRules {
     /// The directory is ignored (so is everything below it).
