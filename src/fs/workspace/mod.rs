@@ -51,8 +51,8 @@ mod xattr;
 
 pub use convert::unix_time;
 use convert::*;
-use inodes::Node;
 pub use inodes::path_ino;
+use inodes::{Node, Nodes};
 use journal::Journal;
 pub use journal::{BASE_TOKEN, Changed};
 use namespace::New;
@@ -75,7 +75,7 @@ struct State {
     /// runtime data; `live.inodes` also holds the inodes without a record (derived from the base,
     /// or unlinked and still referenced). `live.generation` counts committed batches since the
     /// workspace was created (durable: replay recounts them).
-    live: CatalogState<HashMap<u64, Node>>,
+    live: CatalogState<Nodes>,
     journal: Journal,
     /// Inodes whose data file is being prepared without the lock (copy-up, re-inode): other
     /// requests that would change or copy the same inode wait on [`WorkspaceFs::copied`].
@@ -191,6 +191,7 @@ impl WorkspaceFs {
                 lookups: 1,
                 opens: 0,
                 writers: 0,
+                pins: 0,
             });
         }
         if let Some(root) = nodes.get_mut(&ROOT_INO) {
@@ -209,7 +210,7 @@ impl WorkspaceFs {
             state: Mutex::new(State {
                 catalog,
                 live: CatalogState {
-                    inodes: nodes,
+                    inodes: Nodes::new(nodes),
                     dirs: loaded.dirs,
                     next_ino: loaded.next_ino.max(1),
                     generation: loaded.generation,

@@ -5,7 +5,7 @@
 //! also noted, by directory entry and inode, in the [`SnapTrack`] that lets a snapshot rebuild only
 //! what changed since the last one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use gix::ObjectId;
 
@@ -16,7 +16,11 @@ use crate::cow::catalog::{InodeRecord, Kind, Record};
 
 use crate::cow::catalog::CatalogState;
 
-use super::{ALLOCATED, ROOT_INO, State, convert::io_errno, inodes::Node};
+use super::{
+    ALLOCATED, ROOT_INO, State,
+    convert::io_errno,
+    inodes::{Node, Nodes},
+};
 
 #[derive(Default)]
 pub(super) struct Tx {
@@ -295,7 +299,7 @@ pub(super) struct SnapTrack {
 
 impl SnapTrack {
     /// Notes what `records` change in `live` (called before they are applied).
-    pub(super) fn note(&mut self, live: &CatalogState<HashMap<u64, Node>>, records: &[Record]) {
+    pub(super) fn note(&mut self, live: &CatalogState<Nodes>, records: &[Record]) {
         for r in records {
             match r {
                 Record::Entry { dir, name, ino } => {
