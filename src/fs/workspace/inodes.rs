@@ -112,13 +112,26 @@ impl Nodes {
         self.full.contains_key(&ino) || self.light.contains_key(&ino)
     }
 
-    /// Takes light node `ino` out of the table (unpinning its parent).
+    /// Takes light node `ino` out of the table (unpinning its parent). The table gives memory back
+    /// once it is mostly empty (after the kernel forgot what a `git status` looked up).
     fn take_light(&mut self, ino: u64) -> Option<Light> {
         let l = self.light.remove(&ino)?;
         if let Some(p) = self.full.get_mut(&l.parent) {
             p.pins = p.pins.saturating_sub(1);
         }
+        if self.light.capacity() > 1024 && self.light.len() * 4 < self.light.capacity() {
+            self.light.shrink_to(self.light.len() * 2);
+        }
         Some(l)
+    }
+
+    /// Removes full node `ino`, giving memory back once the table is mostly empty.
+    pub(super) fn remove_full(&mut self, ino: u64) -> Option<Node> {
+        let n = self.full.remove(&ino)?;
+        if self.full.capacity() > 1024 && self.full.len() * 4 < self.full.capacity() {
+            self.full.shrink_to(self.full.len() * 2);
+        }
+        Some(n)
     }
 
     /// Nodes in the table: (full, light).
@@ -259,7 +272,8 @@ impl WorkspaceFs {
         st.live
             .inodes
             .insert(ino, Node::derived(rec, u64::from(l.lookups)));
-        self.reap(st, l.parent);
+        // The parent is not reaped here even if nothing refers to it any more: the request may be
+        // about to use it (an unlink in it); it goes at its next forget, as any derived node.
         Ok(())
     }
 
@@ -460,7 +474,7 @@ impl WorkspaceFs {
         };
         if n.lookups == 0 && n.opens == 0 && !n.persisted && n.pins == 0 {
             let upper = n.rec.upper && n.rec.nlink == 0;
-            st.live.inodes.remove(&ino);
+            st.live.inodes.remove_full(ino);
             if upper {
                 self.upper.remove(ino);
             }

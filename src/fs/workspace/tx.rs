@@ -64,12 +64,25 @@ impl Tx {
     }
 }
 impl State {
+    /// Full node `ino`. A light one (a base file: requests that read or change a file make it full
+    /// first) is asked for only as a directory: `ENOTDIR`.
     pub(super) fn node(&self, ino: u64) -> Result<&Node, FsError> {
-        self.live.inodes.get(&ino).ok_or(Errno::ENOENT.into())
+        self.live.inodes.get(&ino).ok_or_else(|| self.missing(ino))
     }
 
     pub(super) fn node_mut(&mut self, ino: u64) -> Result<&mut Node, FsError> {
+        if !self.live.inodes.contains_key(&ino) {
+            return Err(self.missing(ino));
+        }
         self.live.inodes.get_mut(&ino).ok_or(Errno::ENOENT.into())
+    }
+
+    fn missing(&self, ino: u64) -> FsError {
+        if self.live.inodes.light.contains_key(&ino) {
+            Errno::ENOTDIR.into()
+        } else {
+            Errno::ENOENT.into()
+        }
     }
 
     /// The working copy of `ino`'s record in `tx`.
