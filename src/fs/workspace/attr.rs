@@ -136,10 +136,9 @@ impl WorkspaceFs {
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, FsError> {
         let name = check_name(name)?;
         let mut st = self.lock();
-        let ino = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
-        let n = st.node_mut(ino)?;
-        n.lookups += 1;
-        let rec = n.rec.clone();
+        let rec = self
+            .reference(&mut st, parent, name)?
+            .ok_or(Errno::ENOENT)?;
         drop(st);
         self.counted_attr(&rec)
     }
@@ -154,14 +153,11 @@ impl WorkspaceFs {
     /// `forget`: the kernel dropped `n` references to `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
         let mut st = self.lock();
-        if let Some(node) = st.live.inodes.get_mut(&ino) {
-            node.lookups = node.lookups.saturating_sub(n);
-        }
-        self.reap(&mut st, ino);
+        self.unreference(&mut st, ino, n);
     }
 
     pub fn getattr(&self, ino: u64) -> Result<FileAttr, FsError> {
-        let rec = self.lock().node(ino)?.rec.clone();
+        let rec = self.record(&self.lock(), ino)?;
         self.attr(&rec)
     }
 
@@ -177,14 +173,10 @@ impl WorkspaceFs {
     /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
     /// references; readdirplus calls [`Self::listed`] for each one it returns.
     pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, FsError> {
-        let rec = {
-            let st = self.lock();
-            let n = st.node(ino)?;
-            if n.rec.kind != Kind::Dir {
-                return Err(Errno::ENOTDIR.into());
-            }
-            n.rec.clone()
-        };
+        let rec = self.record(&self.lock(), ino)?;
+        if rec.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR.into());
+        }
         let dot = self.attr(&rec)?;
         let parent_attr = FileAttr {
             ino: INodeNo(if ino == ROOT_INO {
@@ -226,7 +218,7 @@ impl WorkspaceFs {
                     if overlay.is_some_and(|o| o.contains_key(&*e.name)) {
                         continue;
                     }
-                    let child = Self::derived_ino(&st, &join(path, &e.name));
+                    let child = self.derived_ino(&st, &join(path, &e.name))?;
                     let c = match st.live.inodes.get(&child) {
                         Some(n) => Child::Known(Box::new(n.rec.clone())),
                         None => Child::Derived(e.clone(), child),
@@ -268,12 +260,11 @@ impl WorkspaceFs {
     pub fn dir_names(&self, ino: u64) -> Result<(u64, Vec<DirName>), FsError> {
         let (rec, seen) = {
             let st = self.lock();
-            let n = st.node(ino)?;
-            if n.rec.kind != Kind::Dir {
-                return Err(Errno::ENOTDIR.into());
-            }
-            (n.rec.clone(), st.commits)
+            (self.record(&st, ino)?, st.commits)
         };
+        if rec.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR.into());
+        }
         // The base tree is read without the lock, as in `readdir`.
         let base = match Self::base_tree(&rec) {
             Some((tree, path)) => Some((self.store.tree(tree).map_err(eio)?, path.to_vec())),
@@ -302,7 +293,7 @@ impl WorkspaceFs {
                 if overlay.is_some_and(|o| o.contains_key(&*e.name)) {
                     continue;
                 }
-                let child = Self::derived_ino(&st, &join(path, &e.name));
+                let child = self.derived_ino(&st, &join(path, &e.name))?;
                 let kind = match st.live.inodes.get(&child) {
                     Some(n) => file_type(n.rec.kind),
                     None => match e.kind {
@@ -343,25 +334,22 @@ impl WorkspaceFs {
     /// docs/caching.md). So they are read again here, when the request is answered.
     pub fn listed(&self, parent: u64, name: &OsStr) -> Result<Option<FileAttr>, FsError> {
         let mut st = self.lock();
-        let Some(ino) = self.resolve(&mut st, parent, name.as_bytes())? else {
+        let Some(rec) = self.reference(&mut st, parent, name.as_bytes())? else {
             return Ok(None);
         };
-        let n = st.node_mut(ino)?;
-        n.lookups += 1;
-        let rec = n.rec.clone();
         drop(st);
         self.counted_attr(&rec).map(Some)
     }
 
     pub fn opendir(&self, ino: u64) -> Result<(), FsError> {
-        match self.lock().node(ino)?.rec.kind {
+        match self.record(&self.lock(), ino)?.kind {
             Kind::Dir => Ok(()),
             _ => Err(Errno::ENOTDIR.into()),
         }
     }
 
     pub fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
-        let rec = self.lock().node(ino)?.rec.clone();
+        let rec = self.record(&self.lock(), ino)?;
         if rec.kind != Kind::Symlink {
             return Err(Errno::EINVAL.into());
         }
@@ -373,7 +361,11 @@ impl WorkspaceFs {
     }
 
     pub fn access(&self, ino: u64, _mask: i32) -> Result<(), FsError> {
-        self.lock().node(ino).map(|_| ())
+        if self.lock().live.inodes.has(ino) {
+            Ok(())
+        } else {
+            Err(Errno::ENOENT.into())
+        }
     }
 
     pub fn statfs(&self) -> Result<crate::sys::FsStats, FsError> {
@@ -392,7 +384,7 @@ impl WorkspaceFs {
     /// recorded when it has none to drop. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this to
     /// the file system.
     pub fn kill_suidgid(&self, ino: u64) -> Result<(), FsError> {
-        let mut st = self.lock();
+        let mut st = self.lock_for(ino)?;
         let rec = &st.node(ino)?.rec;
         if rec.kind == Kind::Dir
             || (killed_suidgid(rec.mode) == rec.mode && !rec.xattrs.contains_key(CAPABILITY))
@@ -414,7 +406,7 @@ impl WorkspaceFs {
     /// set without the state lock (the kernel serializes `setattr` of one inode; a copy-up of it in
     /// progress is waited for).
     pub fn setattr(&self, ino: u64, set: SetAttr) -> Result<FileAttr, FsError> {
-        let mut st = self.wait_copied(self.lock(), ino);
+        let mut st = self.wait_copied(self.lock_for(ino)?, ino);
         let rec = st.node(ino)?.rec.clone();
         let now = Ts::now();
         if let Some(size) = set.size {

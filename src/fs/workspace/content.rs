@@ -152,7 +152,7 @@ impl WorkspaceFs {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let trunc = flags & libc::O_TRUNC != 0;
         let writer = write || trunc;
-        let mut st = self.lock();
+        let mut st = self.lock_for(ino)?;
         let n = st.node_mut(ino)?;
         match n.rec.kind {
             Kind::File => {}
@@ -257,7 +257,7 @@ impl WorkspaceFs {
     /// [`Self::copy_up`]); the new inode's number is taken from the counter before, and the counter
     /// recorded with the batch that links it.
     pub fn reinode_for_write(&self, ino: u64) -> Result<bool, FsError> {
-        let mut st = self.wait_copied(self.lock(), ino);
+        let mut st = self.wait_copied(self.lock_for(ino)?, ino);
         let rec = st.node(ino)?.rec.clone();
         if rec.kind != Kind::File || rec.upper || rec.nlink != 1 {
             return Ok(false);

@@ -24,7 +24,8 @@ impl WorkspaceFs {
     /// request is being served.
     pub fn export_nodes(&self) -> Vec<NodeState> {
         let st = self.lock();
-        st.live
+        let mut out: Vec<NodeState> = st
+            .live
             .inodes
             .values()
             .filter(|n| n.lookups > 0 || n.opens > 0 || n.rec.ino == ROOT_INO)
@@ -34,7 +35,21 @@ impl WorkspaceFs {
                 opens: n.opens,
                 writers: n.writers,
             })
-            .collect()
+            .collect();
+        // Light nodes (base files only the kernel refers to) carry their record derived again;
+        // the new daemon takes them as full nodes, which go light again at their next lookup.
+        for (&ino, l) in &st.live.inodes.light {
+            match self.record(&st, ino) {
+                Ok(rec) => out.push(NodeState {
+                    rec,
+                    lookups: u64::from(l.lookups),
+                    opens: 0,
+                    writers: 0,
+                }),
+                Err(e) => tracing::warn!(ino, "a light node cannot be handed over: {e}"),
+            }
+        }
+        out
     }
 
     /// Gives the freshly loaded table the references of a handover: a node the catalog has keeps
@@ -43,13 +58,11 @@ impl WorkspaceFs {
     pub fn import_nodes(&self, nodes: Vec<NodeState>) {
         let mut st = self.lock();
         for n in nodes {
-            let node = st.live.inodes.entry(n.rec.ino).or_insert_with(|| Node {
-                rec: n.rec,
-                persisted: false,
-                lookups: 0,
-                opens: 0,
-                writers: 0,
-            });
+            let node = st
+                .live
+                .inodes
+                .entry(n.rec.ino)
+                .or_insert_with(|| Node::derived(n.rec, 0));
             node.lookups = n.lookups;
             node.opens = n.opens;
             node.writers = n.writers;

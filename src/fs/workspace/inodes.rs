@@ -1,6 +1,14 @@
 //! The live inode table: a [`Node`] per inode the kernel or an open file refers to (or that has a
 //! catalog record), derived inode numbering by path hash (`docs/inodes.md`), resolving a name in a
 //! directory (overlay first, then base tree), a node's path, and reaping nodes nobody refers to.
+//!
+//! A base file or symlink that only the kernel refers to (what a `git status` leaves behind, one
+//! per file) is a [`Light`] node: its parent and its index in the parent's base tree, 16 bytes; its
+//! record is derived again when a request reads it, and it becomes a full node when a request may
+//! change or open it ([`WorkspaceFs::expand`]). Its parent directory stays (pinned) while it does.
+//! A node goes when the kernel has forgotten it, nothing has it open and it has no record. Does not
+//! touch the catalog or the upper layer's files (but for removing the data file of an unlinked
+//! inode the last reference to which is gone).
 
 use std::collections::HashMap;
 
@@ -12,7 +20,9 @@ use crate::cow::catalog::{InodeRecord, Kind};
 
 use crate::cow::catalog::InodeTable;
 
-use super::{ALLOCATED, ROOT_INO, State, WorkspaceFs, convert::join, tree_order::find_entry};
+use super::{ALLOCATED, ROOT_INO, State, WorkspaceFs, convert::join, tree_order::find_index};
+use crate::git::objects::{EntryKind, TreeEntry};
+use std::sync::{Arc, MutexGuard};
 
 pub(super) struct Node {
     pub(super) rec: InodeRecord,
@@ -23,6 +33,9 @@ pub(super) struct Node {
     /// Open file handles, and how many of them may write.
     pub(super) opens: u32,
     pub(super) writers: u32,
+    /// [`Light`] nodes naming this directory as their parent: it stays while they do, since they
+    /// are derived from its base tree.
+    pub(super) pins: u32,
 }
 
 impl Node {
@@ -34,27 +47,121 @@ impl Node {
             lookups: 0,
             opens: 0,
             writers: 0,
+            pins: 0,
         }
+    }
+
+    /// A node derived from the base, with `lookups` kernel references.
+    pub(super) fn derived(rec: InodeRecord, lookups: u64) -> Node {
+        Node {
+            rec,
+            persisted: false,
+            lookups,
+            opens: 0,
+            writers: 0,
+            pins: 0,
+        }
+    }
+}
+
+/// A base file or symlink nobody changed or has open, which only the kernel refers to (the bulk of
+/// the table after a `git status`): 16 bytes instead of a [`Node`] and its record. Its record is
+/// derived again, identically, from entry `idx` of its parent's base tree whenever a request needs
+/// it ([`WorkspaceFs::expand`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Light {
+    /// The directory whose base tree holds the entry (a full node, pinned).
+    pub(super) parent: u64,
+    /// The entry's index in that tree.
+    pub(super) idx: u32,
+    /// References the kernel holds (exact: a node that would pass `u32::MAX` stays full).
+    pub(super) lookups: u32,
+}
+
+/// The live inode table: full nodes (dereferenced as a plain map, so that code which needs a
+/// record finds exactly the nodes that have one) and light ones.
+#[derive(Default)]
+pub(super) struct Nodes {
+    full: HashMap<u64, Node>,
+    pub(super) light: HashMap<u64, Light>,
+}
+
+impl std::ops::Deref for Nodes {
+    type Target = HashMap<u64, Node>;
+    fn deref(&self) -> &HashMap<u64, Node> {
+        &self.full
+    }
+}
+
+impl std::ops::DerefMut for Nodes {
+    fn deref_mut(&mut self) -> &mut HashMap<u64, Node> {
+        &mut self.full
+    }
+}
+
+impl Nodes {
+    pub(super) fn new(full: HashMap<u64, Node>) -> Nodes {
+        Nodes {
+            full,
+            light: HashMap::new(),
+        }
+    }
+
+    /// Whether `ino` is in the table, full or light.
+    pub(super) fn has(&self, ino: u64) -> bool {
+        self.full.contains_key(&ino) || self.light.contains_key(&ino)
+    }
+
+    /// Takes light node `ino` out of the table (unpinning its parent). The table gives memory back
+    /// once it is mostly empty (after the kernel forgot what a `git status` looked up).
+    fn take_light(&mut self, ino: u64) -> Option<Light> {
+        let l = self.light.remove(&ino)?;
+        if let Some(p) = self.full.get_mut(&l.parent) {
+            p.pins = p.pins.saturating_sub(1);
+        }
+        if self.light.capacity() > 1024 && self.light.len() * 4 < self.light.capacity() {
+            self.light.shrink_to(self.light.len() * 2);
+        }
+        Some(l)
+    }
+
+    /// Removes full node `ino`, giving memory back once the table is mostly empty.
+    pub(super) fn remove_full(&mut self, ino: u64) -> Option<Node> {
+        let n = self.full.remove(&ino)?;
+        if self.full.capacity() > 1024 && self.full.len() * 4 < self.full.capacity() {
+            self.full.shrink_to(self.full.len() * 2);
+        }
+        Some(n)
+    }
+
+    /// Nodes in the table: (full, light).
+    pub(super) fn counts(&self) -> (usize, usize) {
+        (self.full.len(), self.light.len())
     }
 }
 
 /// The live nodes as the catalog's inode table: a dropped record leaves its node (unlinked) for as
 /// long as the kernel or an open file refers to it.
-impl InodeTable for HashMap<u64, Node> {
+impl InodeTable for Nodes {
     fn set(&mut self, rec: &InodeRecord) {
-        match self.get_mut(&rec.ino) {
+        match self.full.get_mut(&rec.ino) {
             Some(n) => {
                 n.rec = rec.clone();
                 n.persisted = true;
             }
             None => {
-                self.insert(rec.ino, Node::persisted(rec.clone()));
+                // A light node (never the case for a change made through a request, which
+                // expands it first) keeps its kernel references.
+                let lookups = self.take_light(rec.ino).map_or(0, |l| u64::from(l.lookups));
+                let mut n = Node::persisted(rec.clone());
+                n.lookups = lookups;
+                self.full.insert(rec.ino, n);
             }
         }
     }
 
     fn drop_record(&mut self, ino: u64) {
-        if let Some(n) = self.get_mut(&ino) {
+        if let Some(n) = self.full.get_mut(&ino) {
             n.persisted = false;
             n.rec.nlink = 0;
         }
@@ -93,23 +200,141 @@ impl WorkspaceFs {
     }
 
     /// The inode number for base path `path`, salted past a different path holding the plain hash.
-    pub(super) fn derived_ino(st: &State, path: &[u8]) -> u64 {
+    pub(super) fn derived_ino(&self, st: &State, path: &[u8]) -> Result<u64, FsError> {
         let mut salt = 0;
         loop {
             let ino = path_ino(path, salt);
-            match st.live.inodes.get(&ino) {
-                Some(n) if n.rec.base.as_ref().is_some_and(|b| b.path != path) => salt += 1,
-                _ => return ino,
+            let other = match st.live.inodes.get(&ino) {
+                Some(n) => n.rec.base.as_ref().is_some_and(|b| b.path != path),
+                None => match st.live.inodes.light.get(&ino) {
+                    Some(l) => !self.light_path_is(st, l, path)?,
+                    None => false,
+                },
+            };
+            if !other {
+                return Ok(ino);
             }
+            salt += 1;
         }
     }
 
-    /// The inode `name` names in directory `parent`, registering a derived node if needed.
+    /// Whether light node `l` is base path `path`.
+    fn light_path_is(&self, st: &State, l: &Light, path: &[u8]) -> Result<bool, FsError> {
+        let (entries, parent_path) = self.light_parent(st, l)?;
+        let Some(e) = entries.get(l.idx as usize) else {
+            return Ok(false);
+        };
+        Ok(if parent_path.is_empty() {
+            path == &*e.name
+        } else {
+            path.len() == parent_path.len() + 1 + e.name.len()
+                && path.starts_with(&parent_path)
+                && path[parent_path.len()] == b'/'
+                && path.ends_with(&e.name)
+        })
+    }
+
+    /// The base tree entries and base path of light node `l`'s parent.
+    fn light_parent(&self, st: &State, l: &Light) -> Result<(Arc<[TreeEntry]>, Vec<u8>), FsError> {
+        let p = st.node(l.parent).map_err(|_| FsError::from(Errno::EIO))?;
+        let (tree, path) = Self::base_tree(&p.rec).ok_or(Errno::EIO)?;
+        let path = path.to_vec();
+        Ok((self.tree_entries(tree)?, path))
+    }
+
+    /// The record of light node `ino`, derived again from its parent's base tree.
+    fn light_rec(&self, st: &State, ino: u64, l: &Light) -> Result<InodeRecord, FsError> {
+        let (entries, parent_path) = self.light_parent(st, l)?;
+        let e = entries.get(l.idx as usize).ok_or(Errno::EIO)?;
+        self.derived_rec(l.parent, &parent_path, e, ino)
+    }
+
+    /// The record of `ino`, full or light (a light one derived, nothing registered): for requests
+    /// that only read it.
+    pub(super) fn record(&self, st: &State, ino: u64) -> Result<InodeRecord, FsError> {
+        if let Some(n) = st.live.inodes.get(&ino) {
+            return Ok(n.rec.clone());
+        }
+        match st.live.inodes.light.get(&ino) {
+            Some(l) => self.light_rec(st, ino, l),
+            None => Err(Errno::ENOENT.into()),
+        }
+    }
+
+    /// Makes `ino` a full node if it is light, for a request that may change it, open it or count
+    /// on [`State::node`] finding it. A no-op for anything else.
+    pub(super) fn expand(&self, st: &mut State, ino: u64) -> Result<(), FsError> {
+        let Some(l) = st.live.inodes.light.get(&ino).copied() else {
+            return Ok(());
+        };
+        let rec = self.light_rec(st, ino, &l)?;
+        st.live.inodes.take_light(ino);
+        st.live
+            .inodes
+            .insert(ino, Node::derived(rec, u64::from(l.lookups)));
+        // The parent is not reaped here even if nothing refers to it any more: the request may be
+        // about to use it (an unlink in it); it goes at its next forget, as any derived node.
+        Ok(())
+    }
+
+    /// Locks the state with `ino` a full node (see [`Self::expand`]).
+    pub(super) fn lock_for(&self, ino: u64) -> Result<MutexGuard<'_, State>, FsError> {
+        let mut st = self.lock();
+        self.expand(&mut st, ino)?;
+        Ok(st)
+    }
+
+    /// The inode `name` names in directory `parent`, registering a derived node if needed: always a
+    /// full node, for requests that go on to change it.
     pub(super) fn resolve(
         &self,
         st: &mut State,
         parent: u64,
         name: &[u8],
+    ) -> Result<Option<u64>, FsError> {
+        let ino = self.resolve_as(st, parent, name, false)?;
+        if let Some(ino) = ino {
+            self.expand(st, ino)?;
+        }
+        Ok(ino)
+    }
+
+    /// A kernel reference to `name` in `parent` (`lookup`, a readdirplus entry): resolves it,
+    /// counts the reference and returns the record. A base file or symlink nobody changed or opened
+    /// is kept light.
+    pub(super) fn reference(
+        &self,
+        st: &mut State,
+        parent: u64,
+        name: &[u8],
+    ) -> Result<Option<InodeRecord>, FsError> {
+        let Some(ino) = self.resolve_as(st, parent, name, true)? else {
+            return Ok(None);
+        };
+        if let Some(l) = st.live.inodes.light.get_mut(&ino) {
+            if let Some(k) = l.lookups.checked_add(1) {
+                l.lookups = k;
+                let l = *l;
+                return self.light_rec(st, ino, &l).map(Some);
+            }
+            self.expand(st, ino)?;
+        }
+        let n = st.node_mut(ino)?;
+        n.lookups += 1;
+        let rec = n.rec.clone();
+        self.settle(st, ino);
+        Ok(Some(rec))
+    }
+
+    /// Resolves `name` in `parent`; an entry of the base not yet in the table is registered as a
+    /// light node (with no references yet) when `light` and it is a file or symlink, else as a full
+    /// one. An existing light node stays light.
+    fn resolve_as(
+        &self,
+        st: &mut State,
+        parent: u64,
+        name: &[u8],
+        light: bool,
     ) -> Result<Option<u64>, FsError> {
         let p = st.node(parent)?;
         if p.rec.kind != Kind::Dir {
@@ -126,23 +351,107 @@ impl WorkspaceFs {
         };
         let parent_path = parent_path.to_vec();
         let entries = self.tree_entries(tree)?;
-        let Some(e) = find_entry(&entries, name) else {
+        let Some(idx) = find_index(&entries, name) else {
             return Ok(None);
         };
+        let e = &entries[idx];
         let path = join(&parent_path, name);
-        let ino = Self::derived_ino(st, &path);
-        if let std::collections::hash_map::Entry::Vacant(slot) = st.live.inodes.entry(ino) {
-            let rec = self.derived_rec(parent, &parent_path, e, ino)?;
-            slot.insert(Node {
-                rec,
-                persisted: false,
-                lookups: 0,
-                opens: 0,
-                writers: 0,
-            });
+        let ino = self.derived_ino(st, &path)?;
+        if st.live.inodes.has(ino) {
+            return Ok(Some(ino));
+        }
+        let small = light && !matches!(e.kind, EntryKind::Tree | EntryKind::Gitlink);
+        match u32::try_from(idx) {
+            Ok(idx) if small => {
+                st.live.inodes.light.insert(
+                    ino,
+                    Light {
+                        parent,
+                        idx,
+                        lookups: 0,
+                    },
+                );
+                if let Some(p) = st.live.inodes.get_mut(&parent) {
+                    p.pins += 1;
+                }
+            }
+            _ => {
+                let rec = self.derived_rec(parent, &parent_path, e, ino)?;
+                st.live.inodes.insert(ino, Node::derived(rec, 0));
+            }
         }
         Ok(Some(ino))
     }
+
+    /// Makes full node `ino` light again if it is a base file or symlink nobody changed, opens or
+    /// copies and the kernel still refers to: exactly what deriving it again gives (checked).
+    fn settle(&self, st: &mut State, ino: u64) {
+        let Some(n) = st.live.inodes.get(&ino) else {
+            return;
+        };
+        if n.persisted
+            || n.opens > 0
+            || n.writers > 0
+            || n.pins > 0
+            || n.lookups == 0
+            || matches!(n.rec.kind, Kind::Dir)
+            || n.rec.nlink == 0
+            || n.rec.upper
+            || n.rec.base.is_none()
+            || st.batch.is_some()
+            || st.copying.contains(&ino)
+        {
+            return;
+        }
+        let Ok(lookups) = u32::try_from(n.lookups) else {
+            return;
+        };
+        let parent = n.rec.parent;
+        if st
+            .live
+            .dirs
+            .get(&parent)
+            .is_some_and(|d| d.contains_key(&n.rec.name))
+        {
+            return;
+        }
+        let Some(p) = st.live.inodes.get(&parent) else {
+            return;
+        };
+        let Some((tree, parent_path)) = Self::base_tree(&p.rec) else {
+            return;
+        };
+        let Ok(entries) = self.tree_entries(tree) else {
+            return;
+        };
+        let Some(idx) = find_index(&entries, &n.rec.name) else {
+            return;
+        };
+        let (Ok(derived), Ok(idx32)) = (
+            self.derived_rec(parent, parent_path, &entries[idx], ino),
+            u32::try_from(idx),
+        ) else {
+            return;
+        };
+        if derived != n.rec {
+            return;
+        }
+        st.live.inodes.remove(&ino);
+        st.live.inodes.light.insert(
+            ino,
+            Light {
+                parent,
+                idx: idx32,
+                lookups,
+            },
+        );
+        if let Some(p) = st.live.inodes.get_mut(&parent) {
+            p.pins += 1;
+        }
+    }
+
+    /// Drops node `ino` if nothing refers to it any more (no kernel reference, no open, no record,
+    /// no light child); else makes it light if it can be.
     pub(super) fn reap(&self, st: &mut State, ino: u64) {
         if ino == ROOT_INO {
             return;
@@ -152,15 +461,41 @@ impl WorkspaceFs {
             b.reaps.push(ino);
             return;
         }
+        if let Some(l) = st.live.inodes.light.get(&ino) {
+            if l.lookups == 0 {
+                let parent = l.parent;
+                st.live.inodes.take_light(ino);
+                self.reap(st, parent);
+            }
+            return;
+        }
         let Some(n) = st.live.inodes.get(&ino) else {
             return;
         };
-        if n.lookups == 0 && n.opens == 0 && !n.persisted {
+        if n.lookups == 0 && n.opens == 0 && !n.persisted && n.pins == 0 {
             let upper = n.rec.upper && n.rec.nlink == 0;
-            st.live.inodes.remove(&ino);
+            st.live.inodes.remove_full(ino);
             if upper {
                 self.upper.remove(ino);
             }
+        } else {
+            self.settle(st, ino);
         }
+    }
+
+    /// Nodes in the live table, full and light: what the workspace's inode table costs (a full
+    /// node is a record, a light one 16 bytes).
+    pub fn node_counts(&self) -> (usize, usize) {
+        self.lock().live.inodes.counts()
+    }
+
+    /// Kernel references dropped (`forget`).
+    pub(super) fn unreference(&self, st: &mut State, ino: u64, n: u64) {
+        if let Some(l) = st.live.inodes.light.get_mut(&ino) {
+            l.lookups = u32::try_from(u64::from(l.lookups).saturating_sub(n)).unwrap_or(0);
+        } else if let Some(node) = st.live.inodes.get_mut(&ino) {
+            node.lookups = node.lookups.saturating_sub(n);
+        }
+        self.reap(st, ino);
     }
 }

@@ -53,8 +53,8 @@ mod xattr;
 pub use convert::unix_time;
 use convert::*;
 pub use handover::NodeState;
-use inodes::Node;
 pub use inodes::path_ino;
+use inodes::{Node, Nodes};
 use journal::Journal;
 pub use journal::{BASE_TOKEN, Changed};
 use namespace::New;
@@ -77,7 +77,7 @@ struct State {
     /// runtime data; `live.inodes` also holds the inodes without a record (derived from the base,
     /// or unlinked and still referenced). `live.generation` counts committed batches since the
     /// workspace was created (durable: replay recounts them).
-    live: CatalogState<HashMap<u64, Node>>,
+    live: CatalogState<Nodes>,
     journal: Journal,
     /// Inodes whose data file is being prepared without the lock (copy-up, re-inode): other
     /// requests that would change or copy the same inode wait on [`WorkspaceFs::copied`].
@@ -193,6 +193,7 @@ impl WorkspaceFs {
                 lookups: 1,
                 opens: 0,
                 writers: 0,
+                pins: 0,
             });
         }
         if let Some(root) = nodes.get_mut(&ROOT_INO) {
@@ -211,7 +212,7 @@ impl WorkspaceFs {
             state: Mutex::new(State {
                 catalog,
                 live: CatalogState {
-                    inodes: nodes,
+                    inodes: Nodes::new(nodes),
                     dirs: loaded.dirs,
                     next_ino: loaded.next_ino.max(1),
                     generation: loaded.generation,

@@ -548,7 +548,7 @@ impl WorkspaceFs {
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr, FsError> {
         let newname = check_name(newname)?;
-        let mut st = self.lock();
+        let mut st = self.lock_for(ino)?;
         let rec = st.node(ino)?.rec.clone();
         // As the kernel orders them: an existing name first, then what the source is.
         self.parent_for_create(&mut st, newparent, newname)?;

@@ -18,14 +18,19 @@ pub(super) fn git_order(a: &[u8], a_tree: bool, b: &[u8], b_tree: bool) -> std::
 
 /// Finds `name` in a tree in git order (binary search, trying it as a blob and as a tree).
 pub(super) fn find_entry<'a>(entries: &'a [TreeEntry], name: &[u8]) -> Option<&'a TreeEntry> {
+    find_index(entries, name).map(|i| &entries[i])
+}
+
+/// The index of `name` in a tree (see [`find_entry`]).
+pub(super) fn find_index(entries: &[TreeEntry], name: &[u8]) -> Option<usize> {
     for as_tree in [false, true] {
         if let Ok(i) = entries.binary_search_by(|e| {
             let e_tree = matches!(e.kind, EntryKind::Tree);
             git_order(&e.name, e_tree, name, as_tree)
         }) && &*entries[i].name == name
         {
-            return Some(&entries[i]);
+            return Some(i);
         }
     }
-    entries.iter().find(|e| &*e.name == name)
+    entries.iter().position(|e| &*e.name == name)
 }

@@ -5,7 +5,7 @@
 //! also noted, by directory entry and inode, in the [`SnapTrack`] that lets a snapshot rebuild only
 //! what changed since the last one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use gix::ObjectId;
 
@@ -16,7 +16,11 @@ use crate::cow::catalog::{InodeRecord, Kind, Record};
 
 use crate::cow::catalog::CatalogState;
 
-use super::{ALLOCATED, ROOT_INO, State, convert::io_errno, inodes::Node};
+use super::{
+    ALLOCATED, ROOT_INO, State,
+    convert::io_errno,
+    inodes::{Node, Nodes},
+};
 
 #[derive(Default)]
 pub(super) struct Tx {
@@ -60,12 +64,25 @@ impl Tx {
     }
 }
 impl State {
+    /// Full node `ino`. A light one (a base file: requests that read or change a file make it full
+    /// first) is asked for only as a directory: `ENOTDIR`.
     pub(super) fn node(&self, ino: u64) -> Result<&Node, FsError> {
-        self.live.inodes.get(&ino).ok_or(Errno::ENOENT.into())
+        self.live.inodes.get(&ino).ok_or_else(|| self.missing(ino))
     }
 
     pub(super) fn node_mut(&mut self, ino: u64) -> Result<&mut Node, FsError> {
+        if !self.live.inodes.contains_key(&ino) {
+            return Err(self.missing(ino));
+        }
         self.live.inodes.get_mut(&ino).ok_or(Errno::ENOENT.into())
+    }
+
+    fn missing(&self, ino: u64) -> FsError {
+        if self.live.inodes.light.contains_key(&ino) {
+            Errno::ENOTDIR.into()
+        } else {
+            Errno::ENOENT.into()
+        }
     }
 
     /// The working copy of `ino`'s record in `tx`.
@@ -295,7 +312,7 @@ pub(super) struct SnapTrack {
 
 impl SnapTrack {
     /// Notes what `records` change in `live` (called before they are applied).
-    pub(super) fn note(&mut self, live: &CatalogState<HashMap<u64, Node>>, records: &[Record]) {
+    pub(super) fn note(&mut self, live: &CatalogState<Nodes>, records: &[Record]) {
         for r in records {
             match r {
                 Record::Entry { dir, name, ino } => {

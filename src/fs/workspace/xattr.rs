@@ -48,7 +48,7 @@ impl WorkspaceFs {
         if name == CAPABILITY {
             self.any_capability.store(true, Ordering::SeqCst);
         }
-        let mut st = self.lock();
+        let mut st = self.lock_for(ino)?;
         let exists = st.node(ino)?.rec.xattrs.contains_key(name);
         if flags & libc::XATTR_CREATE != 0 && exists {
             return Err(Errno::EEXIST.into());
@@ -72,14 +72,15 @@ impl WorkspaceFs {
             return Err(Errno::NO_XATTR.into());
         }
         let st = self.lock();
-        let v = st.node(ino)?.rec.xattrs.get(name).ok_or(Errno::NO_XATTR)?;
+        let rec = self.record(&st, ino)?;
+        let v = rec.xattrs.get(name).ok_or(Errno::NO_XATTR)?;
         sized(v.clone(), size)
     }
 
     pub fn listxattr(&self, ino: u64, size: u32) -> Result<XattrReply, FsError> {
         let st = self.lock();
         let mut out = Vec::new();
-        for k in st.node(ino)?.rec.xattrs.keys() {
+        for k in self.record(&st, ino)?.xattrs.keys() {
             out.extend_from_slice(k);
             out.push(0);
         }
@@ -88,7 +89,7 @@ impl WorkspaceFs {
 
     pub fn removexattr(&self, ino: u64, name: &OsStr) -> Result<(), FsError> {
         let name = Self::xattr_name(name)?;
-        let mut st = self.lock();
+        let mut st = self.lock_for(ino)?;
         if !st.node(ino)?.rec.xattrs.contains_key(name) {
             return Err(Errno::NO_XATTR.into());
         }
