@@ -61,6 +61,11 @@ impl Daemon {
             if only_missing && build::is_built(&deps, &plan) {
                 continue;
             }
+            // `mirror add`/`mirror sync` cancelled (Ctrl-C): no further build starts.
+            if mirror::cancelled() {
+                tracing::info!(%project, "layer builds skipped: cancelled");
+                break;
+            }
             let name = plan.describe();
             report(project, &name, None);
             tracing::info!(%project, key = %plan.key, "building the {name}");

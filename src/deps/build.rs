@@ -442,6 +442,13 @@ fn run_logged(
                     timeout.as_secs()
                 ));
             }
+            // The `mirror add`/`mirror sync` that runs this build was cancelled (Ctrl-C).
+            Ok(None) if crate::git::mirror::cancelled() => {
+                let _ = crate::sys::kill_process_group(child.id());
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("`{}` cancelled", argv.join(" ")));
+            }
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
             Err(e) => return Err(format!("cannot wait for {}: {e}", argv[0])),
         }
