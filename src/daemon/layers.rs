@@ -171,11 +171,20 @@ pub(super) fn grafts(rec: &WorkspaceRecord) -> Result<Vec<Graft>, Error> {
 
 /// Which of `paths` (each with whether it is a directory) the workspace's ignore rules leave out
 /// now; reads the rules only when there is a path to decide.
-fn ignored_now(core: &WorkspaceFs, paths: &[(&[u8], bool)]) -> Result<Vec<bool>, Error> {
+fn ignored_now(
+    core: &WorkspaceFs,
+    paths: &[(&[u8], bool)],
+) -> Result<std::collections::HashSet<Vec<u8>>, Error> {
     if paths.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Default::default());
     }
-    Ok(crate::own_repo::add_all::ignored_as(core, paths)?)
+    let verdicts = crate::own_repo::add_all::ignored_as(core, paths)?;
+    Ok(paths
+        .iter()
+        .zip(verdicts)
+        .filter(|(_, ignored)| *ignored)
+        .map(|((p, _), _)| p.to_vec())
+        .collect())
 }
 
 /// Whether an edit at or below a layer path needs the ignore rules to decide it. A path new to
@@ -219,13 +228,7 @@ pub(super) fn strip(
             (e.path(), dir)
         })
         .collect();
-    let verdicts = ignored_now(core, &asked)?;
-    let ignored: std::collections::HashSet<Vec<u8>> = asked
-        .iter()
-        .zip(verdicts)
-        .filter(|(_, ignored)| *ignored)
-        .map(|((p, _), _)| p.to_vec())
-        .collect();
+    let ignored = ignored_now(core, &asked)?;
     let content = |id: ObjectId| -> Result<ViewSource, Error> {
         if repo.has_object(id) {
             return Ok(ViewSource::Object(id));
@@ -323,13 +326,7 @@ pub(super) fn strip_meta(
             )
         })
         .collect();
-    let verdicts = ignored_now(core, &asked)?;
-    let ignored: std::collections::HashSet<Vec<u8>> = asked
-        .iter()
-        .zip(verdicts)
-        .filter(|(_, ignored)| *ignored)
-        .map(|((p, _), _)| p.to_vec())
-        .collect();
+    let ignored = ignored_now(core, &asked)?;
     meta.retain(|m| !ignored.contains(&m.path));
     Ok(meta)
 }

@@ -68,6 +68,23 @@ struct DirListing {
 /// many requests; the kernel caches what it has read, so few directories are listed at once).
 const LISTINGS: usize = 64;
 
+/// Up to `size` bytes of `file` at `offset`, short only at its end (a read the kernel asked for is
+/// answered whole, whatever short reads the file gives).
+pub(crate) fn read_full_at(file: &File, offset: u64, size: u32) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; size as usize];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(filled);
+    Ok(buf)
+}
+
 /// The `readdir` offset of `name`: `.` 1, `..` 2, anything else a hash of the name in `3..2^62+3`
 /// (positive as an `off_t`; two names of one directory share one with a chance of about n²/2^63).
 pub fn dir_offset(name: &std::ffi::OsStr) -> u64 {
@@ -351,18 +368,7 @@ impl<B> Handles<B> {
     /// Up to `size` bytes of `fh` at `offset` (short only at the end of the file).
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let (file, upper, ino) = self.current_file(fh)?;
-        let mut buf = vec![0u8; size as usize];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e).context(|| self.what(ino, upper, "read")),
-            }
-        }
-        buf.truncate(filled);
-        Ok(buf)
+        read_full_at(&file, offset, size).context(|| self.what(ino, upper, "read"))
     }
 
     /// Writes `data` at `offset` of `fh`.

@@ -242,18 +242,7 @@ impl InodeIo {
     /// Up to `size` bytes of `ino` at `offset` (short only at the end of the file).
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let (file, upper) = self.held(ino, false)?;
-        let mut buf = vec![0u8; size as usize];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match file.read_at(&mut buf[filled..], offset + filled as u64) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e).context(|| self.what(ino, upper, "read")),
-            }
-        }
-        buf.truncate(filled);
-        Ok(buf)
+        super::handles::read_full_at(&file, offset, size).context(|| self.what(ino, upper, "read"))
     }
 
     /// Writes `data` at `offset` of `ino` (copied up first if it is base content).
