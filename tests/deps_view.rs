@@ -636,7 +636,22 @@ fn an_existing_non_relocatable_venv_is_kept_and_reported() {
     let ws = d.open_thread("t3", &["--project", "p"]);
     assert_eq!(status(&d, "t3")["layers"][0]["path"], ".venv");
     assert_eq!(read(&ws.join(".venv/pyvenv.cfg")), "relocatable = true\n");
-    for t in ["t1", "t2", "t3"] {
+    // The folder is its owner's content: a `bin/` that is a symlink is not followed, and a FIFO
+    // named pyvenv.cfg does not hold the daemon (the old check blocked in open(2) there, and the
+    // open below timed out).
+    let elsewhere = d.base.join("elsewhere");
+    write_file(&elsewhere.join("tool"), bound.as_bytes(), 0o755);
+    fs::rename(venv.join("bin"), d.base.join("old-bin")).expect("move bin");
+    std::os::unix::fs::symlink(&elsewhere, venv.join("bin")).expect("symlink bin");
+    kept("t4", "bin/ is not a directory)");
+    fs::remove_file(venv.join("pyvenv.cfg")).expect("rm pyvenv.cfg");
+    run(
+        std::process::Command::new("mkfifo").arg(venv.join("pyvenv.cfg")),
+        CMD_TIMEOUT,
+    )
+    .assert_ok();
+    kept("t5", "it has no pyvenv.cfg)");
+    for t in ["t1", "t2", "t3", "t4", "t5"] {
         d.cli_ok(["release", t, "--force"]);
     }
 }

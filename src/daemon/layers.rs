@@ -340,16 +340,27 @@ const VENV_SCRIPTS_MAX: usize = 256;
 /// relocatable: it is not a plain directory, its `pyvenv.cfg` lacks `relocatable = true`, or a
 /// script in its `bin/` has a shebang naming an absolute path inside the venv (it would run the
 /// interpreter at the old path). `None` without a `.venv`, or for a relocatable one. Reads at most
-/// a few KiB of a few hundred files; never writes.
+/// a few KiB of a few hundred files; never writes. The folder is its owner's content: no symlink is
+/// followed (the `.venv`, its `bin/` and every file are taken only as what they are), and only
+/// regular files are read, opened without blocking (a FIFO named `pyvenv.cfg` must not hold the
+/// daemon).
 pub(super) fn kept_venv(dir: &std::path::Path) -> Option<String> {
     use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let venv = dir.join(".venv");
     let meta = std::fs::symlink_metadata(&venv).ok()?;
     if !meta.is_dir() {
         return Some("it is not a directory".into());
     }
     let read = |p: &std::path::Path, max: u64| -> Option<Vec<u8>> {
-        let f = std::fs::File::open(p).ok()?;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(p)
+            .ok()?;
+        if !f.metadata().ok()?.is_file() {
+            return None;
+        }
         let mut out = Vec::new();
         f.take(max).read_to_end(&mut out).ok()?;
         Some(out)
@@ -372,7 +383,11 @@ pub(super) fn kept_venv(dir: &std::path::Path) -> Option<String> {
         .flatten()
         .map(|p| std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str()).to_vec())
         .collect();
-    let bin = std::fs::read_dir(venv.join("bin")).ok()?;
+    let bin = venv.join("bin");
+    if !std::fs::symlink_metadata(&bin).ok()?.is_dir() {
+        return Some("bin/ is not a directory".into());
+    }
+    let bin = std::fs::read_dir(bin).ok()?;
     for entry in bin.flatten().take(VENV_SCRIPTS_MAX) {
         if !entry.file_type().is_ok_and(|t| t.is_file()) {
             continue;
@@ -413,8 +428,14 @@ impl Daemon {
             dirs.push(std::path::PathBuf::from(p.upstream));
         }
         dirs.push(self.layout.mirror(project));
-        dirs.into_iter()
-            .find_map(|d| kept_venv(&d).map(|why| (d.join(".venv"), why)))
+        dirs.into_iter().find_map(|d| {
+            // Read with the folder owner's filesystem identity: the daemon sees there no more
+            // than they could (the mirror is the daemon's own).
+            use std::os::unix::fs::MetadataExt as _;
+            let m = std::fs::metadata(&d).ok()?;
+            let why = crate::sys::as_fs_user(m.uid(), m.gid(), || kept_venv(&d)).ok()??;
+            Some((d.join(".venv"), why))
+        })
     }
 
     /// The built layers a new workspace of `project` whose files are `tree` presents, and one line
