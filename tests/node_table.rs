@@ -194,3 +194,142 @@ fn a_directory_forgotten_before_its_files_stays_until_they_go() {
     // The directory now has a record (its overlay hides the name).
     assert_eq!(fs.node_counts(), (2, 0));
 }
+
+/// What one entry of the table costs: a light node is one 16-byte map slot (its number and one
+/// packed word), a full node a boxed [`Node`] behind a 16-byte slot. Fails if the light slot grows
+/// back to 24 bytes (an unpacked parent, index and count beside the key) or the node or record
+/// types grow by a field's worth (e.g. an inline xattr map or hex oid string in every record).
+#[test]
+fn table_entries_stay_small() {
+    let (node, light_slot, record) = WorkspaceFs::node_sizes();
+    assert_eq!(
+        light_slot, 16,
+        "a light node is its number and one packed word"
+    );
+    assert!(record <= 304, "an inode record is {record} bytes");
+    assert!(node <= record + 40, "a full node is {node} bytes");
+}
+
+const MANY: usize = 3500;
+
+fn wide_repo() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let r = GitRepo::init(tmp.path());
+    for f in 0..MANY {
+        r.write(&format!("w/f{f:04}"), format!("{f}\n"));
+    }
+    for d in 0..3 {
+        r.write(&format!("v{d}/a"), "a\n");
+        r.write(&format!("v{d}/b"), "b\n");
+    }
+    r.commit_all("wide", DATE1);
+    tmp
+}
+
+/// The table's own bytes: ~17 a light node while the kernel refers to 3,500 base files of one
+/// directory, and back to a small fixed size once it forgot them. Fails if the light map kept
+/// 24-byte slots (25.6 bytes a node here), or kept its capacity (or its parents' slots) after the
+/// forgets.
+#[test]
+fn the_light_table_costs_a_packed_slot_and_shrinks_after_forgets() {
+    let src = wide_repo();
+    let cache = tempfile::tempdir().expect("tempdir");
+    let fs = workspace(src.path(), cache.path());
+    let empty = fs.node_table_bytes();
+    let w = fs.lookup(ROOT_INO, OsStr::new("w")).expect("lookup").ino.0;
+    let mut inos = Vec::new();
+    for f in 0..MANY {
+        let name = format!("f{f:04}");
+        let a = fs.lookup(w, OsStr::new(&name)).expect("lookup");
+        assert_eq!(a.ino.0, path_ino(format!("w/{name}").as_bytes(), 0));
+        inos.push(a.ino.0);
+    }
+    assert_eq!(fs.node_counts(), (2, MANY));
+    let bytes = fs.node_table_bytes() - empty;
+    assert!(
+        bytes <= MANY * 20,
+        "{bytes} bytes for {MANY} light nodes ({} a node)",
+        bytes / MANY
+    );
+    for (f, ino) in inos.iter().enumerate() {
+        assert_eq!(
+            fs.getattr(*ino).expect("getattr").size,
+            format!("{f}\n").len() as u64
+        );
+    }
+    for ino in &inos {
+        fs.forget(*ino, 1);
+    }
+    fs.forget(w, 1);
+    assert_eq!(fs.node_counts(), (1, 0));
+    // The maps shrink by halves down to ~1,000 slots (17 KiB): not the 3,584 slots (61 KiB)
+    // the 3,500 nodes took.
+    let after = fs.node_table_bytes();
+    assert!(
+        after <= empty + 20_000,
+        "{after} bytes left after the forgets ({empty} for the fresh table)"
+    );
+}
+
+/// A light node counts up to 65,535 kernel references in its packed word; the next one makes it
+/// full, and forgets stay exact across the change. Parent slots are reused after a directory's
+/// light nodes went, and every light node keeps naming its own parent. Fails if a count overflowed
+/// into the index bits (the file would answer as another entry), or a freed slot still named the
+/// old directory.
+#[test]
+fn packed_counts_and_parent_slots_stay_exact() {
+    let src = wide_repo();
+    let cache = tempfile::tempdir().expect("tempdir");
+    let fs = workspace(src.path(), cache.path());
+    let w = fs.lookup(ROOT_INO, OsStr::new("w")).expect("lookup").ino.0;
+    let name = OsStr::new("f0007");
+    let first = fs.lookup(w, name).expect("lookup");
+    for _ in 1..65_535 {
+        fs.lookup(w, name).expect("lookup");
+    }
+    assert_eq!(fs.node_counts(), (2, 1), "65,535 references: still light");
+    let a = fs.lookup(w, name).expect("lookup");
+    assert_eq!((a.ino, a.size), (first.ino, 2));
+    assert_eq!(fs.node_counts(), (3, 0), "65,536: full");
+    fs.forget(a.ino.0, 65_535);
+    assert_eq!(fs.getattr(a.ino.0).expect("one reference left").size, 2);
+    fs.forget(a.ino.0, 1);
+    assert_eq!(
+        fs.getattr(a.ino.0).map(|_| ()).map_err(|e| e.errno),
+        Err(Errno::ENOENT)
+    );
+
+    // Light nodes in three directories; the first directory's go, a fourth takes its slot.
+    let mut dirs = Vec::new();
+    for d in 0..3 {
+        let v = fs
+            .lookup(ROOT_INO, OsStr::new(&format!("v{d}")))
+            .expect("lookup")
+            .ino
+            .0;
+        let a = fs.lookup(v, OsStr::new("a")).expect("lookup").ino.0;
+        let b = fs.lookup(v, OsStr::new("b")).expect("lookup").ino.0;
+        dirs.push((d, v, a, b));
+    }
+    let (_, v0, a0, b0) = dirs[0];
+    fs.forget(a0, 1);
+    fs.forget(b0, 1);
+    fs.forget(v0, 1);
+    let x = fs.lookup(w, OsStr::new("f1999")).expect("lookup").ino.0;
+    assert_eq!(fs.getattr(x).expect("getattr").size, 5);
+    assert_eq!(x, path_ino(b"w/f1999", 0));
+    for &(d, v, a, b) in &dirs[1..] {
+        assert_eq!(fs.getattr(a).expect("getattr").size, 2);
+        assert_eq!(fs.lookup(v, OsStr::new("a")).expect("lookup").ino.0, a);
+        assert_eq!(a, path_ino(format!("v{d}/a").as_bytes(), 0));
+        // Unlinking through the light node's parent finds it (its parent is the right one).
+        fs.unlink(v, OsStr::new("b")).expect("unlink");
+        assert_eq!(
+            fs.lookup(v, OsStr::new("b"))
+                .map(|_| ())
+                .map_err(|e| e.errno),
+            Err(Errno::ENOENT)
+        );
+        fs.forget(b, 1);
+    }
+}

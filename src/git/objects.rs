@@ -2,7 +2,8 @@
 //!
 //! This is the lower layer of every workspace (invariant 2: the lower layer is a commit, not a
 //! directory). It never writes. Parsed trees and blob sizes are cached, shared by every workspace of the
-//! mirror; stat data comes from object headers, never from reading content.
+//! mirror (parsed trees bounded by the bytes they hold); stat data comes from object headers, never
+//! from reading content.
 //!
 //! An object the mirror does not have is looked up in the store's fallback, the host's dependency
 //! layer store (`<state>/deps/store.git`, opened at the first miss once it exists): a workspace
@@ -59,12 +60,61 @@ thread_local! {
     static REPOS: RefCell<HashMap<u64, gix::Repository>> = RefCell::new(HashMap::new());
 }
 
+/// Parsed trees, least recently used evicted first, bounded by the bytes they hold (a tree of
+/// 100,000 entries costs what 10,000 trees of ten do).
+struct TreeCache {
+    lru: LruCache<ObjectId, Arc<[TreeEntry]>>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl TreeCache {
+    /// Bytes the store's tree cache may hold: every tree of a 100k-file base takes ~8 MiB.
+    const BUDGET: usize = 64 << 20;
+
+    fn new(budget: usize) -> TreeCache {
+        TreeCache {
+            lru: LruCache::unbounded(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// What a parsed tree holds: its entries and their names (with the allocator's overhead).
+    fn cost(entries: &[TreeEntry]) -> usize {
+        std::mem::size_of_val(entries)
+            + entries
+                .iter()
+                .map(|e| e.name.len().next_multiple_of(16) + 16)
+                .sum::<usize>()
+            + 64
+    }
+
+    fn get(&mut self, id: &ObjectId) -> Option<Arc<[TreeEntry]>> {
+        self.lru.get(id).cloned()
+    }
+
+    fn put(&mut self, id: ObjectId, entries: Arc<[TreeEntry]>) {
+        self.bytes += Self::cost(&entries);
+        if let Some(old) = self.lru.put(id, entries) {
+            self.bytes = self.bytes.saturating_sub(Self::cost(&old));
+        }
+        // The newest tree stays even when it alone is over the budget.
+        while self.bytes > self.budget && self.lru.len() > 1 {
+            match self.lru.pop_lru() {
+                Some((_, old)) => self.bytes = self.bytes.saturating_sub(Self::cost(&old)),
+                None => break,
+            }
+        }
+    }
+}
+
 /// A mirror's object store, shared by every workspace of that mirror.
 pub struct ObjectStore {
     id: u64,
     path: PathBuf,
     repo: gix::ThreadSafeRepository,
-    trees: Mutex<LruCache<ObjectId, Arc<[TreeEntry]>>>,
+    trees: Mutex<TreeCache>,
     sizes: DashMap<ObjectId, u64>,
     fallback: Option<Fallback>,
 }
@@ -97,9 +147,7 @@ impl ObjectStore {
             id: NEXT_STORE.fetch_add(1, Ordering::Relaxed),
             path: path.to_path_buf(),
             repo: repo.into_sync(),
-            trees: Mutex::new(LruCache::new(
-                std::num::NonZeroUsize::new(16 * 1024).expect("nonzero"),
-            )),
+            trees: Mutex::new(TreeCache::new(TreeCache::BUDGET)),
             sizes: DashMap::new(),
             fallback: None,
         })
@@ -229,7 +277,7 @@ impl ObjectStore {
     /// The entries of tree `id`, in git order.
     pub fn tree(&self, id: ObjectId) -> io::Result<Arc<[TreeEntry]>> {
         if let Some(t) = self.trees.lock().map_err(other)?.get(&id) {
-            return Ok(t.clone());
+            return Ok(t);
         }
         let entries: Arc<[TreeEntry]> = self.find(|repo| -> io::Result<Arc<[TreeEntry]>> {
             let tree = repo.find_tree(id).map_err(other)?;
@@ -256,6 +304,14 @@ impl ObjectStore {
         })?;
         self.trees.lock().map_err(other)?.put(id, entries.clone());
         Ok(entries)
+    }
+
+    /// Parsed trees in the cache and the bytes they hold (bounded by the cache's budget).
+    pub fn tree_cache_usage(&self) -> (usize, usize) {
+        self.trees
+            .lock()
+            .map(|c| (c.lru.len(), c.bytes))
+            .unwrap_or((0, 0))
     }
 
     /// The size of blob `id`, from its header (no content is read for loose or undeltified objects).
@@ -343,5 +399,60 @@ impl Drop for BlobStream {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tree_cache_tests {
+    use super::*;
+
+    fn tree(n: usize, seed: u8) -> Arc<[TreeEntry]> {
+        (0..n)
+            .map(|i| TreeEntry {
+                name: format!("entry-{i:06}").into_bytes().into_boxed_slice(),
+                kind: EntryKind::Blob,
+                id: ObjectId::from_bytes_or_panic(&[seed; 20]),
+            })
+            .collect()
+    }
+
+    fn id(k: u8) -> ObjectId {
+        ObjectId::from_bytes_or_panic(&[k; 20])
+    }
+
+    /// Fails if the cache were bounded by its number of trees (16k large trees would all stay) or
+    /// evicted anything but the least recently used.
+    #[test]
+    fn the_tree_cache_is_bounded_by_bytes_least_recently_used_first() {
+        let big = TreeCache::cost(&tree(1000, 0));
+        let mut c = TreeCache::new(3 * big + big / 2);
+        for k in 1..=3 {
+            c.put(id(k), tree(1000, k));
+        }
+        assert_eq!(c.lru.len(), 3);
+        assert!(c.get(&id(1)).is_some(), "1 is now the most recently used");
+        c.put(id(4), tree(1000, 4));
+        assert!(
+            c.bytes <= c.budget,
+            "{} bytes over a budget of {}",
+            c.bytes,
+            c.budget
+        );
+        assert!(c.get(&id(2)).is_none(), "the least recently used went");
+        for k in [1, 3, 4] {
+            assert!(c.get(&id(k)).is_some(), "tree {k} stays");
+        }
+        // Many small trees fit where few large ones did; a tree over the whole budget stays alone.
+        for k in 10..60 {
+            c.put(id(k), tree(10, k));
+        }
+        assert!(c.lru.len() > 40, "{} small trees", c.lru.len());
+        assert!(c.bytes <= c.budget);
+        c.put(id(100), tree(5000, 100));
+        assert_eq!(c.lru.len(), 1);
+        assert_eq!(c.bytes, TreeCache::cost(&tree(5000, 100)));
+        // Replacing a tree counts it once.
+        c.put(id(100), tree(5000, 100));
+        assert_eq!(c.bytes, TreeCache::cost(&tree(5000, 100)));
     }
 }

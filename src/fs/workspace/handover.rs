@@ -61,8 +61,7 @@ impl WorkspaceFs {
             let node = st
                 .live
                 .inodes
-                .entry(n.rec.ino)
-                .or_insert_with(|| Node::derived(n.rec, 0));
+                .get_or_insert_with(n.rec.ino, || Node::derived(n.rec, 0));
             node.lookups = n.lookups;
             node.opens = n.opens;
             node.writers = n.writers;

@@ -65,46 +65,248 @@ impl Node {
 }
 
 /// A base file or symlink nobody changed or has open, which only the kernel refers to (the bulk of
-/// the table after a `git status`): 16 bytes instead of a [`Node`] and its record. Its record is
-/// derived again, identically, from entry `idx` of its parent's base tree whenever a request needs
-/// it ([`WorkspaceFs::expand`]).
-#[derive(Debug, Clone, Copy)]
+/// the table after a `git status`): 8 bytes beside its number instead of a [`Node`] and its record.
+/// Its record is derived again, identically, from entry `idx` of its parent's base tree whenever a
+/// request needs it ([`WorkspaceFs::expand`]). This is the unpacked view of a [`LightTable`] slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Light {
     /// The directory whose base tree holds the entry (a full node, pinned).
     pub(super) parent: u64,
     /// The entry's index in that tree.
     pub(super) idx: u32,
-    /// References the kernel holds (exact: a node that would pass `u32::MAX` stays full).
+    /// References the kernel holds (exact: a node that would pass [`LightTable::MAX_LOOKUPS`]
+    /// stays full).
     pub(super) lookups: u32,
 }
 
-/// The live inode table: full nodes (dereferenced as a plain map, so that code which needs a
-/// record finds exactly the nodes that have one) and light ones.
+/// Bits of a packed light node: the parent's slot in [`LightTable::parents`], the entry's index in
+/// the parent's tree, the kernel's references. A node whose numbers do not fit stays full.
+const SLOT_BITS: u32 = 24;
+const IDX_BITS: u32 = 24;
+const LOOKUP_BITS: u32 = 16;
+const _: () = assert!(SLOT_BITS + IDX_BITS + LOOKUP_BITS == 64);
+
+/// The light nodes: inode number → one packed `u64` (a 16-byte slot in the map, where a [`Light`]
+/// beside its key took 24), the parent directories they name kept once each in a slot table.
 #[derive(Default)]
-pub(super) struct Nodes {
-    full: HashMap<u64, Node>,
-    pub(super) light: HashMap<u64, Light>,
+pub(super) struct LightTable {
+    map: HashMap<u64, u64>,
+    /// Slot → parent directory inode (0: a free slot).
+    parents: Vec<u64>,
+    /// Parent directory inode → (its slot, light nodes naming it).
+    slots: HashMap<u64, (u32, u32)>,
+    free: Vec<u32>,
 }
 
-impl std::ops::Deref for Nodes {
-    type Target = HashMap<u64, Node>;
-    fn deref(&self) -> &HashMap<u64, Node> {
-        &self.full
+impl LightTable {
+    /// The most kernel references a light node counts; one more makes it full.
+    pub(super) const MAX_LOOKUPS: u32 = (1 << LOOKUP_BITS) - 1;
+    const MAX_IDX: u32 = (1 << IDX_BITS) - 1;
+    const MAX_SLOT: u32 = (1 << SLOT_BITS) - 1;
+
+    fn unpack(&self, v: u64) -> Light {
+        let slot = (v >> (IDX_BITS + LOOKUP_BITS)) as usize;
+        Light {
+            parent: self.parents.get(slot).copied().unwrap_or(0),
+            idx: ((v >> LOOKUP_BITS) & u64::from(Self::MAX_IDX)) as u32,
+            lookups: (v & u64::from(Self::MAX_LOOKUPS)) as u32,
+        }
+    }
+
+    /// Light node `ino`, unpacked.
+    pub(super) fn get(&self, ino: &u64) -> Option<Light> {
+        self.map.get(ino).map(|&v| self.unpack(v))
+    }
+
+    pub(super) fn contains_key(&self, ino: &u64) -> bool {
+        self.map.contains_key(ino)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether `l` fits a packed slot (else the node stays full).
+    pub(super) fn fits(&self, l: &Light) -> bool {
+        l.idx <= Self::MAX_IDX
+            && l.lookups <= Self::MAX_LOOKUPS
+            && (self.slots.contains_key(&l.parent)
+                || !self.free.is_empty()
+                || self.parents.len() <= Self::MAX_SLOT as usize)
+    }
+
+    /// Adds (or replaces) light node `ino`; false, with nothing changed, if it does not fit.
+    /// Pinning the parent node is the caller's.
+    fn insert(&mut self, ino: u64, l: Light) -> bool {
+        if !self.fits(&l) {
+            return false;
+        }
+        if let Some(old) = self.map.get(&ino).copied() {
+            // Only the count can change for a node already there (its parent and index are its
+            // path); anything else is replaced whole.
+            let o = self.unpack(old);
+            if o.parent == l.parent && o.idx == l.idx {
+                return self.set_lookups(&ino, l.lookups);
+            }
+            self.remove(&ino);
+        }
+        let slot = match self.slots.get_mut(&l.parent) {
+            Some((slot, n)) => {
+                *n += 1;
+                *slot
+            }
+            None => {
+                let slot = match self.free.pop() {
+                    Some(s) => s,
+                    None => {
+                        self.parents.push(0);
+                        (self.parents.len() - 1) as u32
+                    }
+                };
+                if let Some(p) = self.parents.get_mut(slot as usize) {
+                    *p = l.parent;
+                }
+                self.slots.insert(l.parent, (slot, 1));
+                slot
+            }
+        };
+        let v = (u64::from(slot) << (IDX_BITS + LOOKUP_BITS))
+            | (u64::from(l.idx) << LOOKUP_BITS)
+            | u64::from(l.lookups);
+        self.map.insert(ino, v);
+        true
+    }
+
+    /// Sets light node `ino`'s kernel references; false, with nothing changed, if `lookups` does
+    /// not fit (the caller makes the node full) or there is no such node.
+    pub(super) fn set_lookups(&mut self, ino: &u64, lookups: u32) -> bool {
+        if lookups > Self::MAX_LOOKUPS {
+            return false;
+        }
+        match self.map.get_mut(ino) {
+            Some(v) => {
+                *v = (*v & !u64::from(Self::MAX_LOOKUPS)) | u64::from(lookups);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Takes light node `ino` out (its parent's slot goes with the last node naming it). The map
+    /// gives memory back once it is mostly empty (after the kernel forgot what a `git status`
+    /// looked up).
+    fn remove(&mut self, ino: &u64) -> Option<Light> {
+        let v = self.map.remove(ino)?;
+        let l = self.unpack(v);
+        if let Some((slot, n)) = self.slots.get_mut(&l.parent) {
+            *n -= 1;
+            if *n == 0 {
+                let slot = *slot;
+                self.slots.remove(&l.parent);
+                if let Some(p) = self.parents.get_mut(slot as usize) {
+                    *p = 0;
+                }
+                self.free.push(slot);
+            }
+        }
+        if self.slots.is_empty() {
+            self.parents = Vec::new();
+            self.free = Vec::new();
+            self.slots = HashMap::new();
+        }
+        if self.map.capacity() > 1024 && self.map.len() * 4 < self.map.capacity() {
+            self.map.shrink_to(self.map.len() * 2);
+        }
+        Some(l)
+    }
+
+    /// Every light node, unpacked.
+    pub(super) fn iter(&self) -> LightIter<'_> {
+        LightIter {
+            it: self.map.iter(),
+            table: self,
+        }
+    }
+
+    /// Bytes the table holds (its maps' slots, by capacity): what a workspace's light nodes cost.
+    pub(super) fn bytes(&self) -> usize {
+        // A hashbrown slot is the entry plus one control byte.
+        self.map.capacity() * (std::mem::size_of::<(u64, u64)>() + 1)
+            + self.slots.capacity() * (std::mem::size_of::<(u64, (u32, u32))>() + 1)
+            + self.parents.capacity() * std::mem::size_of::<u64>()
+            + self.free.capacity() * std::mem::size_of::<u32>()
     }
 }
 
-impl std::ops::DerefMut for Nodes {
-    fn deref_mut(&mut self) -> &mut HashMap<u64, Node> {
-        &mut self.full
+/// The light nodes of a [`LightTable`], unpacked: (number, node).
+pub(super) struct LightIter<'a> {
+    it: std::collections::hash_map::Iter<'a, u64, u64>,
+    table: &'a LightTable,
+}
+
+impl<'a> Iterator for LightIter<'a> {
+    type Item = (&'a u64, Light);
+    fn next(&mut self) -> Option<(&'a u64, Light)> {
+        let (ino, v) = self.it.next()?;
+        Some((ino, self.table.unpack(*v)))
+    }
+}
+
+impl<'a> IntoIterator for &'a LightTable {
+    type Item = (&'a u64, Light);
+    type IntoIter = LightIter<'a>;
+    fn into_iter(self) -> LightIter<'a> {
+        self.iter()
+    }
+}
+
+/// The live inode table: full nodes and light ones. Full nodes are boxed (a map slot is then 16
+/// bytes, not a whole node, and a map grows by doubling); the inherent `get`/`insert`/... take and
+/// give plain [`Node`]s, and the map itself is reachable read-only through `Deref` so that code
+/// which needs a record finds exactly the nodes that have one.
+#[derive(Default)]
+pub(super) struct Nodes {
+    full: HashMap<u64, Box<Node>>,
+    pub(super) light: LightTable,
+}
+
+impl std::ops::Deref for Nodes {
+    type Target = HashMap<u64, Box<Node>>;
+    fn deref(&self) -> &HashMap<u64, Box<Node>> {
+        &self.full
     }
 }
 
 impl Nodes {
     pub(super) fn new(full: HashMap<u64, Node>) -> Nodes {
         Nodes {
-            full,
-            light: HashMap::new(),
+            full: full.into_iter().map(|(i, n)| (i, Box::new(n))).collect(),
+            light: LightTable::default(),
         }
+    }
+
+    /// Full node `ino`.
+    pub(super) fn get(&self, ino: &u64) -> Option<&Node> {
+        self.full.get(ino).map(|n| &**n)
+    }
+
+    pub(super) fn get_mut(&mut self, ino: &u64) -> Option<&mut Node> {
+        self.full.get_mut(ino).map(|n| &mut **n)
+    }
+
+    /// Adds (or replaces) full node `ino`.
+    pub(super) fn insert(&mut self, ino: u64, n: Node) -> Option<Node> {
+        self.full.insert(ino, Box::new(n)).map(|b| *b)
+    }
+
+    /// Full node `ino`, added by `f` if there is none.
+    pub(super) fn get_or_insert_with(&mut self, ino: u64, f: impl FnOnce() -> Node) -> &mut Node {
+        self.full.entry(ino).or_insert_with(|| Box::new(f()))
+    }
+
+    /// The full nodes.
+    pub(super) fn values(&self) -> impl Iterator<Item = &Node> {
+        self.full.values().map(|n| &**n)
     }
 
     /// Whether `ino` is in the table, full or light.
@@ -112,31 +314,52 @@ impl Nodes {
         self.full.contains_key(&ino) || self.light.contains_key(&ino)
     }
 
-    /// Takes light node `ino` out of the table (unpinning its parent). The table gives memory back
-    /// once it is mostly empty (after the kernel forgot what a `git status` looked up).
+    /// Adds light node `ino` and pins its parent; false, with nothing changed, if it does not fit
+    /// a packed slot (the caller keeps a full node).
+    fn insert_light(&mut self, ino: u64, l: Light) -> bool {
+        if !self.light.insert(ino, l) {
+            return false;
+        }
+        if let Some(p) = self.get_mut(&l.parent) {
+            p.pins += 1;
+        }
+        true
+    }
+
+    /// Takes light node `ino` out of the table (unpinning its parent).
     fn take_light(&mut self, ino: u64) -> Option<Light> {
         let l = self.light.remove(&ino)?;
-        if let Some(p) = self.full.get_mut(&l.parent) {
+        if let Some(p) = self.get_mut(&l.parent) {
             p.pins = p.pins.saturating_sub(1);
-        }
-        if self.light.capacity() > 1024 && self.light.len() * 4 < self.light.capacity() {
-            self.light.shrink_to(self.light.len() * 2);
         }
         Some(l)
     }
 
     /// Removes full node `ino`, giving memory back once the table is mostly empty.
-    pub(super) fn remove_full(&mut self, ino: u64) -> Option<Node> {
-        let n = self.full.remove(&ino)?;
+    pub(super) fn remove(&mut self, ino: &u64) -> Option<Node> {
+        let n = self.full.remove(ino)?;
         if self.full.capacity() > 1024 && self.full.len() * 4 < self.full.capacity() {
             self.full.shrink_to(self.full.len() * 2);
         }
-        Some(n)
+        Some(*n)
+    }
+
+    /// Removes full node `ino` (see [`Self::remove`]).
+    pub(super) fn remove_full(&mut self, ino: u64) -> Option<Node> {
+        self.remove(&ino)
     }
 
     /// Nodes in the table: (full, light).
     pub(super) fn counts(&self) -> (usize, usize) {
         (self.full.len(), self.light.len())
+    }
+
+    /// Bytes the table itself holds: map slots (by capacity), the boxed nodes and the light
+    /// table; not the heap data of records (names, paths).
+    pub(super) fn bytes(&self) -> usize {
+        self.full.capacity() * (std::mem::size_of::<(u64, Box<Node>)>() + 1)
+            + self.full.len() * std::mem::size_of::<Node>()
+            + self.light.bytes()
     }
 }
 
@@ -144,7 +367,7 @@ impl Nodes {
 /// long as the kernel or an open file refers to it.
 impl InodeTable for Nodes {
     fn set(&mut self, rec: &InodeRecord) {
-        match self.full.get_mut(&rec.ino) {
+        match self.get_mut(&rec.ino) {
             Some(n) => {
                 n.rec = rec.clone();
                 n.persisted = true;
@@ -155,13 +378,13 @@ impl InodeTable for Nodes {
                 let lookups = self.take_light(rec.ino).map_or(0, |l| u64::from(l.lookups));
                 let mut n = Node::persisted(rec.clone());
                 n.lookups = lookups;
-                self.full.insert(rec.ino, n);
+                self.insert(rec.ino, n);
             }
         }
     }
 
     fn drop_record(&mut self, ino: u64) {
-        if let Some(n) = self.full.get_mut(&ino) {
+        if let Some(n) = self.get_mut(&ino) {
             n.persisted = false;
             n.rec.nlink = 0;
         }
@@ -207,7 +430,7 @@ impl WorkspaceFs {
             let other = match st.live.inodes.get(&ino) {
                 Some(n) => n.rec.base.as_ref().is_some_and(|b| b.path != path),
                 None => match st.live.inodes.light.get(&ino) {
-                    Some(l) => !self.light_path_is(st, l, path)?,
+                    Some(l) => !self.light_path_is(st, &l, path)?,
                     None => false,
                 },
             };
@@ -256,7 +479,7 @@ impl WorkspaceFs {
             return Ok(n.rec.clone());
         }
         match st.live.inodes.light.get(&ino) {
-            Some(l) => self.light_rec(st, ino, l),
+            Some(l) => self.light_rec(st, ino, &l),
             None => Err(Errno::ENOENT.into()),
         }
     }
@@ -264,7 +487,7 @@ impl WorkspaceFs {
     /// Makes `ino` a full node if it is light, for a request that may change it, open it or count
     /// on [`State::node`] finding it. A no-op for anything else.
     pub(super) fn expand(&self, st: &mut State, ino: u64) -> Result<(), FsError> {
-        let Some(l) = st.live.inodes.light.get(&ino).copied() else {
+        let Some(l) = st.live.inodes.light.get(&ino) else {
             return Ok(());
         };
         let rec = self.light_rec(st, ino, &l)?;
@@ -311,12 +534,12 @@ impl WorkspaceFs {
         let Some(ino) = self.resolve_as(st, parent, name, true)? else {
             return Ok(None);
         };
-        if let Some(l) = st.live.inodes.light.get_mut(&ino) {
-            if let Some(k) = l.lookups.checked_add(1) {
-                l.lookups = k;
-                let l = *l;
+        if let Some(mut l) = st.live.inodes.light.get(&ino) {
+            l.lookups += 1;
+            if st.live.inodes.light.set_lookups(&ino, l.lookups) {
                 return self.light_rec(st, ino, &l).map(Some);
             }
+            // More references than a light node counts: a full node counts them.
             self.expand(st, ino)?;
         }
         let n = st.node_mut(ino)?;
@@ -361,24 +584,20 @@ impl WorkspaceFs {
             return Ok(Some(ino));
         }
         let small = light && !matches!(e.kind, EntryKind::Tree | EntryKind::Gitlink);
-        match u32::try_from(idx) {
-            Ok(idx) if small => {
-                st.live.inodes.light.insert(
+        let lit = small
+            && u32::try_from(idx).is_ok_and(|idx| {
+                st.live.inodes.insert_light(
                     ino,
                     Light {
                         parent,
                         idx,
                         lookups: 0,
                     },
-                );
-                if let Some(p) = st.live.inodes.get_mut(&parent) {
-                    p.pins += 1;
-                }
-            }
-            _ => {
-                let rec = self.derived_rec(parent, &parent_path, e, ino)?;
-                st.live.inodes.insert(ino, Node::derived(rec, 0));
-            }
+                )
+            });
+        if !lit {
+            let rec = self.derived_rec(parent, &parent_path, e, ino)?;
+            st.live.inodes.insert(ino, Node::derived(rec, 0));
         }
         Ok(Some(ino))
     }
@@ -436,17 +655,20 @@ impl WorkspaceFs {
         if derived != n.rec {
             return;
         }
-        st.live.inodes.remove(&ino);
-        st.live.inodes.light.insert(
-            ino,
-            Light {
-                parent,
-                idx: idx32,
-                lookups,
-            },
-        );
-        if let Some(p) = st.live.inodes.get_mut(&parent) {
-            p.pins += 1;
+        let l = Light {
+            parent,
+            idx: idx32,
+            lookups,
+        };
+        if !st.live.inodes.light.fits(&l) {
+            return;
+        }
+        let full = st.live.inodes.remove(&ino);
+        if !st.live.inodes.insert_light(ino, l)
+            && let Some(n) = full
+        {
+            // Cannot happen (it fits, checked above); the node stays full if it does.
+            st.live.inodes.insert(ino, n);
         }
     }
 
@@ -489,10 +711,27 @@ impl WorkspaceFs {
         self.lock().live.inodes.counts()
     }
 
+    /// Bytes the live inode table itself holds (map slots by capacity, the full nodes, the light
+    /// table; not the names and paths records own on the heap): for tests and `stats`.
+    pub fn node_table_bytes(&self) -> usize {
+        self.lock().live.inodes.bytes()
+    }
+
+    /// The in-memory sizes of a full node, a light node's map slot and an inode record, in bytes:
+    /// what a workspace's table costs per entry, for tests that bound it.
+    pub fn node_sizes() -> (usize, usize, usize) {
+        (
+            std::mem::size_of::<Node>(),
+            std::mem::size_of::<(u64, u64)>(),
+            std::mem::size_of::<InodeRecord>(),
+        )
+    }
+
     /// Kernel references dropped (`forget`).
     pub(super) fn unreference(&self, st: &mut State, ino: u64, n: u64) {
-        if let Some(l) = st.live.inodes.light.get_mut(&ino) {
-            l.lookups = u32::try_from(u64::from(l.lookups).saturating_sub(n)).unwrap_or(0);
+        if let Some(l) = st.live.inodes.light.get(&ino) {
+            let left = u32::try_from(u64::from(l.lookups).saturating_sub(n)).unwrap_or(0);
+            st.live.inodes.light.set_lookups(&ino, left);
         } else if let Some(node) = st.live.inodes.get_mut(&ino) {
             node.lookups = node.lookups.saturating_sub(n);
         }
