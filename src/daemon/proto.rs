@@ -52,6 +52,9 @@ pub enum Request {
         thread: String,
         project: Option<String>,
         git_ref: Option<String>,
+        /// The thread's I/O mode (none: as it was, else the daemon's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        io: Option<crate::fs::fuse::IoMode>,
     },
     List,
     Status {

@@ -37,6 +37,8 @@ pub(super) struct Fork {
     /// Changes applied over the base before the first mount: the diff between these two trees.
     apply: Option<(gix::ObjectId, gix::ObjectId)>,
     chat: bool,
+    /// The thread's own I/O mode (none: the daemon's).
+    io: Option<crate::fs::fuse::IoMode>,
 }
 
 fn split_nul(out: &[u8]) -> Vec<Vec<u8>> {
@@ -55,6 +57,7 @@ impl Daemon {
         thread: &str,
         project: Option<&str>,
         git_ref: Option<&str>,
+        io: Option<crate::fs::fuse::IoMode>,
         c: &Caller,
     ) -> Reply<Opened> {
         validate(NameKind::Thread, thread)?;
@@ -117,7 +120,19 @@ impl Daemon {
             // One more user of the live workspace, counted in its record so that a restart keeps
             // the count. A record the daemon serves (or should: its remount failed) keeps its users.
             let served = lock(&self.mounts).contains_key(thread);
+            let current = rec.io.unwrap_or(self.settings.io);
+            if let Some(want) = io
+                && want != current
+                && served
+            {
+                return Err(Error::Refused(format!(
+                    "thread {thread} is mounted in {current} mode; release it to reopen it in {want} mode"
+                )));
+            }
             let before = rec.clone();
+            if io.is_some() {
+                rec.io = io;
+            }
             rec.users = if rec.release_when_idle {
                 // A pending `release --when-idle` was its last user's release: this open cancels
                 // it and is the one user now.
@@ -154,7 +169,11 @@ impl Daemon {
                         "thread {thread} was released; it resumes from its last snapshot (--ref applies only when a thread is created)"
                     )));
                 }
-                self.resume_fork(thread, b)?
+                let mut fork = self.resume_fork(thread, b)?;
+                if io.is_some() {
+                    fork.io = io;
+                }
+                fork
             }
             (None, Some(p)) => {
                 let proj = mirror::require(&self.layout, p)?;
@@ -175,6 +194,7 @@ impl Daemon {
                     saved: None,
                     apply: None,
                     chat: false,
+                    io,
                 }
             }
             (None, None) => {
@@ -197,13 +217,15 @@ impl Daemon {
                     saved: None,
                     apply: None,
                     chat: true,
+                    io,
                 }
             }
         };
         let forked_project = fork.project.clone();
-        // A new thread's binding is what its record will say (project, base, branch): saved, with
-        // its two fsyncs, while the workspace is made (whose own syncs and mount take longer), and
-        // durable before the answer as before. Nothing of either is left if one fails.
+        let fork_io = fork.io;
+        // A new thread's binding is what its record will say (project, base, branch, I/O mode):
+        // saved, with its two fsyncs, while the workspace is made (whose own syncs and mount take
+        // longer), and durable before the answer as before. Nothing of either is left if one fails.
         let new_binding = (binding.is_none() && project.is_some()).then(|| Binding {
             thread: thread.into(),
             project: fork.project.clone(),
@@ -211,6 +233,7 @@ impl Daemon {
             branch: fork.branch.clone(),
             created: now(),
             owner,
+            io: fork_io,
         });
         let (made, bound) = std::thread::scope(|s| {
             let saving = new_binding
@@ -245,6 +268,14 @@ impl Daemon {
             self.discard(thread);
             return Err(e);
         }
+        if let Some(mut b) = binding.clone().filter(|b| b.io != fork_io) {
+            // The mode asked for at a resume stays the thread's.
+            b.io = fork_io;
+            if let Err(e) = b.save(&self.layout) {
+                self.discard(thread);
+                return Err(e.into());
+            }
+        }
         let warnings = self.grant_owner(&forked_project, owner, false);
         Ok((path, warnings.into_iter().chain(shared_warning).collect()))
     }
@@ -268,6 +299,7 @@ impl Daemon {
                 saved: None,
                 apply: None,
                 chat: false,
+                io: b.io,
             });
         };
         // The workspace comes back as a fork of HEAD (whose index is shared and usually already
@@ -294,6 +326,7 @@ impl Daemon {
             saved: Some(s.to_string()),
             apply: Some((head_tree, tree)),
             chat: false,
+            io: b.io,
         })
     }
 
@@ -324,6 +357,7 @@ impl Daemon {
             owner,
             users: 1,
             release_when_idle: false,
+            io: fork.io,
             layers: if fork.chat {
                 Vec::new()
             } else {
