@@ -356,6 +356,7 @@ fn snapshot_tree(
 /// change from the base (what every snapshot did before). Each sample appends to `k` other files
 /// first (not timed).
 fn snapshot_after_copy_ups(b: Bencher, k: usize, since_last: bool) {
+    let cpu = std::cell::RefCell::new(Vec::new());
     let w = BASE.workspace();
     let repo = gix::open(BASE._repo.path()).expect("open the base repository");
     let dirs: Vec<u64> = (0..DIRS).map(|d| w.dir(&dir_name(d))).collect();
@@ -373,10 +374,37 @@ fn snapshot_after_copy_ups(b: Bencher, k: usize, since_last: bool) {
         );
     })
     .bench_local_values(|()| {
+        let before = thread_cpu_ns();
         let tree = snapshot_tree(&w, &repo, if since_last { last.get() } else { None });
+        cpu.borrow_mut()
+            .push(thread_cpu_ns().saturating_sub(before));
         last.set(Some(tree));
         tree
     });
+    // On a loaded machine the wall time is mostly waiting for a CPU; the thread's own CPU time is
+    // what a snapshot costs.
+    let mut cpu = cpu.into_inner();
+    cpu.sort_unstable();
+    if let (Some(lo), Some(hi)) = (cpu.first(), cpu.last()) {
+        let ms = |ns: u64| ns as f64 / 1e6;
+        eprintln!(
+            "snapshot_{}({k}): CPU time of the snapshot thread: median {:.1} ms ({:.1}-{:.1}), {} samples",
+            if since_last {
+                "since_last"
+            } else {
+                "full_walk"
+            },
+            ms(cpu[cpu.len() / 2]),
+            ms(*lo),
+            ms(*hi),
+            cpu.len()
+        );
+    }
+}
+
+/// Nanoseconds of CPU this thread has used.
+fn thread_cpu_ns() -> u64 {
+    u64::try_from(octofs::sys::thread_cpu_time().as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[divan::bench(args = [1, 100, 1_000], sample_count = 10, sample_size = 1)]

@@ -1456,3 +1456,28 @@ fn diff_against_base_saved_and_between_snapshots() {
         git
     );
 }
+
+/// A new thread's binding is saved while its workspace is made: when the workspace cannot be made
+/// (here its mount point is not empty), neither is left, and the thread opens later as new. Fails
+/// if the binding written alongside were kept (the thread would then read as released).
+#[test]
+fn a_first_open_that_fails_leaves_no_binding() {
+    let d = Daemon::start();
+    project(&d, "p", FILES);
+    let t = "unmade";
+    let mp = d.mount(t);
+    fs::create_dir_all(&mp).unwrap();
+    fs::write(mp.join("in-the-way"), b"x").unwrap();
+    let out = d.cli(["open", t, "--project", "p"]);
+    assert_one_line_error(&out, &["not empty"]);
+    assert!(
+        !d.state.join("threads").join(format!("{t}.json")).exists(),
+        "a failed first open left the thread bound"
+    );
+    assert!(!d.state.join("workspaces").join(t).exists());
+    fs::remove_file(mp.join("in-the-way")).unwrap();
+    let ws = d.open_thread(t, &["--project", "p"]);
+    assert!(exists_ws(&ws.join("src/lib.rs")));
+    assert!(d.state.join("threads").join(format!("{t}.json")).exists());
+    d.cli_ok(["release", t]);
+}

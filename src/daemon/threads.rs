@@ -223,27 +223,54 @@ impl Daemon {
         };
         let forked_project = fork.project.clone();
         let fork_io = fork.io;
-        self.create(thread, fork, owner)?;
+        // A new thread's binding is what its record will say (project, base, branch, I/O mode):
+        // saved, with its two fsyncs, while the workspace is made (whose own syncs and mount take
+        // longer), and durable before the answer as before. Nothing of either is left if one fails.
+        let new_binding = (binding.is_none() && project.is_some()).then(|| Binding {
+            thread: thread.into(),
+            project: fork.project.clone(),
+            base_commit: fork.base_commit.clone(),
+            branch: fork.branch.clone(),
+            created: now(),
+            owner,
+            io: fork_io,
+        });
+        let (made, bound) = std::thread::scope(|s| {
+            let saving = new_binding
+                .as_ref()
+                .map(|b| s.spawn(|| b.save(&self.layout).map_err(Error::from)));
+            let made = self.create(thread, fork, owner);
+            let bound = saving.map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Refused(format!(
+                        "thread {thread}: saving its binding failed"
+                    )))
+                })
+            });
+            (made, bound)
+        });
+        let unbind = || {
+            let _ = std::fs::remove_file(
+                self.layout
+                    .state
+                    .join("threads")
+                    .join(format!("{thread}.json")),
+            );
+        };
+        if let Err(e) = made {
+            if new_binding.is_some() {
+                unbind();
+            }
+            return Err(e);
+        }
+        if let Some(Err(e)) = bound {
+            unbind();
+            self.discard(thread);
+            return Err(e);
+        }
         if let Some(mut b) = binding.clone().filter(|b| b.io != fork_io) {
             // The mode asked for at a resume stays the thread's.
             b.io = fork_io;
-            if let Err(e) = b.save(&self.layout) {
-                self.discard(thread);
-                return Err(e.into());
-            }
-        }
-        if binding.is_none() && project.is_some() {
-            let rec = WorkspaceRecord::load(&self.layout, thread)?
-                .ok_or_else(|| Error::Refused("workspace vanished".into()))?;
-            let b = Binding {
-                thread: thread.into(),
-                project: rec.project.clone(),
-                base_commit: rec.base_commit.clone(),
-                branch: rec.branch.clone(),
-                created: now(),
-                owner,
-                io: fork_io,
-            };
             if let Err(e) = b.save(&self.layout) {
                 self.discard(thread);
                 return Err(e.into());

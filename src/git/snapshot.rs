@@ -214,10 +214,6 @@ pub fn build_tree(
     edits: &[ViewEdit],
     clock: Option<(i64, i64)>,
 ) -> Result<ObjectId, Error> {
-    let mut ed = repo
-        .edit_tree(base_tree)
-        .context(|| format!("cannot edit tree {base_tree}"))?
-        .detach();
     // An id the view names (a tree or object of the base, of the last snapshot) must be in the
     // mirror: a tree naming a missing object would be written, and the ref moved to it.
     let present = |id: ObjectId, path: &BStr| -> Result<ObjectId, Error> {
@@ -229,6 +225,17 @@ pub fn build_tree(
             )))
         }
     };
+    present(base_tree, b"/".as_bstr())?;
+    let trees = TreeSource { repo };
+    let mut buf = Vec::new();
+    let root: gix::objs::Tree = {
+        use gix::objs::FindExt as _;
+        trees
+            .find_tree(&base_tree, &mut buf)
+            .map_err(|e| Error::Invalid(format!("cannot edit tree {base_tree}: {e}")))?
+            .into()
+    };
+    let mut ed = gix::objs::tree::Editor::new(root, &trees, repo.object_hash());
     let blob = |source: &ViewSource, path: &BStr| -> Result<ObjectId, Error> {
         Ok(match source {
             ViewSource::Object(id) => present(*id, path)?,
@@ -272,8 +279,126 @@ pub fn build_tree(
         };
         r.context(|| format!("cannot edit {}", path))?;
     }
-    ed.write(|tree| repo.write_object(tree).map(|id| id.detach()))
-        .map_err(err("cannot write the snapshot tree"))
+    ed.write(|tree| write_tree(repo, tree))
+}
+
+/// Writes `tree` (unless the mirror has it) and keeps its bytes in [`WrittenTrees`]: the next
+/// snapshot edits the trees this one wrote without reading them back from the object store.
+fn write_tree(repo: &gix::Repository, tree: &gix::objs::Tree) -> Result<ObjectId, Error> {
+    use gix::objs::Write as _;
+    let what = "cannot write the snapshot tree";
+    let buf = tree_bytes(tree)?;
+    let id = gix::objs::compute_hash(repo.object_hash(), gix::objs::Kind::Tree, &buf)
+        .map_err(err(what))?;
+    if !repo.objects.exists_without_refresh(&id) {
+        repo.objects
+            .write_buf_with_known_id(gix::objs::Kind::Tree, &buf, id)
+            .map_err(err(what))?;
+    }
+    WrittenTrees::shared().put(id, buf);
+    Ok(id)
+}
+
+/// `tree` in git's format (what gix's `WriteTo` writes), in one buffer of its size. gix's own
+/// serializer writes each entry through five `dyn Write` calls and, in builds with debug
+/// assertions, clones and sorts every tree it writes to check its order (the editor keeps it).
+fn tree_bytes(tree: &gix::objs::Tree) -> Result<Vec<u8>, Error> {
+    let mut mode = Default::default();
+    let size = tree
+        .entries
+        .iter()
+        .map(|e| e.mode.as_bytes(&mut mode).len() + e.filename.len() + 2 + e.oid.as_bytes().len())
+        .sum();
+    let mut out = Vec::with_capacity(size);
+    for e in &tree.entries {
+        if e.filename.contains(&0) {
+            return Err(Error::Invalid(format!(
+                "cannot write {:?} into a tree: a name holds a NUL byte",
+                e.filename
+            )));
+        }
+        out.extend_from_slice(e.mode.as_bytes(&mut mode));
+        out.push(b' ');
+        out.extend_from_slice(&e.filename);
+        out.push(0);
+        out.extend_from_slice(e.oid.as_bytes());
+    }
+    Ok(out)
+}
+
+/// The trees recent snapshots wrote, uncompressed, by id. A snapshot edits the trees on the paths
+/// that changed since the last one, which are mostly trees the last snapshot wrote: served from
+/// here, they are not opened, inflated and copied again from loose objects (a 1,000-entry
+/// directory is ~35 KiB of tree, and every changed directory is one). Content-addressed, so an
+/// entry is right for any mirror; the editor reads only trees named by a tree it already has (the
+/// root is checked to be in the mirror first). Bounded: past [`WRITTEN_TREES_MAX`] bytes it
+/// starts again empty.
+struct WrittenTrees {
+    trees: std::sync::Mutex<KeptTrees>,
+}
+
+/// The kept trees and their bytes in all.
+#[derive(Default)]
+struct KeptTrees {
+    by_id: std::collections::HashMap<ObjectId, std::sync::Arc<[u8]>>,
+    bytes: usize,
+}
+
+/// Bytes of trees kept at most (shared by every workspace of the daemon).
+const WRITTEN_TREES_MAX: usize = 16 << 20;
+
+impl WrittenTrees {
+    fn shared() -> &'static WrittenTrees {
+        static SHARED: std::sync::OnceLock<WrittenTrees> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| WrittenTrees {
+            trees: std::sync::Mutex::new(KeptTrees::default()),
+        })
+    }
+
+    fn get(&self, id: &gix::oid) -> Option<std::sync::Arc<[u8]>> {
+        let t = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+        t.by_id.get(id).cloned()
+    }
+
+    fn put(&self, id: ObjectId, bytes: Vec<u8>) {
+        if bytes.len() > WRITTEN_TREES_MAX / 4 {
+            return;
+        }
+        let mut t = self.trees.lock().unwrap_or_else(|e| e.into_inner());
+        if t.by_id.contains_key(&id) {
+            return;
+        }
+        if t.bytes + bytes.len() > WRITTEN_TREES_MAX {
+            t.by_id.clear();
+            t.bytes = 0;
+        }
+        t.bytes += bytes.len();
+        t.by_id.insert(id, bytes.into());
+    }
+}
+
+/// Where the snapshot's tree editor reads trees: [`WrittenTrees`], else the mirror.
+struct TreeSource<'r> {
+    repo: &'r gix::Repository,
+}
+
+impl gix::objs::Find for TreeSource<'_> {
+    fn try_find<'a>(
+        &self,
+        id: &gix::oid,
+        buffer: &'a mut Vec<u8>,
+    ) -> gix::Result<Option<gix::objs::Data<'a>>> {
+        if let Some(raw) = WrittenTrees::shared().get(id) {
+            buffer.clear();
+            buffer.extend_from_slice(&raw);
+            return Ok(Some(gix::objs::Data::new(
+                buffer,
+                gix::objs::Kind::Tree,
+                self.repo.object_hash(),
+            )));
+        }
+        gix::objs::Find::try_find(&self.repo.objects, id, buffer)
+    }
 }
 
 /// The checks gix's tree editor makes of every name it writes, made of the names an edit adds:
@@ -661,6 +786,61 @@ mod tests {
         }
         let ok = [file(b"a/git", ViewSource::Bytes(b"x".to_vec()))];
         build_tree(&repo, empty, &ok, None).unwrap();
+    }
+
+    /// The snapshot's own tree serializer writes what gix's does, for every kind of entry (a
+    /// tree's mode is `40000`, without the leading zero), and the trees it keeps in memory are
+    /// the trees in the mirror.
+    #[test]
+    fn trees_are_written_as_gix_writes_them_and_kept_as_written() {
+        use gix::objs::WriteTo as _;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path()).unwrap();
+        let id = |b: u8| ObjectId::from_bytes_or_panic(&[b; 20]);
+        let mut entries = vec![
+            gix::objs::tree::Entry {
+                mode: EntryKind::Blob.into(),
+                filename: "a.txt".into(),
+                oid: id(1),
+            },
+            gix::objs::tree::Entry {
+                mode: EntryKind::BlobExecutable.into(),
+                filename: "run".into(),
+                oid: id(2),
+            },
+            gix::objs::tree::Entry {
+                mode: EntryKind::Link.into(),
+                filename: "link".into(),
+                oid: id(3),
+            },
+            gix::objs::tree::Entry {
+                mode: EntryKind::Tree.into(),
+                filename: "dir".into(),
+                oid: id(4),
+            },
+            gix::objs::tree::Entry {
+                mode: EntryKind::Commit.into(),
+                filename: b"sub\xe9".as_slice().into(),
+                oid: id(5),
+            },
+        ];
+        entries.sort();
+        let tree = gix::objs::Tree { entries };
+        let mut theirs = Vec::new();
+        tree.write_to(&mut theirs).unwrap();
+        assert_eq!(tree_bytes(&tree).unwrap(), theirs);
+        let written = write_tree(&repo, &tree).unwrap();
+        assert_eq!(written, repo.write_object(&tree).unwrap().detach());
+        assert_eq!(repo.find_object(written).unwrap().data, theirs);
+        assert_eq!(&*WrittenTrees::shared().get(&written).unwrap(), &theirs[..]);
+        let nul = gix::objs::Tree {
+            entries: vec![gix::objs::tree::Entry {
+                mode: EntryKind::Blob.into(),
+                filename: "a\0b".into(),
+                oid: id(1),
+            }],
+        };
+        assert!(write_tree(&repo, &nul).is_err());
     }
 
     #[test]

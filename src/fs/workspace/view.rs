@@ -4,7 +4,7 @@
 //! into the working state (O(paths changed since it)). Reads the state and the object store;
 //! changes nothing but the snapshot epochs (`tx::SnapTrack`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -160,6 +160,7 @@ impl WorkspaceFs {
             }
         }
         let mut roots: Vec<Vec<u8>> = Vec::new();
+        let mut probed: HashMap<Vec<u8>, bool> = HashMap::new();
         for p in paths {
             let comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
             if p.is_empty() {
@@ -189,9 +190,20 @@ impl WorkspaceFs {
                 cut = i;
             }
             for j in 1..cut {
-                let mut probe: Vec<&[u8]> = comps[..j].to_vec();
-                probe.push(b".git");
-                if self.entry_at(st, &probe)?.is_some() {
+                // Each directory is probed once per view (1,000 changed files in 90 directories:
+                // 90 probes, not 1,000).
+                let dir = &p[..comps[..j].iter().map(|c| c.len() + 1).sum::<usize>() - 1];
+                let nested = match probed.get(dir) {
+                    Some(n) => *n,
+                    None => {
+                        let mut probe: Vec<&[u8]> = comps[..j].to_vec();
+                        probe.push(b".git");
+                        let n = self.entry_at(st, &probe)?.is_some();
+                        probed.insert(dir.to_vec(), n);
+                        n
+                    }
+                };
+                if nested {
                     cut = j;
                     break;
                 }
