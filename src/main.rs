@@ -84,6 +84,10 @@ enum Cmd {
         /// Branch, tag, commit or any revision of the mirror to fork at (default: its default branch)
         #[arg(long = "ref")]
         git_ref: Option<String>,
+        /// This thread's I/O mode, kept across release and resume: handles or no-open (default: as
+        /// the thread had it, else the daemon's `serve --io`); a mounted thread keeps its mode
+        #[arg(long)]
+        io: Option<octofs::fs::fuse::IoMode>,
     },
     /// List workspaces
     List {
@@ -744,6 +748,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             thread,
             project,
             git_ref,
+            io,
         } => {
             validate(NameKind::Thread, &thread)?;
             if let Some(p) = &project {
@@ -755,6 +760,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     thread,
                     project,
                     git_ref,
+                    io,
                 },
             )?)?;
             println!("{}", opened.path);

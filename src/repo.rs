@@ -114,6 +114,8 @@ pub struct RepoPlan {
     /// `.git/octomate-installed`: the dependency layers the workspace presents, one line each
     /// (`<manager> <path> <lockfile hash>`); `None` without layers.
     pub installed: Option<String>,
+    /// The work tree's real path (its mount point), which git's untracked cache names.
+    pub worktree: PathBuf,
 }
 
 /// Removes `user:password@` from a URL: credentials belong to the daemon, never to a workspace.
@@ -199,6 +201,9 @@ pub fn plan(
         origin_head,
         fsmonitor,
         installed: None,
+        worktree: std::fs::canonicalize(&layout.root)
+            .unwrap_or_else(|_| layout.root.clone())
+            .join(thread),
     })
 }
 
@@ -331,6 +336,9 @@ pub fn shared_index(
         })?;
         entry.stat = index_stat(&st);
     }
+    // A fresh fork's directories hold no untracked file: git's untracked cache can say so, and the
+    // first `git status` then lists no directory (see `seed`). Kept beside the index, read-only.
+    let untracked = (worktree_tree == index_tree).then(|| untracked_tail(store, &index, &pres));
     let mut bytes = Vec::new();
     index
         .write_to(
@@ -341,7 +349,29 @@ pub fn shared_index(
             },
         )
         .map_err(|source| Error::EncodeIndex { source })?;
-    let bytes = with_fsmonitor_extension(bytes)?;
+    if bytes.len() < 32 {
+        return Err(Error::IndexTooShort);
+    }
+    if let Some(tail) = untracked {
+        let side = untracked_tail_path(&path);
+        let written = (|| -> std::io::Result<()> {
+            if let Some(d) = side.parent() {
+                crate::layout::create_private_dir(d)?;
+            }
+            let tmp = side.with_file_name(format!(".tmp-{key}-{}", std::process::id()));
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&tail)?;
+            f.sync_all()?;
+            std::fs::set_permissions(
+                &tmp,
+                <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o400),
+            )?;
+            std::fs::rename(&tmp, &side)
+        })();
+        if let Err(source) = written {
+            return Err(Error::WriteIndex { source });
+        }
+    }
     let tmp = dir.join(format!(".tmp-{key}-{}", std::process::id()));
     let written = (|| -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
@@ -369,10 +399,68 @@ pub fn shared_index_path(
     uid: u32,
     gid: u32,
 ) -> PathBuf {
+    // `.split`: written as a split index's shared part (no extensions of its own), with its
+    // untracked-cache tail beside it; indexes of earlier versions (with an fsmonitor extension) are
+    // not used.
     layout
         .state
         .join("indexes")
-        .join(format!("{index_tree}-{worktree_tree}-{uid}-{gid}"))
+        .join(format!("{index_tree}-{worktree_tree}-{uid}-{gid}.split"))
+}
+
+/// Where [`shared_index`] keeps the untracked cache (after its ident) of the index at `index`.
+fn untracked_tail_path(index: &Path) -> PathBuf {
+    let name = index.file_name().unwrap_or_default();
+    index
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("untracked")
+        .join(name)
+}
+
+/// The untracked cache of a fresh fork of `index`'s tree, after its ident: every directory of the
+/// tree (those git lists for `git status`), with the stat data the mount presents and its
+/// `.gitignore`'s id, none holding an untracked file.
+fn untracked_tail(store: &ObjectStore, index: &gix::index::File, pres: &Presentation) -> Vec<u8> {
+    use crate::git::index_ext::{CachedDir, StatData};
+    let null = gix::ObjectId::null(gix::hash::Kind::Sha1);
+    let stat = |path: &[u8]| {
+        // A directory's presented stat reads no object (its size is fixed).
+        let s = base_stat(store, pres, path, EntryKind::Tree, null)
+            .map(|st| index_stat(&st))
+            .unwrap_or_default();
+        StatData {
+            ctime: (s.ctime.secs, s.ctime.nsecs),
+            mtime: (s.mtime.secs, s.mtime.nsecs),
+            dev: 0,
+            ino: s.ino,
+            uid: s.uid,
+            gid: s.gid,
+            size: s.size,
+        }
+    };
+    let mut root = CachedDir::new(Vec::new(), stat(b""));
+    for e in index.entries() {
+        let path: &[u8] = e.path(index).as_ref();
+        let Some(slash) = path.iter().rposition(|b| *b == b'/') else {
+            if path == b".gitignore" && e.mode == gix::index::entry::Mode::FILE {
+                root.gitignore = Some(e.id.as_bytes().try_into().unwrap_or([0; 20]));
+            }
+            continue;
+        };
+        let (dir, name) = (&path[..slash], &path[slash + 1..]);
+        let mut cur = &mut root;
+        let mut end = 0;
+        for comp in dir.split(|b| *b == b'/') {
+            end += comp.len();
+            cur = cur.child(comp, stat(&dir[..end]));
+            end += 1;
+        }
+        if name == b".gitignore" && e.mode == gix::index::entry::Mode::FILE {
+            cur.gitignore = Some(e.id.as_bytes().try_into().unwrap_or([0; 20]));
+        }
+    }
+    crate::git::index_ext::untracked_tail(&root)
 }
 
 /// The index stat data of a base entry presented as `st`: what git finds when it `lstat`s the file
@@ -391,36 +479,6 @@ pub fn index_stat(st: &BaseStat) -> gix::index::entry::Stat {
         gid: st.gid,
         size: st.size as u32,
     }
-}
-
-/// Appends git's fsmonitor extension (version 2: token, then an EWAH bitmap of entries not known to
-/// be clean — here none) to a serialized index and re-seals it with its trailing SHA-1.
-fn with_fsmonitor_extension(mut index: Vec<u8>) -> Result<Vec<u8>, Error> {
-    if index.len() < 32 {
-        return Err(Error::IndexTooShort);
-    }
-    index.truncate(index.len() - 20);
-    let mut payload = Vec::new();
-    payload.extend_from_slice(&2u32.to_be_bytes());
-    payload.extend_from_slice(BASE_TOKEN.as_bytes());
-    payload.push(0);
-    // The bitmap's size, then an empty EWAH bitmap: bit size 0, one run-length word of zeros, and
-    // the position of that word.
-    payload.extend_from_slice(&20u32.to_be_bytes());
-    payload.extend_from_slice(&0u32.to_be_bytes());
-    payload.extend_from_slice(&1u32.to_be_bytes());
-    payload.extend_from_slice(&0u64.to_be_bytes());
-    payload.extend_from_slice(&0u32.to_be_bytes());
-    index.extend_from_slice(b"FSMN");
-    index.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    index.extend_from_slice(&payload);
-    let mut h = gix::hash::hasher(gix::hash::Kind::Sha1);
-    h.update(&index);
-    let digest = h
-        .try_finalize()
-        .map_err(|source| Error::HashIndex { source })?;
-    index.extend_from_slice(digest.as_slice());
-    Ok(index)
 }
 
 /// Writes the `.git` of `plan` into a new workspace (before it is mounted).
@@ -515,24 +573,70 @@ pub fn seed(
         core.seed_file(git, "octomate-installed", stamp.as_bytes(), 0o644)
             .map_err(e("octomate-installed"))?;
     }
+    // A split index: the shared part (every entry, one file per base and owner, shared by every
+    // fork, never copied) as `sharedindex.<its hash>`, and a small `index` of this work tree that
+    // names it and carries what is the workspace's own: the fsmonitor token, and for a fresh fork
+    // the untracked cache, whose ident is the mount point.
+    let shared_hash = index_hash(index).map_err(|source| Error::WriteIndex { source })?;
+    let shared_name = format!("sharedindex.{}", gix::ObjectId::from(shared_hash));
+    let shared_ino = core
+        .seed_shared(git, &shared_name, index, 0o644)
+        .map_err(e(&shared_name))?;
+    let fsmonitor = crate::git::index_ext::fsmonitor_payload(BASE_TOKEN);
+    let untracked = std::fs::read(untracked_tail_path(index)).ok().map(|tail| {
+        let ident = crate::git::index_ext::untracked_ident(&plan.worktree, &system_name());
+        let mut p = Vec::with_capacity(ident.len() + 4 + tail.len());
+        crate::git::index_ext::put_varint(&mut p, ident.len() as u64);
+        p.extend_from_slice(&ident);
+        p.extend_from_slice(&tail);
+        p
+    });
+    let mut extensions: Vec<(&[u8; 4], &[u8])> = Vec::new();
+    if let Some(u) = &untracked {
+        extensions.push((b"UNTR", u));
+    }
+    extensions.push((b"FSMN", &fsmonitor));
+    let small = crate::git::index_ext::split_index(&shared_hash, &extensions)
+        .map_err(|source| Error::HashIndex { source })?;
     let index_ino = core
-        .seed_shared(git, "index", index, 0o644)
+        .seed_file(git, "index", &small, 0o644)
         .map_err(e("index"))?;
     // git treats entries whose mtime is not older than the index as "racily clean" and re-reads
     // them: the index must look newer than the base.
     let now = std::time::SystemTime::now();
     let after_base = crate::fs::unix_time(base_time + 1);
     let stamp = if after_base > now { after_base } else { now };
-    core.setattr(
-        index_ino,
-        crate::fs::SetAttr {
-            mtime: Some(crate::fs::SetTime::At(stamp)),
-            atime: Some(crate::fs::SetTime::At(stamp)),
-            ..Default::default()
-        },
-    )
-    .map_err(e("index"))?;
+    for ino in [shared_ino, index_ino] {
+        core.setattr(
+            ino,
+            crate::fs::SetAttr {
+                mtime: Some(crate::fs::SetTime::At(stamp)),
+                atime: Some(crate::fs::SetTime::At(stamp)),
+                ..Default::default()
+            },
+        )
+        .map_err(e("index"))?;
+    }
     Ok(())
+}
+
+/// The trailing hash of the index file at `path` (what a split index names its shared part by).
+fn index_hash(path: &Path) -> std::io::Result<[u8; 20]> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path)?;
+    f.seek(SeekFrom::End(-20))?;
+    let mut h = [0u8; 20];
+    f.read_exact(&mut h)?;
+    Ok(h)
+}
+
+/// The kernel's name as `uname -s` prints it (git puts it in the untracked cache's ident).
+fn system_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/ostype")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "Linux".into())
 }
 
 #[cfg(test)]

@@ -52,6 +52,9 @@ pub struct WorkspaceRecord {
     /// into its base commit or a snapshot). Empty for a workspace without dependencies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<crate::deps::DepLayer>,
+    /// The I/O mode the thread asked for (`open --io`); none: the daemon's (`serve --io`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<crate::fs::fuse::IoMode>,
 }
 
 /// A local user (and primary group) that owns a workspace.
@@ -87,6 +90,10 @@ pub struct Binding {
     /// owners existed belong to root).
     #[serde(default)]
     pub owner: Owner,
+    /// The I/O mode the thread asked for (`open --io`), kept across release and resume; none: the
+    /// daemon's (`serve --io`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<crate::fs::fuse::IoMode>,
 }
 
 impl Binding {

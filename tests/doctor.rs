@@ -176,7 +176,7 @@ fn state_faults_are_found_and_fixed_without_losing_files() {
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .find(|p| !p.file_name().unwrap().to_string_lossy().starts_with('.'))
+        .find(|p| p.is_file() && !p.file_name().unwrap().to_string_lossy().starts_with('.'))
         .expect("a shared index");
     let mut bytes = fs::read(&index).unwrap();
     let mid = bytes.len() / 2;

@@ -359,3 +359,83 @@ fn exec_and_etxtbsy() {
     out.assert_ok();
     assert_eq!(out.stdout_str(), "ran\n");
 }
+
+/// The mode of one thread (`open --io`) in a daemon whose default is handles. Catches: the flag
+/// ignored (the thread's warm open+read+close would send OPEN/RELEASE), the mode lost on release
+/// and resume or on a daemon restart (`stop` then start remounts from the record), the other
+/// threads of the daemon switched too, and a mounted thread's mode changed under its processes (or
+/// its record changed by the refused open).
+#[test]
+fn one_thread_runs_in_no_open_in_a_daemon_of_handles() {
+    let mut d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up"));
+    for i in 0..N {
+        repo.write(&format!("f{i}.txt"), format!("file {i}\n"));
+    }
+    repo.commit_all("files", DATE1);
+    d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
+    let t = d.open_thread("t", &["--project", "p", "--io", "no-open"]);
+    let h = d.open_thread("h", &["--project", "p"]);
+    let io_of = |d: &Daemon, thread: &str| {
+        parse_json("status", &d.cli_ok(["status", thread, "--json"]))["io"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let opens = |d: &Daemon, thread: &str, mnt: &Path| {
+        for _ in 0..2 {
+            for i in 0..N {
+                fs::read_to_string(mnt.join(format!("f{i}.txt"))).expect("read");
+            }
+        }
+        let s0 = parse_json("stats", &d.cli_ok(["stats", thread, "--json"]));
+        for i in 0..N {
+            fs::read_to_string(mnt.join(format!("f{i}.txt"))).expect("read");
+        }
+        let s1 = parse_json("stats", &d.cli_ok(["stats", thread, "--json"]));
+        count(&s1, "OPEN") - count(&s0, "OPEN")
+    };
+    let check = |d: &Daemon, t: &Path, h: &Path| {
+        assert_eq!(io_of(d, "t"), "no-open");
+        assert_eq!(io_of(d, "h"), "handles");
+        assert_eq!(opens(d, "t", t), 0, "the no-open thread sent OPENs");
+        assert_eq!(
+            opens(d, "h", h),
+            N,
+            "the handles thread sent no OPEN per open"
+        );
+    };
+    check(&d, &t, &h);
+
+    // A mounted thread keeps its mode: reopening it in another is refused and changes nothing.
+    let out = d.cli(["open", "t", "--io", "handles"]);
+    out.assert_failed();
+    let err = out.stderr_str();
+    assert!(
+        err.contains("is mounted in no-open mode") && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    // Asking for the mode it has is one more user, as any open.
+    d.cli_ok(["open", "t", "--io", "no-open"]);
+    d.cli_ok(["release", "t"]);
+    assert_eq!(io_of(&d, "t"), "no-open");
+
+    // Kept across a daemon restart (remounted from its record) and a release and resume.
+    d.stop();
+    d.spawn();
+    wait_mounted(&[t.clone(), h.clone()], Duration::from_secs(30));
+    check(&d, &t, &h);
+    d.cli_ok(["release", "t"]);
+    let t = d.open_thread("t", &[]);
+    check(&d, &t, &h);
+
+    // A released thread may change its mode at its next open.
+    d.cli_ok(["release", "t"]);
+    let t = d.open_thread("t", &["--io", "handles"]);
+    assert_eq!(io_of(&d, "t"), "handles");
+    assert_eq!(opens(&d, "t", &t), N);
+    d.cli_ok(["release", "t"]);
+    let t = d.open_thread("t", &[]);
+    assert_eq!(io_of(&d, "t"), "handles", "the new mode was not kept");
+    drop(t);
+}

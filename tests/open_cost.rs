@@ -124,7 +124,9 @@ fn wait_for(path: &Path, timeout: Duration) -> bool {
 }
 
 fn index_of(d: &Daemon, tree: &str) -> std::path::PathBuf {
-    d.state.join("indexes").join(format!("{tree}-{tree}-0-0"))
+    d.state
+        .join("indexes")
+        .join(format!("{tree}-{tree}-0-0.split"))
 }
 
 #[test]

@@ -256,6 +256,11 @@ fn developer_refuses_dirty_ahead_and_diverged() {
             "a refused resync changed a file"
         );
         assert!(ws.join("gone.txt").exists());
+        assert_eq!(
+            status(&d, "t")["base_commit"],
+            first.as_str(),
+            "the base moved"
+        );
     };
 
     // A modified tracked file.
@@ -302,6 +307,9 @@ fn developer_refuses_dirty_ahead_and_diverged() {
         fs::read_to_string(ws.join("src/changed.txt")).unwrap(),
         "old\n"
     );
+    // A refusal never moves the base.
+    assert!(v.get("base_moved").is_none(), "{v}");
+    assert_eq!(status(&d, "t")["base_commit"], first.as_str());
 
     // Ahead only: the own commit on top of the tip the mirror has.
     let t2 = d.open_thread("t2", &["--project", "proj"]);
@@ -313,6 +321,8 @@ fn developer_refuses_dirty_ahead_and_diverged() {
     let (v, out) = resync(&d, "t2", "developer");
     assert_one_line_error(&out, &["ahead of origin/main by 2 commits"]);
     assert_eq!(v["action"], "refused");
+    assert!(v.get("base_moved").is_none(), "{v}");
+    assert_eq!(status(&d, "t2")["base_commit"], second.as_str());
 
     // Ignored files alone do not make a workspace dirty, and stay.
     fs::write(t3.join(".git/info/exclude"), "*.log\n").unwrap();
@@ -322,6 +332,8 @@ fn developer_refuses_dirty_ahead_and_diverged() {
     assert_eq!(v["action"], "fast-forward", "{v}");
     assert_eq!(fs::read_to_string(t3.join("build.log")).unwrap(), "log\n");
     assert_eq!(g(&t3, &["rev-parse", "HEAD"]), second);
+    assert_eq!(v["base_moved"], true, "{v}");
+    assert_eq!(status(&d, "t3")["base_commit"], second.as_str());
     // Opened at a commit: no upstream branch to follow.
     d.open_thread("t4", &["--project", "proj", "--ref", &first]);
     let out = d.cli(["resync", "t4", "--role", "developer", "--json"]);
@@ -565,5 +577,237 @@ fn fast_forward_of_1000_paths_in_10k_files() {
         "changed 0\n"
     );
     assert!(!ws.join("d0/s3/f850.txt").exists());
+    // The base moved to the tip: nothing counts as changed.
+    assert_eq!(v["base_moved"], true, "{v}");
+    let st = status(&d, "big");
+    assert_eq!(st["base_commit"], tip.as_str(), "{st}");
+    assert_eq!(st["changed_paths"], 0, "{st}");
     d.cli_ok(["release", "big"]);
+}
+
+/// An upstream with ignored paths (`.env`, `node_modules/`) and the files of [`project`].
+fn ignoring_project(d: &Daemon) -> GitRepo {
+    let up = GitRepo::init(&d.base.join("upstream"));
+    up.write(".gitignore", ".env\nnode_modules/\n");
+    up.write("keep.txt", "kept\n");
+    up.write("src/changed.txt", "old\n");
+    up.write("gone.txt", "to be removed\n");
+    up.write("src/lib/deep.txt", "deep\n");
+    up.write("tool.sh", "#!/bin/sh\n");
+    up.symlink("link", "keep.txt");
+    up.commit_all("first", DATE1);
+    d.cli_ok(["mirror", "add", "proj", &up.path.to_string_lossy()]);
+    up
+}
+
+/// [`advance`], plus a new file in `src/`.
+fn advance_src(up: &GitRepo) -> String {
+    up.write("src/new.txt", "at the tip\n");
+    advance(up)
+}
+
+/// `path` -> content of every file under `dir` but `.git` and the ignored `.env` and
+/// `node_modules`.
+fn tracked_files(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut f = files(dir);
+    f.retain(|k, _| k != ".env" && !k.starts_with("node_modules"));
+    f
+}
+
+/// A developer fast-forward of a clean workspace moves its base: afterwards the record's base is
+/// the tip and `status` counts nothing the fast-forward wrote (only what it counted before: the
+/// ignored files and a file `git stash` rewrote), `git status` is clean and reads no content,
+/// ignored files and the workspace's `.git` state (config, stash) are as before, a file held open
+/// across it is still read (and the ignored one written), a process whose cwd is in a changed
+/// directory sees the new file, and release + resume keeps the moved base and the tip's files (a
+/// resumed workspace's `.git` is a new one: its stash is not carried, before this change too). (Fails on the old fast-forward, which left the base
+/// at the old commit and counted the 7 written paths.)
+#[test]
+fn developer_fast_forward_moves_the_base() {
+    use std::io::{Read, Seek, Write};
+    let d = Daemon::start();
+    let up = ignoring_project(&d);
+    let first = up.head();
+    let ws = d.open_thread("mover", &["--project", "proj"]);
+    fs::write(ws.join(".env"), "SECRET=1\n").unwrap();
+    fs::create_dir_all(ws.join("node_modules/pkg")).unwrap();
+    fs::write(ws.join("node_modules/pkg/index.js"), "module\n").unwrap();
+    fs::write(ws.join("keep.txt"), "stashed change\n").unwrap();
+    g(&ws, &["stash"]);
+    assert_eq!(fs::read_to_string(ws.join("keep.txt")).unwrap(), "kept\n");
+    let stash = g(&ws, &["rev-parse", "stash@{0}"]);
+    let config = fs::read(ws.join(".git/config")).unwrap();
+    let counted_before = status(&d, "mover")["changed_paths"].clone();
+    // The kernel caches what a running process saw.
+    assert_eq!(
+        fs::read_to_string(ws.join("src/changed.txt")).unwrap(),
+        "old\n"
+    );
+    // (Held for reading: a file open for writing refuses the fast-forward, as it may be changing.)
+    let mut held = fs::File::open(ws.join(".env")).unwrap();
+    let mut reader = fs::File::open(ws.join("keep.txt")).unwrap();
+    let mut inside = std::process::Command::new("sh")
+        .args(["-c", "read _; cat new.txt changed.txt"])
+        .current_dir(ws.join("src"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+
+    let second = advance_src(&up);
+    d.cli_ok(["mirror", "sync", "proj"]);
+    let (v, out) = resync(&d, "mover", "developer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "fast-forward", "{v}");
+    assert_eq!(v["from"], first.as_str());
+    assert_eq!(v["base_moved"], true, "{v}");
+    let st = status(&d, "mover");
+    assert_eq!(st["base_commit"], second.as_str(), "{st}");
+    assert_eq!(st["changed_paths"], counted_before, "{st}");
+
+    // The process inside `src/` sees the tip's files.
+    inside.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut seen = String::new();
+    inside
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut seen)
+        .unwrap();
+    assert!(inside.wait().unwrap().success());
+    assert_eq!(seen, "at the tip\nnew content\n");
+    // The files held open go on working; the ignored file takes a write.
+    let mut env = String::new();
+    held.read_to_string(&mut env).unwrap();
+    assert_eq!(env, "SECRET=1\n");
+    let mut w = fs::OpenOptions::new()
+        .append(true)
+        .open(ws.join(".env"))
+        .unwrap();
+    w.write_all(b"MORE=2\n").unwrap();
+    drop(w);
+    held.seek(std::io::SeekFrom::Start(0)).unwrap();
+    env.clear();
+    held.read_to_string(&mut env).unwrap();
+    assert_eq!(env, "SECRET=1\nMORE=2\n");
+    drop(held);
+    assert_eq!(
+        fs::read_to_string(ws.join(".env")).unwrap(),
+        "SECRET=1\nMORE=2\n"
+    );
+    let mut kept = String::new();
+    reader.read_to_string(&mut kept).unwrap();
+    assert_eq!(kept, "kept\n");
+    drop(reader);
+
+    let expected = tempfile_checkout(&d, &up, &second);
+    assert_eq!(tracked_files(&ws), files(&expected));
+    assert_eq!(
+        fs::read_to_string(ws.join("node_modules/pkg/index.js")).unwrap(),
+        "module\n"
+    );
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), second);
+    // git reads `.gitignore` at every status: the first status after the move opens no more
+    // than the next one (no path re-hashed).
+    let mut opened = Vec::new();
+    for _ in 0..2 {
+        let opens = base_content_opens(&d, "mover");
+        assert_eq!(
+            g(&ws, &["status", "--porcelain=v1", "--untracked-files=all"]),
+            ""
+        );
+        opened.push(base_content_opens(&d, "mover") - opens);
+    }
+    assert_eq!(
+        opened[0], opened[1],
+        "git status after the move read file content (re-hashed)"
+    );
+    assert_eq!(
+        g(&ws, &["status", "--porcelain=v1", "--ignored"]),
+        "!! .env\n!! node_modules/"
+    );
+    assert_eq!(g(&ws, &["rev-parse", "stash@{0}"]), stash);
+    assert_eq!(fs::read(ws.join(".git/config")).unwrap(), config);
+
+    // Again: up to date, nothing moves.
+    let (v, out) = resync(&d, "mover", "developer");
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(v["action"], "up-to-date", "{v}");
+    assert!(v.get("base_moved").is_none(), "{v}");
+
+    // Release and resume keep it.
+    d.cli_ok(["release", "mover"]);
+    let ws = d.open_thread("mover", &[]);
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), second);
+    assert_eq!(tracked_files(&ws), files(&expected));
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    let st = status(&d, "mover");
+    assert_eq!(st["base_commit"], second.as_str(), "{st}");
+    d.cli_ok(["release", "mover"]);
+}
+
+/// The daemon dies (as by SIGKILL) right before and right after the catalog batch that moves the
+/// base: after a restart the workspace is at the tip, whole (files, HEAD, a clean `git status`),
+/// and a resync completes the move when it was cut before it. (Fails on the old fast-forward,
+/// which never moves the base.)
+#[test]
+fn a_crash_around_the_base_move_loses_nothing() {
+    for point in ["resync:before-move", "resync:after-move"] {
+        let mut d = Daemon::start();
+        let up = project(&d);
+        let ws = d.open_thread("crash", &["--project", "proj"]);
+        assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+        let second = advance(&up);
+        d.cli_ok(["mirror", "sync", "proj"]);
+        fs::write(d.state.join("test-fault"), point).unwrap();
+        let out = d.cli(["resync", "crash", "--role", "developer", "--json"]);
+        assert!(
+            !out.success(),
+            "{point}: the daemon did not die: {}",
+            out.describe()
+        );
+        d.reap_killed();
+        assert!(
+            !d.state.join("test-fault").exists(),
+            "{point}: the fault never fired"
+        );
+        common::umount_all_under(&d.root);
+        d.spawn();
+        let ws = d.mount("crash");
+        wait_mounted(
+            std::slice::from_ref(&ws),
+            std::time::Duration::from_secs(20),
+        );
+        let expected = tempfile_checkout(&d, &up, &second);
+        assert_eq!(files(&ws), files(&expected), "{point}");
+        assert_eq!(g(&ws, &["rev-parse", "HEAD"]), second, "{point}");
+        assert_eq!(g(&ws, &["status", "--porcelain"]), "", "{point}");
+        let st = status(&d, "crash");
+        assert_eq!(st["base_commit"], second.as_str(), "{point}: {st}");
+        // Cut before the move: the fast-forward's entries still count (changed, added (a file
+        // and its directory), gone, deep, tool.sh, link); after it, nothing.
+        let counted = if point == "resync:before-move" { 7 } else { 0 };
+        assert_eq!(st["changed_paths"], counted, "{point}: {st}");
+        // A resync completes what was cut.
+        let (v, out) = resync(&d, "crash", "developer");
+        assert!(out.success(), "{}", out.describe());
+        assert_eq!(v["action"], "up-to-date", "{v}");
+        assert_eq!(
+            v["base_moved"].as_bool().unwrap_or(false),
+            counted > 0,
+            "{v}"
+        );
+        let st = status(&d, "crash");
+        assert_eq!(st["changed_paths"], 0, "{point}: {st}");
+        let opens = base_content_opens(&d, "crash");
+        assert_eq!(g(&ws, &["status", "--porcelain"]), "", "{point}");
+        assert_eq!(base_content_opens(&d, "crash"), opens, "{point}: re-hashed");
+        assert_eq!(files(&ws), files(&expected), "{point}");
+        d.cli_ok(["release", "crash"]);
+        let ws = d.open_thread("crash", &[]);
+        assert_eq!(files(&ws), files(&expected), "{point}");
+        assert_eq!(g(&ws, &["status", "--porcelain"]), "", "{point}");
+        d.cli_ok(["release", "crash"]);
+        d.stop();
+    }
 }

@@ -269,19 +269,6 @@ fn a_thousand_changed_files_move_between_hosts() {
     h2.cli_ok(["release", "big"]);
 }
 
-/// `octofs` as user `u` against daemon `d`.
-fn cli_as(d: &Daemon, u: User, args: &[&str]) -> Out {
-    let mut c = as_user(u, bin());
-    c.env_remove("OCTOFS_STATE")
-        .env_remove("OCTOFS_ROOT")
-        .arg("--state")
-        .arg(&d.state)
-        .arg("--root")
-        .arg(&d.root)
-        .args(args);
-    run(&mut c, CMD_TIMEOUT)
-}
-
 /// A share holds every user's threads: on a host that has not seen a thread, only its owner (by
 /// user name) or root may open it from the share, and root opens it for that owner. Fails on a
 /// share that hands a thread to whoever asks first (the old `open`).
@@ -303,7 +290,7 @@ fn a_shared_thread_opens_only_for_its_owner() {
     }
     // User a works on two threads on host 1 and releases them: both are on the share.
     for t in ["mine", "theirs"] {
-        let out = cli_as(&h1, a, &["open", t, "--project", "p"]);
+        let out = h1.cli_as(a, &["open", t, "--project", "p"]);
         out.assert_ok();
         let m = PathBuf::from(out.stdout_str().trim());
         let mut w = as_user(a, "sh");
@@ -311,12 +298,12 @@ fn a_shared_thread_opens_only_for_its_owner() {
             .arg("printf 'secret work of a\\n' > private.txt")
             .current_dir(&m);
         run(&mut w, CMD_TIMEOUT).assert_ok();
-        cli_as(&h1, a, &["release", t]).assert_ok();
+        h1.cli_as(a, &["release", t]).assert_ok();
         share_tip(&share, t);
     }
 
     // User b on host 2 may not take it; nothing on host 2 changes.
-    let out = cli_as(&h2, b, &["open", "mine", "--project", "p"]);
+    let out = h2.cli_as(b, &["open", "mine", "--project", "p"]);
     out.assert_failed();
     let err = out.stderr_str();
     assert!(
@@ -342,13 +329,13 @@ fn a_shared_thread_opens_only_for_its_owner() {
     );
 
     // User a may, and gets their work.
-    let out = cli_as(&h2, a, &["open", "mine", "--project", "p"]);
+    let out = h2.cli_as(a, &["open", "mine", "--project", "p"]);
     out.assert_ok();
     let m = PathBuf::from(out.stdout_str().trim());
     let mut r = as_user(a, "cat");
     r.arg(m.join("private.txt"));
     assert_eq!(run(&mut r, CMD_TIMEOUT).stdout_str(), "secret work of a\n");
-    cli_as(&h2, a, &["release", "mine"]).assert_ok();
+    h2.cli_as(a, &["release", "mine"]).assert_ok();
 
     // Root (an orchestrator) opens the other one: it is a's on host 2 too, so b still may not.
     let m = h2.open_thread("theirs", &["--project", "p"]);
@@ -356,7 +343,7 @@ fn a_shared_thread_opens_only_for_its_owner() {
         std::fs::metadata(&m).unwrap().uid()
     });
     assert_eq!(uid, a.uid, "root's open gave a's thread to someone else");
-    let out = cli_as(&h2, b, &["open", "theirs"]);
+    let out = h2.cli_as(b, &["open", "theirs"]);
     out.assert_failed();
     h2.cli_ok(["release", "theirs"]);
 }

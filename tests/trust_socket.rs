@@ -17,22 +17,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// The octofs CLI as `u`.
-fn cli_as(d: &Daemon, u: User, args: &[&str]) -> Out {
-    cli_as_in(d, u, &[], args)
-}
-
-/// The octofs CLI as `u` with the supplementary groups `groups`.
-fn cli_as_in(d: &Daemon, u: User, groups: &[u32], args: &[&str]) -> Out {
-    let mut c = as_user_in(u, groups, bin());
-    c.arg("--state")
-        .arg(&d.state)
-        .arg("--root")
-        .arg(&d.root)
-        .args(args);
-    run(&mut c, CMD_TIMEOUT)
-}
-
 /// git in `dir` as `u`.
 fn git_as(u: User, dir: &Path, args: &[&str]) -> Out {
     let mut c = as_user(u, "git");
@@ -144,7 +128,7 @@ fn owner_works_in_own_workspace_with_git_and_fsmonitor() {
     project(&d, "p", &[]);
     // Private state: the owner reaches the mirror's objects only through what the daemon grants.
     make_state_private(&d);
-    let out = cli_as(&d, a, &["open", "t", "--project", "p"]);
+    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     assert!(out.stderr.is_empty(), "{}", out.describe());
     let mount = PathBuf::from(out.stdout_str().trim());
@@ -189,7 +173,7 @@ fn owner_works_in_own_workspace_with_git_and_fsmonitor() {
         "git status complained: {}",
         st.describe()
     );
-    let hook = cli_as(&d, a, &["fsmonitor", "t", "2", ""]);
+    let hook = d.cli_as(a, &["fsmonitor", "t", "2", ""]);
     assert!(
         hook.success(),
         "fsmonitor hook as owner: {}",
@@ -197,12 +181,12 @@ fn owner_works_in_own_workspace_with_git_and_fsmonitor() {
     );
     // The owner saves, releases and resumes its own workspace. (Untracked files and new commits are
     // left out of this round trip: saving those runs git in the workspace, as its owner.)
-    let snap = cli_as(&d, a, &["snapshot", "t"]);
+    let snap = d.cli_as(a, &["snapshot", "t"]);
     assert!(snap.success(), "{}\n{}", snap.describe(), d.log_tail());
-    let rel = cli_as(&d, a, &["release", "t"]);
+    let rel = d.cli_as(a, &["release", "t"]);
     assert!(rel.success(), "{}\n{}", rel.describe(), d.log_tail());
     assert!(!is_mounted(&mount));
-    let again = cli_as(&d, a, &["open", "t"]);
+    let again = d.cli_as(a, &["open", "t"]);
     assert!(again.success(), "{}\n{}", again.describe(), d.log_tail());
     let st = git_as(a, &mount, &["status", "--porcelain"]);
     assert_eq!(st.stdout_str(), " M a.txt\n", "{}", st.describe());
@@ -233,7 +217,7 @@ fn owner_works_in_own_workspace_with_git_and_fsmonitor() {
     // Modes tightened under the mirror (chmod narrows every ACL's mask): the next open grants
     // again.
     make_private(&d.state.join("mirrors"), &d.socket());
-    let out = cli_as(&d, a, &["open", "t2", "--project", "p"]);
+    let out = d.cli_as(a, &["open", "t2", "--project", "p"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     for m in [mount.clone(), d.mount("t2")] {
         let log = git_as(a, &m, &["log", "-1", "--format=%s", "HEAD~1"]);
@@ -247,7 +231,7 @@ fn other_users_cannot_touch_a_workspace_root_can() {
     let d = Daemon::start();
     open_the_way(&d);
     let up = project(&d, "p", &[]);
-    let out = cli_as(&d, a, &["open", "t", "--project", "p"]);
+    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     let owner = format!("uid {}", a.uid);
     for args in [
@@ -261,26 +245,26 @@ fn other_users_cannot_touch_a_workspace_root_can() {
         &["open", "t"],
         &["open", "t", "--project", "p"],
     ] {
-        assert_denied(&cli_as(&d, b, args), &["thread t", &owner]);
+        assert_denied(&d.cli_as(b, args), &["thread t", &owner]);
     }
     assert!(is_mounted(&d.mount("t")), "a refused release unmounted");
     // B sees none of A's threads; A sees its own; root sees all.
-    assert!(threads_of(&cli_as(&d, b, &["list", "--json"]).stdout_str()).is_empty());
+    assert!(threads_of(&d.cli_as(b, &["list", "--json"]).stdout_str()).is_empty());
     assert_eq!(
-        threads_of(&cli_as(&d, a, &["list", "--json"]).stdout_str()),
+        threads_of(&d.cli_as(a, &["list", "--json"]).stdout_str()),
         ["t"]
     );
     assert_eq!(threads_of(&d.cli_ok(["list", "--json"])), ["t"]);
     // Mirrors and the daemon are root's.
     let up_path = up.path.to_str().unwrap();
-    assert_denied(&cli_as(&d, b, &["mirror", "add", "q", up_path]), &[]);
+    assert_denied(&d.cli_as(b, &["mirror", "add", "q", up_path]), &[]);
     assert!(!d.mirror("q").exists());
-    assert_denied(&cli_as(&d, b, &["mirror", "sync", "p"]), &[]);
-    assert_denied(&cli_as(&d, b, &["sweep", "--idle", "0"]), &[]);
-    assert_denied(&cli_as(&d, b, &["stop"]), &[]);
+    assert_denied(&d.cli_as(b, &["mirror", "sync", "p"]), &[]);
+    assert_denied(&d.cli_as(b, &["sweep", "--idle", "0"]), &[]);
+    assert_denied(&d.cli_as(b, &["stop"]), &[]);
     // Request statistics: a thread's are its owner's, the daemon-wide sum is root's.
-    cli_as(&d, a, &["stats", "t"]).assert_ok();
-    assert_denied(&cli_as(&d, a, &["stats"]), &[]);
+    d.cli_as(a, &["stats", "t"]).assert_ok();
+    assert_denied(&d.cli_as(a, &["stats"]), &[]);
     d.cli_ok(["stats"]);
     d.cli_ok(["stats", "t"]);
     // Root acts on A's thread; opening it makes root a second user, not its owner.
@@ -293,10 +277,10 @@ fn other_users_cannot_touch_a_workspace_root_can() {
     d.cli_ok(["release", "t"]);
     assert!(is_mounted(&d.mount("t")), "A still holds it");
     // A released thread stays A's: B cannot resume it.
-    cli_as(&d, a, &["release", "t"]).assert_ok();
+    d.cli_as(a, &["release", "t"]).assert_ok();
     assert!(!is_mounted(&d.mount("t")));
-    assert_denied(&cli_as(&d, b, &["open", "t"]), &["thread t", &owner]);
-    assert_denied(&cli_as(&d, b, &["status", "t"]), &["thread t", &owner]);
+    assert_denied(&d.cli_as(b, &["open", "t"]), &["thread t", &owner]);
+    assert_denied(&d.cli_as(b, &["status", "t"]), &["thread t", &owner]);
 }
 
 #[test]
@@ -306,16 +290,15 @@ fn a_project_restricts_who_binds_it() {
     open_the_way(&d);
     project(&d, "p", &["--allow-user", "octofs-test-user"]);
     assert_denied(
-        &cli_as(&d, b, &["open", "tb", "--project", "p"]),
+        &d.cli_as(b, &["open", "tb", "--project", "p"]),
         &["project p"],
     );
     assert!(!d.mount("tb").exists() || !is_mounted(&d.mount("tb")));
-    let ok = cli_as(&d, a, &["open", "ta", "--project", "p"]);
+    let ok = d.cli_as(a, &["open", "ta", "--project", "p"]);
     assert!(ok.success(), "{}\n{}", ok.describe(), d.log_tail());
     // Only root changes the list; a numeric group id of B opens it to B.
     assert_denied(
-        &cli_as(
-            &d,
+        &d.cli_as(
             b,
             &["mirror", "access", "p", "--allow-user", "octofs-test-other"],
         ),
@@ -330,19 +313,19 @@ fn a_project_restricts_who_binds_it() {
         "--allow-group",
         &b.gid.to_string(),
     ]);
-    let ok = cli_as(&d, b, &["open", "tb", "--project", "p"]);
+    let ok = d.cli_as(b, &["open", "tb", "--project", "p"]);
     assert!(ok.success(), "{}\n{}", ok.describe(), d.log_tail());
-    cli_as(&d, b, &["release", "tb"]).assert_ok();
-    cli_as(&d, a, &["release", "ta"]).assert_ok();
+    d.cli_as(b, &["release", "tb"]).assert_ok();
+    d.cli_as(a, &["release", "ta"]).assert_ok();
     // A group counts as the caller's supplementary group too (the kernel's record of the peer).
     project(&d, "q", &["--allow-group", &a.gid.to_string()]);
     assert_denied(
-        &cli_as(&d, b, &["open", "tq", "--project", "q"]),
+        &d.cli_as(b, &["open", "tq", "--project", "q"]),
         &["project q"],
     );
-    let ok = cli_as_in(&d, b, &[a.gid], &["open", "tq", "--project", "q"]);
+    let ok = d.cli_as_in(b, &[a.gid], &["open", "tq", "--project", "q"]);
     assert!(ok.success(), "{}\n{}", ok.describe(), d.log_tail());
-    cli_as(&d, b, &["release", "tq"]).assert_ok();
+    d.cli_as(b, &["release", "tq"]).assert_ok();
 }
 
 /// Taking a user off a project's allow list takes back their read grant on its objects at once: their
@@ -365,7 +348,7 @@ fn revoking_a_user_takes_back_the_objects_grant() {
     make_state_private(&d);
     let mut mounts = Vec::new();
     for (u, t) in [(a, "ta"), (b, "tb")] {
-        let out = cli_as(&d, u, &["open", t, "--project", "p"]);
+        let out = d.cli_as(u, &["open", t, "--project", "p"]);
         assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
         mounts.push(PathBuf::from(out.stdout_str().trim()));
     }
@@ -389,8 +372,8 @@ fn revoking_a_user_takes_back_the_objects_grant() {
         revoked.describe()
     );
     // Nothing else changed: both threads are still their owners' to save and release.
-    cli_as(&d, a, &["release", "ta"]).assert_ok();
-    cli_as(&d, b, &["release", "tb"]).assert_ok();
+    d.cli_as(a, &["release", "ta"]).assert_ok();
+    d.cli_as(b, &["release", "tb"]).assert_ok();
 }
 
 #[test]
@@ -409,7 +392,7 @@ fn a_daemon_started_under_umask_000_still_refuses_others() {
     up.write("a", "a\n");
     up.commit_all("one", DATE1);
     assert_denied(
-        &cli_as(&d, b, &["mirror", "add", "q", up.path.to_str().unwrap()]),
+        &d.cli_as(b, &["mirror", "add", "q", up.path.to_str().unwrap()]),
         &["root"],
     );
     assert!(!d.mirror("q").exists());

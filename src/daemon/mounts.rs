@@ -113,7 +113,7 @@ impl Daemon {
             is_root && self.settings.passthrough,
             info.clone(),
         )
-        .with_io(self.settings.io);
+        .with_io(rec.io.unwrap_or(self.settings.io));
         // From here on, what the daemon changes other than through the mount is told to the kernel.
         core.watch_kernel();
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);

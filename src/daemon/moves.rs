@@ -99,7 +99,7 @@ impl Daemon {
         self.store(p)?.resolve(git_ref)?;
         // `open` re-checks all of this under `to`'s lock: a concurrent open of `to` is refused
         // or joined there, never overwritten.
-        let (opened, warnings) = self.open(to, Some(p), git_ref, c)?;
+        let (opened, warnings) = self.open(to, Some(p), git_ref, None, c)?;
         let rec = self.live_record(to)?;
         Ok((
             Forked {
@@ -277,6 +277,11 @@ impl Daemon {
             branch: branch.clone(),
             created: now(),
             owner: me,
+            // The new thread works as the one it came from.
+            io: Binding::load(&self.layout, from)
+                .ok()
+                .flatten()
+                .and_then(|b| b.io),
         };
         let filed_in = started.elapsed();
         let made = (|| {

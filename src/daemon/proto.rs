@@ -52,6 +52,9 @@ pub enum Request {
         thread: String,
         project: Option<String>,
         git_ref: Option<String>,
+        /// The thread's I/O mode (none: as it was, else the daemon's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        io: Option<crate::fs::fuse::IoMode>,
     },
     List,
     Status {
@@ -503,6 +506,9 @@ pub struct Resynced {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
     pub changed_paths: u64,
+    /// The workspace's base (its lower layer) moved to the tip: `status` counts no change.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub base_moved: bool,
 }
 
 /// The answer to `snapshot --name`: the named snapshot (or, without a name, the thread's), the

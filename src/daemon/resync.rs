@@ -9,11 +9,12 @@
 //!   index and every tracked file go to the tip, untracked non-ignored files go (they are in the
 //!   snapshot), ignored files and nested repositories (a directory holding `.git`) stay.
 //!
-//! The workspace's lower layer does not move (a base is a commit and never changes under a mount):
-//! the difference between what the workspace presented and the tip is applied over it as entries
+//! The difference between what the workspace presented and the tip is applied over it as entries
 //! that refer to the mirror's blobs, exactly as resume does, in O(changed paths); unchanged paths
 //! keep their inodes. [`Daemon::present_commit`] is the one function that moves what a workspace
-//! presents (the place a dependency layer's graft will be redone).
+//! presents (the place a dependency layer's graft will be redone). A developer's clean workspace
+//! then has its base (lower layer) moved to the tip without changing anything it presents
+//! ([`Daemon::move_base_to`]), so that `status` counts nothing the fast-forward wrote.
 //!
 //! Policy only: never runs git in a workspace or reads one through its mount; writes in the
 //! workspace only through its core (the changed paths, `.git/index`, the branch or HEAD, the
@@ -172,6 +173,7 @@ impl Daemon {
             reason: None,
             snapshot: None,
             changed_paths: 0,
+            base_moved: false,
         };
         let refuse = |mut a: Resynced, why: String| {
             tracing::info!(%thread, role = role.name(), "resync refused: {why}");
@@ -180,6 +182,9 @@ impl Daemon {
             Ok((a, vec![]))
         };
         if head == up.tip && dirty.is_empty() && !staged {
+            // Clean at the tip: its base moves there if it is not yet (a workspace whose own
+            // commits were pushed, or one whose earlier move a crash interrupted).
+            answer.base_moved = self.move_base_to(&core, thread, head, head_tree)?;
             return Ok((answer, vec![]));
         }
         let from_tree = match role {
@@ -233,6 +238,9 @@ impl Daemon {
             }
         };
         let changed = self.present_commit(&core, &rec, from_tree, tip_tree, up.tip, &head_ref)?;
+        if role == Role::Developer {
+            answer.base_moved = self.move_base_to(&core, thread, up.tip, tip_tree)?;
+        }
         answer.action = match role {
             Role::Developer => "fast-forward",
             Role::Reviewer => "reset",
@@ -331,7 +339,8 @@ impl Daemon {
     /// first, deepest first; each new entry refers to the mirror's blob), `.git/index` rewritten
     /// to `to_tree` with stat data equal to what the mount presents, HEAD's branch (or a detached
     /// HEAD) moved to `to`, the workspace's origin refs and tags updated from the mirror, and the
-    /// kernel told. The record's base does not move. A dependency layer's graft belongs here.
+    /// kernel told. The base moves afterwards, if at all ([`Self::move_base_to`]). A dependency
+    /// layer's graft belongs here.
     /// Returns how many paths changed.
     ///
     /// The new entries are dated one second before the re-sync began: git counts an entry whose
@@ -426,6 +435,91 @@ impl Daemon {
         self.update_remote_refs(core, rec, &repo)?;
         self.tell_kernel(&rec.thread);
         Ok(list.len() as u64)
+    }
+
+    /// Moves the base (lower layer) of a workspace that presents exactly `commit`'s files (clean
+    /// at `commit`, the fast-forward applied) to `commit` and its tree `tree`, without changing
+    /// anything it presents ([`WorkspaceFs::move_base`]): afterwards `status` counts no change,
+    /// the record's base is `commit`, and the presented times stay (the record's `base_time` is
+    /// the workspace's presentation time, which a move keeps). The record is saved first, then the
+    /// catalog's one batch re-points the root and the overlay's directories: a crash before the
+    /// batch leaves the old base under the catalog's root with the tip's files in the overlay (a
+    /// consistent workspace, which the next resync moves), after it the moved one. Returns whether
+    /// the base moved now; false when it already was there or cannot move without changing what
+    /// the workspace presents (then the record is put back).
+    fn move_base_to(
+        &self,
+        core: &WorkspaceFs,
+        thread: &str,
+        commit: gix::ObjectId,
+        tree: gix::ObjectId,
+    ) -> Result<bool, Error> {
+        let Some(mut rec) = WorkspaceRecord::load(&self.layout, thread)? else {
+            return Ok(false);
+        };
+        let store = self.store(&rec.project)?;
+        let root = match crate::git::graft::graft(&store, tree, &super::layers::grafts(&rec)?) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(%thread, "the base does not move: cannot graft the layers: {e}");
+                return Ok(false);
+            }
+        };
+        let now = core
+            .root_base()
+            .map_err(on_workspace("cannot read the workspace's base"))?;
+        if now != root
+            && !core
+                .can_move_base(root)
+                .map_err(on_workspace("cannot read the workspace's overlay"))?
+        {
+            tracing::info!(%thread, "the base does not move: the workspace differs from {commit}");
+            return Ok(false);
+        }
+        let old = rec.clone();
+        let (c, t) = (commit.to_string(), tree.to_string());
+        if rec.base_commit != c || rec.base_tree != t {
+            rec.base_commit = c;
+            rec.base_tree = t;
+            rec.save(&self.layout)?;
+        }
+        if now == root {
+            return Ok(false);
+        }
+        self.fault("resync:before-move");
+        let started = std::time::Instant::now();
+        let moved = core
+            .move_base(root)
+            .map_err(on_workspace("cannot move the workspace's base"));
+        match moved {
+            Ok(Some(m)) => {
+                self.fault("resync:after-move");
+                tracing::info!(%thread, %commit, repointed = m.repointed, kept = m.kept,
+                    symlinks = m.symlinks, us = started.elapsed().as_micros() as u64,
+                    "moved the workspace's base");
+                Ok(true)
+            }
+            Ok(None) | Err(_) => {
+                // Changed in between: the catalog's root stays, and so does the record.
+                old.save(&self.layout)?;
+                moved.map(|_| false)
+            }
+        }
+    }
+
+    /// A test hook of debug builds: when `<state>/test-fault` names `point`, the daemon dies here
+    /// as by SIGKILL (the file is removed first, so it fires once). Release builds never look.
+    fn fault(&self, point: &str) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        let f = self.layout.state.join("test-fault");
+        if std::fs::read_to_string(&f).is_ok_and(|s| s.trim() == point) {
+            let _ = std::fs::remove_file(&f);
+            tracing::warn!(point, "test fault: the daemon dies here");
+            let _ = crate::sys::kill_process_group(std::process::id());
+            std::process::abort();
+        }
     }
 
     /// The workspace's `refs/remotes/origin/*` (for a directory upstream, none) and `refs/tags/*`

@@ -227,6 +227,7 @@ impl Daemon {
             },
             created: now(),
             owner,
+            io: None,
         };
         b.save(&self.layout)?;
         Ok((Some(b), None))

@@ -722,7 +722,7 @@ fn build(
         is_root && daemon.settings.passthrough,
         info.clone(),
     )
-    .with_io(daemon.settings.io);
+    .with_io(rec.io.unwrap_or(daemon.settings.io));
     core.watch_kernel();
     let cfg = crate::fs::fuse::mount_config(&thread, is_root);
     let n = m.negotiated;

@@ -38,6 +38,8 @@ pub(super) struct Fork {
     /// Changes applied over the base before the first mount: the diff between these two trees.
     apply: Option<(gix::ObjectId, gix::ObjectId)>,
     chat: bool,
+    /// The thread's own I/O mode (none: the daemon's).
+    io: Option<crate::fs::fuse::IoMode>,
 }
 
 impl Daemon {
@@ -49,6 +51,7 @@ impl Daemon {
         thread: &str,
         project: Option<&str>,
         git_ref: Option<&str>,
+        io: Option<crate::fs::fuse::IoMode>,
         c: &Caller,
     ) -> Reply<Opened> {
         validate(NameKind::Thread, thread)?;
@@ -111,7 +114,19 @@ impl Daemon {
             // One more user of the live workspace, counted in its record so that a restart keeps
             // the count. A record the daemon serves (or should: its remount failed) keeps its users.
             let served = lock(&self.mounts).contains_key(thread);
+            let current = rec.io.unwrap_or(self.settings.io);
+            if let Some(want) = io
+                && want != current
+                && served
+            {
+                return Err(Error::Refused(format!(
+                    "thread {thread} is mounted in {current} mode; release it to reopen it in {want} mode"
+                )));
+            }
             let before = rec.clone();
+            if io.is_some() {
+                rec.io = io;
+            }
             rec.users = if rec.release_when_idle {
                 // A pending `release --when-idle` was its last user's release: this open cancels
                 // it and is the one user now.
@@ -148,7 +163,11 @@ impl Daemon {
                         "thread {thread} was released; it resumes from its last snapshot (--ref applies only when a thread is created)"
                     )));
                 }
-                self.resume_fork(thread, b)?
+                let mut fork = self.resume_fork(thread, b)?;
+                if io.is_some() {
+                    fork.io = io;
+                }
+                fork
             }
             (None, Some(p)) => {
                 let proj = mirror::require(&self.layout, p)?;
@@ -169,6 +188,7 @@ impl Daemon {
                     saved: None,
                     apply: None,
                     chat: false,
+                    io,
                 }
             }
             (None, None) => {
@@ -191,11 +211,21 @@ impl Daemon {
                     saved: None,
                     apply: None,
                     chat: true,
+                    io,
                 }
             }
         };
         let forked_project = fork.project.clone();
+        let fork_io = fork.io;
         self.create(thread, fork, owner)?;
+        if let Some(mut b) = binding.clone().filter(|b| b.io != fork_io) {
+            // The mode asked for at a resume stays the thread's.
+            b.io = fork_io;
+            if let Err(e) = b.save(&self.layout) {
+                self.discard(thread);
+                return Err(e.into());
+            }
+        }
         if binding.is_none() && project.is_some() {
             let rec = WorkspaceRecord::load(&self.layout, thread)?
                 .ok_or_else(|| Error::Refused("workspace vanished".into()))?;
@@ -206,6 +236,7 @@ impl Daemon {
                 branch: rec.branch.clone(),
                 created: now(),
                 owner,
+                io: fork_io,
             };
             if let Err(e) = b.save(&self.layout) {
                 self.discard(thread);
@@ -235,6 +266,7 @@ impl Daemon {
                 saved: None,
                 apply: None,
                 chat: false,
+                io: b.io,
             });
         };
         // The workspace comes back as a fork of HEAD (whose index is shared and usually already
@@ -261,6 +293,7 @@ impl Daemon {
             saved: Some(s.to_string()),
             apply: Some((head_tree, tree)),
             chat: false,
+            io: b.io,
         })
     }
 
@@ -291,6 +324,7 @@ impl Daemon {
             owner,
             users: 1,
             release_when_idle: false,
+            io: fork.io,
             layers: if fork.chat {
                 Vec::new()
             } else {

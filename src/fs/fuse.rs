@@ -37,8 +37,10 @@ use super::{Behind, Caller, FsError, SetAttr, SetTime, WorkspaceFs, XattrReply};
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
 const TTL: Duration = Duration::from_secs(3600);
 
-/// How a mount serves file I/O (`octofs serve --io`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// How a mount serves file I/O (`octofs serve --io` for the daemon's default, `octofs open --io` for
+/// a thread of its own).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum IoMode {
     /// OPEN and RELEASE per open file, each with a handle; reads and writes handed to the kernel
     /// (passthrough) when it works, the page cache shared with the blob cache's files.

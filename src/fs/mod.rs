@@ -22,7 +22,7 @@ pub use self::error::{Context, FsError, FsResult};
 // Everything the rest of the crate (and the tests) use from the core, by one path that does not
 // depend on how the core is split into files.
 pub use self::workspace::{
-    BASE_TOKEN, BaseStat, Behind, Caller, Change, ChangeKind, Changed, DirEntry, DirName, Listing,
-    NAME_MAX, NodeMeta, Opened, Presentation, ROOT_INO, SetAttr, SetTime, TreeChange, View,
-    WorkspaceFs, XattrReply, base_stat, path_ino, unix_time,
+    BASE_TOKEN, BaseMove, BaseStat, Behind, Caller, Change, ChangeKind, Changed, DirEntry, DirName,
+    Listing, NAME_MAX, NodeMeta, Opened, Presentation, ROOT_INO, SetAttr, SetTime, TreeChange,
+    View, WorkspaceFs, XattrReply, base_stat, path_ino, unix_time,
 };

@@ -9,6 +9,7 @@
 pub mod error;
 pub mod gates;
 pub mod graft;
+pub mod index_ext;
 pub mod mirror;
 pub mod objects;
 pub mod posix_record;

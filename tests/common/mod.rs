@@ -368,6 +368,24 @@ impl Daemon {
         run(self.command().args(args), CMD_TIMEOUT)
     }
 
+    /// The CLI as user `u` (no supplementary groups), pointed at this daemon's state and root.
+    pub fn cli_as(&self, u: User, args: &[&str]) -> Out {
+        self.cli_as_in(u, &[], args)
+    }
+
+    /// [`Daemon::cli_as`] with the supplementary groups `groups`.
+    pub fn cli_as_in(&self, u: User, groups: &[u32], args: &[&str]) -> Out {
+        let mut c = as_user_in(u, groups, bin());
+        c.env_remove("OCTOFS_STATE")
+            .env_remove("OCTOFS_ROOT")
+            .arg("--state")
+            .arg(&self.state)
+            .arg("--root")
+            .arg(&self.root)
+            .args(args);
+        run(&mut c, CMD_TIMEOUT)
+    }
+
     /// `octofs open <thread> <args>`, returning the mount path (checked to be `<root>/<thread>`).
     #[track_caller]
     pub fn open_thread(&self, thread: &str, args: &[&str]) -> PathBuf {

@@ -43,6 +43,7 @@ mod journal;
 mod namespace;
 mod posix;
 mod presented;
+mod rebase;
 mod seed;
 mod tree_order;
 mod tx;
@@ -60,6 +61,7 @@ pub use journal::{BASE_TOKEN, Changed};
 use namespace::New;
 pub use posix::NodeMeta;
 pub use presented::{BaseStat, base_stat};
+pub use rebase::BaseMove;
 pub use types::*;
 
 pub const ROOT_INO: u64 = 1;
