@@ -123,7 +123,15 @@ fn files(dir: &Path) -> std::collections::BTreeMap<String, String> {
 
 /// An upstream with a first commit, added as project `proj`.
 fn project(d: &Daemon) -> GitRepo {
+    project_with(d, None)
+}
+
+/// [`project`], with a `.gitignore` of `ignore` in its first commit when given.
+fn project_with(d: &Daemon, ignore: Option<&str>) -> GitRepo {
     let up = GitRepo::init(&d.base.join("upstream"));
+    if let Some(rules) = ignore {
+        up.write(".gitignore", rules);
+    }
     up.write("keep.txt", "kept\n");
     up.write("src/changed.txt", "old\n");
     up.write("gone.txt", "to be removed\n");
@@ -587,17 +595,7 @@ fn fast_forward_of_1000_paths_in_10k_files() {
 
 /// An upstream with ignored paths (`.env`, `node_modules/`) and the files of [`project`].
 fn ignoring_project(d: &Daemon) -> GitRepo {
-    let up = GitRepo::init(&d.base.join("upstream"));
-    up.write(".gitignore", ".env\nnode_modules/\n");
-    up.write("keep.txt", "kept\n");
-    up.write("src/changed.txt", "old\n");
-    up.write("gone.txt", "to be removed\n");
-    up.write("src/lib/deep.txt", "deep\n");
-    up.write("tool.sh", "#!/bin/sh\n");
-    up.symlink("link", "keep.txt");
-    up.commit_all("first", DATE1);
-    d.cli_ok(["mirror", "add", "proj", &up.path.to_string_lossy()]);
-    up
+    project_with(d, Some(".env\nnode_modules/\n"))
 }
 
 /// [`advance`], plus a new file in `src/`.

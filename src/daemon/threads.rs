@@ -839,18 +839,10 @@ impl TreeDiff {
         prefix: &mut Vec<u8>,
         e: &TreeEntry,
     ) -> std::io::Result<()> {
-        if e.kind != EntryKind::Tree {
-            self.additions.push((join(prefix, &e.name), leaf(e)));
-            return Ok(());
-        }
-        let len = prefix.len();
-        prefix.extend_from_slice(&e.name);
-        prefix.push(b'/');
-        let r = store
-            .tree(e.id)
-            .and_then(|t| t.iter().try_for_each(|c| self.added(store, prefix, c)));
-        prefix.truncate(len);
-        r
+        let additions = &mut self.additions;
+        leaves(store, prefix, e, &mut |path, l| {
+            additions.push((path, leaf(l)))
+        })
     }
 
     /// Every leaf at or below `o`, removed.
@@ -860,19 +852,31 @@ impl TreeDiff {
         prefix: &mut Vec<u8>,
         o: &TreeEntry,
     ) -> std::io::Result<()> {
-        if o.kind != EntryKind::Tree {
-            self.removals.push(join(prefix, &o.name));
-            return Ok(());
-        }
-        let len = prefix.len();
-        prefix.extend_from_slice(&o.name);
-        prefix.push(b'/');
-        let r = store
-            .tree(o.id)
-            .and_then(|t| t.iter().try_for_each(|c| self.removed(store, prefix, c)));
-        prefix.truncate(len);
-        r
+        let removals = &mut self.removals;
+        leaves(store, prefix, o, &mut |path, _| removals.push(path))
     }
+}
+
+/// Calls `f` with the path and entry of every leaf at or below `e` (`prefix`: its directory's
+/// path with a trailing `/`, or empty).
+fn leaves(
+    store: &ObjectStore,
+    prefix: &mut Vec<u8>,
+    e: &TreeEntry,
+    f: &mut dyn FnMut(Vec<u8>, &TreeEntry),
+) -> std::io::Result<()> {
+    if e.kind != EntryKind::Tree {
+        f(join(prefix, &e.name), e);
+        return Ok(());
+    }
+    let len = prefix.len();
+    prefix.extend_from_slice(&e.name);
+    prefix.push(b'/');
+    let r = store
+        .tree(e.id)
+        .and_then(|t| t.iter().try_for_each(|c| leaves(store, prefix, c, f)));
+    prefix.truncate(len);
+    r
 }
 
 fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
