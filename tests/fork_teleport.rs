@@ -211,17 +211,6 @@ impl Drop for Proc {
     }
 }
 
-/// The octofs CLI as `u`.
-fn cli_as(d: &Daemon, u: User, args: &[&str]) -> Out {
-    let mut c = as_user(u, bin());
-    c.arg("--state")
-        .arg(&d.state)
-        .arg("--root")
-        .arg(&d.root)
-        .args(args);
-    run(&mut c, CMD_TIMEOUT)
-}
-
 fn chmod(p: &Path, mode: u32) {
     fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
 }
@@ -494,7 +483,7 @@ fn fork_refusals_change_nothing() {
     }
     chmod(&d.root, 0o755);
     assert_one_line_error(
-        &cli_as(&d, u, &["fork", "a", "x"]),
+        &d.cli_as(u, &["fork", "a", "x"]),
         &["permission denied", "thread a"],
     );
 
