@@ -155,6 +155,12 @@ impl RecordDir {
         })
     }
 
+    /// Removes the record of `key`, if any (best effort: a record left behind is what a crash
+    /// at this point would leave).
+    pub fn remove(&self, key: &str) {
+        let _ = std::fs::remove_file(self.path(key));
+    }
+
     /// The records of every key that `keep` accepts, in no particular order.
     pub fn list<T: DeserializeOwned>(
         &self,

@@ -453,7 +453,7 @@ fn untracked_tail(store: &ObjectStore, index: &gix::index::File, pres: &Presenta
         let mut end = 0;
         for comp in dir.split(|b| *b == b'/') {
             end += comp.len();
-            cur = cur.child(comp, stat(&dir[..end]));
+            cur = cur.child(comp, || stat(&dir[..end]));
             end += 1;
         }
         if name == b".gitignore" && e.mode == gix::index::entry::Mode::FILE {

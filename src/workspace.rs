@@ -110,6 +110,11 @@ impl Binding {
         Self::store(layout).save(&self.thread, self)
     }
 
+    /// Removes the binding of `thread`, if any.
+    pub fn remove(layout: &Layout, thread: &str) {
+        Self::store(layout).remove(thread)
+    }
+
     /// Every binding, sorted by thread.
     pub fn list(layout: &Layout) -> Result<Vec<Binding>, RecordError> {
         let mut out: Vec<Binding> = Self::store(layout).list(|_| true)?;

@@ -243,14 +243,7 @@ impl Daemon {
             });
             (made, bound)
         });
-        let unbind = || {
-            let _ = std::fs::remove_file(
-                self.layout
-                    .state
-                    .join("threads")
-                    .join(format!("{thread}.json")),
-            );
-        };
+        let unbind = || Binding::remove(&self.layout, thread);
         if let Err(e) = made {
             if new_binding.is_some() {
                 unbind();

@@ -110,8 +110,9 @@ impl CachedDir {
 
     /// The subdirectory `name`, added where git's `lookup_untracked` would insert it (its binary
     /// search compares a name with each entry's prefix of the same length), so that git finds each
-    /// one as if it had built the cache itself from a listing in this order.
-    pub fn child(&mut self, name: &[u8], stat: StatData) -> &mut CachedDir {
+    /// one as if it had built the cache itself from a listing in this order. `stat` is asked only
+    /// when the directory is new.
+    pub fn child(&mut self, name: &[u8], stat: impl FnOnce() -> StatData) -> &mut CachedDir {
         let (mut first, mut last) = (0, self.dirs.len());
         while last > first {
             let next = first + ((last - first) >> 1);
@@ -127,7 +128,8 @@ impl CachedDir {
                 first = next + 1;
             }
         }
-        self.dirs.insert(first, CachedDir::new(name.to_vec(), stat));
+        self.dirs
+            .insert(first, CachedDir::new(name.to_vec(), stat()));
         &mut self.dirs[first]
     }
 }
@@ -314,9 +316,9 @@ mod tests {
     fn children_go_where_git_inserts_them() {
         let mut root = CachedDir::new(Vec::new(), StatData::default());
         for n in [&b"b"[..], b"a-b", b"a", b"c"] {
-            root.child(n, StatData::default());
+            root.child(n, StatData::default);
         }
-        root.child(b"a", StatData::default());
+        root.child(b"a", || unreachable!("found, not made again"));
         let names: Vec<&[u8]> = root.dirs.iter().map(|d| &d.name[..]).collect();
         // "a" inserted after "a-b" (its prefix compares equal, so the search moves right), and
         // found again rather than inserted twice.
