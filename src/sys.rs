@@ -126,6 +126,26 @@ pub fn is_busy(path: &Path) -> bool {
     rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EBUSY)
 }
 
+/// Whether the mount at `path` stays busy for `patience`: a mount that a process is just leaving
+/// (git's detached `maintenance run --auto` after a commit, a shell that is exiting) is not
+/// busy. Only answers of EBUSY are retried, and those mark nothing; the first idle answer marks
+/// the mount expired like [`is_busy`], so the caller must unmount it or access it next.
+pub fn is_busy_settled(path: &Path, patience: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    let mut wait = std::time::Duration::from_millis(10);
+    loop {
+        if !is_busy(path) {
+            return false;
+        }
+        let left = patience.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(wait.min(left));
+        wait = (wait * 2).min(std::time::Duration::from_millis(200));
+    }
+}
+
 /// File-system statistics of the file system holding `path`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FsStats {

@@ -17,6 +17,8 @@
 //! 3. [`release_drops_the_upper_layer_and_respects_busy_mounts_and_users`]: the upper layer and the
 //!    mount point go; a busy mount refuses release (one-line error, stays mounted) and `--force`
 //!    releases it; two opens need two releases; releasing twice is harmless; `list` shows it.
+//!    [`release_waits_for_a_process_that_is_leaving`]: a process leaving the mount (git's detached
+//!    maintenance after a commit) is waited for, not a refusal.
 //! 4. [`sweep_releases_only_clean_idle_workspaces`]: clean idle workspaces go, dirty ones (incl. a
 //!    write through passthrough on an fd opened before the snapshot, and a commit-only change), ones
 //!    with open files or a busy cwd, and chat workspaces stay.
@@ -751,6 +753,39 @@ fn snapshot_of_a_directory_renamed_with_a_tracked_ignored_file() {
 
 // ---------------------------------------------------------------------------------------------
 // 3. Release
+
+/// A process on its way out of the mount — as git 2.47's detached `maintenance run --auto` is
+/// for a moment after `git commit` returns — does not make `release` refuse as busy: the daemon
+/// waits it out (up to a second). On the old check this release failed with "busy".
+#[test]
+fn release_waits_for_a_process_that_is_leaving() {
+    let d = Daemon::start();
+    project(&d, "p", FILES);
+    let t = "leaving";
+    let ws = d.open_thread(t, &["--project", "p"]);
+    let mut leaving = Command::new("sleep")
+        .arg("0.4")
+        .current_dir(&ws)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .expect("spawn sleep in the mount");
+    let out = d.cli(["release", t]);
+    let left = wait_timeout(&mut leaving, Duration::from_secs(5));
+    if left.is_none() {
+        kill_child_group(&leaving);
+        let _ = wait_timeout(&mut leaving, Duration::from_secs(5));
+    }
+    assert!(
+        out.status.success(),
+        "release refused while a process was leaving the mount: {}",
+        out.stderr_str()
+    );
+    assert!(!is_mounted(&ws), "released but still mounted");
+    assert_eq!(list_entry(&d, t)["state"], "released");
+}
 
 #[test]
 fn release_drops_the_upper_layer_and_respects_busy_mounts_and_users() {

@@ -564,10 +564,17 @@ impl Daemon {
             ));
         }
         // A busy mount is refused before anything is saved: a refused release changes nothing.
-        // (`served` first, as a statement of its own: the guard of `mounts` must be gone before
-        // `is_busy` walks /proc.)
+        // A process on its way out (git's detached maintenance after a commit) is waited for,
+        // up to a second. (`served` first, as a statement of its own: the guard of `mounts` must
+        // be gone before the mount is checked.)
         let served = lock(&self.mounts).contains_key(thread);
-        if !force && served && crate::sys::is_busy(&self.layout.mountpoint(thread)) {
+        if !force
+            && served
+            && crate::sys::is_busy_settled(
+                &self.layout.mountpoint(thread),
+                std::time::Duration::from_secs(1),
+            )
+        {
             return Err(Error::Refused(format!(
                 "{} is busy (a process still has its working directory or files in it); stop them or use --force",
                 self.layout.mountpoint(thread).display()
