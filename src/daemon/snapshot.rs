@@ -330,6 +330,7 @@ impl Daemon {
     ) -> Result<gix::ObjectId, Error> {
         let thread = rec.thread.clone();
         let thread = thread.as_str();
+        let mut spans = Spans::start();
         let core = self.core_of(rec)?;
         let mirror = self.layout.mirror(&rec.project);
         let project = &rec.project;
@@ -352,6 +353,7 @@ impl Daemon {
         let view = core
             .snapshot_view(last)
             .map_err(on_workspace("cannot read the workspace's changes"))?;
+        spans.mark(Span::View);
         let head = match goal {
             Goal::Snapshot => Some(read_head(&core)?),
             Goal::Tree => None,
@@ -363,6 +365,7 @@ impl Daemon {
             nested_repositories(&core, view.edits),
         )?;
         edits.sort_by(|a, b| a.path().cmp(b.path()));
+        spans.mark(Span::Keep);
         // 3. Objects, then (for a snapshot) the commit and the ref.
         // The upper layer's clock before the view: files last changed before it may be remembered.
         let clock = Some((view.taken_at.0, i64::from(view.taken_at.1)));
@@ -435,7 +438,9 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
+        spans.mark(Span::Keep);
         let tree = snap::build_tree(&repo, onto, &edits, clock)?;
+        spans.mark(Span::Tree);
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
         let posix = match super::posix::record_of(&repo, tree, &meta, &rec.owner)? {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),
@@ -449,6 +454,7 @@ impl Daemon {
         if let Some(b) = posix {
             message.push_str(&posix_record::trailer(b));
         }
+        spans.mark(Span::Posix);
         if let Some(p) = prev {
             let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
             if ptree == tree
@@ -475,6 +481,7 @@ impl Daemon {
             commit,
             &format!("octofs: snapshot of {thread}"),
         )?;
+        spans.mark(Span::Commit);
         self.mark_saved(
             rec,
             &core,
@@ -483,7 +490,21 @@ impl Daemon {
             view.taken_at,
         )?;
         core.snapshot_saved(view.epoch, tree);
-        tracing::info!(%thread, %commit, since_last = view.since_last, "snapshot");
+        spans.mark(Span::Saved);
+        let edits = edits.len();
+        let meta = meta.len();
+        let ms = spans.ms();
+        tracing::info!(
+            %thread, %commit, since_last = view.since_last, edits, meta,
+            total_ms = ms[Span::Total as usize],
+            view_ms = ms[Span::View as usize],
+            keep_ms = ms[Span::Keep as usize],
+            tree_ms = ms[Span::Tree as usize],
+            posix_ms = ms[Span::Posix as usize],
+            commit_ms = ms[Span::Commit as usize],
+            saved_ms = ms[Span::Saved as usize],
+            "snapshot"
+        );
         Ok(commit)
     }
 
@@ -511,5 +532,56 @@ impl Daemon {
             bookkeeping: vec![ino],
         });
         Ok(rec.save(&self.layout)?)
+    }
+}
+
+/// The steps of a snapshot, timed for its log line.
+#[derive(Clone, Copy)]
+enum Span {
+    /// From the start: everything.
+    Total,
+    /// The core's view (the one step under the workspace's lock) and its metadata.
+    View,
+    /// HEAD, the ignore rules, nested repositories, dependency layers, the agent's commits.
+    Keep,
+    /// The changed files' blobs and the edited trees.
+    Tree,
+    /// The POSIX record.
+    Posix,
+    /// The commit, the record kept reachable, the ref.
+    Commit,
+    /// The saved mark and the core told of the snapshot.
+    Saved,
+}
+
+/// Milliseconds spent in each [`Span`] of one snapshot.
+struct Spans {
+    start: std::time::Instant,
+    last: std::time::Instant,
+    ms: [f64; 7],
+}
+
+impl Spans {
+    fn start() -> Spans {
+        let now = std::time::Instant::now();
+        Spans {
+            start: now,
+            last: now,
+            ms: [0.0; 7],
+        }
+    }
+
+    /// The time since the last mark counts to `span` (marks of one span add up).
+    fn mark(&mut self, span: Span) {
+        let now = std::time::Instant::now();
+        self.ms[span as usize] += (now - self.last).as_secs_f64() * 1e3;
+        self.last = now;
+    }
+
+    /// Each span's milliseconds, rounded to 0.1 ms; [`Span::Total`]: from the start.
+    fn ms(&self) -> [f64; 7] {
+        let mut out = self.ms.map(|m| (m * 10.0).round() / 10.0);
+        out[Span::Total as usize] = (self.start.elapsed().as_secs_f64() * 1e4).round() / 10.0;
+        out
     }
 }

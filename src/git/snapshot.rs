@@ -226,16 +226,6 @@ pub fn build_tree(
         }
     };
     present(base_tree, b"/".as_bstr())?;
-    let trees = TreeSource { repo };
-    let mut buf = Vec::new();
-    let root: gix::objs::Tree = {
-        use gix::objs::FindExt as _;
-        trees
-            .find_tree(&base_tree, &mut buf)
-            .map_err(|e| Error::Invalid(format!("cannot edit tree {base_tree}: {e}")))?
-            .into()
-    };
-    let mut ed = gix::objs::tree::Editor::new(root, &trees, repo.object_hash());
     let blob = |source: &ViewSource, path: &BStr| -> Result<ObjectId, Error> {
         Ok(match source {
             ViewSource::Object(id) => present(*id, path)?,
@@ -246,9 +236,13 @@ pub fn build_tree(
                 .detach(),
         })
     };
+    let mut root = DirEdit {
+        base: DirBase::Tree(base_tree),
+        forced: true,
+        names: std::collections::BTreeMap::new(),
+    };
     for e in edits {
         let path: &BStr = e.path().as_bstr();
-        let comps = || path.split(|b| *b == b'/').map(|c| c.as_bstr());
         let leaf = match e {
             ViewEdit::Symlink { .. } => Some(gix::validate::path::component::Mode::Symlink),
             _ => None,
@@ -256,74 +250,301 @@ pub fn build_tree(
         if !matches!(e, ViewEdit::Remove { .. } | ViewEdit::AddedDir { .. }) {
             check_path(path, leaf)?;
         }
-        let r = match e {
-            ViewEdit::Remove { .. } => ed.remove(comps()).map(|_| ()),
-            ViewEdit::Tree { id, .. } => ed
-                .upsert(comps(), EntryKind::Tree, present(*id, path)?)
-                .map(|_| ()),
-            ViewEdit::Gitlink { id, .. } => ed.upsert(comps(), EntryKind::Commit, *id).map(|_| ()),
-            ViewEdit::AddedDir { .. } => Ok(()),
+        let op = match e {
+            ViewEdit::Remove { .. } => None,
+            ViewEdit::AddedDir { .. } => continue,
+            ViewEdit::Tree { id, .. } => Some((EntryKind::Tree, present(*id, path)?)),
+            ViewEdit::Gitlink { id, .. } => Some((EntryKind::Commit, *id)),
             ViewEdit::File { exec, source, .. } => {
-                let id = blob(source, path)?;
                 let kind = if *exec {
                     EntryKind::BlobExecutable
                 } else {
                     EntryKind::Blob
                 };
-                ed.upsert(comps(), kind, id).map(|_| ())
+                Some((kind, blob(source, path)?))
             }
-            ViewEdit::Symlink { source, .. } => {
-                let id = blob(source, path)?;
-                ed.upsert(comps(), EntryKind::Link, id).map(|_| ())
-            }
+            ViewEdit::Symlink { source, .. } => Some((EntryKind::Link, blob(source, path)?)),
         };
-        r.context(|| format!("cannot edit {}", path))?;
+        root.apply(path, op)?;
     }
-    ed.write(|tree| write_tree(repo, tree))
+    let ed = RawEditor {
+        repo,
+        hash_len: repo.object_hash().len_in_bytes(),
+    };
+    match ed.write_dir(Some(base_tree), &root)? {
+        Some(id) => Ok(id),
+        None => ed.write_raw(Vec::new()),
+    }
 }
 
-/// Writes `tree` (unless the mirror has it) and keeps its bytes in [`WrittenTrees`]: the next
-/// snapshot edits the trees this one wrote without reading them back from the object store.
-fn write_tree(repo: &gix::Repository, tree: &gix::objs::Tree) -> Result<ObjectId, Error> {
-    use gix::objs::Write as _;
-    let what = "cannot write the snapshot tree";
-    let buf = tree_bytes(tree)?;
-    let id = gix::objs::compute_hash(repo.object_hash(), gix::objs::Kind::Tree, &buf)
-        .map_err(err(what))?;
-    if !repo.objects.exists_without_refresh(&id) {
-        repo.objects
-            .write_buf_with_known_id(gix::objs::Kind::Tree, &buf, id)
-            .map_err(err(what))?;
-    }
-    WrittenTrees::shared().put(id, buf);
-    Ok(id)
+/// What the edits leave at one name of a directory.
+enum Slot {
+    /// Nothing (whatever the directory had there is gone).
+    Removed,
+    /// This entry, whatever the directory had there.
+    Leaf(EntryKind, ObjectId),
+    /// A directory edited below.
+    Dir(DirEdit),
 }
 
-/// `tree` in git's format (what gix's `WriteTo` writes), in one buffer of its size. gix's own
-/// serializer writes each entry through five `dyn Write` calls and, in builds with debug
-/// assertions, clones and sorts every tree it writes to check its order (the editor keeps it).
-fn tree_bytes(tree: &gix::objs::Tree) -> Result<Vec<u8>, Error> {
-    let mut mode = Default::default();
-    let size = tree
-        .entries
-        .iter()
-        .map(|e| e.mode.as_bytes(&mut mode).len() + e.filename.len() + 2 + e.oid.as_bytes().len())
-        .sum();
-    let mut out = Vec::with_capacity(size);
-    for e in &tree.entries {
-        if e.filename.contains(&0) {
+/// The edits of one directory: its entries as they start, then what changed at each name.
+struct DirEdit {
+    base: DirBase,
+    /// An edit put something below: the directory exists (made empty when the name held no tree).
+    /// Without it only removals were made below, which leave a name that holds no tree alone.
+    forced: bool,
+    names: std::collections::BTreeMap<Vec<u8>, Slot>,
+}
+
+/// The entries an edited directory starts from.
+enum DirBase {
+    /// What its parent's entries hold at its name, if that is a tree.
+    Inherit,
+    Tree(ObjectId),
+    Empty,
+}
+
+impl DirEdit {
+    /// Applies one edit (`None`: remove) at `path`, after every earlier one, with the rules of
+    /// gix's tree editor: putting an entry makes the directories above it (a non-tree on the way
+    /// is replaced); removing goes down only through trees and is nothing when the path is absent.
+    fn apply(&mut self, path: &BStr, op: Option<(EntryKind, ObjectId)>) -> Result<(), Error> {
+        let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+        if comps.iter().any(|c| c.is_empty()) {
             return Err(Error::Invalid(format!(
-                "cannot write {:?} into a tree: a name holds a NUL byte",
-                e.filename
+                "cannot edit {path}: an empty path component"
             )));
         }
-        out.extend_from_slice(e.mode.as_bytes(&mut mode));
-        out.push(b' ');
-        out.extend_from_slice(&e.filename);
-        out.push(0);
-        out.extend_from_slice(e.oid.as_bytes());
+        let put = op.is_some();
+        if put && comps.iter().any(|c| c.contains(&0)) {
+            return Err(Error::Invalid(format!(
+                "cannot write {path:?} into a tree: a name holds a NUL byte"
+            )));
+        }
+        let Some((leaf, dirs)) = comps.split_last() else {
+            return Ok(());
+        };
+        let mut cur = self;
+        for c in dirs {
+            let slot = cur.names.entry(c.to_vec()).or_insert(Slot::Dir(DirEdit {
+                base: DirBase::Inherit,
+                forced: false,
+                names: std::collections::BTreeMap::new(),
+            }));
+            let base = match slot {
+                Slot::Dir(d) => {
+                    d.forced |= put;
+                    None
+                }
+                Slot::Leaf(EntryKind::Tree, id) => Some(DirBase::Tree(*id)),
+                Slot::Removed | Slot::Leaf(..) if !put => return Ok(()),
+                Slot::Removed | Slot::Leaf(..) => Some(DirBase::Empty),
+            };
+            if let Some(base) = base {
+                *slot = Slot::Dir(DirEdit {
+                    base,
+                    forced: true,
+                    names: std::collections::BTreeMap::new(),
+                });
+            }
+            cur = match slot {
+                Slot::Dir(d) => d,
+                _ => return Ok(()),
+            };
+        }
+        let new = match op {
+            Some((kind, id)) => Slot::Leaf(kind, id),
+            None => Slot::Removed,
+        };
+        cur.names.insert(leaf.to_vec(), new);
+        Ok(())
     }
-    Ok(out)
+}
+
+/// Writes edited directories as raw tree bytes: each edited directory's entries are those of its
+/// base tree's bytes, copied as they are, with the edited names spliced in git's order; nothing
+/// is decoded into owned entries or encoded again.
+struct RawEditor<'r> {
+    repo: &'r gix::Repository,
+    hash_len: usize,
+}
+
+/// One entry of a tree's bytes: where it starts, where its name is, whether it is a tree.
+struct RawEntry {
+    start: usize,
+    name: std::ops::Range<usize>,
+    tree: bool,
+}
+
+/// Git orders tree entries by name, a tree's name compared as if it ended in '/'.
+fn git_order(a: &[u8], a_tree: bool, b: &[u8], b_tree: bool) -> std::cmp::Ordering {
+    let n = a.len().min(b.len());
+    match a[..n].cmp(&b[..n]) {
+        std::cmp::Ordering::Equal => {
+            let ac = a.get(n).copied().or(if a_tree { Some(b'/') } else { None });
+            let bc = b.get(n).copied().or(if b_tree { Some(b'/') } else { None });
+            ac.cmp(&bc)
+        }
+        o => o,
+    }
+}
+
+impl RawEditor<'_> {
+    /// The bytes of tree `id`: kept in [`WrittenTrees`], else read from the mirror.
+    fn read(&self, id: ObjectId) -> Result<std::sync::Arc<[u8]>, Error> {
+        if let Some(raw) = WrittenTrees::shared().get(&id) {
+            return Ok(raw);
+        }
+        if id.is_empty_tree() {
+            return Ok(std::sync::Arc::from(&[][..]));
+        }
+        let mut buf = Vec::new();
+        let data = gix::objs::Find::try_find(&self.repo.objects, &id, &mut buf)
+            .map_err(|e| Error::Invalid(format!("cannot edit tree {id}: {e}")))?
+            .ok_or_else(|| Error::Invalid(format!("cannot edit tree {id}: not in the mirror")))?;
+        if data.kind != gix::objs::Kind::Tree {
+            return Err(Error::Invalid(format!(
+                "cannot edit tree {id}: it is a {}",
+                data.kind
+            )));
+        }
+        Ok(std::sync::Arc::from(data.data))
+    }
+
+    /// The entries of a tree's bytes, and whether they are in git's order.
+    fn parse(&self, raw: &[u8], id: ObjectId) -> Result<(Vec<RawEntry>, bool), Error> {
+        let bad = || Error::Invalid(format!("cannot edit tree {id}: it is malformed"));
+        let mut out: Vec<RawEntry> = Vec::new();
+        let mut sorted = true;
+        let mut at = 0;
+        while at < raw.len() {
+            let sp = at + raw[at..].iter().position(|b| *b == b' ').ok_or_else(bad)?;
+            let nul = sp + raw[sp..].iter().position(|b| *b == 0).ok_or_else(bad)?;
+            let end = nul + 1 + self.hash_len;
+            if end > raw.len() {
+                return Err(bad());
+            }
+            let tree = gix::objs::tree::EntryMode::from_bytes(&raw[at..sp])
+                .ok_or_else(bad)?
+                .is_tree();
+            let e = RawEntry {
+                start: at,
+                name: sp + 1..nul,
+                tree,
+            };
+            if let Some(p) = out.last() {
+                sorted &= git_order(&raw[p.name.clone()], p.tree, &raw[e.name.clone()], e.tree)
+                    == std::cmp::Ordering::Less;
+            }
+            out.push(e);
+            at = end;
+        }
+        Ok((out, sorted))
+    }
+
+    /// Writes the edited directory `d` whose base tree is `base` (`None`: empty) and the edited
+    /// directories below it; `None` when it ends empty (git keeps no empty tree: its parent
+    /// drops it, as gix's editor does).
+    fn write_dir(&self, base: Option<ObjectId>, d: &DirEdit) -> Result<Option<ObjectId>, Error> {
+        let raw = match base {
+            Some(id) => self.read(id)?,
+            None => std::sync::Arc::from(&[][..]),
+        };
+        let (entries, sorted) = match base {
+            Some(id) => self.parse(&raw, id)?,
+            None => (Vec::new(), true),
+        };
+        let name_of = |e: &RawEntry| &raw[e.name.clone()];
+        let find = |name: &[u8]| -> Option<usize> {
+            if sorted {
+                [false, true].into_iter().find_map(|as_tree| {
+                    entries
+                        .binary_search_by(|e| git_order(name_of(e), e.tree, name, as_tree))
+                        .ok()
+                })
+            } else {
+                entries.iter().position(|e| name_of(e) == name)
+            }
+        };
+        let id_of = |e: &RawEntry| {
+            let at = e.name.end + 1;
+            gix::oid::try_from_bytes(&raw[at..at + self.hash_len])
+                .map(ToOwned::to_owned)
+                .map_err(|e| Error::Invalid(format!("a malformed tree entry: {e}")))
+        };
+        let mut skip = vec![false; entries.len()];
+        let mut put: Vec<(&[u8], EntryKind, ObjectId)> = Vec::new();
+        for (name, slot) in &d.names {
+            let found = find(name);
+            match slot {
+                Slot::Removed => {}
+                Slot::Leaf(kind, id) => put.push((name.as_slice(), *kind, *id)),
+                Slot::Dir(sub) => {
+                    let sub_base = match (&sub.base, found.map(|i| &entries[i])) {
+                        (DirBase::Tree(id), _) => Some(*id),
+                        (DirBase::Empty, _) => None,
+                        (DirBase::Inherit, Some(e)) if e.tree => Some(id_of(e)?),
+                        (DirBase::Inherit, _) if sub.forced => None,
+                        // Only removals below a name that holds no tree: nothing changes.
+                        (DirBase::Inherit, _) => continue,
+                    };
+                    if let Some(id) = self.write_dir(sub_base, sub)? {
+                        put.push((name.as_slice(), EntryKind::Tree, id));
+                    }
+                }
+            }
+            if let Some(i) = found {
+                skip[i] = true;
+            }
+        }
+        put.sort_by(|a, b| git_order(a.0, a.1 == EntryKind::Tree, b.0, b.1 == EntryKind::Tree));
+        let mut out = Vec::with_capacity(raw.len() + put.len() * (self.hash_len + 32));
+        let mut next = put.into_iter().peekable();
+        let emit = |out: &mut Vec<u8>, (name, kind, id): (&[u8], EntryKind, ObjectId)| {
+            out.extend_from_slice(kind.as_octal_str());
+            out.push(b' ');
+            out.extend_from_slice(name);
+            out.push(0);
+            out.extend_from_slice(id.as_bytes());
+        };
+        for (i, e) in entries.iter().enumerate() {
+            if skip[i] {
+                continue;
+            }
+            while let Some(p) = next.next_if(|p| {
+                git_order(p.0, p.1 == EntryKind::Tree, name_of(e), e.tree)
+                    == std::cmp::Ordering::Less
+            }) {
+                emit(&mut out, p);
+            }
+            out.extend_from_slice(&raw[e.start..e.name.end + 1 + self.hash_len]);
+        }
+        for p in next {
+            emit(&mut out, p);
+        }
+        if out.is_empty() {
+            return Ok(None);
+        }
+        self.write_raw(out).map(Some)
+    }
+
+    /// Writes tree bytes (unless the mirror has them) and keeps them in [`WrittenTrees`]: the
+    /// next snapshot edits the trees this one wrote without reading them back from the object
+    /// store.
+    fn write_raw(&self, buf: Vec<u8>) -> Result<ObjectId, Error> {
+        use gix::objs::Write as _;
+        let what = "cannot write the snapshot tree";
+        let repo = self.repo;
+        let id = gix::objs::compute_hash(repo.object_hash(), gix::objs::Kind::Tree, &buf)
+            .map_err(err(what))?;
+        if !repo.objects.exists_without_refresh(&id) {
+            repo.objects
+                .write_buf_with_known_id(gix::objs::Kind::Tree, &buf, id)
+                .map_err(err(what))?;
+        }
+        WrittenTrees::shared().put(id, buf);
+        Ok(id)
+    }
 }
 
 /// The trees recent snapshots wrote, uncompressed, by id. A snapshot edits the trees on the paths
@@ -374,30 +595,6 @@ impl WrittenTrees {
         }
         t.bytes += bytes.len();
         t.by_id.insert(id, bytes.into());
-    }
-}
-
-/// Where the snapshot's tree editor reads trees: [`WrittenTrees`], else the mirror.
-struct TreeSource<'r> {
-    repo: &'r gix::Repository,
-}
-
-impl gix::objs::Find for TreeSource<'_> {
-    fn try_find<'a>(
-        &self,
-        id: &gix::oid,
-        buffer: &'a mut Vec<u8>,
-    ) -> gix::Result<Option<gix::objs::Data<'a>>> {
-        if let Some(raw) = WrittenTrees::shared().get(id) {
-            buffer.clear();
-            buffer.extend_from_slice(&raw);
-            return Ok(Some(gix::objs::Data::new(
-                buffer,
-                gix::objs::Kind::Tree,
-                self.repo.object_hash(),
-            )));
-        }
-        gix::objs::Find::try_find(&self.repo.objects, id, buffer)
     }
 }
 
@@ -788,59 +985,143 @@ mod tests {
         build_tree(&repo, empty, &ok, None).unwrap();
     }
 
-    /// The snapshot's own tree serializer writes what gix's does, for every kind of entry (a
-    /// tree's mode is `40000`, without the leading zero), and the trees it keeps in memory are
-    /// the trees in the mirror.
+    /// The raw editor makes, from sorted edits, the tree gix's editor makes from them applied in
+    /// order: inserts, removals (of absent paths, below files and submodules too), type changes
+    /// (file, directory, symlink, submodule at one name), whole trees put at a path and edited
+    /// below, a path removed and put back, directories that end empty, names that sort around a
+    /// directory's implied `/` (`a-b`, `a.b`, `a0` next to the directory `a`); and what it keeps
+    /// in memory is what it wrote to the mirror. Fails on a merge that sorts by plain bytes or
+    /// forgets a replaced entry, or on an empty directory left in a tree.
     #[test]
-    fn trees_are_written_as_gix_writes_them_and_kept_as_written() {
-        use gix::objs::WriteTo as _;
+    fn the_raw_editor_makes_the_trees_gix_makes() {
         let dir = tempfile::tempdir().unwrap();
         let repo = gix::init_bare(dir.path()).unwrap();
-        let id = |b: u8| ObjectId::from_bytes_or_panic(&[b; 20]);
-        let mut entries = vec![
-            gix::objs::tree::Entry {
-                mode: EntryKind::Blob.into(),
-                filename: "a.txt".into(),
-                oid: id(1),
-            },
-            gix::objs::tree::Entry {
-                mode: EntryKind::BlobExecutable.into(),
-                filename: "run".into(),
-                oid: id(2),
-            },
-            gix::objs::tree::Entry {
-                mode: EntryKind::Link.into(),
-                filename: "link".into(),
-                oid: id(3),
-            },
-            gix::objs::tree::Entry {
-                mode: EntryKind::Tree.into(),
-                filename: "dir".into(),
-                oid: id(4),
-            },
-            gix::objs::tree::Entry {
-                mode: EntryKind::Commit.into(),
-                filename: b"sub\xe9".as_slice().into(),
-                oid: id(5),
-            },
-        ];
-        entries.sort();
-        let tree = gix::objs::Tree { entries };
-        let mut theirs = Vec::new();
-        tree.write_to(&mut theirs).unwrap();
-        assert_eq!(tree_bytes(&tree).unwrap(), theirs);
-        let written = write_tree(&repo, &tree).unwrap();
-        assert_eq!(written, repo.write_object(&tree).unwrap().detach());
-        assert_eq!(repo.find_object(written).unwrap().data, theirs);
-        assert_eq!(&*WrittenTrees::shared().get(&written).unwrap(), &theirs[..]);
-        let nul = gix::objs::Tree {
-            entries: vec![gix::objs::tree::Entry {
-                mode: EntryKind::Blob.into(),
-                filename: "a\0b".into(),
-                oid: id(1),
-            }],
+        let names: [&[u8]; 7] = [b"a", b"a-b", b"a.b", b"a0", b"b", b"ab", b"\xe9"];
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rnd = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
         };
-        assert!(write_tree(&repo, &nul).is_err());
+        let reference = |base: ObjectId, edits: &[ViewEdit]| -> ObjectId {
+            use gix::objs::FindExt as _;
+            let mut buf = Vec::new();
+            let root = repo.objects.find_tree(&base, &mut buf).unwrap().into();
+            let mut ed = gix::objs::tree::Editor::new(root, &repo.objects, repo.object_hash());
+            for e in edits {
+                let comps = e.path().split(|b| *b == b'/').map(|c| c.as_bstr());
+                let blob = |s: &ViewSource| match s {
+                    ViewSource::Bytes(b) => repo.write_blob(b).unwrap().detach(),
+                    other => panic!("{other:?}"),
+                };
+                match e {
+                    ViewEdit::Remove { .. } => ed.remove(comps).map(|_| ()),
+                    ViewEdit::Tree { id, .. } => ed.upsert(comps, EntryKind::Tree, *id).map(|_| ()),
+                    ViewEdit::Gitlink { id, .. } => {
+                        ed.upsert(comps, EntryKind::Commit, *id).map(|_| ())
+                    }
+                    ViewEdit::File { exec, source, .. } => {
+                        let kind = if *exec {
+                            EntryKind::BlobExecutable
+                        } else {
+                            EntryKind::Blob
+                        };
+                        ed.upsert(comps, kind, blob(source)).map(|_| ())
+                    }
+                    ViewEdit::Symlink { source, .. } => {
+                        ed.upsert(comps, EntryKind::Link, blob(source)).map(|_| ())
+                    }
+                    ViewEdit::AddedDir { .. } => Ok(()),
+                }
+                .unwrap();
+            }
+            ed.write(|t| repo.write_object(t).map(|id| id.detach()))
+                .unwrap()
+        };
+        let mut base = ObjectId::empty_tree(repo.object_hash());
+        let mut roots = vec![base];
+        let mut kinds_seen = std::collections::HashSet::new();
+        for round in 0..400 {
+            let mut edits = Vec::new();
+            for _ in 0..1 + rnd(8) {
+                let depth = 1 + rnd(3);
+                let path: Vec<u8> = (0..depth)
+                    .map(|_| names[rnd(names.len())])
+                    .collect::<Vec<_>>()
+                    .join(&b'/');
+                let content = ViewSource::Bytes(format!("{round} {}\n", rnd(3)).into_bytes());
+                let k = rnd(8);
+                kinds_seen.insert(k);
+                let edit = match k {
+                    0 | 1 => ViewEdit::Remove { path },
+                    2 | 3 => ViewEdit::File {
+                        path,
+                        exec: false,
+                        source: content,
+                        added: false,
+                    },
+                    4 => ViewEdit::File {
+                        path,
+                        exec: true,
+                        source: content,
+                        added: false,
+                    },
+                    5 => ViewEdit::Symlink {
+                        path,
+                        source: content,
+                        added: false,
+                    },
+                    6 => ViewEdit::Tree {
+                        path,
+                        id: roots[rnd(roots.len())],
+                    },
+                    _ => {
+                        // Removed and put back, as a snapshot since the last one rebuilds a path.
+                        edits.push(ViewEdit::Remove { path: path.clone() });
+                        ViewEdit::Gitlink {
+                            path,
+                            id: ObjectId::from_bytes_or_panic(&[7; 20]),
+                        }
+                    }
+                };
+                edits.push(edit);
+            }
+            edits.sort_by(|a, b| a.path().cmp(b.path()));
+            let ours = build_tree(&repo, base, &edits, None).unwrap();
+            let theirs = reference(base, &edits);
+            assert_eq!(ours, theirs, "round {round}: {edits:?} onto {base}");
+            let kept = WrittenTrees::shared().get(&ours);
+            if let Some(kept) = kept {
+                assert_eq!(&*kept, &repo.find_object(ours).unwrap().data[..]);
+            }
+            base = ours;
+            roots.push(ours);
+        }
+        assert_eq!(kinds_seen.len(), 8);
+        assert!(
+            roots
+                .iter()
+                .any(|r| repo.find_tree(*r).unwrap().decode().unwrap().entries.len() > 4),
+            "the trees grew"
+        );
+    }
+
+    /// A name holding a NUL byte, or a path with an empty component, never reaches a tree.
+    #[test]
+    fn names_git_cannot_hold_fail_the_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path()).unwrap();
+        let empty = ObjectId::empty_tree(repo.object_hash());
+        for path in [&b"a\0b"[..], b"a//b", b"a/", b""] {
+            let edits = [ViewEdit::File {
+                path: path.to_vec(),
+                exec: false,
+                source: ViewSource::Bytes(b"x".to_vec()),
+                added: true,
+            }];
+            assert!(build_tree(&repo, empty, &edits, None).is_err(), "{path:?}");
+        }
     }
 
     #[test]
