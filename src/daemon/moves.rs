@@ -146,6 +146,7 @@ impl Daemon {
         copy_ignored: bool,
         c: &Caller,
     ) -> Reply<Forked> {
+        let entered = std::time::Instant::now();
         validate(NameKind::Thread, from)?;
         validate(NameKind::Thread, to)?;
         if from == to {
@@ -183,6 +184,7 @@ impl Daemon {
         };
 
         let started = std::time::Instant::now();
+        let checked_in = started.duration_since(entered);
         // 1. The source's state: a snapshot of the live workspace (unchanged since the last one:
         // the same commit, nothing written), or the released thread's last one.
         let state = match &live {
@@ -284,21 +286,40 @@ impl Daemon {
                 .and_then(|b| b.io),
         };
         let filed_in = started.elapsed();
-        let made = (|| {
-            let fork = self.resume_fork(to, &binding)?;
-            self.create(to, fork, me)?;
-            if let Err(e) = binding.save(&self.layout) {
-                self.discard(to);
-                return Err(Error::from(e));
+        // The binding (its own durable write) is saved while the workspace is made, as `open`
+        // saves a new thread's: both are durable before the answer, and nothing of either is
+        // left when one of them fails.
+        let (made, bound) = std::thread::scope(|s| {
+            let saving = s.spawn(|| binding.save(&self.layout).map_err(Error::from));
+            let made = self
+                .resume_fork(to, &binding)
+                .and_then(|fork| self.create(to, fork, me));
+            let bound = saving.join().unwrap_or_else(|_| {
+                Err(Error::Refused(format!(
+                    "thread {to}: saving its binding failed"
+                )))
+            });
+            (made, bound)
+        });
+        let made = match (made, bound) {
+            (Ok(()), Ok(())) => Ok(()),
+            (Err(e), _) => {
+                Binding::remove(&self.layout, to);
+                Err(e)
             }
-            Ok(())
-        })();
+            (Ok(()), Err(e)) => {
+                Binding::remove(&self.layout, to);
+                self.discard(to);
+                Err(e)
+            }
+        };
         if let Err(e) = made {
             // Nothing of `to` remains: its refs go with it (a later `open` of the name starts a
             // chain of its own).
             self.drop_refs(&project, to, commit, posix.is_some());
             return Err(e);
         }
+        let made_in = started.elapsed();
         let mut warnings: Vec<String> = self.grant_owner(&project, me, false).into_iter().collect();
         warnings.extend(self.share_thread(&project, to, commit));
         let mut copied = Vec::new();
@@ -310,10 +331,12 @@ impl Daemon {
         }
         tracing::info!(
             %from, %to, %commit,
+            checked_ms = checked_in.as_millis() as u64,
             source_saved_ms = saved_in.as_millis() as u64,
             filed_ms = filed_in.as_millis() as u64,
+            made_ms = made_in.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64,
-            "carried a thread's state"
+            "carried a thread's state (ms since the checks)"
         );
         Ok((
             Forked {

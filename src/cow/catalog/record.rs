@@ -2,7 +2,8 @@
 //! [`Record`]s of a batch, and the [`CatalogState`] that replaying records yields.
 //!
 //! Pure data and its JSON encoding (names and paths are bytes: JSON strings when they are UTF-8,
-//! arrays otherwise). No I/O here.
+//! arrays otherwise; an inode record's fields that hold their default — no base, no target, no
+//! extended attributes, ... — are left out, and read back as that default). No I/O here.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -35,7 +36,7 @@ pub struct BaseRef {
     #[serde(with = "bytes_as_string")]
     pub path: Vec<u8>,
     /// A submodule commit, presented as an empty directory.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub gitlink: bool,
 }
 
@@ -45,19 +46,19 @@ pub struct BaseRef {
 pub struct InodeRecord {
     pub ino: u64,
     pub kind: Kind,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<BaseRef>,
     /// A regular file whose content lives in `<upper>/data/<ino>`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub upper: bool,
     /// The target of a symlink created in the workspace.
-    #[serde(default, with = "opt_bytes")]
+    #[serde(default, with = "opt_bytes", skip_serializing_if = "Option::is_none")]
     pub target: Option<Vec<u8>>,
     /// Permission bits including set-id and sticky (`0o7777`).
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub rdev: u32,
     pub atime: Ts,
     pub mtime: Ts,
@@ -69,15 +70,30 @@ pub struct InodeRecord {
     pub parent: u64,
     #[serde(default, with = "bytes_as_string")]
     pub name: Vec<u8>,
-    #[serde(default, with = "xattr_map")]
+    #[serde(
+        default,
+        with = "xattr_map",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The data file's ctime right after copy-up: later ctimes of the data file are real changes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copied_ctime: Option<Ts>,
     /// A regular file whose content is an immutable host-wide file (e.g. the shared index of a
     /// base commit) until it is copied up.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared: Option<String>,
+}
+
+/// Whether a flag is unset: such a field is left out of the encoding (every field that may be
+/// left out reads back as its default, so records written before, with every field, load the
+/// same).
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One change, as stored in the log.

@@ -14,8 +14,9 @@ use gix::ObjectId;
 use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Record, Ts};
 
 use super::{
-    ROOT_INO, State, WorkspaceFs, convert::io_errno, namespace::Content, namespace::New, tx::Batch,
-    tx::Tx, types::Behind, types::Caller, types::Listing, types::TreeChange,
+    ROOT_INO, State, WorkspaceFs, convert::check_name, convert::io_errno, namespace::Content,
+    namespace::New, tx::Batch, tx::Tx, types::Behind, types::Caller, types::Listing,
+    types::TreeChange,
 };
 
 impl WorkspaceFs {
@@ -465,13 +466,197 @@ impl WorkspaceFs {
             st.batch = Some(Batch::default());
         }
         let mut dirs = Dirs::default();
-        let applied = changes.iter().try_for_each(|(p, c)| {
-            self.apply_in(p, c, &mut dirs)
-                .map_err(|e| e.context(restoring(p)))
-        });
+        let applied = (|| {
+            let mut i = 0;
+            while let Some((p, c)) = changes.get(i) {
+                // A run of additions goes in as one transaction; a removal, or what a put cannot
+                // do, one path at a time.
+                let put = if *c == TreeChange::Remove {
+                    0
+                } else {
+                    self.put_run(&changes[i..], &mut dirs)?
+                };
+                if put == 0 {
+                    self.apply_in(p, c, &mut dirs)
+                        .map_err(|e| e.context(restoring(p)))?;
+                    i += 1;
+                } else {
+                    i += put;
+                }
+            }
+            Ok::<(), FsError>(())
+        })();
         // What was applied is written even after a failure: memory and catalog agree again.
         let written = self.end_batch();
         applied.and(written)
+    }
+
+    /// Puts the leading additions of `changes` (files, symlinks and gitlinks, each referring to
+    /// an object of the mirror) into the workspace as ONE transaction, while a change set is
+    /// applied before the mount ([`Self::apply_all`]): each directory on the way is resolved
+    /// once (or made, in the same transaction), an existing file or symlink at the path loses its
+    /// name to the new entry, and every directory changed is recorded once, not once per name.
+    /// The result is what [`Self::apply_in`] gives for each change in turn, times aside. Returns
+    /// how many changes it applied: it stops before a removal, a name it already set, or a path
+    /// that needs more than a put (a directory at the path, something other than a directory on
+    /// the way), which the caller applies with [`Self::apply_in`]. What it did before stopping
+    /// (e.g. directories made on the way to that path) is committed.
+    fn put_run(
+        &self,
+        changes: &[(Vec<u8>, TreeChange)],
+        dirs: &mut Dirs,
+    ) -> Result<usize, FsError> {
+        use std::collections::{HashMap, HashSet};
+        let owner = self.owner();
+        let now = Ts::now();
+        let mut st = self.lock();
+        let mut tx = Tx::default();
+        // Directories this transaction makes (by path), which the live state does not know until
+        // it is committed; every name it sets; what to note in the journal and reap afterwards.
+        let mut made: HashMap<Vec<u8>, u64> = HashMap::new();
+        let mut fresh: HashSet<u64> = HashSet::new();
+        let mut touched: HashSet<(u64, Vec<u8>)> = HashSet::new();
+        let mut journal: Vec<(u64, Vec<u8>, bool)> = Vec::new();
+        let mut reaps: Vec<u64> = Vec::new();
+        let mut done = 0usize;
+        let first_ino = st.live.next_ino;
+        let mut one = |st: &mut State, path: &[u8], change: &TreeChange| -> Result<bool, FsError> {
+            let comps: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+            let (name, dir_comps) = comps.split_last().ok_or(Errno::EINVAL)?;
+            let name = check_name(OsStr::from_bytes(name))?;
+            let mut cur = ROOT_INO;
+            let mut end = 0usize;
+            for d in dir_comps {
+                end += d.len();
+                let prefix = &path[..end];
+                end += 1;
+                if let Some(i) = dirs.get(prefix).or_else(|| made.get(prefix)) {
+                    cur = *i;
+                    continue;
+                }
+                let next = if fresh.contains(&cur) {
+                    None
+                } else {
+                    match self.resolve(st, cur, d)? {
+                        Some(i) if st.node(i)?.rec.kind == Kind::Dir => Some(i),
+                        Some(_) => return Ok(false),
+                        None => None,
+                    }
+                };
+                cur = match next {
+                    Some(i) => {
+                        dirs.insert(prefix.to_vec(), i);
+                        i
+                    }
+                    None => {
+                        let d = check_name(OsStr::from_bytes(d))?;
+                        if !touched.insert((cur, d.to_vec())) {
+                            return Ok(false);
+                        }
+                        if !fresh.contains(&cur) {
+                            st.chain(&mut tx, cur)?;
+                        }
+                        let ino = st.alloc_number();
+                        let rec = new_rec(st, &mut tx, cur, d, ino, Kind::Dir, 0o755, owner, now)?;
+                        tx.entry(cur, d, Some(ino));
+                        tx.recs.insert(ino, rec);
+                        made.insert(prefix.to_vec(), ino);
+                        fresh.insert(ino);
+                        journal.push((cur, d.to_vec(), true));
+                        ino
+                    }
+                };
+            }
+            let dir = cur;
+            if touched.contains(&(dir, name.to_vec())) {
+                return Ok(false);
+            }
+            let existing = if fresh.contains(&dir) {
+                None
+            } else {
+                self.resolve(st, dir, name)?
+            };
+            if let Some(old) = existing
+                && st.node(old)?.rec.kind == Kind::Dir
+            {
+                return Ok(false);
+            }
+            let (kind, mode, target, base) = match change {
+                TreeChange::Remove => return Ok(false),
+                TreeChange::File { id, exec } => (
+                    Kind::File,
+                    if *exec { 0o755 } else { 0o644 },
+                    None,
+                    Some((*id, false)),
+                ),
+                TreeChange::Symlink { id } => {
+                    (Kind::Symlink, 0o777, Some(self.blob_bytes(*id)?), None)
+                }
+                TreeChange::Gitlink { id } => (Kind::Dir, 0o755, None, Some((*id, true))),
+            };
+            touched.insert((dir, name.to_vec()));
+            if !fresh.contains(&dir) {
+                st.chain(&mut tx, dir)?;
+            }
+            if let Some(old) = existing {
+                // As `unlink` does; the entry below replaces the name.
+                let r = st.rec(&mut tx, old)?;
+                r.nlink = r.nlink.saturating_sub(1);
+                r.ctime = now;
+                if r.nlink == 0 {
+                    tx.drop_inode(old);
+                } else {
+                    Self::repoint_primary(st, &mut tx, old, dir, name)?;
+                }
+                reaps.push(old);
+            }
+            let ino = st.alloc_number();
+            let mut rec = new_rec(st, &mut tx, dir, name, ino, kind, mode, owner, now)?;
+            rec.target = target;
+            rec.base = base.map(|(id, gitlink)| BaseRef {
+                oid: id.to_string(),
+                path: path.to_vec(),
+                gitlink,
+            });
+            tx.entry(dir, name, Some(ino));
+            tx.recs.insert(ino, rec);
+            journal.push((dir, name.to_vec(), kind == Kind::Dir));
+            Ok(true)
+        };
+        let mut failed = None;
+        for (path, change) in changes {
+            match one(&mut st, path, change) {
+                Ok(true) => done += 1,
+                Ok(false) => break,
+                Err(e) => {
+                    failed =
+                        Some(e.context(format!("restoring {}", String::from_utf8_lossy(path))));
+                    break;
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if st.live.next_ino != first_ino {
+            tx.records.push(Record::NextIno {
+                next: st.live.next_ino,
+            });
+        }
+        if tx.records.is_empty() && tx.recs.is_empty() {
+            return Ok(done);
+        }
+        st.commit(tx)?;
+        for (p, i) in made {
+            dirs.insert(p, i);
+        }
+        for (d, n, is_dir) in journal {
+            self.journal_name(&mut st, d, &n, is_dir);
+        }
+        for old in reaps {
+            self.reap(&mut st, old);
+        }
+        Ok(done)
     }
 
     /// Runs `f` (which seeds this workspace, before it is mounted, through this API) with every
@@ -562,6 +747,55 @@ impl WorkspaceFs {
             gid: self.pres.gid,
         }
     }
+}
+
+/// The record of a new inode `ino` named `name` in `dir` (changed in `tx`: one more link for a
+/// directory, its times), made by `owner` as `make` makes one: the directory's group and set-group-id
+/// bit when it has that bit.
+#[allow(clippy::too_many_arguments)]
+fn new_rec(
+    st: &State,
+    tx: &mut Tx,
+    dir: u64,
+    name: &[u8],
+    ino: u64,
+    kind: Kind,
+    mode: u32,
+    owner: Caller,
+    now: Ts,
+) -> Result<InodeRecord, FsError> {
+    let p = st.rec(tx, dir)?;
+    let setgid = p.mode & libc::S_ISGID != 0;
+    let gid = if setgid { p.gid } else { owner.gid };
+    let mut mode = mode & 0o7777;
+    if kind == Kind::Dir {
+        p.nlink = p.nlink.checked_add(1).ok_or(Errno::EMLINK)?;
+        if setgid {
+            mode |= libc::S_ISGID;
+        }
+    }
+    p.mtime = now;
+    p.ctime = now;
+    Ok(InodeRecord {
+        ino,
+        kind,
+        base: None,
+        upper: false,
+        target: None,
+        mode,
+        uid: owner.uid,
+        gid,
+        rdev: 0,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        nlink: if kind == Kind::Dir { 2 } else { 1 },
+        parent: dir,
+        name: name.to_vec(),
+        xattrs: std::collections::BTreeMap::new(),
+        copied_ctime: None,
+        shared: None,
+    })
 }
 
 /// The directories a change set reached, by path (no trailing `/`): their inodes.
