@@ -408,8 +408,9 @@ class Octofs:
             time.sleep(0.05)
         raise BenchError(f"octofs serve: no socket at {sock} after {timeout} s")
 
-    def open(self, thread, project):
-        r = self.call("open", thread, "--project", project)
+    def open(self, thread, project, io=None):
+        """`octofs open <thread> --project <project>` (with `--io <io>` when given): the mount."""
+        r = self.call("open", thread, "--project", project, *(["--io", io] if io else []))
         path = out(r).splitlines()[-1]
         if not os.path.ismount(path):
             raise BenchError(f"`octofs open {thread}` printed {path}, which is not a mount point")

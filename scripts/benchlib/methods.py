@@ -259,6 +259,8 @@ class Octo(Method):
             "`cp -a` into the mount only when no layer was built); snapshots with `octofs snapshot`")
 
     daemon_key = "main"
+    io = None             # the thread's I/O mode (`octofs open --io`); None: the daemon's default
+    tag = ""              # in thread names, so that methods sharing a daemon never share a thread
 
     def prepare(self, corpus):
         super().prepare(corpus)
@@ -282,8 +284,8 @@ class Octo(Method):
 
     def fork(self):
         self.n += 1
-        thread = f"{self.corpus.name}-{self.daemon_key}-{self.n}"
-        p = self.octo.open(thread, self.project)
+        thread = f"{self.corpus.name}-{self.daemon_key}{self.tag}-{self.n}"
+        p = self.octo.open(thread, self.project, io=self.io)
         # A dependency layer presents them already; without one (no lockfile, a failed build)
         # they are copied in as a user would have to.
         missing = [d for d in self.corpus.deps if not os.path.isdir(os.path.join(p, d))]
@@ -324,6 +326,26 @@ class Octo(Method):
         return {}
 
 
+class OctoNoOpen(Octo):
+    """octofs with its threads in no-open mode: the same daemon as `octofs`, each thread opened
+    with `octofs open --io no-open` (the kernel opens files without asking; no passthrough)."""
+    name, label = "octofs-noopen", "octofs, no-open"
+    desc = ("the same daemon and mirror as `octofs`, each thread opened with `octofs open --io "
+            "no-open`: no OPEN/RELEASE/FLUSH requests, reads through the mount's own page cache "
+            "(no passthrough)")
+    io = "no-open"
+    tag = "-noopen"
+
+    def fork(self):
+        f = super().fork()
+        io = self.octo.status(f.thread).get("io")
+        if io != "no-open":
+            self.remove(f)
+            raise Skip(f"`octofs open --io no-open` mounted the thread with io {io!r} "
+                       "(the kernel does not offer FUSE_NO_OPEN_SUPPORT?)")
+        return f
+
+
 class OctoCopy(Octo):
     """octofs as it was before dependency layers: the same daemon code with no layer built, so
     each fork `cp -a`s the ignored dependencies into the mount (the figure layers replace)."""
@@ -342,7 +364,7 @@ class OctoCopy(Octo):
                 os.remove(os.path.join(layers, f))
 
 
-ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoCopy]
+ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoNoOpen, OctoCopy]
 NAMES = [m.name for m in ALL]
 
 
