@@ -13,6 +13,9 @@ UNITS = {k: u for k, _, u in FIGURES}
 LABELS = {k: l for k, l, _ in FIGURES}
 
 
+# Figures whose ratio is against another figure of the native checkout.
+REF = {"read_fill": "read_cold"}
+
 # Request counts with no figure of their own: (label, the figure whose ratio is shown).
 REQUEST_ONLY = {"seq": ("sequential write + fsync, then cold and warm reads (per run)", "seq_write")}
 
@@ -65,7 +68,7 @@ def grid(keys, corpus, methods, args, absolute):
         for m in names:
             xs = res[m].get(k)
             row.append(fmt_abs(k, xs) if absolute else
-                       ("1.00×" if m == "native" and xs else ratio_cell(xs, ref.get(k))))
+                       ("1.00×" if m == "native" and xs else ratio_cell(xs, ref.get(REF.get(k, k)))))
         rows.append(row)
     return table(["figure"] + names, rows)
 
@@ -106,7 +109,7 @@ def requests_table(keys, corpus, args, res, files_of, method="octofs"):
         total, top = pf
         label, fig = REQUEST_ONLY.get(k, (None, k))
         label = label or figure_label(k, corpus, args, res)
-        rows.append([label, ratio_cell(o.get(fig), ref.get(fig)), fmt_rq(total),
+        rows.append([label, ratio_cell(o.get(fig), ref.get(REF.get(fig, fig))), fmt_rq(total),
                      ", ".join(f"{op} {fmt_rq(v)}" for v, op in top) or "none"])
     if not rows:
         return None
