@@ -493,3 +493,28 @@ fn reads_leave_no_copy_of_the_blob_cache_in_the_page_cache() {
     // Served again from the mount's page cache, the content is still right.
     assert_eq!(fs::read(u.join("big.bin")).expect("read"), big);
 }
+
+/// Catches: a fork's index without git's cache tree (`TREE`), so that every `git status` reads
+/// every tree of HEAD to compare it with the index (most of a warm status at a few thousand
+/// files), or a cache tree git does not take as its own: `git write-tree` answers from a valid
+/// cache tree without looking at the entries, so a wrong id there would be the answer.
+#[test]
+fn a_forks_index_carries_the_cache_tree() {
+    let (_d, _repo, mnt) = no_open_workspace();
+    let index = fs::read(mnt.join(".git/index")).expect("read .git/index");
+    assert!(
+        index.windows(4).any(|w| w == b"TREE"),
+        "the fork's index has no TREE extension"
+    );
+    let head = git(&mnt, ["rev-parse", "HEAD^{tree}"]);
+    assert_eq!(git(&mnt, ["write-tree"]), head);
+    assert_eq!(git(&mnt, ["status", "--porcelain"]).trim(), "");
+    // git keeps it right through a change of the index.
+    fs::write(mnt.join("dir/c.txt"), "changed\n").expect("write");
+    git(&mnt, ["add", "dir/c.txt"]);
+    assert_ne!(git(&mnt, ["write-tree"]), head);
+    assert_eq!(
+        git(&mnt, ["diff", "--cached", "--name-only"]).trim(),
+        "dir/c.txt"
+    );
+}

@@ -39,6 +39,7 @@ FIGURES = [
     ("seq_cold", "sequential read, caches dropped", "s"),
     ("seq_warm", "sequential read, warm", "s"),
     ("pagecache", "page cache after N workspaces read every file", "B"),
+    ("pagecache_files", "page cache the workspaces' files hold after N read every file (fincore)", "B"),
 ]
 CORPUS_FREE = ("small", "seq_write", "seq_cold", "seq_warm")
 SNAP_KS = (1, 100, 1000)
@@ -184,6 +185,9 @@ class Runner:
                 timed_cmd(READ_CMD, f.path)
         add("pagecache", meminfo("Cached") - c0)
         res["pagecache_n"] = len(forks)
+        held = m.resident(forks)
+        if held is not None:
+            add("pagecache_files", held)
         for f in forks[:-1]:
             m.remove(f)
         return forks[-1]

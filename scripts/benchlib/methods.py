@@ -12,7 +12,7 @@ import shutil
 import time
 
 from .common import (MIB, BenchError, Skip, disk_bytes, fs_used, inodes_of, log, mounts_under,
-                     out, pids_of_exe, rss, run, unmount)
+                     out, pids_of_exe, resident_bytes, rss, run, unmount)
 
 
 class Fork:
@@ -51,6 +51,10 @@ class Method:
     def copy_deps(self, dst, only=None):
         for d in (self.corpus.deps if only is None else only):
             run(["cp", "-a", os.path.join(self.corpus.repo, d), os.path.join(dst, d)])
+
+    def resident(self, forks):
+        """Page cache the files of `forks` hold (their own files: a copy each)."""
+        return resident_bytes([f.path for f in forks])
 
     def pre_fork(self):
         """Untimed work before a timed fork (a baseline of the disk usage)."""
@@ -274,6 +278,11 @@ class Octo(Method):
             log(f"  octofs: mirror add {time.perf_counter() - t0:.1f} s")
             self.octo.mirrored.add(self.project)
 
+    def resident(self, forks):
+        """Page cache of the daemon's blob cache (with passthrough the mounts read it, their own
+        page cache stays empty; mapping a file through the mount would count the blob again)."""
+        return resident_bytes([os.path.join(self.octo.state, "blobs")])
+
     def state_bytes(self):
         """Bytes under the state directory but its mirrors (which a fork never writes)."""
         st = self.octo.state
@@ -335,6 +344,12 @@ class OctoNoOpen(Octo):
             "(no passthrough)")
     io = "no-open"
     tag = "-noopen"
+
+    def resident(self, forks):
+        """The blob cache's page cache and each mount's own (no passthrough: a copy per mount)."""
+        blobs = super().resident(forks)
+        mounts = resident_bytes([f.path for f in forks])
+        return None if blobs is None or mounts is None else blobs + mounts
 
     def fork(self):
         f = super().fork()
