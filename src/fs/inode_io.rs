@@ -7,6 +7,8 @@
 //! - **A bounded table of open files by inode** (at most [`HELD`]): the first READ of an inode opens
 //!   its content through the core (the blob-cache file of base content, or the data file), later
 //!   READs reuse it. A reader of base content whose inode was copied up since reads the data file.
+//!   What a READ read of the blob cache is dropped from the daemon's page cache again: the mount
+//!   keeps its own copy, and the blob cache's would be a second one.
 //! - **Copy-up and writer accounting at the first WRITE.** A WRITE (or fallocate, or the target of
 //!   copy_file_range) opens the inode for writing through the core, which copies a base file up and
 //!   counts a writer, so snapshots, git's fsmonitor answers and "changed since" checks see the file
