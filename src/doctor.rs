@@ -392,14 +392,9 @@ fn remove_leftovers(
 fn check_indexes(layout: &Layout, fix: bool, quiet: bool, r: &mut Report) {
     let dir = layout.state.join("indexes");
     remove_leftovers(&dir, ".tmp-", "index-leftover", fix, quiet, r);
-    remove_leftovers(
-        &dir.join("untracked"),
-        ".tmp-",
-        "index-leftover",
-        fix,
-        quiet,
-        r,
-    );
+    for side in ["untracked", "cachetree"] {
+        remove_leftovers(&dir.join(side), ".tmp-", "index-leftover", fix, quiet, r);
+    }
     let Ok(rd) = std::fs::read_dir(&dir) else {
         return;
     };

@@ -339,6 +339,22 @@ pub fn shared_index(
     // A fresh fork's directories hold no untracked file: git's untracked cache can say so, and the
     // first `git status` then lists no directory (see `seed`). Kept beside the index, read-only.
     let untracked = (worktree_tree == index_tree).then(|| untracked_tail(store, &index, &pres));
+    // The cache tree of the index (it holds exactly `index_tree`), for every fork's small index.
+    let cache_tree = crate::git::index_ext::cache_tree(index_tree, &mut |id| {
+        let tree = repo.find_tree(id)?;
+        let decoded = tree.decode()?;
+        Ok::<_, gix::Error>(
+            decoded
+                .entries
+                .iter()
+                .map(|e| (e.filename.to_vec(), e.mode.is_tree(), e.oid.to_owned()))
+                .collect(),
+        )
+    })
+    .map_err(|source| Error::ReadTree {
+        tree: index_tree,
+        source,
+    })?;
     let mut bytes = Vec::new();
     index
         .write_to(
@@ -352,8 +368,11 @@ pub fn shared_index(
     if bytes.len() < 32 {
         return Err(Error::IndexTooShort);
     }
-    if let Some(tail) = untracked {
-        let side = untracked_tail_path(&path);
+    for (side, tail) in [
+        (untracked_tail_path(&path), untracked),
+        (cache_tree_path(&path), Some(cache_tree)),
+    ] {
+        let Some(tail) = tail else { continue };
         let written = (|| -> std::io::Result<()> {
             if let Some(d) = side.parent() {
                 crate::layout::create_private_dir(d)?;
@@ -406,6 +425,16 @@ pub fn shared_index_path(
         .state
         .join("indexes")
         .join(format!("{index_tree}-{worktree_tree}-{uid}-{gid}.split"))
+}
+
+/// Where [`shared_index`] keeps the cache tree (`TREE` payload) of the index at `index`.
+fn cache_tree_path(index: &Path) -> PathBuf {
+    let name = index.file_name().unwrap_or_default();
+    index
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("cachetree")
+        .join(name)
 }
 
 /// Where [`shared_index`] keeps the untracked cache (after its ident) of the index at `index`.
@@ -591,7 +620,12 @@ pub fn seed(
         p.extend_from_slice(&tail);
         p
     });
+    // Absent for a shared index built before cache trees were kept: git then walks HEAD's trees.
+    let cache_tree = std::fs::read(cache_tree_path(index)).ok();
     let mut extensions: Vec<(&[u8; 4], &[u8])> = Vec::new();
+    if let Some(t) = &cache_tree {
+        extensions.push((b"TREE", t));
+    }
     if let Some(u) = &untracked {
         extensions.push((b"UNTR", u));
     }
@@ -659,6 +693,81 @@ mod tests {
             "ssh://git@host:22/r"
         );
         assert_eq!(strip_credentials("ssh://git:pw@host/r"), "ssh://host/r");
+    }
+
+    /// Catches: a cache tree git does not read as its own (order of subtrees, entry counts with
+    /// nested trees and a gitlink, the root's empty name): compared byte for byte with the `TREE`
+    /// extension git itself writes for the same tree.
+    #[test]
+    fn cache_tree_is_the_one_git_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let r = dir.path();
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args([
+                    "-c",
+                    "user.name=t",
+                    "-c",
+                    "user.email=t@t",
+                    "-c",
+                    "init.defaultBranch=main",
+                ])
+                .args(args)
+                .current_dir(r)
+                .output()
+                .expect("git runs");
+            assert!(out.status.success(), "git {args:?}: {out:?}");
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        git(&["init", "-q"]);
+        for p in ["a", "b/c", "bb/x", "b/c/d", "b-c", "zz/y/w/v", "b.c"] {
+            std::fs::create_dir_all(r.join(p)).expect("mkdir");
+            std::fs::write(r.join(p).join("f"), p).expect("write");
+        }
+        std::fs::write(r.join("top"), "t").expect("write");
+        git(&["add", "-A"]);
+        let blob = git(&["hash-object", "-w", "top"]);
+        let commit = git(&["commit-tree", &git(&["write-tree"]), "-m", "x"]);
+        git(&[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("160000,{commit},zz/sub"),
+        ]);
+        git(&[
+            "update-index",
+            "--add",
+            "--cacheinfo",
+            &format!("100644,{blob},zz/y/top"),
+        ]);
+        let tree = git(&["write-tree"]);
+        let index = std::fs::read(r.join(".git/index")).expect("index");
+        let at = index
+            .windows(4)
+            .position(|w| w == b"TREE")
+            .expect("git wrote a TREE extension");
+        let len = u32::from_be_bytes(index[at + 4..at + 8].try_into().expect("4 bytes")) as usize;
+        let want = &index[at + 8..at + 8 + len];
+
+        let repo = crate::git::open_owned(&r.join(".git")).expect("open");
+        let root = gix::ObjectId::from_hex(tree.as_bytes()).expect("tree id");
+        let got = crate::git::index_ext::cache_tree(root, &mut |id| {
+            let t = repo.find_tree(id)?;
+            let d = t.decode()?;
+            Ok::<_, gix::Error>(
+                d.entries
+                    .iter()
+                    .map(|e| (e.filename.to_vec(), e.mode.is_tree(), e.oid.to_owned()))
+                    .collect(),
+            )
+        })
+        .expect("cache tree");
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            String::from_utf8_lossy(want),
+            "our TREE differs from git's"
+        );
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -439,3 +439,82 @@ fn one_thread_runs_in_no_open_in_a_daemon_of_handles() {
     assert_eq!(io_of(&d, "t"), "handles", "the new mode was not kept");
     drop(t);
 }
+
+/// Pages of `path` in the page cache, in bytes (`fincore`).
+fn resident_bytes(path: &Path) -> u64 {
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(path)
+        .output()
+        .expect("fincore runs");
+    assert!(out.status.success(), "fincore {}: {out:?}", path.display());
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("fincore prints a number")
+}
+
+/// Catches: keeping what a no-open READ read of the blob cache in the daemon's page cache. The
+/// mount's own page cache holds the content already (no passthrough shares the blob cache's
+/// pages), so every file read would be cached twice: the page-cache cost of no-open workspaces
+/// against clones would be 4 : 3 for three workspaces instead of 1 : 1.
+#[test]
+fn reads_leave_no_copy_of_the_blob_cache_in_the_page_cache() {
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--io", "no-open"]);
+    let repo = GitRepo::init(&d.base.join("up"));
+    // 3 MiB and a half of varied bytes: several READs, the last one short.
+    let big: Vec<u8> = (0..3 * 1024 * 1024 + 512 * 1024)
+        .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    fs::write(repo.path.join("big.bin"), &big).expect("write big.bin");
+    repo.commit_all("big", DATE1);
+    d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
+    let mnt = d.open_thread("t", &["--project", "p"]);
+    let id = git(&repo.path, ["rev-parse", "HEAD:big.bin"]);
+    let id = id.trim();
+    let cached = d.state.join("blobs").join(&id[..2]).join(&id[2..]);
+
+    // The first read writes the blob cache file; once it is on disk its pages are clean, and
+    // the read of a second workspace (its own page cache) is served from it.
+    assert_eq!(fs::read(mnt.join("big.bin")).expect("read"), big);
+    assert!(cached.is_file(), "no blob cache file {}", cached.display());
+    let synced = Command::new("sync").arg("-f").arg(&cached).status();
+    assert!(synced.is_ok_and(|s| s.success()), "sync -f");
+    let u = d.open_thread("u", &["--project", "p"]);
+    let before = resident_bytes(&cached);
+    assert_eq!(fs::read(u.join("big.bin")).expect("read"), big);
+    let after = resident_bytes(&cached);
+    assert!(
+        after < 64 * 1024,
+        "the blob cache file keeps {after} bytes in the page cache after a no-open read \
+         ({before} before it)"
+    );
+    // Served again from the mount's page cache, the content is still right.
+    assert_eq!(fs::read(u.join("big.bin")).expect("read"), big);
+}
+
+/// Catches: a fork's index without git's cache tree (`TREE`), so that every `git status` reads
+/// every tree of HEAD to compare it with the index (most of a warm status at a few thousand
+/// files), or a cache tree git does not take as its own: `git write-tree` answers from a valid
+/// cache tree without looking at the entries, so a wrong id there would be the answer.
+#[test]
+fn a_forks_index_carries_the_cache_tree() {
+    let (_d, _repo, mnt) = no_open_workspace();
+    let index = fs::read(mnt.join(".git/index")).expect("read .git/index");
+    assert!(
+        index.windows(4).any(|w| w == b"TREE"),
+        "the fork's index has no TREE extension"
+    );
+    let head = git(&mnt, ["rev-parse", "HEAD^{tree}"]);
+    assert_eq!(git(&mnt, ["write-tree"]), head);
+    assert_eq!(git(&mnt, ["status", "--porcelain"]).trim(), "");
+    // git keeps it right through a change of the index.
+    fs::write(mnt.join("dir/c.txt"), "changed\n").expect("write");
+    git(&mnt, ["add", "dir/c.txt"]);
+    assert_ne!(git(&mnt, ["write-tree"]), head);
+    assert_eq!(
+        git(&mnt, ["diff", "--cached", "--name-only"]).trim(),
+        "dir/c.txt"
+    );
+}

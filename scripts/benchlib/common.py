@@ -6,6 +6,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -408,8 +409,9 @@ class Octofs:
             time.sleep(0.05)
         raise BenchError(f"octofs serve: no socket at {sock} after {timeout} s")
 
-    def open(self, thread, project):
-        r = self.call("open", thread, "--project", project)
+    def open(self, thread, project, io=None):
+        """`octofs open <thread> --project <project>` (with `--io <io>` when given): the mount."""
+        r = self.call("open", thread, "--project", project, *(["--io", io] if io else []))
         path = out(r).splitlines()[-1]
         if not os.path.ismount(path):
             raise BenchError(f"`octofs open {thread}` printed {path}, which is not a mount point")
@@ -495,3 +497,17 @@ def build_octofs():
 
 def now():
     return datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def resident_bytes(paths):
+    """Bytes of the page cache that the regular files under `paths` hold (`fincore`, which maps
+    each file and asks `mincore`), `.git` directories skipped; None without fincore."""
+    if not shutil.which("fincore"):
+        return None
+    total = 0
+    for p in paths:
+        r = run(f"find . -path ./.git -prune -o -type f -print0 | xargs -0 -r fincore --bytes "
+                f"--noheadings --output RES 2>/dev/null", cwd=p, check=False)
+        total += sum(int(x) for x in r.stdout.split() if x.isdigit())
+    return total
+

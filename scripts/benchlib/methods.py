@@ -12,7 +12,7 @@ import shutil
 import time
 
 from .common import (MIB, BenchError, Skip, disk_bytes, fs_used, inodes_of, log, mounts_under,
-                     out, pids_of_exe, rss, run, unmount)
+                     out, pids_of_exe, resident_bytes, rss, run, unmount)
 
 
 class Fork:
@@ -51,6 +51,10 @@ class Method:
     def copy_deps(self, dst, only=None):
         for d in (self.corpus.deps if only is None else only):
             run(["cp", "-a", os.path.join(self.corpus.repo, d), os.path.join(dst, d)])
+
+    def resident(self, forks):
+        """Page cache the files of `forks` hold (their own files: a copy each)."""
+        return resident_bytes([f.path for f in forks])
 
     def pre_fork(self):
         """Untimed work before a timed fork (a baseline of the disk usage)."""
@@ -259,6 +263,8 @@ class Octo(Method):
             "`cp -a` into the mount only when no layer was built); snapshots with `octofs snapshot`")
 
     daemon_key = "main"
+    io = None             # the thread's I/O mode (`octofs open --io`); None: the daemon's default
+    tag = ""              # in thread names, so that methods sharing a daemon never share a thread
 
     def prepare(self, corpus):
         super().prepare(corpus)
@@ -272,6 +278,11 @@ class Octo(Method):
             log(f"  octofs: mirror add {time.perf_counter() - t0:.1f} s")
             self.octo.mirrored.add(self.project)
 
+    def resident(self, forks):
+        """Page cache of the daemon's blob cache (with passthrough the mounts read it, their own
+        page cache stays empty; mapping a file through the mount would count the blob again)."""
+        return resident_bytes([os.path.join(self.octo.state, "blobs")])
+
     def state_bytes(self):
         """Bytes under the state directory but its mirrors (which a fork never writes)."""
         st = self.octo.state
@@ -282,8 +293,8 @@ class Octo(Method):
 
     def fork(self):
         self.n += 1
-        thread = f"{self.corpus.name}-{self.daemon_key}-{self.n}"
-        p = self.octo.open(thread, self.project)
+        thread = f"{self.corpus.name}-{self.daemon_key}{self.tag}-{self.n}"
+        p = self.octo.open(thread, self.project, io=self.io)
         # A dependency layer presents them already; without one (no lockfile, a failed build)
         # they are copied in as a user would have to.
         missing = [d for d in self.corpus.deps if not os.path.isdir(os.path.join(p, d))]
@@ -324,6 +335,32 @@ class Octo(Method):
         return {}
 
 
+class OctoNoOpen(Octo):
+    """octofs with its threads in no-open mode: the same daemon as `octofs`, each thread opened
+    with `octofs open --io no-open` (the kernel opens files without asking; no passthrough)."""
+    name, label = "octofs-noopen", "octofs, no-open"
+    desc = ("the same daemon and mirror as `octofs`, each thread opened with `octofs open --io "
+            "no-open`: no OPEN/RELEASE/FLUSH requests, reads through the mount's own page cache "
+            "(no passthrough)")
+    io = "no-open"
+    tag = "-noopen"
+
+    def resident(self, forks):
+        """The blob cache's page cache and each mount's own (no passthrough: a copy per mount)."""
+        blobs = super().resident(forks)
+        mounts = resident_bytes([f.path for f in forks])
+        return None if blobs is None or mounts is None else blobs + mounts
+
+    def fork(self):
+        f = super().fork()
+        io = self.octo.status(f.thread).get("io")
+        if io != "no-open":
+            self.remove(f)
+            raise Skip(f"`octofs open --io no-open` mounted the thread with io {io!r} "
+                       "(the kernel does not offer FUSE_NO_OPEN_SUPPORT?)")
+        return f
+
+
 class OctoCopy(Octo):
     """octofs as it was before dependency layers: the same daemon code with no layer built, so
     each fork `cp -a`s the ignored dependencies into the mount (the figure layers replace)."""
@@ -342,7 +379,7 @@ class OctoCopy(Octo):
                 os.remove(os.path.join(layers, f))
 
 
-ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoCopy]
+ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoNoOpen, OctoCopy]
 NAMES = [m.name for m in ALL]
 
 

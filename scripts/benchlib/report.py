@@ -13,6 +13,9 @@ UNITS = {k: u for k, _, u in FIGURES}
 LABELS = {k: l for k, l, _ in FIGURES}
 
 
+# Figures whose ratio is against another figure of the native checkout.
+REF = {"read_fill": "read_cold"}
+
 # Request counts with no figure of their own: (label, the figure whose ratio is shown).
 REQUEST_ONLY = {"seq": ("sequential write + fsync, then cold and warm reads (per run)", "seq_write")}
 
@@ -47,9 +50,12 @@ def figure_label(key, corpus, args, res):
         return f"{label} ({args.small_files:,} files in 100 dirs)"
     if key.startswith("seq"):
         return f"{label} ({args.seq_mib:,} MiB)"
-    if key == "pagecache":
+    if key in ("pagecache", "pagecache_files"):
         n = next((m.get("pagecache_n") for m in res.values() if isinstance(m, dict) and m.get("pagecache_n")), "N")
-        return f"page cache after {n} workspaces read every file"
+        if key == "pagecache_files":
+            return (f"page cache held by the files after {n} workspaces read every file (`fincore`: "
+                    f"the workspaces' files; octofs: its blob cache, and each no-open mount's own)")
+        return f"page cache after {n} workspaces read every file (`Cached` of /proc/meminfo: the whole machine)"
     return label
 
 
@@ -65,7 +71,7 @@ def grid(keys, corpus, methods, args, absolute):
         for m in names:
             xs = res[m].get(k)
             row.append(fmt_abs(k, xs) if absolute else
-                       ("1.00×" if m == "native" and xs else ratio_cell(xs, ref.get(k))))
+                       ("1.00×" if m == "native" and xs else ratio_cell(xs, ref.get(REF.get(k, k)))))
         rows.append(row)
     return table(["figure"] + names, rows)
 
@@ -88,9 +94,14 @@ def per_file(samples, n):
     return total, [(v, op) for v, op in top if v > 0]
 
 
-def requests_table(keys, corpus, args, res, files_of):
-    """Requests per file behind octofs's figures, next to octofs's ratio against native."""
-    o = res.get("octofs", {})
+def octofs_methods(names):
+    """The octofs methods of a run (`octofs`, `octofs-noopen`, ...), in the run's order."""
+    return [m for m in names if m.startswith("octofs")]
+
+
+def requests_table(keys, corpus, args, res, files_of, method="octofs"):
+    """Requests per file behind an octofs method's figures, next to its ratio against native."""
+    o = res.get(method, {})
     rq = o.get("requests") or {}
     ref = res.get("native", {})
     rows = []
@@ -101,36 +112,72 @@ def requests_table(keys, corpus, args, res, files_of):
         total, top = pf
         label, fig = REQUEST_ONLY.get(k, (None, k))
         label = label or figure_label(k, corpus, args, res)
-        rows.append([label, ratio_cell(o.get(fig), ref.get(fig)), fmt_rq(total),
+        rows.append([label, ratio_cell(o.get(fig), ref.get(REF.get(fig, fig))), fmt_rq(total),
                      ", ".join(f"{op} {fmt_rq(v)}" for v, op in top) or "none"])
     if not rows:
         return None
-    return table(["figure", "octofs vs native", "requests per file", "top 3 opcodes (per file)"], rows)
+    return table(["figure", f"{method} vs native", "requests per file", "top 3 opcodes (per file)"], rows)
 
 
 def behind(corpora, methods):
-    """Figures where octofs's median is more than 10 % above the best alternative's."""
+    """Figures where an octofs method's median is more than 10 % above the best alternative's
+    (the other octofs methods are not alternatives)."""
     found = []
     for cname, corpus in corpora.items():
         res = corpus["methods"]
-        o = res.get("octofs", {})
-        if "skipped" in o:
-            continue
-        for k, _, _ in FIGURES:
-            mo = med(o.get(k) or [])
-            if mo is None:
-                continue
-            alts = [(med(res[m].get(k) or []), m) for m in methods
-                    if m != "octofs" and m in res and "skipped" not in res[m]]
-            alts = [(v, m) for v, m in alts if v is not None]
-            if not alts:
-                continue
-            best, who = min(alts)
-            if mo > best * 1.1 and mo - best > (4096 if UNITS[k] == "B" else 0.002):
-                f = fmt_b if UNITS[k] == "B" else fmt_t
-                found.append(f"{cname}: {LABELS[k]}: octofs {f(mo)} vs {who} {f(best)} "
-                             f"({fmt_ratio(mo / best) if best else '∞'})")
+        for om in octofs_methods(methods):
+            found += behind_one(cname, res, om, methods)
     return found
+
+
+def behind_one(cname, res, om, methods):
+    found = []
+    o = res.get(om, {})
+    if "skipped" in o:
+        return found
+    for k, _, _ in FIGURES:
+        mo = med(o.get(k) or [])
+        if mo is None:
+            continue
+        alts = [(med(res[m].get(k) or []), m) for m in methods
+                if not m.startswith("octofs") and m in res and "skipped" not in res[m]]
+        alts = [(v, m) for v, m in alts if v is not None]
+        if not alts:
+            continue
+        best, who = min(alts)
+        if mo > best * 1.1 and mo - best > (4096 if UNITS[k] == "B" else 0.002):
+            f = fmt_b if UNITS[k] == "B" else fmt_t
+            found.append(f"{cname}: {LABELS[k]}: {om} {f(mo)} vs {who} {f(best)} "
+                         f"({fmt_ratio(mo / best) if best else '∞'})")
+    return found
+
+
+# The read-side targets: (figure, the highest ratio against native that meets it).
+TARGETS = [("read", 1.5), ("stat", 1.3), ("status_cold", 0.7), ("read_cold", 1.3),
+           ("status_warm", 0.5), ("pagecache", 1.0), ("pagecache_files", 1.0)]
+
+
+def targets_table(corpora, methods):
+    """Each read-side target per corpus and octofs method: the median ratio and whether it is
+    met (None when no octofs method has any of those figures)."""
+    rows = []
+    for k, limit in TARGETS:
+        for cname, corpus in corpora.items():
+            res = corpus["methods"]
+            ref = med(res.get("native", {}).get(k) or [])
+            cells = []
+            for om in octofs_methods(methods):
+                mo = med(res.get(om, {}).get(k) or [])
+                if mo is None or not ref:
+                    cells.append("—")
+                else:
+                    r = mo / ref
+                    cells.append(f"{fmt_ratio(r)} {'met' if r <= limit else '**not met**'}")
+            if any(c != "—" for c in cells):
+                rows.append([LABELS[k], f"≤ {limit:g}×", cname] + cells)
+    if not rows:
+        return None
+    return table(["figure", "target", "corpus"] + octofs_methods(methods), rows)
 
 
 def render(doc):
@@ -165,21 +212,25 @@ def render(doc):
                 grid(keys, corpus, methods, args, False), "", "Absolute:", "",
                 grid(keys, corpus, methods, args, True), ""]
         n = corpus.get("files")
-        t = requests_table(keys, corpus, args, corpus["methods"], lambda k: n)
-        if t:
-            out += [f"Requests behind octofs's figures: FUSE requests per file of the workspace "
-                    f"({n:,} files: tracked and ignored dependencies), median over the samples "
-                    f"(`octofs stats` read before and after each one). Snapshots are written by the "
-                    f"daemon itself; their requests are what ran in the mount meanwhile. FORGETs come "
-                    f"when the kernel drops inodes, which can be during a later sample.", "", t, ""]
+        for om in octofs_methods(methods):
+            t = requests_table(keys, corpus, args, corpus["methods"], lambda k: n, om)
+            if t:
+                out += [f"Requests behind `{om}`'s figures: FUSE requests per file of the workspace "
+                        f"({n:,} files: tracked and ignored dependencies), median over the samples "
+                        f"(`octofs stats` read before and after each one). Snapshots are written by "
+                        f"the daemon itself; their requests are what ran in the mount meanwhile. "
+                        f"FORGETs come when the kernel drops inodes, which can be during a later "
+                        f"sample.", "", t, ""]
     if first and any(first["methods"].get(m, {}).get(k) for m in methods for k in CORPUS_FREE):
         out += ["## Workloads in the tree (corpus-independent; in the first corpus's workspace)", "",
                 grid(CORPUS_FREE, first, methods, args, False), "",
                 grid(CORPUS_FREE, first, methods, args, True), ""]
-        t = requests_table(("small", "seq"), first, args, first["methods"],
-                           lambda k: args.small_files if k == "small" else 1)
-        if t:
-            out += [f"Requests behind octofs's figures: per small file ({args.small_files:,}; the "
+        for om in octofs_methods(methods):
+            t = requests_table(("small", "seq"), first, args, first["methods"],
+                               lambda k: args.small_files if k == "small" else 1, om)
+            if not t:
+                continue
+            out += [f"Requests behind `{om}`'s figures: per small file ({args.small_files:,}; the "
                     f"count includes the read-back check of every 20th file), and per run of the "
                     f"sequential workload (one file: nearly all its FORGETs are of inodes of earlier "
                     f"figures that the kernel dropped meanwhile).", "", t, ""]
@@ -198,6 +249,11 @@ def render(doc):
                     rows.append([m] + [f"{vals[l] / MIB:.1f} MiB" if l in vals else "—" for l in labels])
             out += [f"Corpus `{cname}`:", "",
                     table(["method", "no workspace", "1", "10", "100", "10, after `git status` in each"], rows), ""]
+    t = targets_table(doc["corpora"], methods)
+    if t:
+        out += ["## Read-side targets", "",
+                "Median ratio against the native checkout of this run (the page cache: N workspaces "
+                "against N native checkouts).", "", t, ""]
     b = behind(doc["corpora"], methods)
     out += ["## Where octofs is behind an alternative", ""]
     out += [f"- {x}" for x in b] if b else ["- nowhere by more than 10 %"]

@@ -7,6 +7,8 @@
 //! - **A bounded table of open files by inode** (at most [`HELD`]): the first READ of an inode opens
 //!   its content through the core (the blob-cache file of base content, or the data file), later
 //!   READs reuse it. A reader of base content whose inode was copied up since reads the data file.
+//!   What a READ read of the blob cache is dropped from the daemon's page cache again: the mount
+//!   keeps its own copy, and the blob cache's would be a second one.
 //! - **Copy-up and writer accounting at the first WRITE.** A WRITE (or fallocate, or the target of
 //!   copy_file_range) opens the inode for writing through the core, which copies a base file up and
 //!   counts a writer, so snapshots, git's fsmonitor answers and "changed since" checks see the file
@@ -240,9 +242,27 @@ impl InodeIo {
     }
 
     /// Up to `size` bytes of `ino` at `offset` (short only at the end of the file).
+    ///
+    /// What is read of the blob cache is then dropped from the daemon's page cache: the kernel
+    /// keeps it in this mount's own page cache (there is no passthrough to share the blob cache's
+    /// pages), so a second copy would only double the memory every read costs. A read that ends
+    /// short (the end of the file) drops the whole file, readahead included.
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         let (file, upper) = self.held(ino, false)?;
-        super::handles::read_full_at(&file, offset, size).context(|| self.what(ino, upper, "read"))
+        let data = super::handles::read_full_at(&file, offset, size)
+            .context(|| self.what(ino, upper, "read"))?;
+        if !upper {
+            let (off, len) = if data.len() < size as usize {
+                (0, 0)
+            } else {
+                (offset, data.len() as u64)
+            };
+            // Only advice: the content read stays right whatever the kernel makes of it.
+            if let Err(e) = crate::sys::fadvise_dontneed(&file, off, len) {
+                tracing::debug!("fadvise of the base content of inode {ino:#x}: {e}");
+            }
+        }
+        Ok(data)
     }
 
     /// Writes `data` at `offset` of `ino` (copied up first if it is base content).

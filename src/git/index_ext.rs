@@ -1,5 +1,6 @@
 //! Index extensions git reads but gix does not write: a split index's small part (`link`), the
-//! untracked cache (`UNTR`) and the fsmonitor token (`FSMN`), in git's on-disk formats
+//! untracked cache (`UNTR`), the fsmonitor token (`FSMN`) and the cache tree (`TREE`), in git's
+//! on-disk formats
 //! (`Documentation/gitformat-index.txt`; `dir.c` `write_untracked_extension`; `ewah/`).
 //!
 //! Pure encoding: knows nothing of workspaces, mounts or presentation. The caller decides what the
@@ -233,6 +234,51 @@ pub fn fsmonitor_payload(token: &str) -> Vec<u8> {
     p.extend_from_slice(&(bitmap.len() as u32).to_be_bytes());
     p.extend_from_slice(&bitmap);
     p
+}
+
+/// The `TREE` extension (git's cache tree, `cache-tree.c` `write_one`) of an index that holds
+/// exactly the entries of tree `root`: per tree, its name (empty for the root), the index entries
+/// under it and its subtree count, then its id; subtrees follow their parent, in git's order
+/// (shorter names first, then bytewise). `read` gives a tree's entries as (name, is a tree, id);
+/// a gitlink is an entry, not a subtree. With it, `git status` compares HEAD with the index by tree
+/// id instead of reading every tree of HEAD.
+pub fn cache_tree<E>(
+    root: gix::ObjectId,
+    read: &mut impl FnMut(gix::ObjectId) -> Result<Vec<(Vec<u8>, bool, gix::ObjectId)>, E>,
+) -> Result<Vec<u8>, E> {
+    let mut out = Vec::new();
+    cache_tree_node(root, b"", read, &mut out)?;
+    Ok(out)
+}
+
+/// Appends the node of tree `id` named `name` and its subtrees; returns its entry count.
+fn cache_tree_node<E>(
+    id: gix::ObjectId,
+    name: &[u8],
+    read: &mut impl FnMut(gix::ObjectId) -> Result<Vec<(Vec<u8>, bool, gix::ObjectId)>, E>,
+    out: &mut Vec<u8>,
+) -> Result<u64, E> {
+    let entries = read(id)?;
+    let mut count = 0u64;
+    let mut subs = Vec::new();
+    for (n, is_tree, sub) in entries {
+        if is_tree {
+            subs.push((n, sub));
+        } else {
+            count += 1;
+        }
+    }
+    subs.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.cmp(&b.0)));
+    let mut below = Vec::new();
+    for (n, sub) in &subs {
+        count += cache_tree_node(*sub, n, read, &mut below)?;
+    }
+    out.extend_from_slice(name);
+    out.push(0);
+    out.extend_from_slice(format!("{count} {}\n", subs.len()).as_bytes());
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(&below);
+    Ok(count)
 }
 
 fn put_extension(out: &mut Vec<u8>, sig: &[u8; 4], payload: &[u8]) {
