@@ -788,7 +788,7 @@ fn at_once(jobs: &[&(dyn Fn() -> Result<(), Error> + Sync)]) -> Result<(), Error
         return Ok(());
     };
     std::thread::scope(|s| {
-        let others: Vec<_> = rest.iter().map(|job| s.spawn(|| job())).collect();
+        let others: Vec<_> = rest.iter().map(|job| s.spawn(*job)).collect();
         let mut out = first();
         for h in others {
             let r = h
