@@ -123,19 +123,17 @@ impl RecordDir {
         }
     }
 
-    /// Replaces the record of `key` atomically (see [`write_atomic`]), creating its directory.
+    /// Replaces the record of `key` atomically and durably (see [`write_atomic`]), creating its
+    /// directory.
     pub fn save<T: Serialize>(&self, key: &str, record: &T) -> Result<(), RecordError> {
-        self.save_with(key, record, true)
+        let staged = self.stage(key, record)?;
+        staged.sync()?;
+        staged.publish()?.sync()
     }
 
-    /// As [`Self::save`], `durable` or not: without it the record replaces the old one atomically
-    /// and survives the daemon being killed, but not necessarily a power loss (no fsync).
-    pub fn save_with<T: Serialize>(
-        &self,
-        key: &str,
-        record: &T,
-        durable: bool,
-    ) -> Result<(), RecordError> {
+    /// The first half of a durable [`Self::save`]: the record encoded and written beside its file,
+    /// not yet synced nor in place (see [`StagedRecord`]). Creates its directory.
+    pub fn stage<T: Serialize>(&self, key: &str, record: &T) -> Result<StagedRecord, RecordError> {
         let path = self.path(key);
         if let Some(dir) = path.parent() {
             crate::layout::create_private_dir(dir).map_err(|source| RecordError::CreateDir {
@@ -148,11 +146,12 @@ impl RecordDir {
             key: key.to_string(),
             source,
         })?;
-        write_replacing(&path, &bytes, durable).map_err(|source| RecordError::Save {
+        let what = What {
             noun: self.noun,
             key: key.to_string(),
-            source,
-        })
+        };
+        let staged = Staged::write(&path, &bytes).map_err(|e| what.error(e))?;
+        Ok(StagedRecord { staged, what })
     }
 
     /// Removes the record of `key`, if any (best effort: a record left behind is what a crash
@@ -198,38 +197,137 @@ impl RecordDir {
 /// private (0600) whatever the umask; two writers of one path (threads of the daemon) each use a
 /// temp file of their own, and the last rename wins.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    write_replacing(path, bytes, true)
+    let staged = Staged::write(path, bytes)?;
+    staged.sync()?;
+    staged.publish()?.sync()
 }
 
-/// [`write_atomic`], with the two fsyncs only when `durable`.
-fn write_replacing(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp{}.{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
+/// A record's new bytes in a temp file beside it, not yet in place: the first half of
+/// [`write_atomic`], for a caller that makes several writes durable at once (their syncs issued
+/// together, so that the file system commits them in one journal transaction instead of one
+/// after the other). [`Staged::sync`] makes the bytes durable, [`Staged::publish`] renames them
+/// over the record, [`Placed::sync`] makes the new name durable. Dropped unpublished, the temp
+/// file is removed.
+pub struct Staged {
+    tmp: PathBuf,
+    path: PathBuf,
+    file: std::fs::File,
+    published: bool,
+}
+
+impl Staged {
+    /// Writes `bytes` to a private (0600) temp file of its own in `path`'s directory.
+    pub fn write(path: &Path, bytes: &[u8]) -> io::Result<Staged> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let tmp = dir.join(format!(
+            ".{}.tmp{}.{}",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(crate::layout::PRIVATE_FILE_MODE)
             .open(&tmp)?;
-        f.write_all(bytes)?;
-        if durable {
-            f.sync_all()?;
+        if let Err(e) = file.write_all(bytes) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
         }
-        std::fs::rename(&tmp, path)?;
-        if durable {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+        Ok(Staged {
+            tmp,
+            path: path.to_path_buf(),
+            file,
+            published: false,
+        })
     }
-    result
+
+    /// Makes the new bytes durable (fsync of the temp file).
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_all()
+    }
+
+    /// Puts the new bytes in place (rename over the record): from here on a reader, or the daemon
+    /// after SIGKILL, finds them; a power loss may still undo the rename until [`Placed::sync`].
+    pub fn publish(mut self) -> io::Result<Placed> {
+        std::fs::rename(&self.tmp, &self.path)?;
+        self.published = true;
+        let dir = self.path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        Ok(Placed { dir })
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.published {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// A record renamed into place by [`Staged::publish`].
+pub struct Placed {
+    dir: PathBuf,
+}
+
+impl Placed {
+    /// Makes the rename durable (fsync of the record's directory).
+    pub fn sync(&self) -> io::Result<()> {
+        std::fs::File::open(&self.dir)?.sync_all()
+    }
+}
+
+/// Which record a staged save is, for its errors.
+struct What {
+    noun: &'static str,
+    key: String,
+}
+
+impl What {
+    fn error(&self, source: io::Error) -> RecordError {
+        RecordError::Save {
+            noun: self.noun,
+            key: self.key.clone(),
+            source,
+        }
+    }
+}
+
+/// A record of a [`RecordDir`] staged by [`RecordDir::stage`]: [`Staged`] with errors that name
+/// the record. The save is durable once [`Self::sync`], [`Self::publish`] and the returned
+/// [`PlacedRecord::sync`] have all succeeded, in that order.
+pub struct StagedRecord {
+    staged: Staged,
+    what: What,
+}
+
+impl StagedRecord {
+    /// Makes the record's bytes durable (not yet its name).
+    pub fn sync(&self) -> Result<(), RecordError> {
+        self.staged.sync().map_err(|e| self.what.error(e))
+    }
+
+    /// Puts the record in place (rename): loads find it from here on.
+    pub fn publish(self) -> Result<PlacedRecord, RecordError> {
+        let StagedRecord { staged, what } = self;
+        match staged.publish() {
+            Ok(placed) => Ok(PlacedRecord { placed, what }),
+            Err(e) => Err(what.error(e)),
+        }
+    }
+}
+
+/// A record put in place by [`StagedRecord::publish`].
+pub struct PlacedRecord {
+    placed: Placed,
+    what: What,
+}
+
+impl PlacedRecord {
+    /// Makes the record's name durable (fsync of its directory).
+    pub fn sync(&self) -> Result<(), RecordError> {
+        self.placed.sync().map_err(|e| self.what.error(e))
+    }
 }

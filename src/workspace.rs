@@ -110,6 +110,12 @@ impl Binding {
         Self::store(layout).save(&self.thread, self)
     }
 
+    /// The binding written beside its file, to be synced and put in place by the caller together
+    /// with other durable writes ([`crate::records::StagedRecord`]): a new thread's.
+    pub fn stage(&self, layout: &Layout) -> Result<crate::records::StagedRecord, RecordError> {
+        Self::store(layout).stage(&self.thread, self)
+    }
+
     /// Removes the binding of `thread`, if any.
     pub fn remove(layout: &Layout, thread: &str) {
         Self::store(layout).remove(thread)
@@ -137,10 +143,10 @@ impl WorkspaceRecord {
         Self::store(layout).save(&self.thread, self)
     }
 
-    /// Saves the record without syncing it to disk: for a record that is saved again, durably,
-    /// before anything is answered about it (a fork being made).
-    pub fn save_undurable(&self, layout: &Layout) -> Result<(), RecordError> {
-        Self::store(layout).save_with(&self.thread, self, false)
+    /// The record written beside its file, to be synced and put in place by the caller together
+    /// with other durable writes ([`crate::records::StagedRecord`]): a new workspace's.
+    pub fn stage(&self, layout: &Layout) -> Result<crate::records::StagedRecord, RecordError> {
+        Self::store(layout).stage(&self.thread, self)
     }
 
     /// Every workspace record, sorted by thread.

@@ -1516,3 +1516,82 @@ fn a_first_open_that_fails_leaves_no_binding() {
     assert!(d.state.join("threads").join(format!("{t}.json")).exists());
     d.cli_ok(["release", t]);
 }
+
+/// An acknowledged `open` of a new thread survives SIGKILL of the daemon right after it answers:
+/// the next daemon serves the thread again, bound to its project at the same base, with its `.git`
+/// (the catalog's seed batch), its binding and its record as `open` left them. Fails if any of the
+/// durable writes of a new workspace (catalog batch, record, binding) is not in place before the
+/// answer.
+#[test]
+fn an_acknowledged_open_survives_sigkill_right_after_it() {
+    let mut d = Daemon::start();
+    let repo = project(&d, "p", FILES);
+    let base = g(&repo.path, &["rev-parse", "HEAD"]);
+    let t = "killed-after-open";
+    let ws = d.open_thread(t, &["--project", "p"]);
+    d.kill9();
+    let binding = d.state.join("threads").join(format!("{t}.json"));
+    let record = d.state.join("workspaces").join(t).join("workspace.json");
+    assert!(
+        binding.exists() && record.exists(),
+        "binding or record missing"
+    );
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&ws), Duration::from_secs(10));
+    let st = status(&d, t);
+    assert_eq!(st["project"], "p", "{st}");
+    assert_eq!(st["base_commit"], base.as_str(), "{st}");
+    assert_eq!(st["mounted"], true, "{st}");
+    assert_eq!(st["users"], 1, "{st}");
+    assert_eq!(g(&ws, &["rev-parse", "HEAD"]), base);
+    assert_eq!(
+        g(&ws, &["symbolic-ref", "HEAD"]),
+        format!("refs/heads/octofs/{t}")
+    );
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    assert_eq!(read_ws(&ws.join("src/lib.rs")).unwrap(), b"pub fn f() {}\n");
+    // Still bound: another project is refused, the same one is the live workspace.
+    let out = d.cli(["open", t, "--project", "q"]);
+    assert_one_line_error(&out, &["bound", "p"]);
+    assert_eq!(d.open_thread(t, &["--project", "p"]), ws);
+    d.cli_ok(["release", t]);
+    d.cli_ok(["release", t]);
+    assert!(!is_mounted(&ws));
+    d.stop();
+}
+
+/// A create the daemon did not finish leaves a workspace directory without a record (the record,
+/// renamed in last, is what makes the workspace exist): the next `open` of the thread makes it
+/// from its base again, with an empty upper layer. Simulated by removing the record and binding
+/// of a stopped workspace that holds a file. Fails if the upper layer left behind is reused (its
+/// file would show in the new fork, its stale `.git` kept).
+#[test]
+fn an_interrupted_create_is_made_again_from_the_base() {
+    let mut d = Daemon::start();
+    project(&d, "p", FILES);
+    let t = "half-made";
+    let ws = d.open_thread(t, &["--project", "p"]);
+    let w = ws.clone();
+    fsop("write", move || {
+        write_file(
+            &w.join("leftover.txt"),
+            b"from the old upper layer\n",
+            0o644,
+        )
+    });
+    d.stop();
+    fs::remove_file(d.state.join("workspaces").join(t).join("workspace.json")).unwrap();
+    fs::remove_file(d.state.join("threads").join(format!("{t}.json"))).unwrap();
+    assert!(d.state.join("workspaces").join(t).join("upper").exists());
+    d.spawn();
+    assert!(!is_mounted(&ws), "a workspace without a record was served");
+    let ws = d.open_thread(t, &["--project", "p"]);
+    assert!(
+        !exists_ws(&ws.join("leftover.txt")),
+        "the interrupted create's upper layer was reused"
+    );
+    assert_eq!(read_ws(&ws.join("a.txt")).unwrap(), b"alpha\n");
+    assert_eq!(g(&ws, &["status", "--porcelain"]), "");
+    d.cli_ok(["release", t]);
+    d.stop();
+}

@@ -54,6 +54,7 @@ impl Daemon {
         io: Option<crate::fs::fuse::IoMode>,
         c: &Caller,
     ) -> Reply<Opened> {
+        let started = std::time::Instant::now();
         validate(NameKind::Thread, thread)?;
         if let Some(p) = project {
             validate(NameKind::Project, p)?;
@@ -218,8 +219,8 @@ impl Daemon {
         let forked_project = fork.project.clone();
         let fork_io = fork.io;
         // A new thread's binding is what its record will say (project, base, branch, I/O mode):
-        // saved, with its two fsyncs, while the workspace is made (whose own syncs and mount take
-        // longer), and durable before the answer as before. Nothing of either is left if one fails.
+        // made durable together with the workspace (see `create_with`), before the answer.
+        // Nothing of either is left if one fails.
         let new_binding = (binding.is_none() && project.is_some()).then(|| Binding {
             thread: thread.into(),
             project: fork.project.clone(),
@@ -229,30 +230,16 @@ impl Daemon {
             owner,
             io: fork_io,
         });
-        let (made, bound) = std::thread::scope(|s| {
-            let saving = new_binding
-                .as_ref()
-                .map(|b| s.spawn(|| b.save(&self.layout).map_err(Error::from)));
-            let made = self.create(thread, fork, owner);
-            let bound = saving.map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(Error::Refused(format!(
-                        "thread {thread}: saving its binding failed"
-                    )))
-                })
-            });
-            (made, bound)
-        });
-        let unbind = || Binding::remove(&self.layout, thread);
-        if let Err(e) = made {
+        let staged = new_binding
+            .as_ref()
+            .map(|b| b.stage(&self.layout))
+            .transpose()?;
+        let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
+        let before_create = us(started);
+        if let Err(e) = self.create_with(thread, fork, owner, staged) {
             if new_binding.is_some() {
-                unbind();
+                Binding::remove(&self.layout, thread);
             }
-            return Err(e);
-        }
-        if let Some(Err(e)) = bound {
-            unbind();
-            self.discard(thread);
             return Err(e);
         }
         if let Some(mut b) = binding.clone().filter(|b| b.io != fork_io) {
@@ -264,6 +251,10 @@ impl Daemon {
             }
         }
         let warnings = self.grant_owner(&forked_project, owner, false);
+        tracing::info!(
+            %thread, before_create, answered = us(started),
+            "opened a new workspace (µs since the request was dispatched)"
+        );
         Ok((path, warnings.into_iter().chain(shared_warning).collect()))
     }
 
@@ -324,6 +315,27 @@ impl Daemon {
         fork: Fork,
         owner: crate::workspace::Owner,
     ) -> Result<(), Error> {
+        self.create_with(thread, fork, owner, None)
+    }
+
+    /// [`Self::create`], making `also` (a new thread's binding) durable with the workspace: in
+    /// place once the workspace is. On failure `also` may be in place (the caller removes it).
+    ///
+    /// The workspace exists once its record is in place (renamed in): a create interrupted before
+    /// that (the daemon killed) leaves a directory without a record, which nothing serves and the
+    /// next create of the thread replaces. What must be durable before the answer — the catalog's
+    /// seed batch, the record, `also` — is made so in two waits, each a set of syncs issued at
+    /// once so that the file system commits them together (one journal transaction, not one per
+    /// sync): the bytes (catalog log, the records' files), then the names (the records'
+    /// directories). The catalog is durable before the record's name, so a power loss never
+    /// leaves a record whose workspace lacks its seed.
+    pub(super) fn create_with(
+        &self,
+        thread: &str,
+        fork: Fork,
+        owner: crate::workspace::Owner,
+        also: Option<crate::records::StagedRecord>,
+    ) -> Result<(), Error> {
         let proj = if fork.chat {
             blank_project()
         } else {
@@ -354,9 +366,14 @@ impl Daemon {
                 self.choose_layers(&fork.project, files)
             },
         };
-        // Not synced: a fork that a crash interrupts before its `open` is answered is made again;
-        // the record is saved durably below, before the answer (two fsyncs fewer per fork).
-        rec.save_undurable(&self.layout)?;
+        // What an interrupted create left (no record: the callers found none under the thread's
+        // lock) goes first: the new upper layer starts empty.
+        let dir = self.layout.workspace(thread);
+        if dir.exists() {
+            tracing::info!(%thread, "removing what an interrupted create left");
+            std::fs::remove_dir_all(&dir)
+                .context(|| format!("cannot remove the leftover {}", dir.display()))?;
+        }
         let made = (|| {
             let t0 = std::time::Instant::now();
             let ms = |t: std::time::Instant| t.elapsed().as_micros() as u64 / 1000;
@@ -437,7 +454,25 @@ impl Daemon {
                     .map_err(on_workspace("cannot read the upper layer's clock"))?,
                 bookkeeping,
             });
-            rec.save(&self.layout)?;
+            let staged = rec.stage(&self.layout)?;
+            let catalog = || {
+                core.sync_catalog()
+                    .map_err(on_workspace("cannot sync the new workspace's catalog"))
+            };
+            let record = || staged.sync().map_err(Error::from);
+            let bound = || {
+                also.as_ref()
+                    .map_or(Ok(()), |a| a.sync().map_err(Error::from))
+            };
+            at_once(&[&catalog, &record, &bound])?;
+            let placed = staged.publish()?;
+            let also = also.map(|a| a.publish()).transpose()?;
+            let record = || placed.sync().map_err(Error::from);
+            let bound = || {
+                also.as_ref()
+                    .map_or(Ok(()), |a| a.sync().map_err(Error::from))
+            };
+            at_once(&[&record, &bound])?;
             let saved = ms(t0);
             let mounted = self.mount_core(&rec, core);
             tracing::info!(
@@ -751,6 +786,25 @@ impl Daemon {
         }
         Ok((SweepAnswer { released, kept }, vec![]))
     }
+}
+
+/// Runs every job at once (all but the first on threads of their own) and returns the first
+/// error: syncs issued together, which the file system commits in one journal transaction.
+fn at_once(jobs: &[&(dyn Fn() -> Result<(), Error> + Sync)]) -> Result<(), Error> {
+    let Some((first, rest)) = jobs.split_first() else {
+        return Ok(());
+    };
+    std::thread::scope(|s| {
+        let others: Vec<_> = rest.iter().map(|job| s.spawn(*job)).collect();
+        let mut out = first();
+        for h in others {
+            let r = h
+                .join()
+                .unwrap_or_else(|_| Err(Error::Refused("a durable write failed".into())));
+            out = out.and(r);
+        }
+        out
+    })
 }
 
 /// The changes between two trees, as `git diff-tree -r --no-renames` lists them: every file,

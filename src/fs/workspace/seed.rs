@@ -487,7 +487,7 @@ impl WorkspaceFs {
             Ok::<(), FsError>(())
         })();
         // What was applied is written even after a failure: memory and catalog agree again.
-        let written = self.end_batch();
+        let written = self.end_batch(true);
         applied.and(written)
     }
 
@@ -660,8 +660,10 @@ impl WorkspaceFs {
     }
 
     /// Runs `f` (which seeds this workspace, before it is mounted, through this API) with every
-    /// catalog transaction gathered into one batch, written (one append, one sync) when `f`
-    /// returns, also after a failure; a failed write is `f`'s error type through `on_catalog`.
+    /// catalog transaction gathered into one batch, written (one append: in the kernel, it
+    /// survives SIGKILL of the daemon) when `f` returns, also after a failure; a failed write is
+    /// `f`'s error type through `on_catalog`. Not synced: the caller makes it durable with
+    /// [`Self::sync_catalog`] before it answers, issued together with its other durable writes.
     /// Once mounted, or inside another batch, `f` just runs. As with [`Self::apply_all`], a
     /// failure means the workspace is discarded.
     pub fn seeding<T, E>(
@@ -683,15 +685,15 @@ impl WorkspaceFs {
             st.batch = Some(Batch::default());
         }
         let out = f();
-        let written = self.end_batch();
+        let written = self.end_batch(false);
         let v = out?;
         written.map_err(on_catalog)?;
         Ok(v)
     }
 
-    /// Writes the batch [`Self::apply_all`] gathered (one append, one sync), then lets go of the
-    /// data its transactions left unreferenced.
-    fn end_batch(&self) -> Result<(), FsError> {
+    /// Writes the batch [`Self::apply_all`] gathered (one append, and one sync when `sync`), then
+    /// lets go of the data its transactions left unreferenced.
+    fn end_batch(&self, sync: bool) -> Result<(), FsError> {
         let mut st = self.lock();
         let Some(batch) = st.batch.take() else {
             return Ok(());
@@ -700,7 +702,7 @@ impl WorkspaceFs {
         let n = records.len();
         st.catalog
             .append(&records)
-            .and_then(|()| st.catalog.sync())
+            .and_then(|()| if sync { st.catalog.sync() } else { Ok(()) })
             .map_err(|e| io_errno(e).context(format!("catalog append of {n} records")))?;
         for ino in batch.reaps {
             self.reap(&mut st, ino);
