@@ -445,7 +445,8 @@ impl WorkspaceFs {
     /// batch, with every record that a later one overwrites left out, and one `fdatasync`: the
     /// per-path transactions wrote each directory's record again for every name changed in it.
     /// If this fails, what was applied in memory may not all be in the catalog: a workspace being
-    /// seeded is then discarded (as `create` does). Once mounted, each change is its own
+    /// seeded is then discarded (as `create` does). Inside [`Self::seeding`] the records join the
+    /// seeding batch, which its caller writes and syncs. Once mounted, each change is its own
     /// transaction (a batch would hold back requests' records until its end).
     pub fn apply_all(&self, changes: &[(Vec<u8>, TreeChange)]) -> Result<(), FsError> {
         let restoring = |p: &[u8]| format!("restoring {}", String::from_utf8_lossy(p));
@@ -454,17 +455,22 @@ impl WorkspaceFs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_some();
-        {
-            let mut st = self.lock();
-            if mounted || st.batch.is_some() {
-                drop(st);
-                for (p, c) in changes {
-                    self.apply(p, c).map_err(|e| e.context(restoring(p)))?;
-                }
-                return Ok(());
+        if mounted {
+            for (p, c) in changes {
+                self.apply(p, c).map_err(|e| e.context(restoring(p)))?;
             }
-            st.batch = Some(Batch::default());
+            return Ok(());
         }
+        // Inside [`Self::seeding`] (a fork or a resume being made) the seeding batch gathers
+        // these records too, and its owner writes and syncs it.
+        let own_batch = {
+            let mut st = self.lock();
+            let own = st.batch.is_none();
+            if own {
+                st.batch = Some(Batch::default());
+            }
+            own
+        };
         let mut dirs = Dirs::default();
         let applied = (|| {
             let mut i = 0;
@@ -486,6 +492,9 @@ impl WorkspaceFs {
             }
             Ok::<(), FsError>(())
         })();
+        if !own_batch {
+            return applied;
+        }
         // What was applied is written even after a failure: memory and catalog agree again.
         let written = self.end_batch(true);
         applied.and(written)
