@@ -279,10 +279,8 @@ impl ObjectStore {
         if let Some(t) = self.trees.lock().map_err(other)?.get(&id) {
             return Ok(t);
         }
-        let entries: Arc<[TreeEntry]> = self.find(|repo| -> io::Result<Arc<[TreeEntry]>> {
-            let tree = repo.find_tree(id).map_err(other)?;
-            let decoded = tree.decode().map_err(other)?;
-            Ok(decoded
+        let parsed = |decoded: &gix::objs::TreeRef<'_>| -> Arc<[TreeEntry]> {
+            decoded
                 .entries
                 .iter()
                 .map(|e| TreeEntry {
@@ -300,8 +298,24 @@ impl ObjectStore {
                     },
                     id: e.oid.to_owned(),
                 })
-                .collect())
-        })?;
+                .collect()
+        };
+        // A tree a snapshot of this daemon just wrote is still in memory: a fork of that snapshot
+        // reads it from there, not from its loose object (whose first read would also dirty the
+        // file's atime, which the fork's fsyncs then wait for).
+        let kept = crate::git::snapshot::kept_tree(&id).and_then(|raw| {
+            gix::objs::TreeRef::from_bytes(&raw, id.kind())
+                .ok()
+                .map(|t| parsed(&t))
+        });
+        let entries: Arc<[TreeEntry]> = match kept {
+            Some(e) => e,
+            None => self.find(|repo| -> io::Result<Arc<[TreeEntry]>> {
+                let tree = repo.find_tree(id).map_err(other)?;
+                let decoded = tree.decode().map_err(other)?;
+                Ok(parsed(&decoded))
+            })?,
+        };
         self.trees.lock().map_err(other)?.put(id, entries.clone());
         Ok(entries)
     }

@@ -568,6 +568,12 @@ struct KeptTrees {
 /// Bytes of trees kept at most (shared by every workspace of the daemon).
 const WRITTEN_TREES_MAX: usize = 16 << 20;
 
+/// The bytes of tree `id` if a snapshot of this daemon wrote it recently (kept in memory, see
+/// [`WrittenTrees`]); the ids are content hashes, so the bytes are right for any mirror.
+pub fn kept_tree(id: &gix::oid) -> Option<std::sync::Arc<[u8]>> {
+    WrittenTrees::shared().get(id)
+}
+
 impl WrittenTrees {
     fn shared() -> &'static WrittenTrees {
         static SHARED: std::sync::OnceLock<WrittenTrees> = std::sync::OnceLock::new();
