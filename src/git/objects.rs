@@ -34,6 +34,19 @@ pub enum EntryKind {
     Gitlink,
 }
 
+/// Git orders tree entries by name, with a tree's name compared as if it ended in '/'.
+pub fn git_order(a: &[u8], a_tree: bool, b: &[u8], b_tree: bool) -> std::cmp::Ordering {
+    let n = a.len().min(b.len());
+    match a[..n].cmp(&b[..n]) {
+        std::cmp::Ordering::Equal => {
+            let ac = a.get(n).copied().or(if a_tree { Some(b'/') } else { None });
+            let bc = b.get(n).copied().or(if b_tree { Some(b'/') } else { None });
+            ac.cmp(&bc)
+        }
+        o => o,
+    }
+}
+
 /// One entry of a parsed tree.
 #[derive(Debug, Clone)]
 pub struct TreeEntry {

@@ -7,6 +7,7 @@
 //! a ref to a missing object (objects are written before the ref).
 
 use crate::git::error::{Context, Error};
+use crate::git::objects::git_order;
 use std::path::{Path, PathBuf};
 
 use gix::ObjectId;
@@ -374,19 +375,6 @@ struct RawEntry {
     start: usize,
     name: std::ops::Range<usize>,
     tree: bool,
-}
-
-/// Git orders tree entries by name, a tree's name compared as if it ended in '/'.
-fn git_order(a: &[u8], a_tree: bool, b: &[u8], b_tree: bool) -> std::cmp::Ordering {
-    let n = a.len().min(b.len());
-    match a[..n].cmp(&b[..n]) {
-        std::cmp::Ordering::Equal => {
-            let ac = a.get(n).copied().or(if a_tree { Some(b'/') } else { None });
-            let bc = b.get(n).copied().or(if b_tree { Some(b'/') } else { None });
-            ac.cmp(&bc)
-        }
-        o => o,
-    }
 }
 
 impl RawEditor<'_> {

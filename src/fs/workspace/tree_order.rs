@@ -1,20 +1,7 @@
-//! Git's order of tree entries, and finding a name in a tree in that order. Pure functions over tree
-//! entries read from the object store.
+//! Finding a name in a tree in git's order of entries ([`git_order`], kept with the parsed trees in
+//! `git::objects`). Pure functions over tree entries read from the object store.
 
-use crate::git::objects::{EntryKind, TreeEntry};
-
-/// Git orders tree entries by name, with a tree's name compared as if it ended in '/'.
-pub(super) fn git_order(a: &[u8], a_tree: bool, b: &[u8], b_tree: bool) -> std::cmp::Ordering {
-    let n = a.len().min(b.len());
-    match a[..n].cmp(&b[..n]) {
-        std::cmp::Ordering::Equal => {
-            let ac = a.get(n).copied().or(if a_tree { Some(b'/') } else { None });
-            let bc = b.get(n).copied().or(if b_tree { Some(b'/') } else { None });
-            ac.cmp(&bc)
-        }
-        o => o,
-    }
-}
+use crate::git::objects::{EntryKind, TreeEntry, git_order};
 
 /// Finds `name` in a tree in git order (binary search, trying it as a blob and as a tree).
 pub(super) fn find_entry<'a>(entries: &'a [TreeEntry], name: &[u8]) -> Option<&'a TreeEntry> {
