@@ -286,33 +286,18 @@ impl Daemon {
                 .and_then(|b| b.io),
         };
         let filed_in = started.elapsed();
-        // The binding (its own durable write) is saved while the workspace is made, as `open`
-        // saves a new thread's: both are durable before the answer, and nothing of either is
-        // left when one of them fails.
-        let (made, bound) = std::thread::scope(|s| {
-            let saving = s.spawn(|| binding.save(&self.layout).map_err(Error::from));
-            let made = self
-                .resume_fork(to, &binding)
-                .and_then(|fork| self.create(to, fork, me));
-            let bound = saving.join().unwrap_or_else(|_| {
-                Err(Error::Refused(format!(
-                    "thread {to}: saving its binding failed"
-                )))
+        // The binding is made durable with the workspace, in the same grouped syncs, as `open`
+        // does with a new thread's (`create_with`); nothing of either is left when one fails.
+        let made = binding
+            .stage(&self.layout)
+            .map_err(Error::from)
+            .and_then(|staged| {
+                let fork = self.resume_fork(to, &binding)?;
+                self.create_with(to, fork, me, Some(staged))
             });
-            (made, bound)
-        });
-        let made = match (made, bound) {
-            (Ok(()), Ok(())) => Ok(()),
-            (Err(e), _) => {
-                Binding::remove(&self.layout, to);
-                Err(e)
-            }
-            (Ok(()), Err(e)) => {
-                Binding::remove(&self.layout, to);
-                self.discard(to);
-                Err(e)
-            }
-        };
+        if made.is_err() {
+            Binding::remove(&self.layout, to);
+        }
         if let Err(e) = made {
             // Nothing of `to` remains: its refs go with it (a later `open` of the name starts a
             // chain of its own).

@@ -308,18 +308,8 @@ impl Daemon {
         })
     }
 
-    /// Creates, seeds and mounts a new workspace. On failure nothing of it remains.
-    pub(super) fn create(
-        &self,
-        thread: &str,
-        fork: Fork,
-        owner: crate::workspace::Owner,
-    ) -> Result<(), Error> {
-        self.create_with(thread, fork, owner, None)
-    }
-
-    /// [`Self::create`], making `also` (a new thread's binding) durable with the workspace: in
-    /// place once the workspace is. On failure `also` may be in place (the caller removes it).
+    /// Creates, seeds and mounts a new workspace (on failure nothing of it remains), making `also`
+    /// (a new thread's binding) durable with it: in place once the workspace is. On failure `also` may be in place (the caller removes it).
     ///
     /// The workspace exists once its record is in place (renamed in): a create interrupted before
     /// that (the daemon killed) leaves a directory without a record, which nothing serves and the
