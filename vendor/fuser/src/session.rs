@@ -214,8 +214,36 @@ impl PauseCtl {
         c.1 -= 1;
     }
 
+    /// The idle wait of one reader: an epoll set with the device registered `EPOLLEXCLUSIVE`
+    /// and the pause pipe registered plainly. Every clone of a connection's fd waits on the one
+    /// input queue of the connection; `poll` (or a plain epoll entry) puts each idle reader on
+    /// that queue non-exclusively, so every request woke every idle reader (all but one then
+    /// read `EAGAIN`: a thundering herd of wake-ups, each a VM exit when the reader sleeps on
+    /// another vCPU). With `EPOLLEXCLUSIVE` the kernel wakes one idle reader per request; a
+    /// pause still wakes them all. `None` (kernel before 4.5): `wait` falls back to `poll`.
+    fn waiter(&self, dev: BorrowedFd<'_>) -> Option<nix::sys::epoll::Epoll> {
+        use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+        let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).ok()?;
+        ep.add(self.pipe_r.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, 1))
+            .ok()?;
+        ep.add(
+            dev,
+            EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLEXCLUSIVE, 0),
+        )
+        .ok()?;
+        Some(ep)
+    }
+
     /// Waits until `dev` has a request (or is gone) or a pause is asked for.
-    fn wait(&self, dev: BorrowedFd<'_>) -> io::Result<()> {
+    fn wait(&self, dev: BorrowedFd<'_>, ep: Option<&nix::sys::epoll::Epoll>) -> io::Result<()> {
+        if let Some(ep) = ep {
+            use nix::sys::epoll::{EpollEvent, EpollTimeout};
+            let mut events = [EpollEvent::empty(); 2];
+            return match ep.wait(&mut events, EpollTimeout::NONE) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        }
         use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
         let mut fds = [
             PollFd::new(dev, PollFlags::POLLIN),
@@ -841,9 +869,11 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         let mut buf = FuseReadBuf::new();
         let buf = buf.as_mut();
         // octofs patch: reads never block, so a pause is seen between any two requests; an idle
-        // reader waits in poll for a request or the pause pipe.
+        // reader waits in epoll (the device exclusively: one reader woken per request) for a
+        // request or the pause pipe.
         let _running = self.pause.enter();
         self.ch.set_nonblocking()?;
+        let waiter = self.pause.waiter(self.ch.as_fd());
         loop {
             if self.pause.stopping() {
                 self.pause.park();
@@ -870,7 +900,9 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                         ));
                     }
                 },
-                Err(nix::errno::Errno::EAGAIN) => self.pause.wait(self.ch.as_fd())?,
+                Err(nix::errno::Errno::EAGAIN) => {
+                    self.pause.wait(self.ch.as_fd(), waiter.as_ref())?
+                }
                 Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EINTR) => continue,
                 Err(nix::errno::Errno::ENODEV) => return Ok(()),
                 Err(err) => return Err(err.into()),
