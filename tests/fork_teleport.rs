@@ -22,9 +22,8 @@ use common::*;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const FS_TIMEOUT: Duration = Duration::from_secs(20);
@@ -185,31 +184,6 @@ const FILES: &[(&str, &str, u32)] = &[
         0o644,
     ),
 ];
-
-/// A child process in its own process group, killed by pid when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn sleeper_in(dir: &Path) -> Proc {
-        let child = Command::new("sleep")
-            .arg("60")
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("spawn sleep");
-        Proc(child)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        kill_child_group(&self.0);
-        let _ = wait_timeout(&mut self.0, Duration::from_secs(5));
-    }
-}
 
 fn chmod(p: &Path, mode: u32) {
     fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");

@@ -36,7 +36,7 @@ use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Timeout for one in-process batch of file operations on a mount.
@@ -231,32 +231,6 @@ const FILES: &[(&str, &str, u32)] = &[
     ("link", "a.txt", 0o120000),
     (".gitignore", "*.log\n/build/\n", 0o644),
 ];
-
-/// A child process (in its own process group) killed by pid when dropped.
-struct Proc(Child);
-
-impl Proc {
-    /// `sleep 60` with its working directory in `dir`.
-    fn sleeper_in(dir: &Path) -> Proc {
-        let child = Command::new("sleep")
-            .arg("60")
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .expect("spawn sleep");
-        Proc(child)
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        kill_child_group(&self.0);
-        let _ = wait_timeout(&mut self.0, Duration::from_secs(5));
-    }
-}
 
 /// Sends one raw request line to the daemon's socket (no CLI, so nothing can auto-start a daemon)
 /// and returns the answer line (empty when the daemon died first).

@@ -1083,3 +1083,29 @@ pub fn one_file_workspace(passthrough: bool, thread: &str, text: &str) -> OneFil
         mount,
     }
 }
+
+/// `sleep 60` in its own process group with its working directory in `dir` (a process keeping a
+/// mount busy), killed by pid when dropped.
+pub struct Proc(Child);
+
+impl Proc {
+    pub fn sleeper_in(dir: &Path) -> Proc {
+        let child = Command::new("sleep")
+            .arg("60")
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn sleep");
+        Proc(child)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        kill_child_group(&self.0);
+        let _ = wait_timeout(&mut self.0, Duration::from_secs(5));
+    }
+}
