@@ -1,10 +1,15 @@
 //! Durable JSON records, one a file, each written atomically: the store behind a thread's binding,
 //! its workspace record and a project's description. It knows nothing of what a record holds.
+//! Also the means of making several durable writes at once ([`at_once`]): their syncs issued
+//! together from threads kept for it, so that none waits for the others nor for a thread to start.
 
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -280,6 +285,7 @@ impl Placed {
 }
 
 /// Which record a staged save is, for its errors.
+#[derive(Clone)]
 struct What {
     noun: &'static str,
     key: String,
@@ -309,6 +315,17 @@ impl StagedRecord {
         self.staged.sync().map_err(|e| self.what.error(e))
     }
 
+    /// [`Self::sync`] as a job of its own, for [`at_once`] (on a second handle of the file).
+    pub fn sync_job(&self) -> Result<SyncJob<RecordError>, RecordError> {
+        let file = self
+            .staged
+            .file
+            .try_clone()
+            .map_err(|e| self.what.error(e))?;
+        let what = self.what.clone();
+        Ok(Box::new(move || file.sync_all().map_err(|e| what.error(e))))
+    }
+
     /// Puts the record in place (rename): loads find it from here on.
     pub fn publish(self) -> Result<PlacedRecord, RecordError> {
         let StagedRecord { staged, what } = self;
@@ -329,5 +346,177 @@ impl PlacedRecord {
     /// Makes the record's name durable (fsync of its directory).
     pub fn sync(&self) -> Result<(), RecordError> {
         self.placed.sync().map_err(|e| self.what.error(e))
+    }
+
+    /// [`Self::sync`] as a job of its own, for [`at_once`].
+    pub fn sync_job(&self) -> SyncJob<RecordError> {
+        let dir = self.placed.dir.clone();
+        let what = self.what.clone();
+        Box::new(move || {
+            std::fs::File::open(&dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| what.error(e))
+        })
+    }
+}
+
+/// A durable write (a sync) to be issued together with others by [`at_once`].
+pub type SyncJob<E> = Box<dyn FnOnce() -> Result<(), E> + Send>;
+
+/// Runs every job at once and returns, once all have finished, the first error: the first job
+/// on the calling thread, each other on a sync worker. Syncs issued together cost about one of
+/// them (the file system and the disk overlap them; a journal commits them together). A job
+/// whose worker could not be started, or that panicked, fails with `lost()`.
+pub fn at_once<E: Send + 'static>(jobs: Vec<SyncJob<E>>, lost: impl Fn() -> E) -> Result<(), E> {
+    let mut jobs = jobs.into_iter();
+    let Some(first) = jobs.next() else {
+        return Ok(());
+    };
+    let others: Vec<mpsc::Receiver<Result<(), E>>> = jobs
+        .map(|job| {
+            let (tx, rx) = mpsc::sync_channel(1);
+            hand_off(Box::new(move || {
+                let r = job();
+                Box::new(move || {
+                    let _ = tx.send(r);
+                })
+            }));
+            rx
+        })
+        .collect();
+    let mut out = first();
+    for rx in others {
+        let r = rx.recv().unwrap_or_else(|_| Err(lost()));
+        out = out.and(r);
+    }
+    out
+}
+
+/// Work for a sync worker: it runs the job and returns how to hand over its result, which the
+/// worker does once it waits for work again (so that a caller who comes straight back finds it).
+type Task = Box<dyn FnOnce() -> Reply + Send>;
+type Reply = Box<dyn FnOnce() + Send>;
+
+/// A sync worker waiting for a task.
+struct Idle {
+    id: u64,
+    tx: mpsc::Sender<Task>,
+}
+
+/// The sync workers waiting for work, the last one to finish on top. Each runs one task at a
+/// time; one is started whenever none waits (so a job never queues behind another), and each
+/// ends after [`SYNC_WORKER_IDLE`] without work.
+static IDLE: Mutex<Vec<Idle>> = Mutex::new(Vec::new());
+
+/// How long a sync worker waits for work before it ends.
+const SYNC_WORKER_IDLE: Duration = Duration::from_secs(60);
+
+/// Runs `task` on a waiting sync worker, or on a new one. If no thread can be started the task
+/// is dropped (its caller sees its result channel close).
+fn hand_off(task: Task) {
+    let waiting = IDLE.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let task = match waiting {
+        Some(w) => match w.tx.send(task) {
+            Ok(()) => return,
+            Err(mpsc::SendError(task)) => task,
+        },
+        None => task,
+    };
+    let spawned = std::thread::Builder::new()
+        .name("octofs-sync".into())
+        .spawn(move || sync_worker(task));
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start a sync worker: {e}");
+    }
+}
+
+fn sync_worker(mut task: Task) {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    loop {
+        // A panicking task loses its own result only (its caller reports it); the worker goes on.
+        let reply = std::panic::catch_unwind(std::panic::AssertUnwindSafe(task));
+        let (tx, rx) = mpsc::channel();
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        IDLE.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Idle { id, tx });
+        if let Ok(reply) = reply {
+            reply();
+        }
+        task = match rx.recv_timeout(SYNC_WORKER_IDLE) {
+            Ok(t) => t,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(i) = idle.iter().position(|w| w.id == id) {
+                    idle.swap_remove(i);
+                    return;
+                }
+                // Taken off the list just now: its task is on the way.
+                drop(idle);
+                match rx.recv() {
+                    Ok(t) => t,
+                    Err(_) => return,
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    /// Catches: an answer before every job has finished (a worker's job still running), or a
+    /// worker's error dropped in favour of the caller's own success.
+    #[test]
+    fn at_once_waits_for_every_job_and_keeps_the_first_error() {
+        let done = Arc::new(AtomicBool::new(false));
+        let d = done.clone();
+        let jobs: Vec<SyncJob<&'static str>> = vec![
+            Box::new(|| Ok(())),
+            Box::new(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                d.store(true, Ordering::SeqCst);
+                Err("second")
+            }),
+            Box::new(|| Err("third")),
+        ];
+        assert_eq!(at_once(jobs, || "lost"), Err("second"));
+        assert!(
+            done.load(Ordering::SeqCst),
+            "answered before a job finished"
+        );
+        let none: Vec<SyncJob<&'static str>> = Vec::new();
+        assert_eq!(at_once(none, || "lost"), Ok(()));
+    }
+
+    /// Catches: a thread started for every job (what the workers are for), or a worker that
+    /// dies with a panicking job (then every later job would start a thread again).
+    #[test]
+    fn sync_workers_are_reused_and_survive_a_panicking_job() {
+        let panicked: Vec<SyncJob<&'static str>> =
+            vec![Box::new(|| Ok(())), Box::new(|| panic!("a job panics"))];
+        assert_eq!(at_once(panicked, || "lost"), Err("lost"));
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..6 {
+            let (tx, rx) = mpsc::channel();
+            let jobs: Vec<SyncJob<&'static str>> = vec![
+                Box::new(|| Ok(())),
+                Box::new(move || {
+                    let _ = tx.send(std::thread::current().id());
+                    Ok(())
+                }),
+            ];
+            assert_eq!(at_once(jobs, || "lost"), Ok(()));
+            seen.insert(rx.recv().expect("the job ran"));
+        }
+        assert!(
+            seen.len() < 4,
+            "a new thread for most jobs: {} of 6",
+            seen.len()
+        );
     }
 }

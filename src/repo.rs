@@ -141,8 +141,10 @@ fn shell_quote(s: &str) -> String {
 }
 
 /// Plans the `.git` of a new workspace of `project` with HEAD at `head_commit`, on `branch` (or
-/// detached).
+/// detached), from `repo`, the project's mirror (the daemon's open handle: its refs are read
+/// from disk at each call).
 pub fn plan(
+    repo: &gix::Repository,
     layout: &Layout,
     project: &Project,
     thread: &str,
@@ -151,10 +153,6 @@ pub fn plan(
     exe: &Path,
 ) -> Result<RepoPlan, Error> {
     let mirror = layout.mirror(&project.project);
-    let repo = crate::git::open_owned(&mirror).map_err(|source| Error::OpenMirror {
-        path: mirror.clone(),
-        source,
-    })?;
     let has_origin = project.kind != UpstreamKind::Directory;
     let keep = |name: &str| {
         !name.starts_with("refs/octomate/")
@@ -162,7 +160,7 @@ pub fn plan(
                 || (has_origin && name.starts_with("refs/remotes/origin/"))
                 || (!has_origin && name.starts_with("refs/heads/")))
     };
-    let listed = mirror_refs(&repo)?;
+    let listed = mirror_refs(repo)?;
     let origin_head = listed.symbolic.into_iter().find_map(|(name, target)| {
         (name == "refs/remotes/origin/HEAD" && keep(&name)).then_some(target)
     });

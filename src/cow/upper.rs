@@ -183,29 +183,32 @@ impl Upper {
     /// lag the precise one by a tick, so a write right after a precise "now" may carry an earlier
     /// time. Touching a file here and reading its ctime gives a time no later write can precede.
     pub fn clock(&self) -> io::Result<Ts> {
-        use std::os::unix::fs::MetadataExt;
         // Waits for the next tick of that clock, so that everything written before this call has
         // an earlier time than the answer and everything written after it a time at least as late.
-        let p = self.dir.join("clock");
-        let touch = || -> io::Result<Ts> {
-            OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&p)?;
-            let m = std::fs::metadata(&p)?;
-            Ok(Ts(m.ctime(), m.ctime_nsec() as u32))
-        };
-        let first = touch()?;
+        let first = self.tick()?;
         for _ in 0..100 {
             std::thread::sleep(std::time::Duration::from_micros(500));
-            let t = touch()?;
+            let t = self.tick()?;
             if t > first {
                 return Ok(t);
             }
         }
-        touch()
+        self.tick()
+    }
+
+    /// The current tick of the data files' clock, without waiting for the next one: no later
+    /// write carries an earlier time, but writes just before may carry the same.
+    pub fn tick(&self) -> io::Result<Ts> {
+        use std::os::unix::fs::MetadataExt;
+        let p = self.dir.join("clock");
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)?;
+        let m = std::fs::metadata(&p)?;
+        Ok(Ts(m.ctime(), m.ctime_nsec() as u32))
     }
 
     /// Opens the data file of `ino` read-write.

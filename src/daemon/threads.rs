@@ -18,6 +18,7 @@ use crate::git::mirror;
 use crate::git::objects::{EntryKind, ObjectStore, TreeEntry};
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
+use crate::records::{SyncJob, at_once};
 use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
 
 /// What a new workspace is made of.
@@ -315,8 +316,8 @@ impl Daemon {
     /// that (the daemon killed) leaves a directory without a record, which nothing serves and the
     /// next create of the thread replaces. What must be durable before the answer — the catalog's
     /// seed batch, the record, `also` — is made so in two waits, each a set of syncs issued at
-    /// once so that the file system commits them together (one journal transaction, not one per
-    /// sync): the bytes (catalog log, the records' files), then the names (the records'
+    /// once ([`at_once`]: they overlap, and a journaling file system commits them in one
+    /// transaction): the bytes (catalog log, the records' files), then the names (the records'
     /// directories). The catalog is durable before the record's name, so a power loss never
     /// leaves a record whose workspace lacks its seed.
     pub(super) fn create_with(
@@ -364,22 +365,32 @@ impl Daemon {
             std::fs::remove_dir_all(&dir)
                 .context(|| format!("cannot remove the leftover {}", dir.display()))?;
         }
+        // A fresh fork's upper layer holds nothing outside `.git` when its mark is taken (no
+        // snapshot restored, no changes applied), so the mark's time needs no clock tick of its own.
+        let fresh = fork.apply.is_none() && fork.saved.is_none();
         let made = (|| {
+            // Where the time goes, in µs since the start, for the log line below.
             let t0 = std::time::Instant::now();
-            let ms = |t: std::time::Instant| t.elapsed().as_micros() as u64 / 1000;
+            let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
             let core = self.load_core(&rec)?;
-            let loaded = ms(t0);
+            let loaded = us(t0);
             let exe =
                 std::env::current_exe().context(|| "cannot find the octofs binary".to_string())?;
-            let mut plan = crate::repo::plan(
-                &self.layout,
-                &proj,
-                thread,
-                &fork.head_commit,
-                fork.branch.as_deref(),
-                &exe,
-            )?;
+            let store = self.store(&fork.project)?;
+            // The refs are read through the store's own handle of the mirror (no second open).
+            let mut plan = store.with_repo(|repo| {
+                crate::repo::plan(
+                    repo,
+                    &self.layout,
+                    &proj,
+                    thread,
+                    &fork.head_commit,
+                    fork.branch.as_deref(),
+                    &exe,
+                )
+            })?;
             plan.installed = super::layers::installed_stamp(&rec.layers);
+            let planned = us(t0);
             let index = {
                 let il = self.locks.get(&super::mirrors::index_lock_key(
                     fork.index_tree,
@@ -388,7 +399,7 @@ impl Daemon {
                 let _ig = lock(&il);
                 crate::repo::shared_index(
                     &self.layout,
-                    &*self.store(&fork.project)?,
+                    &store,
                     fork.index_tree,
                     fork.base_tree,
                     fork.base_time,
@@ -396,20 +407,20 @@ impl Daemon {
                     rec.owner.gid,
                 )?
             };
-            let indexed = ms(t0);
+            let indexed = us(t0);
             // The seed, the saved changes and what git dropped go to the catalog as one batch.
             let seeded = core.seeding(
                 || {
                     crate::repo::seed(&core, &plan, &index, fork.base_time)?;
-                    let seeded = ms(t0);
+                    let seeded = us(t0);
                     let mut diffed = seeded;
                     if let Some((from, to)) = fork.apply {
                         let changes = self.tree_changes(&fork.project, from, to)?;
-                        diffed = ms(t0);
+                        diffed = us(t0);
                         core.apply_all(&changes)
                             .map_err(on_workspace("cannot restore the saved changes"))?;
                     }
-                    let applied = ms(t0);
+                    let applied = us(t0);
                     let mut bookkeeping = Vec::new();
                     if let Some(s) = &fork.saved {
                         let id = gix::ObjectId::from_hex(s.as_bytes())
@@ -427,7 +438,7 @@ impl Daemon {
                             .map_err(on_workspace("cannot record refs/octomate/saved"))?,
                         );
                     }
-                    let restored = ms(t0);
+                    let restored = us(t0);
                     Ok::<_, Error>((seeded, diffed, applied, restored, bookkeeping))
                 },
                 on_workspace("cannot write the new workspace's catalog"),
@@ -435,40 +446,46 @@ impl Daemon {
             let (seeded, diffed, applied, restored, bookkeeping) = seeded;
             // (What git dropped — modes, owners, special files, empty directories — came back
             // above, before the mount exists: no moment where a file is wider than it was.)
-            let written = ms(t0);
+            let written = us(t0);
+            // The mark's time: later writes must not look older than it, and for a resumed or
+            // carried state the files written above must look older (the clock's next tick).
+            let at = if fresh {
+                core.clock_now()
+            } else {
+                core.clock()
+            };
             rec.saved = Some(SavedMark {
                 commit: fork.saved.clone(),
                 generation: core.generation(),
-                at: core
-                    .clock()
-                    .map_err(on_workspace("cannot read the upper layer's clock"))?,
+                at: at.map_err(on_workspace("cannot read the upper layer's clock"))?,
                 bookkeeping,
             });
             let staged = rec.stage(&self.layout)?;
-            let catalog = || {
-                core.sync_catalog()
+            let clocked = us(t0);
+            let c = core.clone();
+            let mut bytes: Vec<SyncJob<Error>> = vec![Box::new(move || {
+                c.sync_catalog()
                     .map_err(on_workspace("cannot sync the new workspace's catalog"))
-            };
-            let record = || staged.sync().map_err(Error::from);
-            let bound = || {
-                also.as_ref()
-                    .map_or(Ok(()), |a| a.sync().map_err(Error::from))
-            };
-            at_once(&[&catalog, &record, &bound])?;
+            })];
+            bytes.push(job(staged.sync_job()?));
+            if let Some(a) = &also {
+                bytes.push(job(a.sync_job()?));
+            }
+            at_once(bytes, lost)?;
+            let synced = us(t0);
             let placed = staged.publish()?;
             let also = also.map(|a| a.publish()).transpose()?;
-            let record = || placed.sync().map_err(Error::from);
-            let bound = || {
-                also.as_ref()
-                    .map_or(Ok(()), |a| a.sync().map_err(Error::from))
-            };
-            at_once(&[&record, &bound])?;
-            let saved = ms(t0);
+            let mut names = vec![job(placed.sync_job())];
+            if let Some(a) = &also {
+                names.push(job(a.sync_job()));
+            }
+            at_once(names, lost)?;
+            let saved = us(t0);
             let mounted = self.mount_core(&rec, core);
             tracing::info!(
-                %thread, loaded, indexed, seeded, diffed, applied, restored, written, saved,
-                mounted = ms(t0),
-                "created a workspace (ms since the start)"
+                %thread, loaded, planned, indexed, seeded, diffed, applied, restored, written,
+                clocked, synced, saved, mounted = us(t0),
+                "created a workspace (µs since the start)"
             );
             mounted
         })();
@@ -778,23 +795,14 @@ impl Daemon {
     }
 }
 
-/// Runs every job at once (all but the first on threads of their own) and returns the first
-/// error: syncs issued together, which the file system commits in one journal transaction.
-fn at_once(jobs: &[&(dyn Fn() -> Result<(), Error> + Sync)]) -> Result<(), Error> {
-    let Some((first, rest)) = jobs.split_first() else {
-        return Ok(());
-    };
-    std::thread::scope(|s| {
-        let others: Vec<_> = rest.iter().map(|job| s.spawn(*job)).collect();
-        let mut out = first();
-        for h in others {
-            let r = h
-                .join()
-                .unwrap_or_else(|_| Err(Error::Refused("a durable write failed".into())));
-            out = out.and(r);
-        }
-        out
-    })
+/// A record's sync as a job of the daemon's [`at_once`].
+fn job(j: SyncJob<crate::records::RecordError>) -> SyncJob<Error> {
+    Box::new(move || j().map_err(Error::from))
+}
+
+/// What a sync job that never reported (its worker could not start) fails with.
+fn lost() -> Error {
+    Error::Refused("a durable write failed".into())
 }
 
 /// The changes between two trees, as `git diff-tree -r --no-renames` lists them: every file,

@@ -218,7 +218,8 @@ impl ObjectStore {
         &self.path
     }
 
-    fn with_repo<R>(&self, f: impl FnOnce(&gix::Repository) -> R) -> R {
+    /// Runs `f` on this thread's handle of the mirror (opened once per thread).
+    pub fn with_repo<R>(&self, f: impl FnOnce(&gix::Repository) -> R) -> R {
         REPOS.with(|cell| {
             let mut map = cell.borrow_mut();
             let repo = map

@@ -99,6 +99,20 @@ impl WorkspaceFs {
         self.seeded(self.make(parent, OsStr::new(name), new, owner))
     }
 
+    /// "Now" on the upper layer's clock without waiting for its next tick ([`Upper::tick`]): the
+    /// mark of a new workspace whose upper layer holds nothing outside `.git` (nothing written
+    /// before it can be mistaken for a later change; no later write looks older).
+    ///
+    /// [`Upper::tick`]: crate::cow::upper::Upper::tick
+    pub fn clock_now(&self) -> Result<Ts, FsError> {
+        self.upper.tick().context(|| {
+            format!(
+                "the clock of the upper layer {}",
+                self.upper.dir().display()
+            )
+        })
+    }
+
     /// Whether `name` exists in directory `parent`.
     pub fn exists(&self, parent: u64, name: &str) -> Result<bool, FsError> {
         let mut st = self.lock();
