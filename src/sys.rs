@@ -45,6 +45,21 @@ pub fn fix_malloc_mmap_threshold() {
     }
 }
 
+/// Gives the allocator's free memory back to the system. glibc keeps what a program frees for its
+/// next allocations, in a heap per arena, and by itself returns only the free top of each heap;
+/// `malloc_trim(0)` also releases every whole free page inside them (`MADV_DONTNEED`). It takes
+/// each arena's lock in turn while it walks its free blocks: for a background thread, not for a
+/// request path. Returns whether any memory was released (always false on other C libraries).
+pub fn malloc_trim() -> bool {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks and releases the allocator's own free blocks, under its locks.
+    unsafe {
+        libc::malloc_trim(0) == 1
+    }
+    #[cfg(not(target_env = "gnu"))]
+    false
+}
+
 /// Restores the default SIGPIPE action, so that `octofs list | head` ends quietly like any Unix tool
 /// instead of failing to print.
 pub fn default_sigpipe() {

@@ -9,6 +9,13 @@
 //! A node goes when the kernel has forgotten it, nothing has it open and it has no record. Does not
 //! touch the catalog or the upper layer's files (but for removing the data file of an unlinked
 //! inode the last reference to which is gone).
+//!
+//! Memory the table frees (nodes the kernel forgot, a whole table dropped with its workspace) is
+//! counted; past [`trim::THRESHOLD`] bytes a background thread, once the frees have paused and at
+//! most every [`trim::MIN_INTERVAL`], asks the allocator to give its free pages back to the system
+//! ([`crate::sys::malloc_trim`]): glibc would otherwise keep them in its arenas, between blocks
+//! still in use, for as long as the daemon runs. Forget requests only count and, at most once a
+//! burst, wake that thread.
 
 use std::collections::HashMap;
 
@@ -78,6 +85,10 @@ pub(super) struct Light {
     /// stays full).
     pub(super) lookups: u32,
 }
+
+/// What a light node holds of the heap: its map slot and control byte (the freed slots come back
+/// when the map shrinks).
+const LIGHT_BYTES: usize = std::mem::size_of::<(u64, u64)>() + 1;
 
 /// Bits of a packed light node: the parent's slot in [`LightTable::parents`], the entry's index in
 /// the parent's tree, the kernel's references. A node whose numbers do not fit stays full.
@@ -197,6 +208,7 @@ impl LightTable {
     /// looked up).
     fn remove(&mut self, ino: &u64) -> Option<Light> {
         let v = self.map.remove(ino)?;
+        trim::freed(LIGHT_BYTES);
         let l = self.unpack(v);
         if let Some((slot, n)) = self.slots.get_mut(&l.parent) {
             *n -= 1;
@@ -338,6 +350,7 @@ impl Nodes {
     /// Removes full node `ino`, giving memory back once the table is mostly empty.
     pub(super) fn remove(&mut self, ino: &u64) -> Option<Node> {
         let n = self.full.remove(ino)?;
+        trim::freed(node_heap_bytes(&n));
         if self.full.capacity() > 1024 && self.full.len() * 4 < self.full.capacity() {
             self.full.shrink_to(self.full.len() * 2);
         }
@@ -360,6 +373,143 @@ impl Nodes {
         self.full.capacity() * (std::mem::size_of::<(u64, Box<Node>)>() + 1)
             + self.full.len() * std::mem::size_of::<Node>()
             + self.light.bytes()
+    }
+}
+
+/// The heap a full node holds: its box, its map slot, and the blocks its record owns (with
+/// glibc's 16 bytes of header and rounding each).
+fn node_heap_bytes(n: &Node) -> usize {
+    let block = |cap: usize| {
+        if cap == 0 {
+            0
+        } else {
+            cap.next_multiple_of(16) + 16
+        }
+    };
+    let r = &n.rec;
+    std::mem::size_of::<Node>()
+        + 16
+        + std::mem::size_of::<(u64, Box<Node>)>()
+        + 1
+        + block(r.name.capacity())
+        + r.base
+            .as_ref()
+            .map_or(0, |b| block(b.oid.capacity()) + block(b.path.capacity()))
+        + r.target.as_ref().map_or(0, |t| block(t.capacity()))
+        + r.shared.as_ref().map_or(0, |s| block(s.capacity()))
+        + r.xattrs
+            .iter()
+            .map(|(k, v)| 64 + block(k.capacity()) + block(v.capacity()))
+            .sum::<usize>()
+}
+
+/// A table dropped whole (its workspace released, or its state replaced) frees all it held.
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        let records: usize = self.full.values().map(|n| node_heap_bytes(n)).sum();
+        trim::freed(records + self.light.bytes());
+    }
+}
+
+/// Giving the memory of freed nodes back to the system, off the request path: request threads
+/// count what the table frees ([`freed`]); a thread of its own, woken once the count passes
+/// [`THRESHOLD`], waits for the frees to pause ([`QUIET`], at most [`MAX_WAIT`]), trims the
+/// allocator, and sleeps [`MIN_INTERVAL`] before it trims again.
+pub(super) mod trim {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use std::sync::{Condvar, Mutex, OnceLock};
+    use std::time::{Duration, Instant};
+
+    /// Bytes freed (estimated from the nodes) after which a trim is worth its walk of the arenas:
+    /// ~2,000 directory nodes, or 60,000 light ones (one workspace's forgotten `git status` is
+    /// ~4 MiB).
+    pub(crate) const THRESHOLD: usize = 1 << 20;
+    /// A burst of forgets is over once no node was freed for this long.
+    pub(crate) const QUIET: Duration = Duration::from_millis(200);
+    /// The longest a trim waits for a burst to end.
+    pub(crate) const MAX_WAIT: Duration = Duration::from_secs(2);
+    /// The shortest time between two trims.
+    pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(2);
+
+    /// Bytes freed since the last trim.
+    static FREED: AtomicUsize = AtomicUsize::new(0);
+    /// Trims done (for tests and logs).
+    static TRIMS: AtomicU64 = AtomicU64::new(0);
+
+    struct Trimmer {
+        wanted: Mutex<bool>,
+        wake: Condvar,
+    }
+
+    /// The trimming thread, started by the first burst (None if it could not be started: memory
+    /// then stays with the allocator, as it would without it).
+    static TRIMMER: OnceLock<Option<&'static Trimmer>> = OnceLock::new();
+
+    /// `bytes` of node memory were freed: counts them, and wakes the trimmer when they pass the
+    /// threshold. Cheap (an atomic add; a notify once per threshold's worth).
+    pub(crate) fn freed(bytes: usize) {
+        let before = FREED.fetch_add(bytes, Ordering::Relaxed);
+        if before < THRESHOLD
+            && before + bytes >= THRESHOLD
+            && let Some(t) = TRIMMER.get_or_init(start)
+        {
+            let mut wanted = t.wanted.lock().unwrap_or_else(|e| e.into_inner());
+            *wanted = true;
+            t.wake.notify_one();
+        }
+    }
+
+    /// How many times the allocator was trimmed since the daemon started.
+    pub(crate) fn allocator_trims() -> u64 {
+        TRIMS.load(Ordering::Relaxed)
+    }
+
+    fn start() -> Option<&'static Trimmer> {
+        let t: &'static Trimmer = Box::leak(Box::new(Trimmer {
+            wanted: Mutex::new(false),
+            wake: Condvar::new(),
+        }));
+        match std::thread::Builder::new()
+            .name("octofs-trim".into())
+            .spawn(move || run(t))
+        {
+            Ok(_) => Some(t),
+            Err(e) => {
+                tracing::warn!("cannot start the allocator trim thread: {e}");
+                None
+            }
+        }
+    }
+
+    fn run(t: &'static Trimmer) {
+        loop {
+            {
+                let mut wanted = t.wanted.lock().unwrap_or_else(|e| e.into_inner());
+                while !*wanted {
+                    wanted = t.wake.wait(wanted).unwrap_or_else(|e| e.into_inner());
+                }
+                *wanted = false;
+            }
+            let began = Instant::now();
+            loop {
+                let seen = FREED.load(Ordering::Relaxed);
+                std::thread::sleep(QUIET);
+                if FREED.load(Ordering::Relaxed) == seen || began.elapsed() >= MAX_WAIT {
+                    break;
+                }
+            }
+            let bytes = FREED.swap(0, Ordering::Relaxed);
+            let t0 = Instant::now();
+            let released = crate::sys::malloc_trim();
+            TRIMS.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                freed = bytes,
+                released,
+                ms = t0.elapsed().as_secs_f64() * 1e3,
+                "allocator trimmed after the inode table freed memory"
+            );
+            std::thread::sleep(MIN_INTERVAL);
+        }
     }
 }
 
@@ -725,6 +875,12 @@ impl WorkspaceFs {
             std::mem::size_of::<(u64, u64)>(),
             std::mem::size_of::<InodeRecord>(),
         )
+    }
+
+    /// How many times the daemon gave the memory of forgotten nodes back to the system (the
+    /// allocator trims of the whole process; see the module doc).
+    pub fn allocator_trims() -> u64 {
+        trim::allocator_trims()
     }
 
     /// Kernel references dropped (`forget`).
