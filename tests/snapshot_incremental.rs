@@ -7,6 +7,12 @@
 //!
 //! The reference is git itself: `git add -A` into a scratch index (outside the mount) and
 //! `git write-tree`, in the workspace.
+//!
+//! [`every_posix_record_is_what_a_full_walk_records`]: the POSIX record of a snapshot, made from
+//! the metadata the core kept since the last snapshot view and updated with what changed since
+//! (directory modes, owners and xattrs, a directory with recorded nodes under it renamed, a fifo
+//! and empty directories, removals), is the record a daemon that just started (a full walk)
+//! makes of the same state: the same snapshot.
 
 mod common;
 
@@ -138,4 +144,88 @@ fn every_snapshot_is_what_git_add_all_makes() {
     snap(&d, "after a restart (the full walk)");
     write("f5.txt", "changed 5\n");
     snap(&d, "after a restart, from the last snapshot");
+}
+
+/// Sets extended attribute `name` of `p` (not following a symlink).
+fn setxattr(p: &Path, name: &str, value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+fn chmod(p: &Path, mode: u32) {
+    let mut perm = std::fs::metadata(p).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, mode);
+    std::fs::set_permissions(p, perm).unwrap();
+}
+
+#[test]
+fn every_posix_record_is_what_a_full_walk_records() {
+    let mut d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up"));
+    for i in 0..4 {
+        repo.write(&format!("a/b/f{i}.txt"), format!("a {i}\n"));
+        repo.write(&format!("c/g{i}.txt"), format!("c {i}\n"));
+        repo.write(&format!("h{i}.txt"), format!("h {i}\n"));
+    }
+    repo.commit_all("files", DATE1);
+    d.cli_ok(["mirror", "add", "p", repo.path.to_str().unwrap()]);
+    let ws = d.open_thread("t", &["--project", "p"]);
+    // Copied up, nothing to record: the first snapshot (a full walk) lists none of them.
+    for i in 0..4 {
+        std::fs::write(ws.join(format!("h{i}.txt")), format!("h {i} changed\n")).unwrap();
+    }
+    d.snapshot_id("t");
+    // After each change: a snapshot from what the core kept since the last snapshot view, then a
+    // restart (the core forgets it) and a snapshot of the same state from a full walk. The
+    // same tree and the same record give the same snapshot back.
+    let check = |d: &mut Daemon, what: &str| {
+        let kept = d.snapshot_id("t");
+        d.stop();
+        d.spawn();
+        wait_mounted(std::slice::from_ref(&ws), Duration::from_secs(20));
+        let walked = d.snapshot_id("t");
+        assert_eq!(
+            walked, kept,
+            "{what}: the snapshot from the kept metadata ({kept}) is not the one a full walk makes of the same state ({walked})"
+        );
+    };
+
+    chmod(&ws.join("a"), 0o700);
+    chmod(&ws.join("a/b/f0.txt"), 0o600);
+    check(&mut d, "a directory and a file chmod'ed");
+
+    std::os::unix::fs::chown(ws.join("c"), Some(4321), Some(8765)).unwrap();
+    setxattr(&ws.join("a/b"), "user.note", b"kept");
+    check(&mut d, "a directory chown'ed, an xattr on another");
+
+    std::fs::rename(ws.join("a"), ws.join("z")).unwrap();
+    check(&mut d, "a directory with recorded nodes under it renamed");
+
+    let fifo = run(Command::new("mkfifo").arg(ws.join("z/b/fifo")), CMD_TIMEOUT);
+    fifo.assert_ok();
+    std::fs::create_dir_all(ws.join("empty/deep")).unwrap();
+    check(&mut d, "a fifo and empty directories");
+
+    std::fs::remove_file(ws.join("z/b/f0.txt")).unwrap();
+    std::fs::remove_dir(ws.join("empty/deep")).unwrap();
+    check(
+        &mut d,
+        "a recorded file removed, an empty directory removed",
+    );
+
+    chmod(&ws.join("z"), 0o755);
+    std::os::unix::fs::chown(ws.join("c"), Some(0), Some(0)).unwrap();
+    check(&mut d, "directories back to what the tree restores");
 }

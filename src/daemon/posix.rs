@@ -87,8 +87,9 @@ fn kind_at(
     Ok(k)
 }
 
-/// The record of a snapshot whose tree is `tree`, from the metadata of the workspace's changed
-/// nodes; `None` when the tree restores everything.
+/// The record of a snapshot whose tree is `tree`, from the view's metadata (the workspace's nodes
+/// whose own metadata git may drop, and the directories above them: `WorkspaceFs::view_meta`;
+/// a node left out of it is one the tree restores); `None` when the tree restores everything.
 pub fn record_of(
     repo: &gix::Repository,
     tree: ObjectId,

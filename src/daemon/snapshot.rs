@@ -531,7 +531,17 @@ impl Daemon {
             at,
             bookkeeping: vec![ino],
         });
-        Ok(rec.save(&self.layout)?)
+        // The new record's bytes are synced before they replace the old ones (a power loss never
+        // leaves a torn or empty record), but the rename is not (no sync of the directory): the
+        // snapshot is acknowledged once the rename is in the kernel (it survives SIGKILL of the
+        // daemon), and a power loss that undoes the rename leaves the previous mark, which the
+        // next snapshot accepts (the thread's ref one snapshot ahead of it, with it as second
+        // parent, is this workspace's own: see `assemble`). The mirror's objects and ref are not
+        // synced either: a snapshot is as durable as git makes its own commits.
+        let staged = rec.stage(&self.layout)?;
+        staged.sync()?;
+        staged.publish()?;
+        Ok(())
     }
 }
 

@@ -588,7 +588,9 @@ impl Case<'_> {
     }
 
     /// `snapshot_view`: the tree built from the last snapshot's tree with only the paths changed
-    /// since must be the tree built from the base with every change (`view()`), after every step;
+    /// since must be the tree built from the base with every change (`view()`), and its POSIX
+    /// metadata (kept from the last snapshot view and updated) what `view()`'s walk lists, after
+    /// every step;
     /// after a reload the core knows no last snapshot and must walk everything. `save`: the core
     /// is told the snapshot was saved (else the next view must still count this one's changes).
     pub fn check_snapshot_since(&mut self, save: bool) {
@@ -616,6 +618,12 @@ impl Case<'_> {
         edits.sort_by(|a, b| a.path().cmp(b.path()));
         let got = build_tree(&repo, v.onto, &edits, None).expect("build the incremental tree");
         let full = fs.view().unwrap_or_else(|e| panic!("view: {}", e));
+        // The metadata for the POSIX record, updated from the last snapshot view's with what
+        // was noted since, must be what a walk of every node gives.
+        assert_eq!(
+            v.meta, full.meta,
+            "snapshot_view: the POSIX metadata kept since the last snapshot view differs from the full walk's"
+        );
         let mut all = full.edits.clone();
         all.sort_by(|a, b| a.path().cmp(b.path()));
         let want = build_tree(&repo, full.base_tree, &all, None).expect("build the full tree");

@@ -1,20 +1,23 @@
 //! The POSIX state of a workspace that git does not keep: read for a snapshot's record, and put back
 //! when a released thread resumes (DESIGN.md "Trust model": a release keeps the exact POSIX state).
 //!
-//! Owns only two operations of the core: listing the metadata of every changed node
-//! ([`WorkspaceFs::view_meta`], in the same critical section as the view's edits) and applying one
-//! entry of a record ([`WorkspaceFs::restore_entry`]) before the workspace is mounted. What is worth
-//! recording is the lifecycle's policy (`daemon::posix`); the format is `git::posix_record`.
+//! Owns only two operations of the core: listing the metadata a record is made from
+//! ([`WorkspaceFs::view_meta`], in the same critical section as the view's edits; for a snapshot,
+//! [`WorkspaceFs::snapshot_meta`]: the last snapshot view's list updated with what changed since)
+//! and applying one entry of a record ([`WorkspaceFs::restore_entry`]) before the workspace is
+//! mounted. What is worth recording is the lifecycle's policy (`daemon::posix`); the format is
+//! `git::posix_record`.
 //! Everything is by bytes and by inode, never through a host path, so no name is converted and no
 //! depth is limited by `PATH_MAX`.
 
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use crate::fs::FsError;
 use fuser::Errno;
 
-use super::{Kind, New, ROOT_INO, SetAttr, State, WorkspaceFs, join};
+use super::{Kind, New, ROOT_INO, SetAttr, State, WorkspaceFs, join, tx::Dirty};
 use crate::git::posix_record::{PosixEntry, PosixKind};
 
 /// The metadata of one node of the workspace that differs from the base (see [`View::meta`]).
@@ -37,48 +40,270 @@ pub struct NodeMeta {
     pub gitlink: bool,
 }
 
+/// The metadata a POSIX record is made from, by path (see [`WorkspaceFs::view_meta`]).
+pub(super) type MetaSet = BTreeMap<Vec<u8>, NodeMeta>;
+
+/// Whether a path is at or below a `.git` (the workspace's own repository, or a nested one's):
+/// nothing there is ever in a POSIX record.
+fn in_git(comps: &[&[u8]]) -> bool {
+    comps.iter().any(|c| *c == b".git")
+}
+
 impl WorkspaceFs {
-    /// The metadata of every node that has a record (every node whose metadata can differ from
-    /// what the base presents), by path, the workspace's own `.git` excluded. A node with several
-    /// names is listed at each. Walks overlays only: O(changed paths).
+    /// The metadata a snapshot's POSIX record is made from, sorted by path, the workspace's own
+    /// `.git` excluded: every node whose own metadata can put it in the record (a file with other
+    /// permission bits than git restores, 0644 or 0755; a file or symlink of another owner, with
+    /// extended attributes, or a file with more than one link; a directory of other bits than
+    /// 0755, another owner or extended attributes, or empty; a fifo, socket or device), and every
+    /// directory above one (the record brings back those the tree does not have). A node that
+    /// differs from the base only in content or name is left out: the record never holds it.
+    /// Nothing at or below a `.git` or in a submodule is listed. A node with several names is
+    /// listed at each. Walks every node with a record.
     pub(super) fn view_meta(&self, st: &State) -> Result<Vec<NodeMeta>, FsError> {
-        let mut out = Vec::new();
-        let mut stack = vec![(ROOT_INO, Vec::new())];
-        while let Some((dir, path)) = stack.pop() {
-            let Some(overlay) = st.live.dirs.get(&dir) else {
-                continue;
-            };
+        let own = self.meta_walk_all(st)?;
+        self.with_ancestors(st, &own)
+    }
+
+    /// [`Self::view_meta`] for the snapshot view about to close the open epoch: the set the last
+    /// snapshot view kept, updated with only what was noted since it (`track.open`: names
+    /// created, removed or moved are walked again below them, inodes and directories whose
+    /// metadata changed are read again), so it costs what changed since, plus one entry per
+    /// listed node. A full walk when nothing is kept (a core just loaded, a failed view), after
+    /// too many changes, or when a file with several names is involved (each name would have to
+    /// be found). Keeps the result for the next snapshot view.
+    pub(super) fn snapshot_meta(&self, st: &mut State) -> Result<Vec<NodeMeta>, FsError> {
+        let kept = st.track.meta.take();
+        let own = match kept {
+            Some((e, prev)) if e == st.track.epoch && !st.track.open.overflow => {
+                self.meta_since(st, prev, &st.track.open)?
+            }
+            _ => None,
+        };
+        let own = match own {
+            Some(o) => o,
+            None => self.meta_walk_all(st)?,
+        };
+        let out = self.with_ancestors(st, &own)?;
+        // Kept with the epoch this view closes (`SnapTrack::close` counts it next).
+        st.track.meta = Some((st.track.epoch + 1, own));
+        Ok(out)
+    }
+
+    /// The nodes of [`Self::view_meta`] whose own metadata puts them there (no directories above
+    /// them), by a walk of every overlay.
+    fn meta_walk_all(&self, st: &State) -> Result<MetaSet, FsError> {
+        let mut out = MetaSet::new();
+        if let Some(overlay) = st.live.dirs.get(&ROOT_INO) {
             for (name, target) in overlay {
                 let Some(ino) = target else { continue };
-                if dir == ROOT_INO && name == b".git" {
+                if name == b".git" {
                     continue;
                 }
-                let rec = &st.node(*ino)?.rec;
-                let cp = join(&path, name);
-                let gitlink = rec.base.as_ref().is_some_and(|b| b.gitlink);
-                let empty = rec.kind == Kind::Dir && !gitlink && self.is_empty_in(st, *ino)?;
-                if rec.kind == Kind::Dir && !gitlink {
-                    stack.push((*ino, cp.clone()));
-                }
-                out.push(NodeMeta {
-                    path: cp,
-                    kind: rec.kind,
-                    mode: rec.mode & 0o7777,
-                    uid: rec.uid,
-                    gid: rec.gid,
-                    rdev: rec.rdev,
-                    xattrs: rec
-                        .xattrs
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect(),
-                    ino: *ino,
-                    nlink: rec.nlink,
-                    empty,
-                    gitlink,
-                });
+                self.meta_walk(st, *ino, name.clone(), &mut out)?;
             }
         }
+        Ok(out)
+    }
+
+    /// `prev` (the nodes of [`Self::meta_walk_all`] at the last snapshot view) with what `dirty`
+    /// noted since read again; `None` when that cannot be trusted to give what a full walk gives.
+    fn meta_since(
+        &self,
+        st: &State,
+        mut own: MetaSet,
+        dirty: &Dirty,
+    ) -> Result<Option<MetaSet>, FsError> {
+        // A name that changed: everything at or below it now (a directory moved away takes its
+        // nodes' old paths with it; one moved here brings its own). The directory holding it:
+        // its link count and whether it is empty.
+        let mut roots: Vec<Vec<u8>> = Vec::new();
+        let mut singles: Vec<Vec<u8>> = Vec::new();
+        for (dir, name) in &dirty.names {
+            // A directory that is gone: its own removal is noted in its parent.
+            if let Some(p) = Self::path_of(st, *dir) {
+                roots.push(join(&p, name));
+                if !p.is_empty() {
+                    singles.push(p);
+                }
+            }
+        }
+        // An inode that changed: read again; a directory whose base tree changed (or that is
+        // new): everything below it too (it may have become a submodule). A directory whose own
+        // metadata changed: itself.
+        let changed = dirty.inos.iter().map(|i| (i, true));
+        for (ino, whole) in changed.chain(dirty.meta.iter().map(|i| (i, false))) {
+            let Some(n) = st.live.inodes.get(ino) else {
+                continue;
+            };
+            if n.rec.nlink == 0 {
+                continue;
+            }
+            if n.rec.kind != Kind::Dir && n.rec.nlink > 1 {
+                return Ok(None);
+            }
+            if let Some(p) = Self::path_of(st, *ino)
+                && !p.is_empty()
+            {
+                if whole && n.rec.kind == Kind::Dir {
+                    roots.push(p);
+                } else {
+                    singles.push(p);
+                }
+            }
+        }
+        // Outermost first; a root below another one is walked with it.
+        roots.sort_by(|a, b| a.len().cmp(&b.len()).then(a.cmp(b)));
+        roots.dedup();
+        let mut walked: HashSet<Vec<u8>> = HashSet::new();
+        for p in roots {
+            let covered = p
+                .iter()
+                .enumerate()
+                .any(|(i, b)| *b == b'/' && walked.contains(&p[..i]));
+            if covered {
+                continue;
+            }
+            // Drop what was listed at or below `p`, then list what is there now.
+            let mut below = p.clone();
+            below.push(b'/');
+            let mut end = p.clone();
+            end.push(b'/' + 1);
+            let gone: Vec<Vec<u8>> = own
+                .range(below..end)
+                .map(|(k, _)| k.clone())
+                .chain(own.contains_key(&p).then(|| p.clone()))
+                .collect();
+            for k in gone {
+                own.remove(&k);
+            }
+            let comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
+            if !in_git(&comps)
+                && let Some(ino) = overlay_node(st, &comps)
+            {
+                self.meta_walk(st, ino, p.clone(), &mut own)?;
+            }
+            walked.insert(p);
+        }
+        for p in singles {
+            let comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
+            own.remove(&p);
+            if in_git(&comps) {
+                continue;
+            }
+            if let Some(ino) = overlay_node(st, &comps)
+                && let Some(m) = self.meta_of(st, ino, &p)?
+            {
+                own.insert(p, m);
+            }
+        }
+        // A node with several names is listed at each: one not walked here may be stale.
+        if own.values().any(|m| m.kind != Kind::Dir && m.nlink > 1) {
+            return Ok(None);
+        }
+        Ok(Some(own))
+    }
+
+    /// Lists into `out` the node `ino` at `path` and every node below it in the overlays whose own
+    /// metadata puts it in [`Self::view_meta`]; nothing at or below a `.git`, nor below a
+    /// submodule.
+    fn meta_walk(
+        &self,
+        st: &State,
+        ino: u64,
+        path: Vec<u8>,
+        out: &mut MetaSet,
+    ) -> Result<(), FsError> {
+        let mut stack = vec![(ino, path)];
+        while let Some((ino, path)) = stack.pop() {
+            let name = match path.iter().rposition(|b| *b == b'/') {
+                Some(i) => &path[i + 1..],
+                None => &path[..],
+            };
+            if name == b".git" {
+                continue;
+            }
+            let rec = &st.node(ino)?.rec;
+            let gitlink = rec.base.as_ref().is_some_and(|b| b.gitlink);
+            if rec.kind == Kind::Dir
+                && !gitlink
+                && let Some(overlay) = st.live.dirs.get(&ino)
+            {
+                for (name, target) in overlay {
+                    if let Some(t) = target {
+                        stack.push((*t, join(&path, name)));
+                    }
+                }
+            }
+            if let Some(m) = self.meta_of(st, ino, &path)? {
+                out.insert(path, m);
+            }
+        }
+        Ok(())
+    }
+
+    /// The metadata of node `ino` at `path` if its own metadata puts it in [`Self::view_meta`].
+    fn meta_of(&self, st: &State, ino: u64, path: &[u8]) -> Result<Option<NodeMeta>, FsError> {
+        let rec = &st.node(ino)?.rec;
+        if rec.base.as_ref().is_some_and(|b| b.gitlink) {
+            return Ok(None);
+        }
+        let own = rec.uid == self.pres.uid && rec.gid == self.pres.gid && rec.xattrs.is_empty();
+        let bits = rec.mode & 0o7777;
+        let listed = match rec.kind {
+            Kind::File => !(own && (bits == 0o644 || bits == 0o755) && rec.nlink <= 1),
+            Kind::Symlink => !own,
+            Kind::Dir => !(own && bits == 0o755) || self.is_empty_in(st, ino)?,
+            _ => true,
+        };
+        if !listed {
+            return Ok(None);
+        }
+        self.node_meta(st, ino, path).map(Some)
+    }
+
+    /// The metadata of node `ino` at `path`.
+    fn node_meta(&self, st: &State, ino: u64, path: &[u8]) -> Result<NodeMeta, FsError> {
+        let rec = &st.node(ino)?.rec;
+        let gitlink = rec.base.as_ref().is_some_and(|b| b.gitlink);
+        let empty = rec.kind == Kind::Dir && !gitlink && self.is_empty_in(st, ino)?;
+        Ok(NodeMeta {
+            path: path.to_vec(),
+            kind: rec.kind,
+            mode: rec.mode & 0o7777,
+            uid: rec.uid,
+            gid: rec.gid,
+            rdev: rec.rdev,
+            xattrs: rec
+                .xattrs
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            ino,
+            nlink: rec.nlink,
+            empty,
+            gitlink,
+        })
+    }
+
+    /// `own` and every directory above one of its nodes, sorted by path.
+    fn with_ancestors(&self, st: &State, own: &MetaSet) -> Result<Vec<NodeMeta>, FsError> {
+        let mut above = MetaSet::new();
+        for p in own.keys() {
+            for (i, b) in p.iter().enumerate() {
+                if *b != b'/' {
+                    continue;
+                }
+                let d = &p[..i];
+                if own.contains_key(d) || above.contains_key(d) {
+                    continue;
+                }
+                let comps: Vec<&[u8]> = d.split(|b| *b == b'/').collect();
+                if let Some(ino) = overlay_node(st, &comps) {
+                    above.insert(d.to_vec(), self.node_meta(st, ino, d)?);
+                }
+            }
+        }
+        let mut out: Vec<NodeMeta> = own.values().cloned().chain(above.into_values()).collect();
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
@@ -193,4 +418,18 @@ impl WorkspaceFs {
         self.note_behind(super::Behind::Inode(ino));
         Ok(())
     }
+}
+
+/// The node the overlays link at `comps` (through directories that are not submodules), if any:
+/// a node without a record there is the base's, and has no metadata of its own to record.
+fn overlay_node(st: &State, comps: &[&[u8]]) -> Option<u64> {
+    let mut cur = ROOT_INO;
+    for c in comps {
+        let n = st.live.inodes.get(&cur)?;
+        if n.rec.kind != Kind::Dir || n.rec.base.as_ref().is_some_and(|b| b.gitlink) {
+            return None;
+        }
+        cur = (*st.live.dirs.get(&cur)?.get(*c)?)?;
+    }
+    Some(cur)
 }

@@ -20,6 +20,7 @@ use super::{
     ALLOCATED, ROOT_INO, State,
     convert::io_errno,
     inodes::{Node, Nodes},
+    posix::MetaSet,
 };
 
 #[derive(Default)]
@@ -156,7 +157,9 @@ impl State {
             });
         }
         if let Some(batch) = self.batch.as_mut() {
-            // Seeding a workspace nobody has mounted: applied now, written with the batch.
+            // Seeding a workspace nobody has mounted: applied now, written with the batch (and
+            // noted like any change: a snapshot view may have been taken before).
+            self.track.note(&self.live, &records);
             for r in &records {
                 self.live.apply(r);
             }
@@ -223,13 +226,17 @@ fn append_what(records: &[Record]) -> String {
 }
 
 /// What may differ, since some point, in the working state a snapshot records: directory entries
-/// (a name created, removed, replaced or moved) and inodes (content, mode, symlink target, a
-/// directory's base tree). Over-approximated, never under: a name noted that did not change only
-/// costs its rebuild.
+/// (a name created, removed, replaced or moved), inodes (content, mode, owner, extended
+/// attributes, symlink target, a directory's base tree) and directories whose own metadata changed
+/// (mode, owner, extended attributes, link count: the POSIX record's, not the tree's).
+/// Over-approximated, never under: a name noted that did not change only costs its rebuild.
 #[derive(Default, Debug)]
 pub(super) struct Dirty {
     pub(super) names: HashSet<(u64, Vec<u8>)>,
     pub(super) inos: HashSet<u64>,
+    /// Directories whose own metadata changed (not their entries nor their base tree): the
+    /// snapshot's tree does not change for them, its POSIX record may.
+    pub(super) meta: HashSet<u64>,
     /// Too much changed to remember: the next snapshot walks everything.
     pub(super) overflow: bool,
 }
@@ -240,13 +247,14 @@ const DIRTY_MAX: usize = 1 << 16;
 
 impl Dirty {
     fn len(&self) -> usize {
-        self.names.len() + self.inos.len()
+        self.names.len() + self.inos.len() + self.meta.len()
     }
 
     fn cap(&mut self) {
         if self.len() > DIRTY_MAX {
             self.names = HashSet::new();
             self.inos = HashSet::new();
+            self.meta = HashSet::new();
             self.overflow = true;
         }
     }
@@ -265,6 +273,13 @@ impl Dirty {
         }
     }
 
+    pub(super) fn meta(&mut self, ino: u64) {
+        if !self.overflow {
+            self.meta.insert(ino);
+            self.cap();
+        }
+    }
+
     fn merge(&mut self, other: &Dirty) {
         if self.overflow {
             return;
@@ -274,6 +289,7 @@ impl Dirty {
         } else {
             self.names.extend(other.names.iter().cloned());
             self.inos.extend(other.inos.iter().copied());
+            self.meta.extend(other.meta.iter().copied());
         }
         self.cap();
     }
@@ -308,6 +324,11 @@ pub(super) struct SnapTrack {
     pub(super) floor: u64,
     /// Inodes that were open for writing when last seen (content may change without a request).
     pub(super) writing: HashSet<u64>,
+    /// The metadata a POSIX record is made from, as of the snapshot view that closed the epoch
+    /// it is kept with (see `WorkspaceFs::snapshot_meta`): the next snapshot view updates it with
+    /// only what was noted since, when that view closes the next epoch. `None` (a core just
+    /// loaded, a view that failed, too many changes): the next one walks every node.
+    pub(super) meta: Option<(u64, MetaSet)>,
 }
 
 impl SnapTrack {
@@ -337,13 +358,22 @@ impl SnapTrack {
                     }
                 }
                 Record::Inode(rec) => {
+                    let old = live.inodes.get(&rec.ino).map(|n| &n.rec);
                     let same_dir = rec.kind == Kind::Dir
-                        && live
-                            .inodes
-                            .get(&rec.ino)
-                            .is_some_and(|n| n.rec.kind == Kind::Dir && n.rec.base == rec.base);
+                        && old.is_some_and(|o| o.kind == Kind::Dir && o.base == rec.base);
                     if !same_dir {
                         self.open.ino(rec.ino);
+                    } else if old.is_some_and(|o| {
+                        o.mode != rec.mode
+                            || o.uid != rec.uid
+                            || o.gid != rec.gid
+                            || o.rdev != rec.rdev
+                            || o.nlink != rec.nlink
+                            || o.xattrs != rec.xattrs
+                    }) {
+                        // The same directory with other metadata: its entries and tree are
+                        // unchanged; only the POSIX record may be.
+                        self.open.meta(rec.ino);
                     }
                 }
                 Record::Drop { .. } | Record::NextIno { .. } | Record::Generation { .. } => {}

@@ -127,8 +127,8 @@ pub struct View {
     /// [`WorkspaceFs::snapshot_saved`](super::WorkspaceFs::snapshot_saved) is told.
     pub epoch: u64,
     pub edits: Vec<ViewEdit>,
-    /// The metadata of every changed node, by path (what git drops of it goes into the
-    /// snapshot's POSIX record).
+    /// The metadata the snapshot's POSIX record is made from, by path: every node whose own
+    /// metadata git drops, and the directories above them (see `WorkspaceFs::view_meta`).
     pub meta: Vec<NodeMeta>,
     /// The workspace's generation when the view was read.
     pub generation: u64,

@@ -64,6 +64,8 @@ impl WorkspaceFs {
     /// workspace changed before. Otherwise (no snapshot since the core was loaded, another tree,
     /// too many changes, a change the ignore rules or the index could see, a hard-linked file)
     /// they apply to the base tree, as [`Self::view`]'s. Either way the tree built is the same.
+    /// The metadata ([`View::meta`]) is the last snapshot view's updated with what changed since
+    /// (see `snapshot_meta`), the same list a full walk gives.
     /// Closes a snapshot epoch: [`View::epoch`] is what to tell [`Self::snapshot_saved`].
     pub fn snapshot_view(&self, last: Option<ObjectId>) -> Result<View, FsError> {
         let taken_at = self.clock()?;
@@ -81,6 +83,9 @@ impl WorkspaceFs {
                 .collect()
         };
         st.track.writing = writing.iter().copied().collect();
+        // The metadata first: it is updated with what was noted since the last snapshot view,
+        // which closing the epoch hands over to the edits.
+        let meta = self.snapshot_meta(&mut st)?;
         let (epoch, since) = st.track.close(last, root_tree, &writing);
         let incremental = match (since, last) {
             (Some(d), Some(last)) => self.edits_since(&st, root_tree, &d)?.map(|e| (e, last)),
@@ -101,7 +106,6 @@ impl WorkspaceFs {
                 (edits, root_tree, false)
             }
         };
-        let meta = self.view_meta(&st)?;
         Ok(View {
             base_tree: root_tree,
             onto,
