@@ -284,6 +284,22 @@ pub fn fadvise_dontneed(file: &std::fs::File, offset: u64, len: u64) -> io::Resu
     }
 }
 
+/// `posix_fadvise(fd, offset, len, POSIX_FADV_WILLNEED)`: the kernel starts reading that range into
+/// its page cache and returns without waiting for it (`len` 0: to the end of the file).
+pub fn fadvise_willneed(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    // SAFETY: the fd is valid for the lifetime of `file`; posix_fadvise touches no memory of ours.
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_WILLNEED) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(r))
+    }
+}
+
 /// `lseek(fd, offset, whence)` (for SEEK_DATA / SEEK_HOLE).
 pub fn lseek(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<i64> {
     use std::os::fd::AsRawFd;

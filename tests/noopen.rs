@@ -518,3 +518,90 @@ fn a_forks_index_carries_the_cache_tree() {
         "dir/c.txt"
     );
 }
+
+/// The blob-cache file of `path` at HEAD of `repo`.
+fn blob_file(d: &Daemon, repo: &GitRepo, path: &str) -> std::path::PathBuf {
+    let id = git(&repo.path, ["rev-parse", &format!("HEAD:{path}")]);
+    let id = id.trim();
+    d.state.join("blobs").join(&id[..2]).join(&id[2..])
+}
+
+/// Drops `path` from the page cache (it is clean: synced first).
+fn evict(path: &Path) {
+    let f = fs::File::open(path).expect("open a blob-cache file");
+    f.sync_all().expect("sync");
+    octofs::sys::fadvise_dontneed(&f, 0, 0).expect("fadvise");
+}
+
+fn eventually(what: impl Fn() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        if what() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    what()
+}
+
+/// Catches: cold reads that find nothing read ahead (each file one synchronous disk read after
+/// the other), read-ahead started by a listing alone (a `git status` or `ls -R` reading every
+/// file), read-ahead in only one of the two I/O modes, and a no-open mount's read-ahead leaving
+/// the blob cache's copy in the page cache (a second copy of every file it read).
+#[test]
+fn a_read_warms_the_files_listed_after_it_in_both_modes() {
+    const FILES: usize = 40;
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up"));
+    for i in 0..FILES {
+        let body: String = (0..2000).map(|k| format!("{i}.{k} ")).collect();
+        repo.write(&format!("d/f{i}.txt"), body);
+    }
+    repo.commit_all("files", DATE1);
+    d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
+    // The blob cache filled by a first reader.
+    let fill = d.open_thread("fill", &["--project", "p"]);
+    for i in 0..FILES {
+        fs::read(fill.join(format!("d/f{i}.txt"))).expect("read");
+    }
+    let blobs: Vec<_> = (0..FILES)
+        .map(|i| blob_file(&d, &repo, &format!("d/f{i}.txt")))
+        .collect();
+    assert!(blobs.iter().all(|b| b.is_file()));
+
+    for (thread, io) in [("h", "handles"), ("n", "no-open")] {
+        for b in &blobs {
+            evict(b);
+        }
+        assert!(
+            blobs.iter().all(|b| resident_bytes(b) == 0),
+            "{io}: not evicted"
+        );
+        let mnt = d.open_thread(thread, &["--project", "p", "--io", io]);
+        // Listed in the mount's order (READDIRPLUS): nothing is read for a listing alone.
+        let names: Vec<String> = fs::read_dir(mnt.join("d"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), FILES);
+        std::thread::sleep(Duration::from_millis(300));
+        let warm = |n: &String| resident_bytes(&blob_file(&d, &repo, &format!("d/{n}"))) > 0;
+        assert!(!names.iter().any(warm), "{io}: a listing alone read files");
+        // Reading the first file warms the ones listed after it, which nobody read.
+        fs::read(mnt.join("d").join(&names[0])).expect("read");
+        let rest = &names[1..];
+        assert!(
+            eventually(|| rest.iter().filter(|n| warm(n)).count() == rest.len()),
+            "{io}: {} of the {} files listed after the one read are in the page cache",
+            rest.iter().filter(|n| warm(n)).count(),
+            rest.len()
+        );
+        if io == "no-open" {
+            // The mount keeps its own copy of what it reads: the blob cache's goes again.
+            assert!(
+                eventually(|| !rest.iter().any(warm)),
+                "{io}: the read-ahead copy stays in the page cache"
+            );
+        }
+    }
+}

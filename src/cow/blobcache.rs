@@ -14,14 +14,19 @@
 //! snapshot and back. What is written is hashed as it goes and must hash to the blob's id (a corrupt
 //! object store or a short stream never becomes a cache file). Concurrent opens of the same missing
 //! blob fill it once: the others wait for that fill and open its result.
+//!
+//! [`ReadAhead`] is the daemon's small pool that warms content files in the page cache ahead of a
+//! mount's reads (`fs::readahead` decides which): bounded in threads, queued files and bytes, it
+//! never fills the cache (a missing file is skipped) and never makes a request wait.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use gix::ObjectId;
 
@@ -45,6 +50,8 @@ pub struct CacheStats {
 pub struct BlobCache {
     dir: PathBuf,
     pub stats: CacheStats,
+    /// Warms content files ahead of the mounts' reads.
+    pub ahead: Arc<ReadAhead>,
     /// Blobs being filled: a fill holds its blob's mutex, and other opens of that blob wait on it.
     filling: Mutex<HashMap<ObjectId, Arc<Mutex<()>>>>,
     /// Blobs larger than this stream from the object store ([`STREAM_ABOVE`]; lower in tests).
@@ -70,6 +77,7 @@ impl BlobCache {
             stats: CacheStats::default(),
             filling: Mutex::new(HashMap::new()),
             stream_above: STREAM_ABOVE,
+            ahead: ReadAhead::new(AHEAD_THREADS),
         })
     }
 
@@ -166,6 +174,227 @@ impl BlobCache {
             .materialized_bytes
             .fetch_add(size, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Threads of the read-ahead pool at most (each spends its time waiting for an inode read).
+pub const AHEAD_THREADS: usize = 4;
+/// Files queued for read-ahead at most; past it a request to read ahead is refused.
+pub const AHEAD_JOBS: usize = 1024;
+/// Bytes queued for read-ahead at most.
+pub const AHEAD_BYTES: u64 = 64 << 20;
+/// A pool thread with nothing to do for this long ends.
+pub const AHEAD_IDLE: Duration = Duration::from_secs(1);
+/// What was read ahead for a mount that keeps its own page cache (no-open) is dropped from the
+/// daemon's page cache this long after, read or not (the mount's READ drops what it reads at once).
+pub const AHEAD_DROP_AFTER: Duration = Duration::from_secs(2);
+/// Files waiting for that drop at most (past it the oldest is dropped at once).
+const AHEAD_DROPS: usize = 8192;
+
+/// One mount's claim on the read-ahead pool: what it queued is skipped once it stopped (unmount).
+#[derive(Debug, Default)]
+pub struct AheadOwner {
+    stopped: AtomicBool,
+}
+
+impl AheadOwner {
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+}
+
+/// A file to warm.
+#[derive(Debug)]
+pub struct AheadJob {
+    pub path: PathBuf,
+    pub size: u64,
+    pub owner: Arc<AheadOwner>,
+    /// Drop it from the page cache again after [`AHEAD_DROP_AFTER`] (the mount keeps its own copy).
+    pub drop_later: bool,
+}
+
+/// Counters of the read-ahead pool (tests, `stats`).
+#[derive(Debug, Default)]
+pub struct AheadStats {
+    pub queued: AtomicU64,
+    /// Files whose read was started.
+    pub warmed: AtomicU64,
+    /// Jobs skipped: their mount stopped, or the file is not in the cache.
+    pub skipped: AtomicU64,
+    /// Requests refused because the queue was full.
+    pub refused: AtomicU64,
+    /// Files dropped from the page cache after [`AHEAD_DROP_AFTER`].
+    pub dropped: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct AheadState {
+    jobs: VecDeque<AheadJob>,
+    bytes: u64,
+    /// Threads running, and how many of them wait for work.
+    threads: usize,
+    waiting: usize,
+    drops: VecDeque<(Instant, PathBuf)>,
+}
+
+/// The daemon's read-ahead pool: up to a few threads that open content files and ask the kernel to
+/// read them (`POSIX_FADV_WILLNEED`, which does not wait for the disk), so that a reader finds them
+/// in the page cache. Threads start when work is queued and end when idle.
+#[derive(Debug)]
+pub struct ReadAhead {
+    state: Mutex<AheadState>,
+    work: Condvar,
+    max_threads: usize,
+    pub stats: AheadStats,
+}
+
+fn lock_ahead(m: &Mutex<AheadState>) -> MutexGuard<'_, AheadState> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ReadAhead {
+    pub fn new(max_threads: usize) -> Arc<ReadAhead> {
+        Arc::new(ReadAhead {
+            state: Mutex::new(AheadState::default()),
+            work: Condvar::new(),
+            max_threads,
+            stats: AheadStats::default(),
+        })
+    }
+
+    /// Queues `jobs` (never waits for I/O: the queue's lock is held only to push); what does not
+    /// fit the bounds is refused. Returns how many were queued.
+    pub fn queue(self: &Arc<Self>, jobs: impl IntoIterator<Item = AheadJob>) -> usize {
+        let mut n = 0;
+        let start = {
+            let mut st = lock_ahead(&self.state);
+            for job in jobs {
+                if st.jobs.len() >= AHEAD_JOBS || st.bytes + job.size > AHEAD_BYTES {
+                    self.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                st.bytes += job.size;
+                st.jobs.push_back(job);
+                n += 1;
+            }
+            let start =
+                n > 0 && st.waiting < n.min(self.max_threads) && st.threads < self.max_threads;
+            if start {
+                st.threads += 1;
+            }
+            start
+        };
+        self.stats.queued.fetch_add(n as u64, Ordering::Relaxed);
+        if n > 0 {
+            self.work.notify_all();
+        }
+        if start {
+            let me = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("octofs-readahead".into())
+                .spawn(move || me.run());
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start a read-ahead thread: {e}");
+                lock_ahead(&self.state).threads -= 1;
+            }
+        }
+        n
+    }
+
+    /// Threads running now, files queued now.
+    pub fn load(&self) -> (usize, usize) {
+        let st = lock_ahead(&self.state);
+        (st.threads, st.jobs.len())
+    }
+
+    fn run(self: Arc<Self>) {
+        let mut idle_since = Instant::now();
+        loop {
+            let (job, due) = {
+                let mut st = lock_ahead(&self.state);
+                loop {
+                    let now = Instant::now();
+                    let mut due = Vec::new();
+                    while st.drops.front().is_some_and(|(t, _)| *t <= now) {
+                        if let Some((_, p)) = st.drops.pop_front() {
+                            due.push(p);
+                        }
+                    }
+                    let job = st.jobs.pop_front();
+                    if let Some(j) = &job {
+                        st.bytes = st.bytes.saturating_sub(j.size);
+                    }
+                    if job.is_some() || !due.is_empty() {
+                        break (job, due);
+                    }
+                    if st.drops.is_empty() && now.duration_since(idle_since) >= AHEAD_IDLE {
+                        st.threads -= 1;
+                        return;
+                    }
+                    let wait = st
+                        .drops
+                        .front()
+                        .map_or(AHEAD_IDLE, |(t, _)| t.saturating_duration_since(now))
+                        .min(AHEAD_IDLE);
+                    st.waiting += 1;
+                    st = match self.work.wait_timeout(st, wait) {
+                        Ok((g, _)) => g,
+                        Err(p) => p.into_inner().0,
+                    };
+                    st.waiting -= 1;
+                }
+            };
+            for path in due {
+                self.drop_pages(&path);
+            }
+            if let Some(job) = job {
+                self.warm(job);
+            }
+            idle_since = Instant::now();
+        }
+    }
+
+    fn warm(&self, job: AheadJob) {
+        if job.owner.stopped() {
+            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let Ok(f) = File::open(&job.path) else {
+            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if let Err(e) = crate::sys::fadvise_willneed(&f, 0, 0) {
+            tracing::debug!("read-ahead of {}: {e}", job.path.display());
+            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.stats.warmed.fetch_add(1, Ordering::Relaxed);
+        if job.drop_later {
+            let mut st = lock_ahead(&self.state);
+            st.drops
+                .push_back((Instant::now() + AHEAD_DROP_AFTER, job.path));
+            let over = if st.drops.len() > AHEAD_DROPS {
+                st.drops.pop_front()
+            } else {
+                None
+            };
+            drop(st);
+            if let Some((_, p)) = over {
+                self.drop_pages(&p);
+            }
+        }
+    }
+
+    fn drop_pages(&self, path: &Path) {
+        if let Ok(f) = File::open(path)
+            && crate::sys::fadvise_dontneed(&f, 0, 0).is_ok()
+        {
+            self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -422,5 +651,111 @@ mod tests {
             5
         );
         assert!(c.filling.lock().unwrap().is_empty());
+    }
+
+    /// Bytes of `path` in the page cache (`fincore`).
+    fn resident(path: &Path) -> u64 {
+        let out = Command::new("fincore")
+            .args(["--bytes", "--noheadings", "--output", "RES"])
+            .arg(path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    /// A file of `len` bytes on disk, none of it in the page cache.
+    fn cold_file(dir: &Path, name: &str, len: usize) -> PathBuf {
+        let p = dir.join(name);
+        let f = File::create(&p).unwrap();
+        f.write_all_at(&content(len, 9), 0).unwrap();
+        f.sync_all().unwrap();
+        crate::sys::fadvise_dontneed(&f, 0, 0).unwrap();
+        assert_eq!(resident(&p), 0);
+        p
+    }
+
+    fn job(path: &Path, size: u64, owner: &Arc<AheadOwner>, drop_later: bool) -> AheadJob {
+        AheadJob {
+            path: path.to_path_buf(),
+            size,
+            owner: owner.clone(),
+            drop_later,
+        }
+    }
+
+    fn eventually(what: impl Fn() -> bool) -> bool {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            if what() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    fn count(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn the_read_ahead_queue_is_bounded_in_files_and_bytes() {
+        let owner = Arc::new(AheadOwner::default());
+        // No thread may start: nothing leaves the queue.
+        let pool = ReadAhead::new(0);
+        let n = pool.queue(
+            (0..AHEAD_JOBS + 10)
+                .map(|i| job(Path::new(&format!("/nonexistent/{i}")), 1, &owner, false)),
+        );
+        assert_eq!(n, AHEAD_JOBS);
+        assert_eq!(count(&pool.stats.refused), 10);
+        assert_eq!(pool.load(), (0, AHEAD_JOBS));
+        let pool = ReadAhead::new(0);
+        let n = pool
+            .queue((0..3).map(|_| job(Path::new("/nonexistent"), AHEAD_BYTES / 2, &owner, false)));
+        assert_eq!(n, 2);
+        assert_eq!(count(&pool.stats.refused), 1);
+    }
+
+    #[test]
+    fn read_ahead_warms_a_file_skips_stopped_mounts_and_missing_files_and_ends_its_threads() {
+        let d = tempfile::tempdir().unwrap();
+        let a = cold_file(d.path(), "a", 200_000);
+        let b = cold_file(d.path(), "b", 200_000);
+        let owner = Arc::new(AheadOwner::default());
+        let gone = Arc::new(AheadOwner::default());
+        gone.stop();
+        let pool = ReadAhead::new(2);
+        let n = pool.queue([
+            job(&a, 200_000, &owner, false),
+            job(&b, 200_000, &gone, false),
+            job(&d.path().join("missing"), 1, &owner, false),
+        ]);
+        assert_eq!(n, 3);
+        assert!(pool.load().0 <= 2);
+        assert!(eventually(|| count(&pool.stats.warmed)
+            + count(&pool.stats.skipped)
+            == 3));
+        assert_eq!(count(&pool.stats.warmed), 1);
+        assert!(eventually(|| resident(&a) >= 200_000), "{}", resident(&a));
+        assert_eq!(resident(&b), 0);
+        // Idle threads end.
+        assert!(eventually(|| pool.load().0 == 0));
+        assert_eq!(count(&pool.stats.dropped), 0);
+    }
+
+    #[test]
+    fn what_is_read_ahead_for_a_mount_with_its_own_page_cache_is_dropped_again() {
+        let d = tempfile::tempdir().unwrap();
+        let a = cold_file(d.path(), "a", 100_000);
+        let owner = Arc::new(AheadOwner::default());
+        let pool = ReadAhead::new(1);
+        let t0 = Instant::now();
+        pool.queue([job(&a, 100_000, &owner, true)]);
+        assert!(eventually(|| count(&pool.stats.dropped) == 1));
+        assert!(t0.elapsed() >= AHEAD_DROP_AFTER);
+        assert_eq!(count(&pool.stats.warmed), 1);
+        assert_eq!(resident(&a), 0);
+        assert!(eventually(|| pool.load().0 == 0));
     }
 }

@@ -10,6 +10,10 @@
 //! RELEASE, passthrough when it works), or no-open, where `open` and `flush` answer `ENOSYS` so the
 //! kernel opens and closes files without a request, and READ, WRITE and the other file requests are
 //! served by inode ([`super::inode_io`]).
+//!
+//! In both modes the regular files a READDIRPLUS lists are remembered in listing order, and a
+//! file's OPEN (handles) or first READ (no-open) hands the next ones to the daemon's read-ahead
+//! pool, after the reply ([`super::readahead`]).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -30,8 +34,10 @@ use fuser::{
 use super::failures::{Cx, failed};
 use super::handles::{FileOpen, Handles};
 use super::inode_io::InodeIo;
+use super::readahead::ListingOrder;
 use super::stats::{Op, Stats};
 use super::{Behind, Caller, FsError, SetAttr, SetTime, WorkspaceFs, XattrReply};
+use crate::cow::blobcache::AheadOwner;
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
@@ -121,6 +127,10 @@ pub struct FuseAdapter {
     handles: Arc<Handles<BackingId>>,
     want_io: IoMode,
     inode_io: Arc<InodeIo>,
+    /// The regular files listed, in listing order, for read-ahead.
+    order: ListingOrder,
+    /// This mount's claim on the read-ahead pool, stopped at unmount.
+    ahead: Arc<AheadOwner>,
 }
 
 impl FuseAdapter {
@@ -136,6 +146,8 @@ impl FuseAdapter {
             info,
             want_io: IoMode::Handles,
             inode_io,
+            order: ListingOrder::default(),
+            ahead: Arc::new(AheadOwner::default()),
         }
     }
 
@@ -155,6 +167,14 @@ impl FuseAdapter {
     }
 
     /// Counts a passthrough open, or turns passthrough off for the mount when registering failed.
+    /// File `i` is being read: the files listed after it go to the read-ahead pool.
+    fn read_ahead(&self, i: u64) {
+        let next = self.order.read(i);
+        if !next.is_empty() {
+            self.core.read_ahead(&next, &self.ahead, self.no_open());
+        }
+    }
+
     fn note_backing(&self, opened: &FileOpen<BackingId>) {
         if let Some(e) = &opened.passthrough_failed {
             tracing::warn!("passthrough unavailable ({e}); serving I/O through the daemon");
@@ -269,6 +289,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn destroy(&mut self) {
+        // Nothing more is read ahead for this mount.
+        self.ahead.stop();
         // Writers held by inode note their changes before the core closes.
         self.inode_io.release_all();
         self.core.close();
@@ -486,6 +508,9 @@ impl Filesystem for FuseAdapter {
             ),
             None => reply.opened(FileHandle(fh), FopenFlags::FOPEN_NOFLUSH),
         }
+        if !upper {
+            self.read_ahead(i);
+        }
     }
 
     fn create(
@@ -567,7 +592,8 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Read);
         let cx = Cx::new(Op::Read, _i.0, None);
-        let r = if self.no_open() && fh.0 == 0 {
+        let by_inode = self.no_open() && fh.0 == 0;
+        let r = if by_inode {
             self.inode_io.read(ino(_i), offset, size)
         } else {
             self.handles.read(fh.0, offset, size)
@@ -576,6 +602,10 @@ impl Filesystem for FuseAdapter {
             self.info.stats.read_bytes(d.len() as u64);
         }
         data(&cx, reply, r);
+        // Without OPEN, a file's first READ is the sign that it is being read.
+        if by_inode && offset == 0 {
+            self.read_ahead(ino(_i));
+        }
     }
 
     fn write(
@@ -710,6 +740,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Readdirplus);
         let cx = Cx::new(Op::Readdirplus, i.0, None);
+        let mut files = Vec::new();
         let r = self.handles.readdir(ino(i), offset, |off, e| {
             // The kernel ignores the attributes of "." and ".."; every other entry's are read
             // now and counted as a reference.
@@ -736,12 +767,16 @@ impl Filesystem for FuseAdapter {
             if full && !dots {
                 self.core.forget(attr.ino.0, 1);
             }
+            if !full && attr.kind == fuser::FileType::RegularFile {
+                files.push((attr.ino.0, attr.size));
+            }
             !full
         });
         match r {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(failed(&cx, e)),
         }
+        self.order.listed(files);
     }
 
     /// Only when `opendir` answered a handle: there is nothing to release.

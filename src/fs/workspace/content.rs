@@ -1,6 +1,7 @@
 //! File content: the base blob (from the shared blob cache) or host-wide shared file of a file nobody
 //! wrote, copy-up into the upper layer's data file at the first write intent (keeping the inode
-//! number), opens, releases, and the re-inode of a file whose base content passthrough readers hold.
+//! number), opens, releases, the re-inode of a file whose base content passthrough readers hold, and
+//! which content files a mount's read-ahead warms (never filling the blob cache).
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -12,6 +13,7 @@ use fuser::Errno;
 
 use gix::ObjectId;
 
+use crate::cow::blobcache::{AheadJob, AheadOwner};
 use crate::cow::catalog::{InodeRecord, Kind, Record, Ts};
 use crate::git::objects::TreeEntry;
 
@@ -70,6 +72,43 @@ impl WorkspaceFs {
                 shown(&base.path)
             )
         })
+    }
+
+    /// Starts reading the content of `files` (`(inode, size)`) into the page cache on the daemon's
+    /// read-ahead pool, for the mount `owner`; returns how many were queued. Only files not copied
+    /// up are read ahead (their blob-cache file, or their shared file), and only if the blob cache
+    /// holds them already: read-ahead never fills it. `drop_later`: the mount keeps its own page
+    /// cache (no-open), so the daemon's copy is dropped again shortly after.
+    pub fn read_ahead(
+        &self,
+        files: &[(u64, u64)],
+        owner: &Arc<AheadOwner>,
+        drop_later: bool,
+    ) -> usize {
+        let jobs: Vec<AheadJob> = {
+            let st = self.lock();
+            files
+                .iter()
+                .filter_map(|&(ino, size)| {
+                    let rec = self.record(&st, ino).ok()?;
+                    if rec.kind != Kind::File || rec.upper {
+                        return None;
+                    }
+                    let path = match (&rec.shared, &rec.base) {
+                        (Some(shared), _) => std::path::PathBuf::from(shared),
+                        (None, Some(base)) => self.blobs.path(&oid(&base.oid).ok()?),
+                        (None, None) => return None,
+                    };
+                    Some(AheadJob {
+                        path,
+                        size,
+                        owner: owner.clone(),
+                        drop_later,
+                    })
+                })
+                .collect()
+        };
+        self.blobs.ahead.queue(jobs)
     }
 
     /// Waits (releasing the lock) until no data file of `ino` is being prepared.
