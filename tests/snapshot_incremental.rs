@@ -164,6 +164,24 @@ fn setxattr(p: &Path, name: &str, value: &[u8]) {
     assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
 }
 
+/// The entries of the POSIX record a snapshot names (none when it names no record).
+fn record_entries(d: &Daemon, snapshot: &str) -> serde_json::Value {
+    let mirror = d.mirror("p");
+    let git = |args: &[&str]| {
+        let out = run(git_command(&mirror, DATE1).args(args), CMD_TIMEOUT);
+        out.assert_ok();
+        out.stdout_str()
+    };
+    let msg = git(&["log", "-1", "--format=%B", snapshot]);
+    match msg.lines().find_map(|l| l.strip_prefix("Octofs-Posix: ")) {
+        Some(blob) => {
+            let record = parse_json("the POSIX record", &git(&["cat-file", "-p", blob.trim()]));
+            record["entries"].clone()
+        }
+        None => serde_json::json!([]),
+    }
+}
+
 fn chmod(p: &Path, mode: u32) {
     let mut perm = std::fs::metadata(p).unwrap().permissions();
     std::os::unix::fs::PermissionsExt::set_mode(&mut perm, mode);
@@ -178,6 +196,7 @@ fn every_posix_record_is_what_a_full_walk_records() {
         repo.write(&format!("a/b/f{i}.txt"), format!("a {i}\n"));
         repo.write(&format!("c/g{i}.txt"), format!("c {i}\n"));
         repo.write(&format!("h{i}.txt"), format!("h {i}\n"));
+        repo.write(&format!("e/k{i}.txt"), format!("e {i}\n"));
     }
     repo.commit_all("files", DATE1);
     d.cli_ok(["mirror", "add", "p", repo.path.to_str().unwrap()]);
@@ -188,17 +207,24 @@ fn every_posix_record_is_what_a_full_walk_records() {
     }
     d.snapshot_id("t");
     // After each change: a snapshot from what the core kept since the last snapshot view, then a
-    // restart (the core forgets it) and a snapshot of the same state from a full walk. The
-    // same tree and the same record give the same snapshot back.
-    let check = |d: &mut Daemon, what: &str| {
+    // restart (the core forgets it), a change of content only (which no record holds: it makes the
+    // daemon snapshot again, now from a full walk; an unchanged state would just return the last
+    // snapshot) and that snapshot. Both records must list the same entries.
+    let mut round = 0;
+    let mut check = |d: &mut Daemon, what: &str| {
         let kept = d.snapshot_id("t");
         d.stop();
         d.spawn();
         wait_mounted(std::slice::from_ref(&ws), Duration::from_secs(20));
+        round += 1;
+        std::fs::write(ws.join("h0.txt"), format!("h 0, round {round}\n")).unwrap();
         let walked = d.snapshot_id("t");
+        assert_ne!(walked, kept, "{what}: a changed file made no new snapshot");
         assert_eq!(
-            walked, kept,
-            "{what}: the snapshot from the kept metadata ({kept}) is not the one a full walk makes of the same state ({walked})"
+            record_entries(d, &walked),
+            record_entries(d, &kept),
+            "{what}: the record kept since the last snapshot view ({kept}) is not what a full walk \
+             records of the same state ({walked})"
         );
     };
 
@@ -224,6 +250,13 @@ fn every_posix_record_is_what_a_full_walk_records() {
         &mut d,
         "a recorded file removed, an empty directory removed",
     );
+
+    // A directory that has a record of its own (a name changed in it) but nothing to record, then
+    // its mode: only the note of its metadata puts it in the kept list.
+    std::fs::write(ws.join("e/new.txt"), "new\n").unwrap();
+    check(&mut d, "a file created in a directory");
+    chmod(&ws.join("e"), 0o750);
+    check(&mut d, "a directory with a record of its own chmod'ed");
 
     chmod(&ws.join("z"), 0o755);
     std::os::unix::fs::chown(ws.join("c"), Some(0), Some(0)).unwrap();
