@@ -664,23 +664,6 @@ fn teleport_carries_the_state_and_small_ignored_files() {
     }
 }
 
-fn lsetxattr(p: &Path, name: &str, value: &[u8]) {
-    use std::os::unix::ffi::OsStrExt;
-    let p = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
-    let n = std::ffi::CString::new(name).expect("name");
-    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
-    let r = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
-}
-
 fn lgetxattr(p: &Path, name: &str) -> Option<Vec<u8>> {
     use std::os::unix::ffi::OsStrExt;
     let p = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;

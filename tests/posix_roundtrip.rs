@@ -69,22 +69,6 @@ fn run_ok(cmd: &mut Command) {
     run(cmd, CMD_TIMEOUT).assert_ok();
 }
 
-fn setxattr(p: &Path, name: &str, value: &[u8]) {
-    let p = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
-    let n = std::ffi::CString::new(name).expect("name");
-    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
-    let r = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
-}
-
 fn getxattr(p: &Path, name: &str) -> Option<Vec<u8>> {
     let p = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
     let n = std::ffi::CString::new(name).ok()?;
@@ -264,7 +248,7 @@ fn make_posix_state(m: &Path) {
     };
     fs::write(m.join("secret.txt"), "secret\n").unwrap();
     chmod(&m.join("secret.txt"), 0o600);
-    setxattr(&m.join("secret.txt"), "user.note", b"kept \xff");
+    lsetxattr(&m.join("secret.txt"), "user.note", b"kept \xff");
     fs::create_dir(m.join("private")).unwrap();
     fs::write(m.join("private/f.txt"), "in private\n").unwrap();
     chmod(&m.join("private"), 0o700);

@@ -146,24 +146,6 @@ fn every_snapshot_is_what_git_add_all_makes() {
     snap(&d, "after a restart, from the last snapshot");
 }
 
-/// Sets extended attribute `name` of `p` (not following a symlink).
-fn setxattr(p: &Path, name: &str, value: &[u8]) {
-    use std::os::unix::ffi::OsStrExt;
-    let p = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
-    let n = std::ffi::CString::new(name).expect("name");
-    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
-    let r = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
-}
-
 /// The entries of the POSIX record a snapshot names (none when it names no record).
 fn record_entries(d: &Daemon, snapshot: &str) -> serde_json::Value {
     let mirror = d.mirror("p");
@@ -233,7 +215,7 @@ fn every_posix_record_is_what_a_full_walk_records() {
     check(&mut d, "a directory and a file chmod'ed");
 
     std::os::unix::fs::chown(ws.join("c"), Some(4321), Some(8765)).unwrap();
-    setxattr(&ws.join("a/b"), "user.note", b"kept");
+    lsetxattr(&ws.join("a/b"), "user.note", b"kept");
     check(&mut d, "a directory chown'ed, an xattr on another");
 
     std::fs::rename(ws.join("a"), ws.join("z")).unwrap();

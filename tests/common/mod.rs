@@ -1109,3 +1109,21 @@ impl Drop for Proc {
         let _ = wait_timeout(&mut self.0, Duration::from_secs(5));
     }
 }
+
+/// Sets extended attribute `name` of `p` (not following a symlink); panics on failure.
+pub fn lsetxattr(p: &Path, name: &str, value: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    let p = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("path");
+    let n = std::ffi::CString::new(name).expect("name");
+    // SAFETY: both strings are NUL-terminated and live across the call; value is a valid slice.
+    let r = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
