@@ -271,28 +271,22 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::
 /// `posix_fadvise(fd, offset, len, POSIX_FADV_DONTNEED)`: the kernel may drop the clean pages of
 /// that range from its page cache (`len` 0: to the end of the file).
 pub fn fadvise_dontneed(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
-        return Err(io::Error::from_raw_os_error(libc::EINVAL));
-    };
-    // SAFETY: the fd is valid for the lifetime of `file`; posix_fadvise touches no memory of ours.
-    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_DONTNEED) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::from_raw_os_error(r))
-    }
+    fadvise(file, offset, len, libc::POSIX_FADV_DONTNEED)
 }
 
 /// `posix_fadvise(fd, offset, len, POSIX_FADV_WILLNEED)`: the kernel starts reading that range into
 /// its page cache and returns without waiting for it (`len` 0: to the end of the file).
 pub fn fadvise_willneed(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {
+    fadvise(file, offset, len, libc::POSIX_FADV_WILLNEED)
+}
+
+fn fadvise(file: &std::fs::File, offset: u64, len: u64, advice: i32) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let (Ok(off), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     };
     // SAFETY: the fd is valid for the lifetime of `file`; posix_fadvise touches no memory of ours.
-    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, libc::POSIX_FADV_WILLNEED) };
+    let r = unsafe { libc::posix_fadvise(file.as_raw_fd(), off, len, advice) };
     if r == 0 {
         Ok(())
     } else {
