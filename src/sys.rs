@@ -306,6 +306,22 @@ pub fn lseek(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<i64> 
     }
 }
 
+/// Clears `O_NONBLOCK` on an open file (opened with it so that a FIFO cannot block the opener).
+pub fn clear_nonblock(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = file.as_raw_fd();
+    // SAFETY: the fd is valid for the lifetime of `file`; F_GETFL/F_SETFL touch no memory of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `copy_file_range` between two files at explicit offsets; returns the bytes copied.
 pub fn copy_file_range(
     src: &std::fs::File,

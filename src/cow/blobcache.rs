@@ -363,7 +363,7 @@ impl ReadAhead {
             self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        let Ok(f) = File::open(&job.path) else {
+        let Ok(f) = open_source(&job.path) else {
             self.stats.skipped.fetch_add(1, Ordering::Relaxed);
             return;
         };
@@ -390,12 +390,31 @@ impl ReadAhead {
     }
 
     fn drop_pages(&self, path: &Path) {
-        if let Ok(f) = File::open(path)
+        if let Ok(f) = open_source(path)
             && crate::sys::fadvise_dontneed(&f, 0, 0).is_ok()
         {
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// Opens a file the daemon serves base content from — a blob-cache file or a dependency layer's
+/// shared file — for reading, as root and without a caller: a symbolic link at `path` is not
+/// followed, a FIFO or device there cannot block the opener (`O_NOFOLLOW | O_NONBLOCK`, then
+/// `O_NONBLOCK` cleared), and anything but a regular file is refused (`EINVAL`).
+pub fn open_source(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)?;
+    if !f.metadata()?.file_type().is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    crate::sys::clear_nonblock(&f)?;
+    Ok(f)
 }
 
 /// The cache file of `id` at `path`, when it exists with the right size.
@@ -757,5 +776,50 @@ mod tests {
         assert_eq!(count(&pool.stats.warmed), 1);
         assert_eq!(resident(&a), 0);
         assert!(eventually(|| pool.load().0 == 0));
+    }
+
+    #[test]
+    fn a_source_file_is_opened_only_when_it_is_a_regular_file_and_never_blocks() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("file");
+        std::fs::write(&file, b"bytes").unwrap();
+        let f = open_source(&file).unwrap();
+        let mut got = String::new();
+        std::io::Read::read_to_string(&mut &f, &mut got).unwrap();
+        assert_eq!(got, "bytes");
+        // O_NONBLOCK is not left on the descriptor that passthrough and reads use.
+        let flags = std::fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&f)
+        ))
+        .unwrap();
+        let flags = flags
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|v| i32::from_str_radix(v.trim(), 8).unwrap())
+            .unwrap();
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "flags {flags:o}");
+
+        let link = d.path().join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = open_source(&link).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP), "{e}");
+
+        // A FIFO with no writer would block a plain open for reading forever.
+        let fifo = d.path().join("fifo");
+        let st = Command::new("mkfifo").arg(&fifo).status().unwrap();
+        assert!(st.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(open_source(&fifo).map(|_| ()));
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a FIFO blocked");
+        assert_eq!(r.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+
+        let dir = d.path().join("dir");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(open_source(&dir).is_err());
     }
 }

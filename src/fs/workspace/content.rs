@@ -50,7 +50,7 @@ impl WorkspaceFs {
     /// shared blob cache (filled on first use), or its shared host-wide file.
     pub(super) fn source_file(&self, rec: &InodeRecord) -> Result<File, FsError> {
         if let Some(shared) = &rec.shared {
-            return File::open(shared)
+            return crate::cow::blobcache::open_source(std::path::Path::new(shared))
                 .map_err(eio)
                 .context(|| format!("shared file {shared}"));
         }
