@@ -5,7 +5,10 @@
 //! Everything under `<state>` is private to the daemon's user: directories 0700, files 0600 (blob
 //! cache files 0400), whatever the umask. Two deliberate exceptions: `<state>` itself is 0711, so
 //! that any local user can reach the control socket in it (which authenticates its callers), and the
-//! sockets keep the mode their owner gives them. Mount points live under the root, not here.
+//! sockets keep the mode their owner gives them. Mount points live under the root, not here. The
+//! fsmonitor links `<state>/fsmonitor-<thread>` are symlinks to the installed hook program, which
+//! every workspace owner runs through them: a symlink has no mode of its own, and it leads to
+//! nothing of the state.
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -97,6 +100,11 @@ impl Layout {
     }
     pub fn mountpoint(&self, thread: &str) -> PathBuf {
         self.root.join(thread)
+    }
+    /// `<state>/fsmonitor-<thread>`: the link to the fsmonitor hook program that a workspace's
+    /// `core.fsmonitor` names; the hook reads the state directory and the thread from it.
+    pub fn fsmonitor_link(&self, thread: &str) -> PathBuf {
+        self.state.join(format!("fsmonitor-{thread}"))
     }
 }
 

@@ -158,7 +158,8 @@ enum Cmd {
         #[arg(long)]
         name_status: bool,
     },
-    /// git's fsmonitor hook (protocol v2), set as `core.fsmonitor` in every workspace
+    /// git's fsmonitor hook (protocol v2): what `core.fsmonitor` runs in workspaces made before
+    /// the `octofs-fsmonitor` program, or whose state path git could not exec without a shell
     #[command(hide = true)]
     Fsmonitor {
         thread: String,

@@ -7,7 +7,9 @@
 //! workspace), and an index shared by every fork of the same base, built once per base commit with
 //! stat data equal to what the mount presents, so the first `git status` re-hashes nothing. The
 //! config enables `core.fsmonitor` (answered by the daemon from the workspace's change journal) and
-//! `core.untrackedCache`.
+//! `core.untrackedCache`. The fsmonitor command is the small hook program `octofs-fsmonitor`
+//! through the link `<state>/fsmonitor-<thread>` that planning makes, a path git execs without a
+//! shell; `octofs fsmonitor` with quoted arguments when that cannot be.
 //!
 //! Reads the mirror (refs, objects), never writes it.
 
@@ -140,6 +142,72 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// The characters that make git run a hook command through `/bin/sh -c` (git's `run-command.c`,
+/// `prepare_shell_cmd`); a command with none of them is exec'd directly.
+const SHELL_METACHARS: &str = "|&;<>()$`\\\"' \t\n*?[#~=%";
+
+/// The fsmonitor hook program, installed beside `octofs`.
+pub const FSMONITOR_HOOK: &str = "octofs-fsmonitor";
+
+/// The command `core.fsmonitor` runs in `thread`'s workspace. Normally the hook program through
+/// its link `<state>/fsmonitor-<thread>` (made here, pointing at the program beside `exe`): git
+/// execs it directly, without a shell, and it starts in a fraction of `octofs`'s time. When there
+/// is no hook program beside `exe`, the link cannot be made, or its path holds a character that
+/// would make git start a shell anyway, `octofs fsmonitor` with its arguments quoted for that shell.
+pub fn fsmonitor_command(layout: &Layout, thread: &str, exe: &Path) -> String {
+    match fsmonitor_link(layout, thread, exe) {
+        Ok(Some(link)) => return link,
+        Ok(None) => {}
+        Err(e) => tracing::warn!(
+            %thread,
+            "cannot link the fsmonitor hook (git runs `octofs fsmonitor` instead): {e}"
+        ),
+    }
+    format!(
+        "{} --state {} --root {} fsmonitor {}",
+        shell_quote(&exe.to_string_lossy()),
+        shell_quote(&layout.state.to_string_lossy()),
+        shell_quote(&layout.root.to_string_lossy()),
+        thread
+    )
+}
+
+/// Makes `<state>/fsmonitor-<thread>` a link to the hook program beside `exe` (replaced in one
+/// step when it pointed elsewhere) and returns its path; `None` when the path would need a shell
+/// or there is no hook program to link to.
+fn fsmonitor_link(layout: &Layout, thread: &str, exe: &Path) -> std::io::Result<Option<String>> {
+    use std::os::unix::fs::PermissionsExt;
+    let link = layout.fsmonitor_link(thread);
+    let Some(text) = link.to_str() else {
+        return Ok(None);
+    };
+    if !link.is_absolute() || text.contains(|c| SHELL_METACHARS.contains(c)) {
+        return Ok(None);
+    }
+    let Some(hook) = exe.parent().map(|d| d.join(FSMONITOR_HOOK)) else {
+        return Ok(None);
+    };
+    match std::fs::metadata(&hook) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => {}
+        _ => return Ok(None),
+    }
+    if std::fs::read_link(&link).is_ok_and(|t| t == hook) {
+        return Ok(Some(text.to_string()));
+    }
+    // Beside the link, then renamed over it: git never finds it missing or half made. The
+    // thread's lock keeps two plans of one thread apart; the pid keeps two daemons apart.
+    let tmp = layout
+        .state
+        .join(format!(".fsmonitor-{thread}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(&hook, &tmp)?;
+    if let Err(e) = std::fs::rename(&tmp, &link) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    Ok(Some(text.to_string()))
+}
+
 /// Plans the `.git` of a new workspace of `project` with HEAD at `head_commit`, on `branch` (or
 /// detached), from `repo`, the project's mirror (the daemon's open handle: its refs are read
 /// from disk at each call).
@@ -182,13 +250,7 @@ pub fn plan(
                 .iter()
                 .any(|(n, _, _)| *n == format!("refs/remotes/origin/{b}"))
     });
-    let fsmonitor = format!(
-        "{} --state {} --root {} fsmonitor {}",
-        shell_quote(&exe.to_string_lossy()),
-        shell_quote(&layout.state.to_string_lossy()),
-        shell_quote(&layout.root.to_string_lossy()),
-        thread
-    );
+    let fsmonitor = fsmonitor_command(layout, thread, exe);
     Ok(RepoPlan {
         branch: branch.map(str::to_string),
         head_commit: head_commit.to_string(),
@@ -674,6 +736,92 @@ fn system_name() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A directory holding an `octofs` and, with `hook`, an executable `octofs-fsmonitor`; the
+    /// path of `octofs`.
+    fn install(dir: &Path, hook: bool) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(dir).unwrap();
+        let mut names = vec!["octofs"];
+        if hook {
+            names.push(FSMONITOR_HOOK);
+        }
+        for name in names {
+            let p = dir.join(name);
+            std::fs::write(&p, b"#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        dir.join("octofs")
+    }
+
+    /// Catches: a hook command git would run through a shell (a metacharacter in it, or arguments),
+    /// a link to the wrong program, and a link left pointing at an old install.
+    #[test]
+    fn the_fsmonitor_hook_is_a_link_git_execs_without_a_shell() {
+        let tmp = tempfile::tempdir().unwrap();
+        let layout = Layout {
+            state: tmp.path().join("state"),
+            root: tmp.path().join("root"),
+        };
+        std::fs::create_dir(&layout.state).unwrap();
+        let old = install(&tmp.path().join("old"), true);
+        let exe = install(&tmp.path().join("bin"), true);
+        let link = layout.fsmonitor_link("t-1.x");
+        std::os::unix::fs::symlink(old.with_file_name(FSMONITOR_HOOK), &link).unwrap();
+        let cmd = fsmonitor_command(&layout, "t-1.x", &exe);
+        assert_eq!(cmd, link.to_str().unwrap());
+        assert!(!cmd.contains(|c| SHELL_METACHARS.contains(c)), "{cmd}");
+        assert_eq!(
+            std::fs::read_link(&link).unwrap(),
+            exe.with_file_name(FSMONITOR_HOOK)
+        );
+        // Planning again keeps it; nothing is left beside it.
+        assert_eq!(fsmonitor_command(&layout, "t-1.x", &exe), cmd);
+        let names: Vec<_> = std::fs::read_dir(&layout.state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["fsmonitor-t-1.x"]);
+    }
+
+    /// Catches: a link path git would hand to `sh -c` unquoted (a state directory with a space),
+    /// and a link to a hook program that is not installed.
+    #[test]
+    fn the_fsmonitor_hook_falls_back_to_the_quoted_octofs_command() {
+        let tmp = tempfile::tempdir().unwrap();
+        let exe = install(&tmp.path().join("bin"), true);
+        let spaced = Layout {
+            state: tmp.path().join("my state"),
+            root: tmp.path().join("root"),
+        };
+        std::fs::create_dir(&spaced.state).unwrap();
+        let cmd = fsmonitor_command(&spaced, "t", &exe);
+        assert_eq!(
+            cmd,
+            format!(
+                "'{}' --state '{}' --root '{}' fsmonitor t",
+                exe.display(),
+                spaced.state.display(),
+                spaced.root.display()
+            )
+        );
+        assert!(!spaced.fsmonitor_link("t").exists());
+        assert_eq!(std::fs::read_dir(&spaced.state).unwrap().count(), 0);
+        // No hook program beside `octofs` (an install of `octofs` alone).
+        let lone = install(&tmp.path().join("lone"), false);
+        let plain = Layout {
+            state: tmp.path().join("state"),
+            root: tmp.path().join("root"),
+        };
+        std::fs::create_dir(&plain.state).unwrap();
+        let cmd = fsmonitor_command(&plain, "t", &lone);
+        assert!(cmd.ends_with(" fsmonitor t"), "{cmd}");
+        assert!(
+            cmd.starts_with(&format!("'{}' --state", lone.display())),
+            "{cmd}"
+        );
+        assert!(std::fs::symlink_metadata(plain.fsmonitor_link("t")).is_err());
+    }
 
     #[test]
     fn credentials_never_reach_a_workspace() {

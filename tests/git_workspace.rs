@@ -947,7 +947,7 @@ impl Monitor {
         let hook_line = st
             .trace
             .lines()
-            .find(|l| l.contains("child_start") && l.contains(" fsmonitor "))
+            .find(|l| l.contains("child_start") && l.contains("fsmonitor"))
             .unwrap_or_else(|| panic!("{label}: no hook invocation in the trace:\n{}", st.trace));
         assert!(
             hook_line.contains(&format!(" 2 {token}")),
