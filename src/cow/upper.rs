@@ -139,7 +139,8 @@ impl Upper {
     }
 
     /// Creates the data file of `ino` with the content of `from` (empty when `None`) and the given
-    /// times, directly under its final name (one directory operation). Call it before any catalog
+    /// times, directly under its final name (one directory operation), and returns it open for
+    /// reading and writing (a new file's handle uses it: no second open). Call it before any catalog
     /// record points at the file: until then a partial file is an orphan (see the module doc). On
     /// failure the file is removed again.
     pub fn create(
@@ -148,7 +149,7 @@ impl Upper {
         from: Option<&mut File>,
         atime: Ts,
         mtime: Ts,
-    ) -> io::Result<()> {
+    ) -> io::Result<File> {
         if let Some(b) = &self.boot
             && !self.boot_recorded.load(Ordering::Acquire)
         {
@@ -159,6 +160,7 @@ impl Upper {
         let path = self.data_path(ino);
         let result = (|| {
             let mut f = OpenOptions::new()
+                .read(true)
                 .write(true)
                 .create(true)
                 .truncate(true)
@@ -171,7 +173,8 @@ impl Upper {
                 FileTimes::new()
                     .set_accessed(system_time(atime))
                     .set_modified(system_time(mtime)),
-            )
+            )?;
+            Ok(f)
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&path);
@@ -320,11 +323,19 @@ mod tests {
         let src_path = d.path().join("src");
         std::fs::write(&src_path, b"base content").unwrap();
         let mut src = File::open(&src_path).unwrap();
-        u.create(7, Some(&mut src), Ts(100, 5), Ts(200, 6)).unwrap();
+        let made = u.create(7, Some(&mut src), Ts(100, 5), Ts(200, 6)).unwrap();
         assert_eq!(std::fs::read(u.data_path(7)).unwrap(), b"base content");
         let m = std::fs::metadata(u.data_path(7)).unwrap();
         use std::os::unix::fs::MetadataExt;
         assert_eq!((m.mtime(), m.mtime_nsec()), (200, 6));
+        // The file returned is the data file, open for reading and writing.
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 4];
+        made.read_exact_at(&mut buf, 0).unwrap();
+        assert_eq!(&buf, b"base");
+        made.write_all_at(b"BASE", 0).unwrap();
+        assert_eq!(std::fs::read(u.data_path(7)).unwrap(), b"BASE content");
+        drop(made);
         let names: Vec<_> = std::fs::read_dir(d.path().join("data"))
             .unwrap()
             .map(|e| e.unwrap().file_name())

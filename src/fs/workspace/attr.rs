@@ -73,13 +73,30 @@ impl WorkspaceFs {
     }
 
     pub(super) fn attr(&self, rec: &InodeRecord) -> Result<FileAttr, FsError> {
+        self.attr_with(rec, None)
+    }
+
+    /// [`Self::attr`], given the metadata of an upper file's data file when the caller holds it
+    /// open (`fstat` of its descriptor instead of a `stat` of its path).
+    pub(super) fn attr_with(
+        &self,
+        rec: &InodeRecord,
+        data: Option<&std::fs::Metadata>,
+    ) -> Result<FileAttr, FsError> {
         let (mut atime, mut mtime, mut ctime) = (rec.atime, rec.mtime, rec.ctime);
         let (size, blocks) = match rec.kind {
             Kind::File if rec.upper => {
-                let path = self.upper.data_path(rec.ino);
-                let m = std::fs::metadata(&path)
-                    .map_err(eio)
-                    .context(|| format!("data file {}", path.display()))?;
+                let stat;
+                let m = match data {
+                    Some(m) => m,
+                    None => {
+                        let path = self.upper.data_path(rec.ino);
+                        stat = std::fs::metadata(&path)
+                            .map_err(eio)
+                            .context(|| format!("data file {}", path.display()))?;
+                        &stat
+                    }
+                };
                 atime = Ts(m.atime(), m.atime_nsec() as u32);
                 mtime = Ts(m.mtime(), m.mtime_nsec() as u32);
                 let data_ctime = Ts(m.ctime(), m.ctime_nsec() as u32);

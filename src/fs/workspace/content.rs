@@ -124,21 +124,28 @@ impl WorkspaceFs {
     }
 
     /// Creates data file `data` with the content of `rec` (none when `empty`) and `rec`'s times;
-    /// returns its ctime. File I/O: called without the state lock.
-    fn prepare_data(&self, data: u64, rec: &InodeRecord, empty: bool) -> Result<Ts, FsError> {
+    /// returns its ctime and the file, open for reading and writing. File I/O: called without the
+    /// state lock.
+    fn prepare_data(
+        &self,
+        data: u64,
+        rec: &InodeRecord,
+        empty: bool,
+    ) -> Result<(Ts, File), FsError> {
         let path = || self.upper.data_path(data);
-        if empty {
+        let f = if empty {
             self.upper
                 .create(data, None, rec.atime, rec.mtime)
-                .context(|| format!("creating data file {}", path().display()))?;
+                .context(|| format!("creating data file {}", path().display()))?
         } else {
             let mut src = self.source_file(rec)?;
             self.upper
                 .create(data, Some(&mut src), rec.atime, rec.mtime)
-                .context(|| format!("copying up into data file {}", path().display()))?;
-        }
-        std::fs::metadata(path())
-            .map(|m| Ts(m.ctime(), m.ctime_nsec() as u32))
+                .context(|| format!("copying up into data file {}", path().display()))?
+        };
+        // The ctime of the file just written, from its descriptor (no lookup of its path).
+        f.metadata()
+            .map(|m| (Ts(m.ctime(), m.ctime_nsec() as u32), f))
             .map_err(|e| {
                 self.upper.remove(data);
                 eio(e).context(format!("data file {}", path().display()))
@@ -152,14 +159,25 @@ impl WorkspaceFs {
     /// waits for it, and nothing else does. Returns the lock, held again.
     pub(super) fn copy_up<'a>(
         &'a self,
-        mut st: MutexGuard<'a, State>,
+        st: MutexGuard<'a, State>,
         ino: u64,
         empty: bool,
     ) -> Result<MutexGuard<'a, State>, FsError> {
+        self.copy_up_file(st, ino, empty).map(|(st, _)| st)
+    }
+
+    /// [`Self::copy_up`], also returning the new data file, open for reading and writing, when
+    /// this call made it (`None`: the file was copied up already, or is no regular file).
+    fn copy_up_file<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        ino: u64,
+        empty: bool,
+    ) -> Result<(MutexGuard<'a, State>, Option<File>), FsError> {
         st = self.wait_copied(st, ino);
         let rec = st.node(ino)?.rec.clone();
         if rec.kind != Kind::File || rec.upper {
-            return Ok(st);
+            return Ok((st, None));
         }
         st.copying.insert(ino);
         drop(st);
@@ -167,7 +185,7 @@ impl WorkspaceFs {
         let mut st = self.lock();
         st.copying.remove(&ino);
         self.copied.notify_all();
-        let copied = prepared?;
+        let (copied, file) = prepared?;
         // The record as it is now: its name, mode or owner may have changed meanwhile (not its
         // times or content: `setattr` and other copy-ups waited).
         let mut tx = Tx::default();
@@ -182,7 +200,7 @@ impl WorkspaceFs {
             self.upper.remove(ino);
             return Err(e);
         }
-        Ok(st)
+        Ok((st, Some(file)))
     }
 
     /// Opens `ino`. Any write intent (write access or `O_TRUNC`) copies the file up first; `O_TRUNC`
@@ -234,13 +252,17 @@ impl WorkspaceFs {
         trunc: bool,
     ) -> Result<Opened, FsError> {
         if rec.upper || writer {
-            let st = if rec.upper {
-                st
+            let (st, made) = if rec.upper {
+                (st, None)
             } else {
-                self.copy_up(st, ino, trunc)?
+                self.copy_up_file(st, ino, trunc)?
             };
             drop(st);
-            let f = self.open_data(ino)?;
+            // The data file the copy-up just made serves the handle: no second open.
+            let f = match made {
+                Some(f) => f,
+                None => self.open_data(ino)?,
+            };
             if trunc {
                 f.set_len(0).context(|| {
                     format!("truncating data file {}", self.data_path(ino).display())
@@ -308,7 +330,7 @@ impl WorkspaceFs {
         let mut st = self.lock();
         st.copying.remove(&ino);
         self.copied.notify_all();
-        let copied = prepared?;
+        let (copied, _) = prepared?;
         let r = (|| {
             // The name may have moved or gone meanwhile: it is the current record that moves.
             let now = st.node(ino)?.rec.clone();

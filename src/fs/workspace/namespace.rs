@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
+use std::fs::File;
 
 use crate::fs::{Context, FsError};
 use fuser::{Errno, FileAttr};
@@ -148,6 +149,21 @@ impl WorkspaceFs {
         new: New<'_>,
         caller: Caller,
     ) -> Result<InodeRecord, FsError> {
+        self.make_counted(parent, name, new, caller, None)
+            .map(|(rec, _)| rec)
+    }
+
+    /// [`Self::make_rec`], also returning the new regular file's data file (open for reading and
+    /// writing) when one was made. `open`: the new node is opened too, in the same hold of the lock
+    /// as its commit (`Some(true)`: for writing) — one open counted, as [`Self::open`] counts it.
+    fn make_counted(
+        &self,
+        parent: u64,
+        name: &OsStr,
+        new: New<'_>,
+        caller: Caller,
+        open: Option<bool>,
+    ) -> Result<(InodeRecord, Option<File>), FsError> {
         let New {
             quiet,
             kind,
@@ -163,18 +179,18 @@ impl WorkspaceFs {
         self.parent_for_create(&mut st, parent, name)?;
         // A new regular file's data file is made without the lock, under a number taken now (the
         // batch that links it records the counter); the name is checked again afterwards.
-        let made = if upper {
+        let (made, data) = if upper {
             let ino = st.alloc_number();
             drop(st);
-            self.new_data_file(ino, now, &content)?;
+            let data = self.new_data_file(ino, now, &content)?;
             st = self.lock();
             if let Err(e) = self.parent_for_create(&mut st, parent, name) {
                 self.upper.remove(ino);
                 return Err(e);
             }
-            Some(ino)
+            (Some(ino), Some(data))
         } else {
-            None
+            (None, None)
         };
         let committed = (|| {
             let mut tx = Tx {
@@ -247,26 +263,39 @@ impl WorkspaceFs {
             }
         };
         let ino = rec.ino;
-        st.node_mut(ino)?.lookups += 1;
+        let n = st.node_mut(ino)?;
+        n.lookups += 1;
+        if let Some(writer) = open {
+            n.opens += 1;
+            if writer {
+                n.writers += 1;
+            }
+        }
         self.journal_name(&mut st, parent, name, kind == Kind::Dir);
-        Ok(rec)
+        if open == Some(true) {
+            // As `open` notes a write-open: the snapshot tracker counts the file while it is open
+            // for writing.
+            self.journal_ino(&mut st, ino);
+        }
+        Ok((rec, data))
     }
 
-    /// Creates the data file of new inode `ino` holding `content` (empty or bytes), with times `now`.
-    fn new_data_file(&self, ino: u64, now: Ts, content: &Content<'_>) -> Result<(), FsError> {
+    /// Creates the data file of new inode `ino` holding `content` (empty or bytes), with times
+    /// `now`, and returns it open for reading and writing.
+    fn new_data_file(&self, ino: u64, now: Ts, content: &Content<'_>) -> Result<File, FsError> {
         let data_file = || format!("data file {}", self.upper.data_path(ino).display());
-        self.upper
+        let mut f = self
+            .upper
             .create(ino, None, now, now)
             .context(|| format!("creating {}", data_file()))?;
         if let Content::Bytes(b) = content {
             use std::io::Write;
-            let written = self.upper.open_data(ino).and_then(|mut f| f.write_all(b));
-            if let Err(e) = written {
+            if let Err(e) = f.write_all(b) {
                 self.upper.remove(ino);
                 return Err(io_errno(e).context(format!("writing {}", data_file())));
             }
         }
-        Ok(())
+        Ok(f)
     }
 
     pub fn mknod(
@@ -316,7 +345,9 @@ impl WorkspaceFs {
         self.make(parent, name, new, caller)
     }
 
-    /// `create`: a new regular file, opened.
+    /// `create`: a new regular file, opened. The data file made for it is the handle's file (one
+    /// open, not a create, a close and an open again), and its attributes are read from that
+    /// descriptor; the open is counted in the same hold of the lock as the commit.
     pub fn create(
         &self,
         parent: u64,
@@ -325,11 +356,33 @@ impl WorkspaceFs {
         flags: i32,
         caller: Caller,
     ) -> Result<(FileAttr, Opened), FsError> {
-        let attr = self.make(parent, name, New::plain(Kind::File, mode, 0), caller)?;
-        match self.open(attr.ino.0, flags & !libc::O_TRUNC) {
-            Ok(o) => Ok((attr, o)),
+        // `O_TRUNC` means nothing for a new file; any other write access makes a writer.
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let new = New::plain(Kind::File, mode, 0);
+        let (rec, data) = self.make_counted(parent, name, new, caller, Some(write))?;
+        let ino = rec.ino;
+        let opened = data
+            .ok_or_else(|| eio(format!("new file {ino:#x} has no data file")))
+            .and_then(|file| {
+                let m = file
+                    .metadata()
+                    .map_err(eio)
+                    .context(|| format!("data file {}", self.data_path(ino).display()))?;
+                let attr = self.attr_with(&rec, Some(&m))?;
+                Ok((attr, file))
+            });
+        match opened {
+            Ok((attr, file)) => Ok((
+                attr,
+                Opened {
+                    file,
+                    upper: true,
+                    write,
+                },
+            )),
             Err(e) => {
-                self.forget(attr.ino.0, 1);
+                self.release(ino, write);
+                self.forget(ino, 1);
                 Err(e)
             }
         }
@@ -339,8 +392,7 @@ impl WorkspaceFs {
         let name = check_name(name)?;
         let mut st = self.lock();
         let ino = self.resolve(&mut st, parent, name)?.ok_or(Errno::ENOENT)?;
-        let rec = st.node(ino)?.rec.clone();
-        match (dir, rec.kind == Kind::Dir) {
+        match (dir, st.node(ino)?.rec.kind == Kind::Dir) {
             (false, true) => return Err(Errno::EISDIR.into()),
             (true, false) => return Err(Errno::ENOTDIR.into()),
             _ => {}
