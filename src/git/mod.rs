@@ -1,7 +1,8 @@
 //! Git: the project mirrors and read access to their object stores.
 //!
 //! Owns `<state>/mirrors/*` and `<state>/projects/*`. Only [`mirror`] writes a mirror (add and sync),
-//! [`snapshot`] and [`posix_record`] add a thread's snapshot objects and refs to it; [`objects`]
+//! [`snapshot`] and [`posix_record`] add a thread's snapshot objects and refs to it (many objects
+//! as one pack, [`pack`]); [`objects`]
 //! only reads. Nothing in this module knows about mounts or workspaces (invariant 1: a mirror is
 //! never written by a workspace). Every git process is started through `Git`, the one runner
 //! with the hardened environment; every failure is an [`Error`].
@@ -12,6 +13,7 @@ pub mod graft;
 pub mod index_ext;
 pub mod mirror;
 pub mod objects;
+pub mod pack;
 pub mod posix_record;
 pub mod snapshot;
 

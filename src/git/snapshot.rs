@@ -8,6 +8,7 @@
 
 use crate::git::error::{Context, Error};
 use crate::git::objects::git_order;
+use crate::git::pack::ObjectBatch;
 use std::path::{Path, PathBuf};
 
 use gix::ObjectId;
@@ -204,6 +205,11 @@ pub fn commit_info(
 /// last changed before that reading, and a file that has not changed since a snapshot remembered it
 /// is not read again: a snapshot reads only the files written since the last one.
 ///
+/// The new objects (the changed files' blobs, the edited trees) are written together when the tree
+/// is done: a few as loose objects, more as one pack ([`crate::git::pack`]); files larger than
+/// [`IN_MEMORY_UP_TO`] stream into loose objects as they are read. Every object is in the mirror
+/// when this returns (before any ref can name the tree).
+///
 /// Cost: what the edits name. Each tree on a changed path is read once and written once; the
 /// names and object ids checked are those of the edits, not every entry of every tree written
 /// (gix's own tree editor checks that every entry of a tree it writes exists: one object lookup,
@@ -227,14 +233,14 @@ pub fn build_tree(
         }
     };
     present(base_tree, b"/".as_bstr())?;
+    let batch = std::cell::RefCell::new(ObjectBatch::new(repo));
     let blob = |source: &ViewSource, path: &BStr| -> Result<ObjectId, Error> {
         Ok(match source {
             ViewSource::Object(id) => present(*id, path)?,
-            ViewSource::File(p) => FileBlobs::shared().blob(repo, p, clock)?,
-            ViewSource::Bytes(b) => repo
-                .write_blob(b)
-                .map_err(err("cannot write a blob"))?
-                .detach(),
+            ViewSource::File(p) => {
+                FileBlobs::shared().blob(repo, &mut batch.borrow_mut(), p, clock)?
+            }
+            ViewSource::Bytes(b) => batch.borrow_mut().write(gix::objs::Kind::Blob, b)?,
         })
     };
     let mut root = DirEdit {
@@ -271,11 +277,15 @@ pub fn build_tree(
     let ed = RawEditor {
         repo,
         hash_len: repo.object_hash().len_in_bytes(),
+        batch: &batch,
     };
-    match ed.write_dir(Some(base_tree), &root)? {
-        Some(id) => Ok(id),
-        None => ed.write_raw(Vec::new()),
-    }
+    let tree = match ed.write_dir(Some(base_tree), &root)? {
+        Some(id) => id,
+        None => ed.write_raw(Vec::new())?,
+    };
+    let written = batch.into_inner().finish()?;
+    tracing::debug!(objects = written.objects, pack = ?written.pack, "snapshot objects written");
+    Ok(tree)
 }
 
 /// What the edits leave at one name of a directory.
@@ -365,9 +375,11 @@ impl DirEdit {
 /// Writes edited directories as raw tree bytes: each edited directory's entries are those of its
 /// base tree's bytes, copied as they are, with the edited names spliced in git's order; nothing
 /// is decoded into owned entries or encoded again.
-struct RawEditor<'r> {
+struct RawEditor<'r, 'b> {
     repo: &'r gix::Repository,
     hash_len: usize,
+    /// Where the trees written go (with the blobs).
+    batch: &'b std::cell::RefCell<ObjectBatch<'r>>,
 }
 
 /// One entry of a tree's bytes: where it starts, where its name is, whether it is a tree.
@@ -377,7 +389,7 @@ struct RawEntry {
     tree: bool,
 }
 
-impl RawEditor<'_> {
+impl RawEditor<'_, '_> {
     /// The bytes of tree `id`: kept in [`WrittenTrees`], else read from the mirror.
     fn read(&self, id: ObjectId) -> Result<std::sync::Arc<[u8]>, Error> {
         if let Some(raw) = WrittenTrees::shared().get(&id) {
@@ -516,19 +528,17 @@ impl RawEditor<'_> {
         self.write_raw(out).map(Some)
     }
 
-    /// Writes tree bytes (unless the mirror has them) and keeps them in [`WrittenTrees`]: the
-    /// next snapshot edits the trees this one wrote without reading them back from the object
-    /// store.
+    /// Writes tree bytes (unless the mirror or the batch has them) and keeps them in
+    /// [`WrittenTrees`]: the next snapshot edits the trees this one wrote without reading them
+    /// back from the object store.
     fn write_raw(&self, buf: Vec<u8>) -> Result<ObjectId, Error> {
-        use gix::objs::Write as _;
         let what = "cannot write the snapshot tree";
         let repo = self.repo;
         let id = gix::objs::compute_hash(repo.object_hash(), gix::objs::Kind::Tree, &buf)
             .map_err(err(what))?;
-        if !repo.objects.exists_without_refresh(&id) {
-            repo.objects
-                .write_buf_with_known_id(gix::objs::Kind::Tree, &buf, id)
-                .map_err(err(what))?;
+        let mut batch = self.batch.borrow_mut();
+        if !batch.has(&id) {
+            batch.put(gix::objs::Kind::Tree, id, &buf)?;
         }
         WrittenTrees::shared().put(id, buf);
         Ok(id)
@@ -665,6 +675,7 @@ impl FileBlobs {
     fn blob(
         &self,
         repo: &gix::Repository,
+        batch: &mut ObjectBatch<'_>,
         p: &Path,
         clock: Option<(i64, i64)>,
     ) -> Result<ObjectId, Error> {
@@ -677,11 +688,11 @@ impl FileBlobs {
         if clock.is_some()
             && let Ok(m) = std::fs::metadata(p)
             && let Some(id) = known(&Stamp::of(&m))
-            && repo.has_object(id)
+            && (batch.contains(&id) || repo.has_object(id))
         {
             return Ok(id);
         }
-        let (id, read) = write_file_blob(repo, p)?;
+        let (id, read) = write_file_blob(repo, batch, p)?;
         if let Some(clock) = clock
             && read.ctime < clock
         {
@@ -698,12 +709,17 @@ impl FileBlobs {
 /// Files up to this size are read whole to be saved; larger ones stream.
 const IN_MEMORY_UP_TO: u64 = 8 << 20;
 
-/// Writes the content of file `p` as a blob. gix's `write_blob_stream` reads the whole file into
-/// memory first (5 GiB of daemon memory for a 5 GiB file), so a large file streams instead: one pass
-/// hashes it (a blob the mirror already has, e.g. from the last snapshot, is not written again), a
-/// second one hashes and compresses it into a loose object. Memory stays bounded whatever the size.
-/// Also returns the file's stamp as it was before its content was read.
-fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<(ObjectId, Stamp), Error> {
+/// Writes the content of file `p` as a blob: into `batch` when it is at most [`IN_MEMORY_UP_TO`]
+/// bytes. gix's `write_blob_stream` reads the whole file into memory first (5 GiB of daemon memory
+/// for a 5 GiB file), so a large file streams instead: one pass hashes it (a blob the mirror
+/// already has, e.g. from the last snapshot, is not written again), a second one hashes and
+/// compresses it into a loose object. Memory stays bounded whatever the size. Also returns the
+/// file's stamp as it was before its content was read.
+fn write_file_blob(
+    repo: &gix::Repository,
+    batch: &mut ObjectBatch<'_>,
+    p: &Path,
+) -> Result<(ObjectId, Stamp), Error> {
     use gix::objs::Write as _;
     use std::io::Read as _;
     let what = || format!("cannot write a blob from {}", p.display());
@@ -731,7 +747,7 @@ fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<(ObjectId, Stamp)
         }
         .read_to_end(&mut buf)
         .context(|| format!("cannot read {}", p.display()))?;
-        return Ok((repo.write_blob(&buf).context(what)?.detach(), stamp));
+        return Ok((batch.write(gix::objs::Kind::Blob, &buf)?, stamp));
     }
     let id = gix::objs::compute_stream_hash(
         repo.object_hash(),
@@ -742,7 +758,7 @@ fn write_file_blob(repo: &gix::Repository, p: &Path) -> Result<(ObjectId, Stamp)
         &std::sync::atomic::AtomicBool::new(false),
     )
     .context(what)?;
-    if repo.has_object(id) {
+    if batch.contains(&id) || repo.has_object(id) {
         return Ok((id, stamp));
     }
     // Opened again: the stamp is the second open's, taken before the content written is read.
