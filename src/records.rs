@@ -165,6 +165,21 @@ impl RecordDir {
         let _ = std::fs::remove_file(self.path(key));
     }
 
+    /// Moves the record of `key` out of the way, unread (one that cannot be loaded: a power loss
+    /// persisted its name but not its bytes): renamed to `<file>.corrupt-<unix seconds>` beside
+    /// it, which [`Self::list`] and [`Self::load`] never read. Returns the new path.
+    pub fn set_aside(&self, key: &str) -> io::Result<PathBuf> {
+        let path = self.path(key);
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut name = path.file_name().unwrap_or_default().to_os_string();
+        name.push(format!(".corrupt-{secs}"));
+        let to = path.with_file_name(name);
+        std::fs::rename(&path, &to)?;
+        Ok(to)
+    }
+
     /// The records of every key that `keep` accepts, in no particular order.
     pub fn list<T: DeserializeOwned>(
         &self,
@@ -375,7 +390,8 @@ pub fn at_once<E: Send + 'static>(jobs: Vec<SyncJob<E>>, lost: impl Fn() -> E) -
     let others: Vec<mpsc::Receiver<Result<(), E>>> = jobs
         .map(|job| {
             let (tx, rx) = mpsc::sync_channel(1);
-            hand_off(Box::new(move || {
+            // Not handed off: the channel closes unsent and the job counts as lost.
+            let _ = hand_off(Box::new(move || {
                 let r = job();
                 Box::new(move || {
                     let _ = tx.send(r);
@@ -390,6 +406,27 @@ pub fn at_once<E: Send + 'static>(jobs: Vec<SyncJob<E>>, lost: impl Fn() -> E) -
         out = out.and(r);
     }
     out
+}
+
+/// Runs `job` on a sync worker and returns at once: the background half of durable writes whose
+/// caller answers before they are synced (it hands the job the means of telling when they are).
+/// Should no worker start, `job` runs on the calling thread: late, never lost.
+pub fn in_background(job: Box<dyn FnOnce() + Send>) {
+    let slot = std::sync::Arc::new(Mutex::new(Some(job)));
+    let theirs = slot.clone();
+    let handed = hand_off(Box::new(move || {
+        let job = theirs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(job) = job {
+            job();
+        }
+        Box::new(|| {})
+    }));
+    if !handed {
+        let left = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(job) = left {
+            job();
+        }
+    }
 }
 
 /// Work for a sync worker: it runs the job and returns how to hand over its result, which the
@@ -411,13 +448,13 @@ static IDLE: Mutex<Vec<Idle>> = Mutex::new(Vec::new());
 /// How long a sync worker waits for work before it ends.
 const SYNC_WORKER_IDLE: Duration = Duration::from_secs(60);
 
-/// Runs `task` on a waiting sync worker, or on a new one. If no thread can be started the task
-/// is dropped (its caller sees its result channel close).
-fn hand_off(task: Task) {
+/// Runs `task` on a waiting sync worker, or on a new one; false if no thread could be started
+/// (the task is dropped unrun: its caller sees its result channel close).
+fn hand_off(task: Task) -> bool {
     let waiting = IDLE.lock().unwrap_or_else(|p| p.into_inner()).pop();
     let task = match waiting {
         Some(w) => match w.tx.send(task) {
-            Ok(()) => return,
+            Ok(()) => return true,
             Err(mpsc::SendError(task)) => task,
         },
         None => task,
@@ -425,8 +462,12 @@ fn hand_off(task: Task) {
     let spawned = std::thread::Builder::new()
         .name("octofs-sync".into())
         .spawn(move || sync_worker(task));
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start a sync worker: {e}");
+    match spawned {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!("cannot start a sync worker: {e}");
+            false
+        }
     }
 }
 

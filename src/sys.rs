@@ -268,6 +268,19 @@ pub fn fallocate(file: &std::fs::File, mode: i32, offset: u64, len: u64) -> io::
     check(unsafe { libc::fallocate(file.as_raw_fd(), mode, off, len) })
 }
 
+/// `syncfs`: everything the kernel holds dirty for the file system that holds `path` goes to
+/// disk.
+pub fn syncfs(path: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(path)?;
+    // SAFETY: the fd is valid for the lifetime of `dir`; syncfs touches no memory of ours.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// `posix_fadvise(fd, offset, len, POSIX_FADV_DONTNEED)`: the kernel may drop the clean pages of
 /// that range from its page cache (`len` 0: to the end of the file).
 pub fn fadvise_dontneed(file: &std::fs::File, offset: u64, len: u64) -> io::Result<()> {

@@ -121,6 +121,11 @@ impl Binding {
         Self::store(layout).remove(thread)
     }
 
+    /// Moves the binding of `thread` out of the way unread (see [`RecordDir::set_aside`]).
+    pub fn set_aside(layout: &Layout, thread: &str) -> std::io::Result<std::path::PathBuf> {
+        Self::store(layout).set_aside(thread)
+    }
+
     /// Every binding, sorted by thread.
     pub fn list(layout: &Layout) -> Result<Vec<Binding>, RecordError> {
         let mut out: Vec<Binding> = Self::store(layout).list(|_| true)?;

@@ -1569,3 +1569,247 @@ fn an_interrupted_create_is_made_again_from_the_base() {
     d.cli_ok(["release", t]);
     d.stop();
 }
+
+/// Every fsync entry of a workspace — a file handle's (base or copied up) and fsyncdir's (the
+/// core's `sync_catalog`) — waits for the background sync of the workspace's creation, and fails
+/// with EIO, every time, when that sync failed. Driven on the core without a kernel, the sync
+/// held back by hand. Fails if an fsync returns before the barrier is finished (skips it), or
+/// answers success after a failed one.
+#[test]
+fn every_fsync_in_a_new_workspace_waits_for_its_background_sync() {
+    use octofs::cow::blobcache::BlobCache;
+    use octofs::fs::handles::Handles;
+    use octofs::fs::{Durable, ROOT_INO};
+    use octofs::git::objects::ObjectStore;
+    use std::sync::{Arc, mpsc};
+
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path().join("repo");
+    fs::create_dir_all(&repo).expect("mkdir");
+    let r = GitRepo::init(&repo);
+    r.write("f.txt", "base content\n");
+    r.write("g.txt", "g\n");
+    r.commit_all("one", DATE1);
+    let store = Arc::new(ObjectStore::open(&repo).expect("store"));
+    let base = store.resolve(None).expect("HEAD");
+    let blobs = Arc::new(BlobCache::new(&tmp.path().join("cache")).expect("cache"));
+    let core = Arc::new(load_core(
+        &store,
+        &blobs,
+        base.tree,
+        base.time,
+        &tmp.path().join("upper"),
+        tmp.path(),
+    ));
+    let handles: Handles<u32> = Handles::new(core.clone());
+    let ino = |name: &str| {
+        core.lookup(ROOT_INO, std::ffi::OsStr::new(name))
+            .expect("lookup")
+            .ino
+            .0
+    };
+    let none = None::<fn(&fs::File) -> std::io::Result<u32>>;
+    let base_fh = handles
+        .open(ino("f.txt"), libc::O_RDONLY, none)
+        .expect("open ro")
+        .fh;
+    let upper = handles
+        .open(ino("g.txt"), libc::O_RDWR, none)
+        .expect("open rw");
+    assert!(upper.upper, "a read-write open copies up");
+
+    let barrier = Durable::pending();
+    core.durable_after(barrier.clone());
+    std::thread::scope(|s| {
+        let (tx, rx) = mpsc::channel();
+        for which in 0..3 {
+            let (tx, handles, core) = (tx.clone(), &handles, &core);
+            s.spawn(move || {
+                let r = match which {
+                    0 => handles.fsync(base_fh, false),
+                    1 => handles.fsync(upper.fh, true),
+                    _ => core.sync_catalog(),
+                };
+                let _ = tx.send((which, r));
+            });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            rx.try_recv().is_err(),
+            "an fsync returned before the workspace's creation was durable"
+        );
+        assert!(!barrier.is_finished());
+        barrier.finish(Ok(()));
+        for _ in 0..3 {
+            let (which, r) = rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the fsync returns once the barrier is finished");
+            assert_eq!(r, Ok(()), "fsync entry {which}");
+        }
+    });
+    // Done with: later fsyncs do not wait.
+    assert_eq!(core.sync_catalog(), Ok(()));
+
+    // A background sync that failed: every fsync fails with EIO, and keeps failing.
+    let failed = Durable::pending();
+    core.durable_after(failed.clone());
+    failed.finish(Err("the state disk went away".into()));
+    for _ in 0..2 {
+        let e = handles
+            .fsync(upper.fh, false)
+            .expect_err("fsync after a failed sync");
+        assert_eq!(e.errno, fuser::Errno::EIO, "{e}");
+        assert!(e.to_string().contains("the state disk went away"), "{e}");
+        assert_eq!(
+            core.sync_catalog().expect_err("fsyncdir").errno,
+            fuser::Errno::EIO
+        );
+    }
+}
+
+/// `open` of a new thread answers before its background sync, and an fsync in the new workspace
+/// does not return before that sync has run. The sync is held back 5 s by the debug builds' fault
+/// file `<state>/faults/open-sync-delay-ms`. Fails if `open` waits for the sync (the old
+/// synchronous open), or if the daemon gives the workspace no barrier (the fsync returns at once).
+#[test]
+fn open_answers_before_its_sync_and_an_fsync_in_it_waits_for_the_sync() {
+    const DELAY: Duration = Duration::from_secs(5);
+    let mut d = Daemon::start();
+    project(&d, "p", FILES);
+    let faults = d.state.join("faults");
+    fs::create_dir_all(&faults).unwrap();
+    fs::write(
+        faults.join("open-sync-delay-ms"),
+        DELAY.as_millis().to_string(),
+    )
+    .unwrap();
+    let t = "held-sync";
+    let started = Instant::now();
+    let ws = d.open_thread(t, &["--project", "p"]);
+    let opened = started.elapsed();
+    let w = ws.clone();
+    fsop("write and fsync", move || {
+        let mut f = fs::File::create(w.join("durable.txt")).unwrap();
+        f.write_all(b"synced\n").unwrap();
+        f.sync_all().unwrap();
+    });
+    let synced = started.elapsed();
+    eprintln!("open answered after {opened:?}, the fsync after {synced:?}");
+    assert!(
+        synced >= DELAY,
+        "an fsync returned {synced:?} after the open began, before the workspace's sync ({DELAY:?})"
+    );
+    assert!(opened < DELAY, "open waited for its sync: {opened:?}");
+    fs::remove_file(faults.join("open-sync-delay-ms")).unwrap();
+    assert!(
+        d.log_text().contains("the new workspace is durable"),
+        "{}",
+        d.log_tail()
+    );
+    d.cli_ok(["release", t]);
+    d.stop();
+}
+
+/// What a power loss during creates can leave, written by hand while the daemon is stopped (ext4
+/// without a journal may persist a rename without the file's bytes): a torn record, an empty
+/// record, a record whose catalog lost its seed, a record without its binding, an unreadable
+/// binding. The next daemon starts, serves every sound workspace, binds a record without a binding
+/// again from it, sets aside (never deletes) the workspaces it cannot trust — each with the file a
+/// user wrote in it — and opens those threads again from their base. Fails on the old code: one
+/// unreadable record stopped every remount, and a workspace without its seed was served without
+/// its `.git`.
+#[test]
+fn a_start_after_a_power_loss_during_creates_recovers_them() {
+    let mut d = Daemon::start();
+    project(&d, "p", FILES);
+    let names = ["torn", "empty", "unseeded", "unbound", "badbind", "sound"];
+    for t in names {
+        let ws = d.open_thread(t, &["--project", "p"]);
+        let w = ws.clone();
+        let text = format!("{t}'s own bytes\n");
+        fsop("write", move || {
+            write_file(&w.join("mine.txt"), text.as_bytes(), 0o644)
+        });
+    }
+    d.stop();
+    let state = d.state.clone();
+    let wdir = |t: &str| state.join("workspaces").join(t);
+    let binding = |t: &str| state.join("threads").join(format!("{t}.json"));
+    let rec = wdir("torn").join("workspace.json");
+    let bytes = fs::read(&rec).unwrap();
+    fs::write(&rec, &bytes[..bytes.len() / 2]).unwrap();
+    fs::write(wdir("empty").join("workspace.json"), b"").unwrap();
+    let upper = wdir("unseeded").join("upper");
+    let _ = fs::remove_file(upper.join("catalog.snap"));
+    fs::OpenOptions::new()
+        .write(true)
+        .open(upper.join("catalog.log"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    fs::remove_file(binding("unbound")).unwrap();
+    fs::write(binding("badbind"), b"\0\0\0\0\0\0\0\0").unwrap();
+
+    d.spawn();
+    let served: Vec<_> = ["unbound", "badbind", "sound"]
+        .iter()
+        .map(|t| d.mount(t))
+        .collect();
+    wait_mounted(&served, Duration::from_secs(10));
+    for t in ["unbound", "badbind", "sound"] {
+        let ws = d.mount(t);
+        assert_eq!(
+            read_ws(&ws.join("mine.txt")).unwrap(),
+            format!("{t}'s own bytes\n").as_bytes()
+        );
+        assert_eq!(g(&ws, &["status", "--porcelain"]), "?? mine.txt");
+        let b = parse_json(t, &fs::read_to_string(binding(t)).unwrap());
+        assert_eq!(b["project"], "p", "{t}: {b}");
+    }
+    let aside: Vec<String> = fs::read_dir(d.state.join("threads"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("badbind.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the unreadable binding was not set aside");
+    let quarantine = d.state.join("quarantine");
+    for t in ["torn", "empty", "unseeded"] {
+        assert!(!is_mounted(&d.mount(t)), "{t} was served");
+        assert!(!wdir(t).exists(), "{t} was left in the workspaces");
+        let kept: Vec<_> = fs::read_dir(&quarantine)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{t}."))
+            })
+            .collect();
+        assert_eq!(kept.len(), 1, "{t} was not set aside");
+        let mine = format!("{t}'s own bytes\n");
+        let holds_it = fs::read_dir(kept[0].path().join("upper").join("data"))
+            .unwrap()
+            .flatten()
+            .any(|f| fs::read(f.path()).is_ok_and(|b| b == mine.as_bytes()));
+        assert!(holds_it, "{t}: the user's bytes were not kept");
+    }
+    let log = d.log_text();
+    assert!(log.contains("an interrupted create"), "{}", d.log_tail());
+    assert!(
+        log.contains("bound again from its record"),
+        "{}",
+        d.log_tail()
+    );
+    // Those threads open again (their bindings were sound), from their base.
+    for t in ["torn", "empty", "unseeded"] {
+        let ws = d.open_thread(t, &[]);
+        assert!(!exists_ws(&ws.join("mine.txt")), "{t}");
+        assert_eq!(read_ws(&ws.join("a.txt")).unwrap(), b"alpha\n");
+        assert_eq!(g(&ws, &["status", "--porcelain"]), "", "{t}");
+    }
+    for t in names {
+        d.cli_ok(["release", t]);
+    }
+    d.stop();
+}

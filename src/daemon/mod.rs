@@ -168,6 +168,10 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// `<state>/serving`: present while a daemon serves; found at start, the previous one did not
+/// stop cleanly (its new workspaces' background syncs may not have run).
+const SERVING: &str = "serving";
+
 /// Runs the daemon in the foreground until `stop`, SIGTERM or SIGINT.
 pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
@@ -231,6 +235,25 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     }
 
     let daemon = Arc::new(Daemon::new(layout.clone(), settings)?);
+    // What a power loss during a create left is an interrupted create (threads.rs).
+    daemon.recover_creates();
+    // A daemon that did not stop cleanly may have answered creates whose background syncs never
+    // ran: what it left in the kernel is made durable before anything is served again (so that
+    // no fsync in such a workspace is answered before its record is on disk).
+    let serving = layout.state.join(SERVING);
+    if serving.exists() {
+        let started = Instant::now();
+        match crate::sys::syncfs(&layout.state) {
+            Ok(()) => tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "unclean stop before: state file system synced"
+            ),
+            Err(e) => tracing::error!("cannot sync the state file system: {e}"),
+        }
+    }
+    if let Err(e) = std::fs::write(&serving, b"") {
+        tracing::warn!("cannot write {}: {e}", serving.display());
+    }
     daemon.remount_all();
     daemon.prebuild_all_indexes();
 
@@ -242,7 +265,9 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
         .context("cannot start the async runtime")?;
     let result = rt.block_on(server::run(daemon.clone()));
     notify::stopping();
+    daemon.settle_all();
     daemon.unmount_all();
+    let _ = std::fs::remove_file(serving);
     let _ = std::fs::remove_file(layout.socket());
     drop(lock_file);
     result

@@ -34,6 +34,7 @@ impl Daemon {
     /// Mounts the workspace of `rec` at its mount point. The caller holds the thread's lock.
     pub(super) fn mount(&self, rec: &WorkspaceRecord) -> Result<(), Error> {
         let core = self.load_core(rec)?;
+        self.refuse_unseeded(rec, &core)?;
         self.mount_core(rec, core)
     }
 
@@ -185,6 +186,7 @@ impl Daemon {
     pub(super) fn core_of(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
         let served = lock(&self.mounts).get(&rec.thread).map(|m| m.core.clone());
         if let Some(core) = served {
+            self.settled(&core);
             return Ok(core);
         }
         self.mount(rec)?;

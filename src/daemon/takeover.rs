@@ -258,6 +258,8 @@ impl Daemon {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+        // New workspaces' background syncs end in this process, before it goes.
+        self.settle_all();
         let lock_file = LOCK_FILE
             .get()
             .ok_or("this daemon does not hold its lock file")?;

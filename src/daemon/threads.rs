@@ -13,13 +13,14 @@ use super::mirrors::{BLANK, blank_project};
 use super::proto::{Kept, Opened, ReleaseAnswer, SweepAnswer};
 use super::{Daemon, Reply, lock, now};
 use crate::access::Caller;
-use crate::fs::WorkspaceFs;
+use crate::fs::{Durable, WorkspaceFs};
 use crate::git::mirror;
 use crate::git::objects::{EntryKind, ObjectStore, TreeEntry};
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
 use crate::records::{SyncJob, at_once};
 use crate::workspace::{Binding, SavedMark, WorkspaceRecord};
+use std::sync::Arc;
 
 /// What a new workspace is made of.
 pub(super) struct Fork {
@@ -143,7 +144,11 @@ impl Daemon {
             rec.mounted = true;
             rec.save(&self.layout)?;
             if !served && let Err(e) = self.mount(&rec) {
-                let _ = before.save(&self.layout);
+                // (Unless the workspace was set aside as an interrupted create: its record went
+                // with it.)
+                if self.layout.workspace(thread).exists() {
+                    let _ = before.save(&self.layout);
+                }
                 return Err(e);
             }
             let warnings = self.grant_owner(&rec.project, rec.owner, false);
@@ -220,7 +225,7 @@ impl Daemon {
         let forked_project = fork.project.clone();
         let fork_io = fork.io;
         // A new thread's binding is what its record will say (project, base, branch, I/O mode):
-        // made durable together with the workspace (see `create_with`), before the answer.
+        // put in place together with the workspace and made durable with it (see `create_with`).
         // Nothing of either is left if one fails.
         let new_binding = (binding.is_none() && project.is_some()).then(|| Binding {
             thread: thread.into(),
@@ -309,17 +314,19 @@ impl Daemon {
         })
     }
 
-    /// Creates, seeds and mounts a new workspace (on failure nothing of it remains), making `also`
-    /// (a new thread's binding) durable with it: in place once the workspace is. On failure `also` may be in place (the caller removes it).
+    /// Creates, seeds and mounts a new workspace (on failure nothing of it remains), putting `also`
+    /// (a new thread's binding) in place with it. On failure `also` may be in place (the caller
+    /// removes it).
     ///
     /// The workspace exists once its record is in place (renamed in): a create interrupted before
     /// that (the daemon killed) leaves a directory without a record, which nothing serves and the
-    /// next create of the thread replaces. What must be durable before the answer — the catalog's
-    /// seed batch, the record, `also` — is made so in two waits, each a set of syncs issued at
-    /// once ([`at_once`]: they overlap, and a journaling file system commits them in one
-    /// transaction): the bytes (catalog log, the records' files), then the names (the records'
-    /// directories). The catalog is durable before the record's name, so a power loss never
-    /// leaves a record whose workspace lacks its seed.
+    /// next create of the thread replaces. Before the answer, the catalog's seed batch, the record
+    /// and `also` are in the kernel (SIGKILL of the daemon loses none of them), not synced: their
+    /// syncs run after it ([`make_durable`]), and every `fsync` in the workspace, and every durable
+    /// write of the daemon that depends on it, waits for them ([`Durable`]). A power loss before
+    /// they ran may leave the record missing, torn or without its seed; the next start treats
+    /// that as an interrupted create ([`Daemon::recover_creates`], [`Daemon::refuse_unseeded`]):
+    /// nothing in it was reported durable.
     pub(super) fn create_with(
         &self,
         thread: &str,
@@ -368,6 +375,8 @@ impl Daemon {
         // A fresh fork's upper layer holds nothing outside `.git` when its mark is taken (no
         // snapshot restored, no changes applied), so the mark's time needs no clock tick of its own.
         let fresh = fork.apply.is_none() && fork.saved.is_none();
+        // The background sync of the new workspace, once it is under way.
+        let mut pending: Option<Arc<Durable>> = None;
         let made = (|| {
             // Where the time goes, in µs since the start, for the log line below.
             let t0 = std::time::Instant::now();
@@ -462,34 +471,51 @@ impl Daemon {
             });
             let staged = rec.stage(&self.layout)?;
             let clocked = us(t0);
+            // The syncs, taken now (each record's on a handle of its temp file, which the rename
+            // keeps) and run after the answer: first the bytes (catalog log, records), then the
+            // names (the records' directories), so that a power loss after the first set leaves
+            // either no record or a whole one.
             let c = core.clone();
             let mut bytes: Vec<SyncJob<Error>> = vec![Box::new(move || {
-                c.sync_catalog()
+                c.sync_seed()
                     .map_err(on_workspace("cannot sync the new workspace's catalog"))
             })];
             bytes.push(job(staged.sync_job()?));
             if let Some(a) = &also {
                 bytes.push(job(a.sync_job()?));
             }
-            at_once(bytes, lost)?;
-            let synced = us(t0);
             let placed = staged.publish()?;
             let also = also.map(|a| a.publish()).transpose()?;
             let mut names = vec![job(placed.sync_job())];
             if let Some(a) = &also {
                 names.push(job(a.sync_job()));
             }
-            at_once(names, lost)?;
-            let saved = us(t0);
+            let in_place = us(t0);
+            // In place: the workspace exists and survives SIGKILL of the daemon. Nothing in it is
+            // reported durable (fsync) before the syncs above have run (see `Durable`).
+            let barrier = Durable::pending();
+            core.durable_after(barrier.clone());
+            pending = Some(barrier.clone());
+            make_durable(
+                thread,
+                bytes,
+                names,
+                barrier,
+                sync_fault_delay(&self.layout),
+            );
             let mounted = self.mount_core(&rec, core);
             tracing::info!(
                 %thread, loaded, planned, indexed, seeded, diffed, applied, restored, written,
-                clocked, synced, saved, mounted = us(t0),
+                clocked, in_place, mounted = us(t0),
                 "created a workspace (µs since the start)"
             );
             mounted
         })();
         if made.is_err() {
+            // Its syncs finish first: nothing then works on files of a directory being removed.
+            if let Some(b) = pending {
+                let _ = b.wait();
+            }
             let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
         }
         made
@@ -622,6 +648,11 @@ impl Daemon {
                 self.layout.mountpoint(thread).display()
             )));
         }
+        // A workspace created moments ago: its background sync ends before it is taken apart.
+        let core = lock(&self.mounts).get(thread).map(|m| m.core.clone());
+        if let Some(core) = core {
+            self.settled(&core);
+        }
         let mut warnings = Vec::new();
         let saved = if rec.chat || discard {
             None
@@ -733,8 +764,171 @@ impl Daemon {
         released
     }
 
+    /// Waits for `core`'s background sync if it was created moments ago ([`Durable`]), before
+    /// the daemon makes durable something that depends on it (a snapshot's ref, a fork of it, its
+    /// release, a stop). A failure was logged when it happened and is for the workspace's fsyncs
+    /// to report; here it is only noted.
+    pub(super) fn settled(&self, core: &WorkspaceFs) {
+        if let Err(e) = core.wait_durable() {
+            tracing::debug!("{e}");
+        }
+    }
+
+    /// [`Self::settled`] for every served workspace: before the daemon stops or hands over.
+    pub(super) fn settle_all(&self) {
+        let cores: Vec<Arc<WorkspaceFs>> = lock(&self.mounts)
+            .values()
+            .map(|m| m.core.clone())
+            .collect();
+        for core in cores {
+            self.settled(&core);
+        }
+    }
+
+    /// Before a workspace whose record is in place is served again: a catalog that loads blank,
+    /// without `.git`, never held the seed its create wrote before putting the record in place,
+    /// which only a
+    /// power loss before the create's background sync explains (the record's rename reached the
+    /// disk, the catalog's bytes did not). Nothing in it was reported durable: it is an
+    /// interrupted create, set aside ([`Self::set_aside_workspace`]) and refused; the next
+    /// `open` of the thread makes it again.
+    pub(super) fn refuse_unseeded(
+        &self,
+        rec: &WorkspaceRecord,
+        core: &WorkspaceFs,
+    ) -> Result<(), Error> {
+        // (A base whose tree has a `.git` entry of its own is not seeded: its catalog may well
+        // be blank.)
+        if !core.is_blank() || core.exists(crate::fs::ROOT_INO, ".git").unwrap_or(true) {
+            return Ok(());
+        }
+        let done = self.set_aside_workspace(
+            &rec.thread,
+            "its record is in place but its catalog holds no seed",
+        );
+        Err(Error::Refused(format!(
+            "thread {}: its workspace was never made durable (power loss while it was created) and was {done}; open it again",
+            rec.thread
+        )))
+    }
+
+    /// At start, before anything is remounted: what a power loss during a create can leave, as
+    /// an interrupted create (nothing in it was reported durable: every fsync in a new workspace
+    /// waits for its background sync). A binding that cannot be read is set aside; a workspace
+    /// directory whose record cannot be read, or that has none and was made on an earlier boot,
+    /// is set aside ([`Self::set_aside_workspace`]); a workspace record without its binding gets
+    /// it back, made from the record. (A directory without a record made on this boot is what a
+    /// daemon killed during a create leaves: nothing was answered for it, and the next create of
+    /// the thread removes it.) Each case is one log line; none stops the daemon.
+    pub(super) fn recover_creates(&self) {
+        let threads = self.layout.state.join("threads");
+        for key in names_in(&threads) {
+            let Some(thread) = key.strip_suffix(".json") else {
+                continue;
+            };
+            if validate(NameKind::Thread, thread).is_err() {
+                continue;
+            }
+            if let Err(e) = Binding::load(&self.layout, thread) {
+                match Binding::set_aside(&self.layout, thread) {
+                    Ok(to) => tracing::warn!(
+                        %thread, "unreadable binding ({e}): set aside as {}", to.display()
+                    ),
+                    Err(err) => tracing::error!(%thread, "unreadable binding ({e}): {err}"),
+                }
+            }
+        }
+        let this_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .ok()
+            .map(|b| b.trim().to_string());
+        for thread in names_in(&self.layout.workspaces()) {
+            if validate(NameKind::Thread, &thread).is_err()
+                || !self.layout.workspace(&thread).is_dir()
+            {
+                continue;
+            }
+            match WorkspaceRecord::load(&self.layout, &thread) {
+                Ok(Some(rec)) => self.rebind(&rec),
+                Ok(None) => {
+                    let made_on = std::fs::read_to_string(
+                        self.layout.workspace(&thread).join("upper").join("boot"),
+                    )
+                    .ok()
+                    .map(|b| b.trim().to_string());
+                    if this_boot.is_some() && made_on == this_boot {
+                        continue;
+                    }
+                    self.set_aside_workspace(&thread, "no record, made on an earlier boot");
+                }
+                Err(e) => {
+                    self.set_aside_workspace(&thread, &format!("unreadable record ({e})"));
+                }
+            }
+        }
+    }
+
+    /// A project workspace's record without its thread's binding (a power loss kept the one's
+    /// rename, not the other's): the binding made again from the record, which says the same
+    /// (project, base, branch, owner, I/O mode).
+    fn rebind(&self, rec: &WorkspaceRecord) {
+        if rec.chat || !matches!(Binding::load(&self.layout, &rec.thread), Ok(None)) {
+            return;
+        }
+        let b = Binding {
+            thread: rec.thread.clone(),
+            project: rec.project.clone(),
+            base_commit: rec.base_commit.clone(),
+            branch: rec.branch.clone(),
+            created: rec.created,
+            owner: rec.owner,
+            io: rec.io,
+        };
+        match b.save(&self.layout) {
+            Ok(()) => tracing::warn!(
+                thread = %rec.thread, project = %rec.project,
+                "a workspace without its binding: bound again from its record"
+            ),
+            Err(e) => tracing::error!(thread = %rec.thread, "cannot bind the workspace again: {e}"),
+        }
+    }
+
+    /// Takes an interrupted create's directory out of `<state>/workspaces`: removed if its upper
+    /// layer holds no data file, else moved whole to `<state>/quarantine/<thread>.<unix seconds>`
+    /// (never deleted: a user may have written in it before the power loss). Logs one line with
+    /// `why`; returns what was done, for a message.
+    pub(super) fn set_aside_workspace(&self, thread: &str, why: &str) -> String {
+        let dir = self.layout.workspace(thread);
+        let holds_data = std::fs::read_dir(dir.join("upper").join("data"))
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        let done = if holds_data {
+            let quarantine = self.layout.state.join("quarantine");
+            let to = quarantine.join(format!("{thread}.{}", now()));
+            match crate::layout::create_private_dir(&quarantine)
+                .and_then(|()| std::fs::rename(&dir, &to))
+            {
+                Ok(()) => format!("set aside in {}", to.display()),
+                Err(e) => format!(
+                    "left in place (cannot set it aside in {}: {e})",
+                    to.display()
+                ),
+            }
+        } else {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => "removed (it held no file)".to_string(),
+                Err(e) => format!("left in place (cannot remove it: {e})"),
+            }
+        };
+        tracing::warn!(%thread, "{why}: an interrupted create, {done}");
+        done
+    }
+
     /// Drops a workspace that failed to come into being.
     pub(super) fn discard(&self, thread: &str) {
+        let core = lock(&self.mounts).get(thread).map(|m| m.core.clone());
+        if let Some(core) = core {
+            self.settled(&core);
+        }
         let _ = self.unmount_thread(thread, true);
         let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
         let _ = std::fs::remove_dir(self.layout.mountpoint(thread));
@@ -793,6 +987,55 @@ impl Daemon {
         }
         Ok((SweepAnswer { released, kept }, vec![]))
     }
+}
+
+/// Makes a new workspace durable after its `open` was answered: `bytes` at once (catalog log,
+/// record and binding files), then `names` at once (their directories), on the kept sync workers;
+/// then finishes `barrier`, which every `fsync` in the workspace and the daemon's own durable
+/// writes that depend on it wait for. `delay` (tests only) holds the syncs back.
+fn make_durable(
+    thread: &str,
+    bytes: Vec<SyncJob<Error>>,
+    names: Vec<SyncJob<Error>>,
+    barrier: Arc<Durable>,
+    delay: Option<std::time::Duration>,
+) {
+    let thread = thread.to_string();
+    crate::records::in_background(Box::new(move || {
+        let started = std::time::Instant::now();
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
+        let r = at_once(bytes, lost).and_then(|()| at_once(names, lost));
+        tracing::info!(
+            %thread, synced = started.elapsed().as_micros() as u64,
+            "the new workspace is durable (µs after it was placed)"
+        );
+        barrier.finish(r.map_err(|e| format!("thread {thread}: {e}")));
+    }));
+}
+
+/// For tests, in debug builds only: how long a new workspace's background sync waits before it
+/// starts (`<state>/faults/open-sync-delay-ms`, in milliseconds), so that a test can watch what
+/// must wait for it. Release builds never read it.
+fn sync_fault_delay(layout: &crate::layout::Layout) -> Option<std::time::Duration> {
+    if !cfg!(debug_assertions) {
+        return None;
+    }
+    let ms =
+        std::fs::read_to_string(layout.state.join("faults").join("open-sync-delay-ms")).ok()?;
+    ms.trim().parse().ok().map(std::time::Duration::from_millis)
+}
+
+/// The names in `dir` (none if it cannot be read).
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A record's sync as a job of the daemon's [`at_once`].

@@ -24,6 +24,6 @@ pub use self::error::{Context, FsError, FsResult};
 // depend on how the core is split into files.
 pub use self::workspace::{
     BASE_TOKEN, BaseMove, BaseStat, Behind, Caller, Change, ChangeKind, Changed, DirEntry, DirName,
-    Listing, NAME_MAX, NodeMeta, Opened, Presentation, ROOT_INO, SetAttr, SetTime, TreeChange,
-    View, WorkspaceFs, XattrReply, base_stat, path_ino, unix_time,
+    Durable, Listing, NAME_MAX, NodeMeta, Opened, Presentation, ROOT_INO, SetAttr, SetTime,
+    TreeChange, View, WorkspaceFs, XattrReply, base_stat, path_ino, unix_time,
 };

@@ -371,10 +371,12 @@ impl WorkspaceFs {
 
     /// Makes `fsync` of a file or directory durable for the catalog too: every batch appended
     /// before this call (so every change the caller was answered about) is on disk when it returns.
-    /// Not under the state lock (the catalog's [`LogSync`]): appends go on meanwhile.
+    /// Not under the state lock (the catalog's [`LogSync`]): appends go on meanwhile. A new
+    /// workspace's own creation is durable first ([`Self::wait_durable`]).
     ///
     /// [`LogSync`]: crate::cow::catalog::LogSync
     pub fn sync_catalog(&self) -> Result<(), FsError> {
+        self.wait_durable()?;
         self.catalog_sync
             .sync()
             .context(|| format!("fsync of the catalog in {}", self.upper.dir().display()))

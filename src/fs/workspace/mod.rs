@@ -36,6 +36,7 @@ use crate::git::objects::{EntryKind, ObjectStore};
 mod attr;
 mod content;
 mod convert;
+mod durable;
 mod fsck;
 mod handover;
 mod inodes;
@@ -53,6 +54,7 @@ mod xattr;
 
 pub use convert::unix_time;
 use convert::*;
+pub use durable::Durable;
 pub use handover::NodeState;
 pub use inodes::path_ino;
 use inodes::{Node, Nodes};
@@ -123,6 +125,8 @@ pub struct WorkspaceFs {
     copied: Condvar,
     /// Syncs the catalog's log: `fsync` makes it durable without the state lock.
     catalog_sync: LogSync,
+    /// A new workspace's background sync, which every `fsync` waits for (see [`Durable`]).
+    durable: Mutex<Option<Arc<Durable>>>,
 }
 
 /// Something the daemon changed in the workspace other than through a FUSE request, which the
@@ -233,6 +237,7 @@ impl WorkspaceFs {
             any_capability: AtomicBool::new(any_capability),
             copied: Condvar::new(),
             catalog_sync,
+            durable: Mutex::new(None),
         };
         if !damage.is_empty() {
             fs.note_catalog_damage(&damage)?;
