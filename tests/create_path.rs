@@ -4,15 +4,12 @@
 
 use std::ffi::OsStr;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
 
-use octofs::cow::blobcache::BlobCache;
 use octofs::fs::{Caller, Changed, ROOT_INO, WorkspaceFs};
-use octofs::git::objects::ObjectStore;
 
 mod common;
 
-use common::{DATE1, GitRepo, load_core};
+use common::core_of_files;
 
 const ROOT: Caller = Caller { uid: 0, gid: 0 };
 
@@ -22,23 +19,7 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let repo = tmp.path().join("repo");
-    std::fs::create_dir_all(&repo).expect("mkdir");
-    let r = GitRepo::init(&repo);
-    r.write("base.txt", "base content\n");
-    r.commit_all("one", DATE1);
-    let store = Arc::new(ObjectStore::open(&repo).expect("store"));
-    let base = store.resolve(None).expect("HEAD");
-    let blobs = Arc::new(BlobCache::new(&tmp.path().join("cache")).expect("cache"));
-    let core = load_core(
-        &store,
-        &blobs,
-        base.tree,
-        base.time,
-        &tmp.path().join("upper"),
-        tmp.path(),
-    );
+    let (tmp, core) = core_of_files(&[("base.txt", "base content\n")]);
     Fixture { core, _tmp: tmp }
 }
 

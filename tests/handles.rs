@@ -8,14 +8,12 @@ use std::fs::File;
 use std::sync::Arc;
 
 use fuser::Errno;
-use octofs::cow::blobcache::BlobCache;
 use octofs::fs::handles::Handles;
 use octofs::fs::{ROOT_INO, WorkspaceFs};
-use octofs::git::objects::ObjectStore;
 
 mod common;
 
-use common::{DATE1, GitRepo, load_core};
+use common::core_of_files;
 
 struct Fixture {
     _tmp: tempfile::TempDir,
@@ -24,24 +22,8 @@ struct Fixture {
 }
 
 fn fixture() -> Fixture {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let repo = tmp.path().join("repo");
-    std::fs::create_dir_all(&repo).expect("mkdir");
-    let r = GitRepo::init(&repo);
-    r.write("f.txt", "base content\n");
-    r.write("d/g.txt", "g\n");
-    r.commit_all("one", DATE1);
-    let store = Arc::new(ObjectStore::open(&repo).expect("store"));
-    let base = store.resolve(None).expect("HEAD");
-    let blobs = Arc::new(BlobCache::new(&tmp.path().join("cache")).expect("cache"));
-    let core = Arc::new(load_core(
-        &store,
-        &blobs,
-        base.tree,
-        base.time,
-        &tmp.path().join("upper"),
-        tmp.path(),
-    ));
+    let (tmp, core) = core_of_files(&[("f.txt", "base content\n"), ("d/g.txt", "g\n")]);
+    let core = Arc::new(core);
     Fixture {
         handles: Handles::new(core.clone()),
         core,

@@ -1577,30 +1577,12 @@ fn an_interrupted_create_is_made_again_from_the_base() {
 /// answers success after a failed one.
 #[test]
 fn every_fsync_in_a_new_workspace_waits_for_its_background_sync() {
-    use octofs::cow::blobcache::BlobCache;
     use octofs::fs::handles::Handles;
     use octofs::fs::{Durable, ROOT_INO};
-    use octofs::git::objects::ObjectStore;
     use std::sync::{Arc, mpsc};
 
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let repo = tmp.path().join("repo");
-    fs::create_dir_all(&repo).expect("mkdir");
-    let r = GitRepo::init(&repo);
-    r.write("f.txt", "base content\n");
-    r.write("g.txt", "g\n");
-    r.commit_all("one", DATE1);
-    let store = Arc::new(ObjectStore::open(&repo).expect("store"));
-    let base = store.resolve(None).expect("HEAD");
-    let blobs = Arc::new(BlobCache::new(&tmp.path().join("cache")).expect("cache"));
-    let core = Arc::new(load_core(
-        &store,
-        &blobs,
-        base.tree,
-        base.time,
-        &tmp.path().join("upper"),
-        tmp.path(),
-    ));
+    let (_tmp, core) = common::core_of_files(&[("f.txt", "base content\n"), ("g.txt", "g\n")]);
+    let core = Arc::new(core);
     let handles: Handles<u32> = Handles::new(core.clone());
     let ino = |name: &str| {
         core.lookup(ROOT_INO, std::ffi::OsStr::new(name))

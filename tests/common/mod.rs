@@ -953,6 +953,33 @@ pub fn load_core(
     .expect("load workspace")
 }
 
+/// A filesystem core over a new repository in a temporary directory whose one commit holds
+/// `files` (path, content); its upper layer and blob cache in the same directory, which the
+/// returned `TempDir` keeps.
+#[track_caller]
+pub fn core_of_files(files: &[(&str, &str)]) -> (tempfile::TempDir, WorkspaceFs) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(&repo).expect("mkdir");
+    let r = GitRepo::init(&repo);
+    for (path, content) in files {
+        r.write(path, content);
+    }
+    r.commit_all("one", DATE1);
+    let store = Arc::new(ObjectStore::open(&repo).expect("store"));
+    let base = store.resolve(None).expect("HEAD");
+    let blobs = Arc::new(BlobCache::new(&tmp.path().join("cache")).expect("cache"));
+    let core = load_core(
+        &store,
+        &blobs,
+        base.tree,
+        base.time,
+        &tmp.path().join("upper"),
+        tmp.path(),
+    );
+    (tmp, core)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Unprivileged local users, for the tests of the trust boundary.
 
