@@ -146,34 +146,11 @@ fn objects_dir(repo: &gix::Repository) -> PathBuf {
     repo.common_dir().join("objects")
 }
 
-/// The CRC-32 (IEEE) table of git's pack index.
-const CRC_TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0xedb8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
-
-/// `crc` continued over `data` (start with 0).
+/// `crc` continued over `data` (start with 0): the CRC-32 a pack index keeps per entry.
 fn crc32(crc: u32, data: &[u8]) -> u32 {
-    let mut c = !crc;
-    for b in data {
-        c = CRC_TABLE[((c ^ u32::from(*b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
+    let mut h = crc32fast::Hasher::new_with_initial(crc);
+    h.update(data);
+    h.finalize()
 }
 
 /// The pack type of a whole object.
