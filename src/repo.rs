@@ -172,6 +172,80 @@ pub fn fsmonitor_command(layout: &Layout, thread: &str, exe: &Path) -> String {
     )
 }
 
+/// Brings an existing workspace's `core.fsmonitor` up to date when it is mounted again: the link
+/// `<state>/fsmonitor-<thread>` is pointed at the hook program beside `exe` (this daemon's binary),
+/// and a `.git/config` that still names a command octofs wrote earlier — `<octofs> --state …
+/// fsmonitor <thread>` from before the hook program, whose binary may have moved or gone since, or
+/// the link when there is no hook program now — gets the current command ([`fsmonitor_command`])
+/// in that line. Every other line, and any other value (the owner's own choice), is left as it is.
+/// Reads the config through the core (no symlink followed) and replaces it the way git does, in
+/// one step. Returns whether it was rewritten.
+pub fn refresh_fsmonitor(
+    core: &WorkspaceFs,
+    layout: &Layout,
+    thread: &str,
+    exe: &Path,
+) -> Result<bool, Error> {
+    let cmd = fsmonitor_command(layout, thread, exe);
+    let e = |source| Error::Seed {
+        what: "config".into(),
+        source,
+    };
+    let Some(config) = core.read_file(&[b".git", b"config"]).map_err(e)? else {
+        return Ok(false);
+    };
+    let link = layout.fsmonitor_link(thread);
+    let ours = |value: &str| {
+        value == link.to_string_lossy()
+            || (value.ends_with(&format!(" fsmonitor {thread}"))
+                && value.contains(" --state ")
+                && value.contains(" --root ")
+                && value
+                    .split(' ')
+                    .next()
+                    .is_some_and(|exe| exe.trim_end_matches('\'').ends_with("octofs")))
+    };
+    let Some(updated) = replace_core_fsmonitor(&config, &cmd, ours) else {
+        return Ok(false);
+    };
+    core.put_file_quietly(&[".git"], "config", &updated)
+        .map_err(e)?;
+    Ok(true)
+}
+
+/// `config` with the value of `core.fsmonitor` replaced by `cmd` where `ours` says octofs wrote
+/// it; `None` when nothing changes. Only the simple `key = value` lines octofs writes are
+/// considered (a value with quotes, escapes or a continuation is the owner's).
+fn replace_core_fsmonitor(
+    config: &[u8],
+    cmd: &str,
+    ours: impl Fn(&str) -> bool,
+) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(config.len() + cmd.len());
+    let mut section_core = false;
+    let mut changed = false;
+    for line in config.split_inclusive(|b| *b == b'\n') {
+        let text = std::str::from_utf8(line).unwrap_or("");
+        let body = text.trim();
+        if let Some(rest) = body.strip_prefix('[') {
+            let name = rest.split(']').next().unwrap_or("").trim();
+            section_core = name.eq_ignore_ascii_case("core");
+        } else if section_core
+            && let Some((key, value)) = body.split_once('=')
+            && key.trim().eq_ignore_ascii_case("fsmonitor")
+        {
+            let value = value.trim();
+            if value != cmd && !value.contains(['"', '\\', ';', '#']) && ours(value) {
+                out.extend_from_slice(format!("\tfsmonitor = {cmd}\n").as_bytes());
+                changed = true;
+                continue;
+            }
+        }
+        out.extend_from_slice(line);
+    }
+    changed.then_some(out)
+}
+
 /// Makes `<state>/fsmonitor-<thread>` a link to the hook program beside `exe` (replaced in one
 /// step when it pointed elsewhere) and returns its path; `None` when the path would need a shell
 /// or there is no hook program to link to.
@@ -782,6 +856,43 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["fsmonitor-t-1.x"]);
+    }
+
+    /// Catches: a rewrite of a value octofs did not write, of a key outside `[core]`, of another
+    /// key, or one that loses or reorders the other lines (or their missing final newline).
+    #[test]
+    fn only_the_core_fsmonitor_octofs_wrote_is_replaced() {
+        let ours = |v: &str| v.starts_with("OLD");
+        let replace = |config: &str| {
+            replace_core_fsmonitor(config.as_bytes(), "NEW", ours)
+                .map(|b| String::from_utf8(b).unwrap())
+        };
+        let config = "[core]\n\tbare = false\n\tfsmonitor = OLD cmd\n\tfsmonitorHookVersion = 2\n\
+                      [user]\n\tname = x";
+        assert_eq!(
+            replace(config).as_deref(),
+            Some(
+                "[core]\n\tbare = false\n\tfsmonitor = NEW\n\tfsmonitorHookVersion = 2\n\
+                 [user]\n\tname = x"
+            )
+        );
+        // Key names are case-insensitive in git, sections too.
+        assert_eq!(
+            replace("[Core]\n  FSMonitor=OLD\n").as_deref(),
+            Some("[Core]\n\tfsmonitor = NEW\n")
+        );
+        for kept in [
+            "[core]\n\tfsmonitor = false\n",
+            "[core]\n\tfsmonitor = NEW\n",
+            "[alias]\n\tfsmonitor = OLD\n",
+            "[core]\n\tfsmonitorHookVersion = OLD\n",
+            "[core]\n\tfsmonitor = \"OLD quoted\"\n",
+            "[core]\n\tfsmonitor = OLD \\\n\tcontinued\n",
+            "[core \"x\"]\n\tfsmonitor = OLD\n",
+            "[core]\n[remote \"core\"]\n\tfsmonitor = OLD\n",
+        ] {
+            assert_eq!(replace(kept), None, "{kept:?}");
+        }
     }
 
     /// Catches: a link path git would hand to `sh -c` unquoted (a state directory with a space),

@@ -169,3 +169,53 @@ fn a_truncating_open_of_a_base_file_writes_the_empty_copy() {
     drop(t);
     core.release(ino, true);
 }
+
+/// git writes each new object to `objects/xx/tmp_obj_*`, links it to its real name and unlinks
+/// the first name; the kernel's RELEASE of the handle that wrote it may reach the daemon after
+/// both. Fails if a writer with two links, or one with none left, made the fsmonitor answer
+/// "everything" (each `git status` in that window would rescan the whole tree), or if a name of
+/// such a writer were left out (git would trust a stale stat of a file that may still change).
+#[test]
+fn an_open_writer_is_named_by_each_of_its_links_and_by_none_once_unlinked() {
+    let fx = fixture();
+    let core = &fx.core;
+    let dir = core
+        .mkdir(ROOT_INO, OsStr::new("objects"), 0o755, ROOT)
+        .expect("mkdir")
+        .ino
+        .0;
+    let (attr, opened) = core
+        .create(
+            dir,
+            OsStr::new("tmp_obj_1"),
+            0o444,
+            libc::O_RDWR | libc::O_EXCL,
+            ROOT,
+        )
+        .expect("create");
+    let ino = attr.ino.0;
+    opened.file.write_all_at(b"object", 0).expect("write");
+    assert_eq!(open_writers(core), ["objects/tmp_obj_1"]);
+
+    core.link(ino, dir, OsStr::new("ab12")).expect("link");
+    core.link(ino, ROOT_INO, OsStr::new("outside"))
+        .expect("link");
+    assert_eq!(
+        open_writers(core),
+        ["objects/ab12", "objects/tmp_obj_1", "outside"]
+    );
+    core.unlink(dir, OsStr::new("tmp_obj_1")).expect("unlink");
+    assert_eq!(open_writers(core), ["objects/ab12", "outside"]);
+    core.unlink(ROOT_INO, OsStr::new("outside"))
+        .expect("unlink");
+    assert_eq!(open_writers(core), ["objects/ab12"]);
+    core.unlink(dir, OsStr::new("ab12")).expect("unlink");
+    assert!(
+        open_writers(core).is_empty(),
+        "an unlinked writer has no name"
+    );
+
+    drop(opened);
+    core.release(ino, true);
+    assert!(open_writers(core).is_empty());
+}

@@ -37,7 +37,7 @@ fn sleep_binary() -> Vec<u8> {
 }
 
 fn run_program(path: &Path) -> Child {
-    Command::new(path).arg("30").spawn().expect("exec the copy")
+    spawn_written_program(Command::new(path).arg("30"))
 }
 
 fn rounds(passthrough: bool) {

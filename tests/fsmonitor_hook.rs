@@ -10,6 +10,9 @@
 //! 3. [`a_state_dir_with_a_space_falls_back_to_the_octofs_command`]: a link path git would hand to
 //!    a shell is not used; `octofs fsmonitor` with quoted arguments is, and works.
 //! 4. [`install_puts_the_hook_beside_octofs`]: `scripts/install` installs the hook program.
+//! 5. [`a_workspace_mounted_again_gets_the_current_hook`]: a workspace whose config names the
+//!    command of an earlier octofs (a binary since moved), or whose link leads to a hook that is
+//!    gone, is brought up to date when the daemon mounts it again; the owner's own value is kept.
 
 mod common;
 
@@ -338,4 +341,76 @@ fn install_puts_the_hook_beside_octofs() {
         .mode();
     assert_eq!(mode & 0o777, 0o755, "hook mode");
     assert_eq!(fs::read(&hook).unwrap(), fs::read(hook_bin()).unwrap());
+}
+
+/// Catches: a workspace made by an earlier octofs (its `core.fsmonitor` the quoted `octofs` command
+/// of a binary that has since moved, and no link) or whose link leads to a hook program that is
+/// gone: every `git status` in it would print a hook error and rescan the whole tree. Also catches
+/// a rewrite that touches the owner's own value or the config's other lines.
+#[test]
+fn a_workspace_mounted_again_gets_the_current_hook() {
+    let mut d = Daemon::start();
+    project(&d);
+    let old = d.open_thread("old", &["--project", "p"]);
+    let moved = d.open_thread("moved", &["--project", "p"]);
+    let own = d.open_thread("own", &["--project", "p"]);
+    let gone = d.base.join("gone/target/release");
+    let stale_command = format!(
+        "'{}' --state '{}' --root '{}' fsmonitor old",
+        gone.join("octofs").display(),
+        d.state.display(),
+        d.root.display()
+    );
+    git(&old, ["config", "core.fsmonitor", &stale_command]);
+    git(&old, ["config", "user.name", "Kept Name"]);
+    fs::remove_file(d.state.join("fsmonitor-old")).expect("remove the link");
+    let moved_link = d.state.join("fsmonitor-moved");
+    fs::remove_file(&moved_link).unwrap();
+    std::os::unix::fs::symlink(gone.join("octofs-fsmonitor"), &moved_link).unwrap();
+    git(&own, ["config", "core.fsmonitor", "false"]);
+    let w = old.clone();
+    with_timeout("change a file", FS_TIMEOUT, move || {
+        fs::write(w.join("a.txt"), "changed\n").unwrap()
+    });
+    // Before: git cannot run the hook.
+    let broken = status(&old);
+    assert_eq!(broken.porcelain, lines(&[" M a.txt"]));
+    assert!(
+        broken.codes.iter().all(|c| *c != 0),
+        "the stale command ran: {:?}",
+        broken.codes
+    );
+
+    d.stop();
+    d.spawn();
+    wait_mounted(
+        &[old.clone(), moved.clone(), own.clone()],
+        Duration::from_secs(20),
+    );
+    let hook = fs::canonicalize(hook_bin()).unwrap();
+    for t in ["old", "moved"] {
+        let link = d.state.join(format!("fsmonitor-{t}"));
+        assert_eq!(
+            fs::canonicalize(&link).ok(),
+            Some(hook.clone()),
+            "the link of {t} does not lead to the hook program"
+        );
+        let ws = d.root.join(t);
+        let configured = git(&ws, ["config", "core.fsmonitor"]).trim().to_string();
+        assert_eq!(Path::new(&configured), link, "core.fsmonitor of {t}");
+        let s = status(&ws);
+        assert_eq!(s.codes, [0], "{t}: {}", s.stderr);
+        assert!(s.stderr.trim().is_empty(), "{t}: {}", s.stderr);
+        assert_eq!(s.porcelain, reference(&ws), "{t}");
+    }
+    assert_eq!(status(&old).porcelain, lines(&[" M a.txt"]));
+    assert_eq!(git(&old, ["config", "user.name"]).trim(), "Kept Name");
+    assert_eq!(
+        git(&own, ["config", "core.fsmonitor"]).trim(),
+        "false",
+        "the owner's own value was replaced"
+    );
+    for t in ["old", "moved", "own"] {
+        d.cli_ok(["release", t]);
+    }
 }

@@ -325,10 +325,7 @@ fn exec_and_etxtbsy() {
         let path = mnt.join(format!("prog-{round}"));
         fs::write(&path, &program).expect("copy the program in");
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod");
-        let mut child = Command::new(&path)
-            .arg("30")
-            .spawn()
-            .expect("exec the copy");
+        let mut child = spawn_written_program(Command::new(&path).arg("30"));
         for flags in [
             libc::O_WRONLY,
             libc::O_RDWR,

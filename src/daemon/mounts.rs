@@ -35,7 +35,27 @@ impl Daemon {
     pub(super) fn mount(&self, rec: &WorkspaceRecord) -> Result<(), Error> {
         let core = self.load_core(rec)?;
         self.refuse_unseeded(rec, &core)?;
+        self.refresh_fsmonitor(rec, &core);
         self.mount_core(rec, core)
+    }
+
+    /// Points an existing workspace's fsmonitor hook at this daemon's hook program (its binary may
+    /// have moved since the workspace was made: git would print an error and rescan at every
+    /// status). Never fails the mount: a workspace without the hook is still correct, only slower.
+    fn refresh_fsmonitor(&self, rec: &WorkspaceRecord, core: &WorkspaceFs) {
+        let refreshed = std::env::current_exe()
+            .map_err(|e| e.to_string())
+            .and_then(|exe| {
+                crate::repo::refresh_fsmonitor(core, &self.layout, &rec.thread, &exe)
+                    .map_err(|e| e.to_string())
+            });
+        match refreshed {
+            Ok(true) => tracing::info!(thread = %rec.thread, "core.fsmonitor brought up to date"),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(thread = %rec.thread, "cannot refresh the fsmonitor hook: {e}")
+            }
+        }
     }
 
     /// Loads the filesystem core of `rec`'s workspace (its upper layer over its base).

@@ -131,9 +131,7 @@ pub fn try_run(cmd: &mut Command, timeout: Duration) -> Result<Out, String> {
         .stdout(Stdio::from(out_f.try_clone().map_err(io)?))
         .stderr(Stdio::from(err_f.try_clone().map_err(io)?))
         .process_group(0);
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot spawn {desc}: {e}"))?;
+    let mut child = spawn_retrying_busy(cmd).map_err(|e| format!("cannot spawn {desc}: {e}"))?;
     let status = match wait_timeout(&mut child, timeout) {
         Some(status) => status,
         None => {
@@ -168,6 +166,35 @@ pub fn run(cmd: &mut Command, timeout: Duration) -> Out {
         Ok(out) => out,
         Err(e) => panic!("{e}"),
     }
+}
+
+/// Spawns `cmd`, retrying for up to 10 s while exec says `ETXTBSY`.
+///
+/// The tests of a binary run as threads of one process. When another thread forks (a daemon, git,
+/// a shell) while this one still holds a program it just wrote open for writing, the child inherits
+/// a writable copy of that descriptor until it execs, and an exec of the program in that window
+/// fails with `ETXTBSY` — the kernel is right, and `go test` retries the same way. A program that
+/// stays busy for 10 s is a real error.
+pub fn spawn_retrying_busy(cmd: &mut Command) -> std::io::Result<Child> {
+    let started = Instant::now();
+    loop {
+        match cmd.spawn() {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ETXTBSY)
+                    && started.elapsed() < Duration::from_secs(10) =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            spawned => return spawned,
+        }
+    }
+}
+
+/// Starts a program the test has just written into a mount ([`spawn_retrying_busy`]); panics if
+/// it cannot.
+#[track_caller]
+pub fn spawn_written_program(cmd: &mut Command) -> Child {
+    spawn_retrying_busy(cmd).unwrap_or_else(|e| panic!("exec {cmd:?}: {e}"))
 }
 
 /// Runs `program args…` with [`CMD_TIMEOUT`].

@@ -212,18 +212,53 @@ impl WorkspaceFs {
         (new, Self::with_open_writers(&st, paths))
     }
 
-    /// `paths` plus every file open for writing right now (its content may change without a
-    /// journal entry until it is closed), sorted and without repeats; everything when the path of
-    /// such a file cannot be told.
+    /// `paths` plus every name of every file open for writing right now (its content may change
+    /// without a journal entry until it is closed), sorted and without repeats; everything when
+    /// the names of such a file cannot be told.
+    ///
+    /// A file unlinked while open has no name git could look at and adds nothing. A file with
+    /// several links (git links each new object from its `tmp_obj_*` name before it unlinks that
+    /// name, and the kernel's RELEASE of the handle that wrote it may come after both) adds each
+    /// of its names.
     fn with_open_writers(st: &State, mut paths: Vec<Vec<u8>>) -> Changed {
         for n in st.live.inodes.values().filter(|n| n.writers > 0) {
-            match Self::path_of(st, n.rec.ino) {
-                Some(p) => paths.push(p),
+            let rec = &n.rec;
+            let known = match (rec.kind, rec.nlink) {
+                (Kind::Dir, _) | (_, 1) => Self::path_of(st, rec.ino).map(|p| vec![p]),
+                (_, 0) => Some(Vec::new()),
+                _ => Self::link_paths(st, rec.ino, rec.nlink),
+            };
+            match known {
+                Some(names) => paths.extend(names),
                 None => return Changed::Everything,
             }
         }
         paths.sort();
         paths.dedup();
         Changed::Paths(paths)
+    }
+
+    /// Every name of a file with `nlink` links, or `None` when fewer are found. Only the upper
+    /// layer makes links, so each name is an entry of a changed directory, or the primary name
+    /// the record keeps. Scans the changed directories: for open writers with several links only.
+    fn link_paths(st: &State, ino: u64, nlink: u32) -> Option<Vec<Vec<u8>>> {
+        let rec = &st.live.inodes.get(&ino)?.rec;
+        let mut names: Vec<(u64, &[u8])> = vec![(rec.parent, rec.name.as_slice())];
+        for (dir, entries) in &st.live.dirs {
+            for (name, entry) in entries {
+                if *entry == Some(ino) {
+                    names.push((*dir, name.as_slice()));
+                }
+            }
+        }
+        names.sort_unstable();
+        names.dedup();
+        if names.len() < nlink as usize {
+            return None;
+        }
+        names
+            .into_iter()
+            .map(|(dir, name)| Some(join(&Self::path_of(st, dir)?, name)))
+            .collect()
     }
 }
