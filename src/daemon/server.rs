@@ -425,6 +425,9 @@ async fn connection(
             IO_TIMEOUT.as_secs()
         ))),
     };
+    // Only the answer to `restart` ends a daemon that handed over: another connection answered
+    // meanwhile (a ping, a status) must not make it exit before that answer is written.
+    let restart = matches!(request, Ok(Request::Restart { .. }));
     let resp = match (request, caller) {
         (Err(e), _) => Response::err(e.to_string()),
         (Ok(_), Err(e)) => Response::err(format!("cannot tell who is asking: {e}")),
@@ -435,7 +438,9 @@ async fn connection(
     tokio::time::timeout(IO_TIMEOUT, w.write_all(&out))
         .await
         .context("the client did not take its answer")??;
-    super::takeover::exit_if_handed_over();
+    if restart {
+        super::takeover::exit_if_handed_over();
+    }
     Ok(())
 }
 

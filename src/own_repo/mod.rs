@@ -73,6 +73,12 @@ pub enum Error {
     /// The workspace's index is split and its shared part is not there.
     #[error("the workspace's .git/index is split, and its .git/{name} is missing")]
     SplitIndexMissing { name: String },
+    /// A file of the workspace's index is larger than any index git writes for a real tree.
+    #[error(
+        "the workspace's .git/{name} is {size} bytes, more than octofs reads of an index \
+         ({max} bytes)"
+    )]
+    IndexTooLarge { name: String, size: u64, max: u64 },
     /// The private copy of the workspace's objects could not be opened.
     #[error("cannot open {}: {source}", path.display())]
     OpenObjects {
