@@ -114,6 +114,20 @@ impl<'r> ObjectBatch<'r> {
         Ok(())
     }
 
+    /// Adds an object prepared on another thread ([`Deflated::of`]): its compressed bytes go into
+    /// the pack as they are (the same bytes [`Self::put`] would write); while the batch still
+    /// holds its first objects the whole bytes are kept instead. Nothing if the batch holds it.
+    pub fn put_deflated(&mut self, d: &Deflated) -> Result<(), Error> {
+        if self.pack.is_none() || self.ids.contains(&d.id) {
+            return self.put(d.kind, d.id, &d.data);
+        }
+        self.ids.insert(d.id);
+        if let Some(p) = self.pack.as_mut() {
+            p.add_deflated(d.kind, d.id, d.data.len() as u64, &d.deflated)?;
+        }
+        Ok(())
+    }
+
     /// Writes the batch into the mirror: loose objects, or the pack renamed in whole. Its objects
     /// are visible to git and to gix (a handle finds a new pack at its next miss) when it returns.
     pub fn finish(self) -> Result<Written, Error> {
@@ -139,6 +153,51 @@ impl<'r> ObjectBatch<'r> {
             pack: None,
         })
     }
+}
+
+/// An object hashed and compressed away from its batch (on a worker thread), to be added with
+/// [`ObjectBatch::put_deflated`]: its id, whole bytes and the compressed bytes a pack entry holds.
+pub struct Deflated {
+    pub kind: Kind,
+    pub id: ObjectId,
+    pub data: Vec<u8>,
+    deflated: Vec<u8>,
+}
+
+/// A compressor for [`Deflated::of`], reused by one thread between objects.
+pub struct Deflater(gix::zlib::stream::deflate::Compress);
+
+impl Default for Deflater {
+    fn default() -> Deflater {
+        Deflater(new_compressor())
+    }
+}
+
+impl Deflated {
+    /// `data` as an object of `kind`: hashed (`hash`) and compressed as a pack entry's bytes.
+    pub fn of(
+        z: &mut Deflater,
+        hash: gix::hash::Kind,
+        kind: Kind,
+        data: Vec<u8>,
+    ) -> Result<Deflated, Error> {
+        let id = gix::objs::compute_hash(hash, kind, &data)
+            .context(|| "cannot hash an object".to_string())?;
+        let mut deflated = Vec::new();
+        deflate(&mut z.0, &data, &mut deflated).context(|| format!("cannot compress {id}"))?;
+        Ok(Deflated {
+            kind,
+            id,
+            data,
+            deflated,
+        })
+    }
+}
+
+/// The compressor of pack entries: zlib level 1 (git's default is 6; a snapshot's pack is
+/// written while the agent waits).
+fn new_compressor() -> gix::zlib::stream::deflate::Compress {
+    gix::zlib::stream::deflate::Compress::new(gix::zlib::Compression::BEST_SPEED)
 }
 
 /// The mirror's object directory.
@@ -278,18 +337,30 @@ impl PackOut {
 
     /// Appends one whole object.
     fn add(&mut self, kind: Kind, id: ObjectId, data: &[u8]) -> Result<(), Error> {
+        let z = self.zip.get_or_insert_with(new_compressor);
+        deflate(z, data, &mut self.buf).context(|| format!("cannot write {id} into a pack"))?;
+        let buf = std::mem::take(&mut self.buf);
+        let added = self.add_deflated(kind, id, data.len() as u64, &buf);
+        self.buf = buf;
+        added
+    }
+
+    /// Appends one whole object of `size` bytes, already compressed (`deflated`).
+    fn add_deflated(
+        &mut self,
+        kind: Kind,
+        id: ObjectId,
+        size: u64,
+        deflated: &[u8],
+    ) -> Result<(), Error> {
         let what = || format!("cannot write {id} into a pack");
-        let z = self.zip.get_or_insert_with(|| {
-            gix::zlib::stream::deflate::Compress::new(gix::zlib::Compression::BEST_SPEED)
-        });
-        deflate(z, data, &mut self.buf).context(what)?;
         self.head.clear();
-        entry_header(kind, data.len() as u64, &mut self.head);
-        let crc = crc32(crc32(0, &self.head), &self.buf);
+        entry_header(kind, size, &mut self.head);
+        let crc = crc32(crc32(0, &self.head), deflated);
         self.file.write_all(&self.head).context(what)?;
-        self.file.write_all(&self.buf).context(what)?;
+        self.file.write_all(deflated).context(what)?;
         self.entries.push((id, self.offset, crc));
-        self.offset += (self.head.len() + self.buf.len()) as u64;
+        self.offset += (self.head.len() + deflated.len()) as u64;
         Ok(())
     }
 

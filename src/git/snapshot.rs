@@ -8,7 +8,7 @@
 
 use crate::git::error::{Context, Error};
 use crate::git::objects::git_order;
-use crate::git::pack::ObjectBatch;
+use crate::git::pack::{Deflated, Deflater, ObjectBatch};
 use std::path::{Path, PathBuf};
 
 use gix::ObjectId;
@@ -221,6 +221,18 @@ pub fn build_tree(
     edits: &[ViewEdit],
     clock: Option<(i64, i64)>,
 ) -> Result<ObjectId, Error> {
+    build_tree_on(repo, base_tree, edits, clock, blob_threads())
+}
+
+/// [`build_tree`] with the changed files' blobs saved on up to `threads` threads (see
+/// [`read_files`]); the tree, its objects and their pack entries are the same for any count.
+fn build_tree_on(
+    repo: &gix::Repository,
+    base_tree: ObjectId,
+    edits: &[ViewEdit],
+    clock: Option<(i64, i64)>,
+    threads: usize,
+) -> Result<ObjectId, Error> {
     // An id the view names (a tree or object of the base, of the last snapshot) must be in the
     // mirror: a tree naming a missing object would be written, and the ref moved to it.
     let present = |id: ObjectId, path: &BStr| -> Result<ObjectId, Error> {
@@ -243,12 +255,13 @@ pub fn build_tree(
             ViewSource::Bytes(b) => batch.borrow_mut().write(gix::objs::Kind::Blob, b)?,
         })
     };
+    let saved = read_files(repo, &batch, edits, clock, threads)?;
     let mut root = DirEdit {
         base: DirBase::Tree(base_tree),
         forced: true,
         names: std::collections::BTreeMap::new(),
     };
-    for e in edits {
+    for (i, e) in edits.iter().enumerate() {
         let path: &BStr = e.path().as_bstr();
         let leaf = match e {
             ViewEdit::Symlink { .. } => Some(gix::validate::path::component::Mode::Symlink),
@@ -268,7 +281,11 @@ pub fn build_tree(
                 } else {
                     EntryKind::Blob
                 };
-                Some((kind, blob(source, path)?))
+                let id = match saved.get(&i) {
+                    Some(id) => *id,
+                    None => blob(source, path)?,
+                };
+                Some((kind, id))
             }
             ViewEdit::Symlink { source, .. } => Some((EntryKind::Link, blob(source, path)?)),
         };
@@ -286,6 +303,124 @@ pub fn build_tree(
     let written = batch.into_inner().finish()?;
     tracing::debug!(objects = written.objects, pack = ?written.pack, "snapshot objects written");
     Ok(tree)
+}
+
+/// From this many changed files to read on, a snapshot reads, hashes and compresses them on
+/// several threads ([`read_files`]). Measured through the CLI on 2 vCPUs at load 4–7: 1,000
+/// changed files gained (tree step ~200 → ~130 ms), 100 did not (a little slower: a loaded
+/// machine's other CPU is busy, and the snapshot waits for the slowest thread).
+const PARALLEL_FROM: usize = 128;
+
+/// Files one round of [`read_files`] holds in memory at once (each at most [`PARALLEL_UP_TO`]
+/// bytes, whole and compressed: 64 MiB at most).
+const PARALLEL_WINDOW: usize = 128;
+
+/// Files larger than this are saved on the snapshot's own thread, as before.
+const PARALLEL_UP_TO: u64 = 256 << 10;
+
+/// Threads that save a snapshot's changed files: the machine's CPUs, at most 4.
+fn blob_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// A changed file as a worker thread of [`read_files`] left it.
+enum Prepared {
+    /// Remembered with this stamp ([`FileBlobs`]): this id, if the mirror or the batch has it.
+    Known(ObjectId),
+    /// Read (its stamp from before the read), hashed and compressed.
+    Read(Deflated, Stamp),
+    /// Larger than [`PARALLEL_UP_TO`]: saved on the snapshot's thread.
+    Large,
+}
+
+/// The blobs of the edits' files (`ViewSource::File`) saved on `threads` threads, by the edit's
+/// index, when there are at least [`PARALLEL_FROM`] of them (else nothing: the caller saves
+/// each). Bounded: the threads take the files a window of [`PARALLEL_WINDOW`] at a time, and each
+/// window's objects go into `batch` in the edits' order before the next is read: the batch gets
+/// the same objects, compressed the same, as from one thread (only their order in the pack may
+/// differ, when other edits also add blobs). Files the
+/// workers leave (large ones, a remembered id the mirror lacks) are saved here, as one thread
+/// would. The first error (a file that cannot be read) fails the whole: nothing was written to
+/// the mirror yet (the batch is written only when the tree is done).
+fn read_files(
+    repo: &gix::Repository,
+    batch: &std::cell::RefCell<ObjectBatch<'_>>,
+    edits: &[ViewEdit],
+    clock: Option<(i64, i64)>,
+    threads: usize,
+) -> Result<std::collections::HashMap<usize, ObjectId>, Error> {
+    let files: Vec<(usize, &Path)> = edits
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            ViewEdit::File {
+                source: ViewSource::File(p),
+                ..
+            } => Some((i, p.as_path())),
+            _ => None,
+        })
+        .collect();
+    let mut saved = std::collections::HashMap::new();
+    if threads < 2 || files.len() < PARALLEL_FROM {
+        return Ok(saved);
+    }
+    let hash = repo.object_hash();
+    let blobs = FileBlobs::shared();
+    let mut deflaters: Vec<Deflater> = (0..threads).map(|_| Deflater::default()).collect();
+    for window in files.chunks(PARALLEL_WINDOW) {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let work = |z: &mut Deflater| {
+            let mut out = Vec::new();
+            loop {
+                let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((_, p)) = window.get(k) else {
+                    return out;
+                };
+                let r = blobs.prepare(z, hash, p, clock.is_some());
+                let failed = r.is_err();
+                out.push((k, r));
+                if failed {
+                    // The snapshot fails: the others stop at their next file.
+                    next.store(window.len(), std::sync::atomic::Ordering::Relaxed);
+                    return out;
+                }
+            }
+        };
+        let (mine, theirs) = deflaters.split_first_mut().expect("threads >= 2");
+        let mut results = std::thread::scope(|sc| {
+            let handles: Vec<_> = theirs.iter_mut().map(|z| sc.spawn(|| work(z))).collect();
+            let mut all = work(mine);
+            for h in handles {
+                match h.join() {
+                    Ok(r) => all.extend(r),
+                    Err(_) => {
+                        return Err(Error::Invalid(
+                            "a thread saving the snapshot's files failed".into(),
+                        ));
+                    }
+                }
+            }
+            Ok(all)
+        })?;
+        results.sort_by_key(|(k, _)| *k);
+        let mut b = batch.borrow_mut();
+        for (k, r) in results {
+            let (i, p) = window[k];
+            let id = match r? {
+                Prepared::Known(id) if b.contains(&id) || repo.has_object(id) => id,
+                Prepared::Known(_) | Prepared::Large => blobs.blob(repo, &mut b, p, clock)?,
+                Prepared::Read(d, stamp) => {
+                    if !b.has(&d.id) {
+                        b.put_deflated(&d)?;
+                    }
+                    blobs.remember(stamp, d.id, clock);
+                    d.id
+                }
+            };
+            saved.insert(i, id);
+        }
+    }
+    Ok(saved)
 }
 
 /// What the edits leave at one name of a directory.
@@ -679,20 +814,29 @@ impl FileBlobs {
         p: &Path,
         clock: Option<(i64, i64)>,
     ) -> Result<ObjectId, Error> {
-        let known = |s: &Stamp| {
-            let m = self.known.lock().unwrap_or_else(|e| e.into_inner());
-            m.get(&(s.dev, s.ino))
-                .filter(|(was, _)| was == s)
-                .map(|(_, id)| *id)
-        };
         if clock.is_some()
             && let Ok(m) = std::fs::metadata(p)
-            && let Some(id) = known(&Stamp::of(&m))
+            && let Some(id) = self.known(&Stamp::of(&m))
             && (batch.contains(&id) || repo.has_object(id))
         {
             return Ok(id);
         }
         let (id, read) = write_file_blob(repo, batch, p)?;
+        self.remember(read, id, clock);
+        Ok(id)
+    }
+
+    /// The id remembered for a file with stamp `s`.
+    fn known(&self, s: &Stamp) -> Option<ObjectId> {
+        let m = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&(s.dev, s.ino))
+            .filter(|(was, _)| was == s)
+            .map(|(_, id)| *id)
+    }
+
+    /// Remembers `id` for the file whose stamp before it was read is `read`, if it last changed
+    /// before `clock`.
+    fn remember(&self, read: Stamp, id: ObjectId, clock: Option<(i64, i64)>) {
         if let Some(clock) = clock
             && read.ctime < clock
         {
@@ -702,7 +846,41 @@ impl FileBlobs {
             }
             m.insert((read.dev, read.ino), (read, id));
         }
-        Ok(id)
+    }
+
+    /// The work of [`Self::blob`] that needs no repository, for a worker thread of
+    /// [`read_files`]: the remembered id (when `remembered` ids may be used), else the file read
+    /// (at most [`PARALLEL_UP_TO`] bytes), hashed and compressed.
+    fn prepare(
+        &self,
+        z: &mut Deflater,
+        hash: gix::hash::Kind,
+        p: &Path,
+        remembered: bool,
+    ) -> Result<Prepared, Error> {
+        use std::io::Read as _;
+        if remembered
+            && let Ok(m) = std::fs::metadata(p)
+            && let Some(id) = self.known(&Stamp::of(&m))
+        {
+            return Ok(Prepared::Known(id));
+        }
+        let cannot = || format!("cannot read {}", p.display());
+        let f = std::fs::File::open(p).context(cannot)?;
+        let m = f.metadata().context(cannot)?;
+        let (size, stamp) = (m.len(), Stamp::of(&m));
+        if size > PARALLEL_UP_TO {
+            return Ok(Prepared::Large);
+        }
+        let mut buf = Vec::with_capacity(size as usize);
+        ExactSize {
+            inner: f,
+            left: size,
+        }
+        .read_to_end(&mut buf)
+        .context(cannot)?;
+        let d = Deflated::of(z, hash, gix::objs::Kind::Blob, buf)?;
+        Ok(Prepared::Read(d, stamp))
     }
 }
 
@@ -1012,6 +1190,120 @@ mod tests {
         }];
         build_tree(&repo, empty, &edits, Some((0, 0))).unwrap();
         assert!(!known(&Stamp::of(&std::fs::metadata(&other).unwrap())));
+    }
+
+    /// `n` files under `dir` as file edits (sorted): sizes from empty to past
+    /// [`PARALLEL_UP_TO`], some with the same content, text that compresses.
+    fn many_files(dir: &Path, n: usize) -> Vec<ViewEdit> {
+        let mut edits = Vec::new();
+        for i in 0..n {
+            let p = dir.join(format!("data{i}"));
+            let body = match i % 7 {
+                0 => Vec::new(),
+                1 => b"the same content\n".to_vec(),
+                5 if i % 70 == 5 => vec![b'x'; PARALLEL_UP_TO as usize + 1 + i],
+                _ => format!("file {i}\n").repeat(1 + i * 13 % 900).into_bytes(),
+            };
+            std::fs::write(&p, body).unwrap();
+            edits.push(ViewEdit::File {
+                path: format!("d{}/f{i}", i % 5).into_bytes(),
+                exec: i % 11 == 0,
+                source: ViewSource::File(p),
+                added: true,
+            });
+        }
+        edits.push(ViewEdit::Symlink {
+            path: b"d1/link".to_vec(),
+            source: ViewSource::Bytes(b"f1".to_vec()),
+            added: true,
+        });
+        edits.sort_by(|a, b| a.path().cmp(b.path()));
+        edits
+    }
+
+    /// The changed files saved on several threads (three windows of them, large files left to
+    /// the snapshot's thread, content repeated across files and threads) give the tree one thread
+    /// gives, with every object's content the same, a pack `git fsck --strict` accepts, and the
+    /// same tree again when the remembered ids are used. Catches: a blob matched to the wrong
+    /// edit, an object lost or written twice when threads meet the same content, a pack entry
+    /// whose compressed bytes or header disagree with its object.
+    #[test]
+    fn files_saved_on_several_threads_make_the_tree_one_thread_makes() {
+        let dir = tempfile::tempdir().unwrap();
+        let edits = many_files(dir.path(), 300);
+        let serial = gix::init_bare(dir.path().join("one")).unwrap();
+        let parallel = gix::init_bare(dir.path().join("two")).unwrap();
+        let empty = ObjectId::empty_tree(serial.object_hash());
+        let a = build_tree_on(&serial, empty, &edits, None, 1).unwrap();
+        let b = build_tree_on(&parallel, empty, &edits, None, 3).unwrap();
+        assert_eq!(a, b);
+        let mut blobs = 0;
+        for e in &edits {
+            let path = e.path().as_bstr();
+            let id = |repo: &gix::Repository| {
+                let t = repo.find_tree(a).unwrap();
+                t.lookup_entry_by_path(path.to_str().unwrap())
+                    .unwrap()
+                    .unwrap()
+                    .object_id()
+            };
+            let (x, y) = (id(&serial), id(&parallel));
+            assert_eq!(x, y, "{path}");
+            assert_eq!(
+                serial.find_object(x).unwrap().data,
+                parallel.find_object(y).unwrap().data,
+                "{path}"
+            );
+            blobs += 1;
+        }
+        assert_eq!(blobs, 301);
+        let fsck = std::process::Command::new("git")
+            .args(["fsck", "--strict", "--no-dangling"])
+            .current_dir(parallel.git_dir())
+            .output()
+            .unwrap();
+        assert!(fsck.status.success(), "{fsck:?}");
+        let packs = std::fs::read_dir(parallel.git_dir().join("objects/pack"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("pack".as_ref()))
+            .count();
+        assert_eq!(
+            packs, 1,
+            "the threads' objects went into the snapshot's one pack"
+        );
+        // Remembered ids (the files changed before the clock) on the second snapshot.
+        let later = Some((i64::MAX, 0));
+        let c = build_tree_on(&parallel, empty, &edits, later, 3).unwrap();
+        let d = build_tree_on(&parallel, empty, &edits, later, 3).unwrap();
+        assert_eq!((c, d), (a, a));
+    }
+
+    /// A changed file that cannot be read while the others are read on several threads fails the
+    /// tree, and nothing is left in the mirror: no pack, no temporary file, no loose object (so
+    /// no ref can move to a tree missing a blob). Catches: a worker's error dropped (a tree
+    /// without that file, or with a blob that is not in the mirror), a half-written pack left.
+    #[test]
+    fn a_file_that_cannot_be_read_fails_the_parallel_save_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let edits = many_files(dir.path(), 200);
+        std::fs::remove_file(dir.path().join("data150")).unwrap();
+        let repo = gix::init_bare(dir.path().join("repo")).unwrap();
+        let empty = ObjectId::empty_tree(repo.object_hash());
+        let e = build_tree_on(&repo, empty, &edits, None, 2).unwrap_err();
+        assert!(e.to_string().contains("data150"), "{e}");
+        let mut left = Vec::new();
+        let mut stack = vec![repo.git_dir().join("objects")];
+        while let Some(d) = stack.pop() {
+            for f in std::fs::read_dir(&d).unwrap() {
+                let p = f.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else {
+                    left.push(p);
+                }
+            }
+        }
+        assert!(left.is_empty(), "{left:?}");
     }
 
     /// Only the edits are checked now (not every entry of every tree written): an edit naming an
