@@ -424,10 +424,7 @@ fn index_checksum(p: &Path) -> Result<(), String> {
         return Err("not a git index".into());
     }
     let (body, sum) = data.split_at(data.len() - 20);
-    let mut h = gix::hash::hasher(gix::hash::Kind::Sha1);
-    h.update(body);
-    let got = h.try_finalize().map_err(|e| e.to_string())?;
-    if got.as_bytes() != sum {
+    if crate::git::checksum::sha1(body).as_bytes() != sum {
         return Err("its checksum does not match its content".into());
     }
     Ok(())

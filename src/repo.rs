@@ -75,12 +75,6 @@ pub enum Error {
     /// The index serialized is shorter than its header and checksum: nothing to extend.
     #[error("the index is too short")]
     IndexTooShort,
-    /// The index, extended, could not be re-sealed with its checksum.
-    #[error("cannot hash the index: {source}")]
-    HashIndex {
-        #[source]
-        source: gix::Error,
-    },
     /// The shared index could not be written to its file under `<state>/indexes/`.
     #[error("cannot write the shared index: {source}")]
     WriteIndex {
@@ -489,16 +483,14 @@ pub fn shared_index(
         tree: index_tree,
         source,
     })?;
-    let mut bytes = Vec::new();
-    index
-        .write_to(
-            &mut bytes,
-            gix::index::write::Options {
-                extensions: gix::index::write::Extensions::None,
-                ..Default::default()
-            },
-        )
-        .map_err(|source| Error::EncodeIndex { source })?;
+    let bytes = crate::git::checksum::index_file(
+        &index,
+        gix::index::write::Options {
+            extensions: gix::index::write::Extensions::None,
+            ..Default::default()
+        },
+    )
+    .map_err(|source| Error::EncodeIndex { source })?;
     if bytes.len() < 32 {
         return Err(Error::IndexTooShort);
     }
@@ -746,26 +738,22 @@ pub fn seed(
         .seed_shared(git, &shared_name, index, 0o644)
         .map_err(e(&shared_name))?;
     let fsmonitor = crate::git::index_ext::fsmonitor_payload(BASE_TOKEN);
-    let untracked = std::fs::read(untracked_tail_path(index)).ok().map(|tail| {
-        let ident = crate::git::index_ext::untracked_ident(&plan.worktree, &system_name());
-        let mut p = Vec::with_capacity(ident.len() + 4 + tail.len());
-        crate::git::index_ext::put_varint(&mut p, ident.len() as u64);
-        p.extend_from_slice(&ident);
-        p.extend_from_slice(&tail);
-        p
-    });
-    // Absent for a shared index built before cache trees were kept: git then walks HEAD's trees.
-    let cache_tree = std::fs::read(cache_tree_path(index)).ok();
-    let mut extensions: Vec<(&[u8; 4], &[u8])> = Vec::new();
-    if let Some(t) = &cache_tree {
-        extensions.push((b"TREE", t));
-    }
+    let parts = small_index_parts(index, &shared_hash);
+    // The untracked cache's ident is the mount point: this fork's own, before the shared tail.
+    let ident = crate::git::index_ext::untracked_ident(&plan.worktree, &system_name());
+    let mut ident_len = Vec::new();
+    crate::git::index_ext::put_varint(&mut ident_len, ident.len() as u64);
+    let untracked: Option<[&[u8]; 3]> = parts
+        .untracked
+        .as_deref()
+        .map(|tail| [&ident_len[..], &ident[..], tail]);
+    let mut extensions: Vec<(&[u8; 4], &[&[u8]])> = Vec::new();
     if let Some(u) = &untracked {
         extensions.push((b"UNTR", u));
     }
-    extensions.push((b"FSMN", &fsmonitor));
-    let small = crate::git::index_ext::split_index(&shared_hash, &extensions)
-        .map_err(|source| Error::HashIndex { source })?;
+    let fsmonitor_parts = [&fsmonitor[..]];
+    extensions.push((b"FSMN", &fsmonitor_parts));
+    let small = parts.head.finish(&extensions);
     let index_ino = core
         .seed_file(git, "index", &small, 0o644)
         .map_err(e("index"))?;
@@ -786,6 +774,57 @@ pub fn seed(
         .map_err(e("index"))?;
     }
     Ok(())
+}
+
+/// What every fork's small index of one shared index repeats: its head (header, link, cache tree;
+/// checksummed already) and the untracked cache's tail. Read from `<state>/indexes` once per
+/// shared index and kept in memory for the last few: a fork then reads neither file and
+/// checksums and copies only what is its own.
+struct SmallIndexParts {
+    head: crate::git::index_ext::SplitIndexHead,
+    untracked: Option<Vec<u8>>,
+}
+
+/// How many shared indexes' [`SmallIndexParts`] the daemon keeps (each about the size of the
+/// small index: ~280 KB for a 100,000-file base).
+const SMALL_INDEX_PARTS_KEPT: usize = 8;
+
+/// The kept [`SmallIndexParts`], by shared index path and its trailing hash, most recent last.
+#[allow(clippy::type_complexity)]
+static SMALL_INDEX_PARTS: std::sync::Mutex<
+    Vec<(PathBuf, [u8; 20], std::sync::Arc<SmallIndexParts>)>,
+> = std::sync::Mutex::new(Vec::new());
+
+/// The [`SmallIndexParts`] of the shared index at `index`, whose trailing hash is `shared` (a
+/// shared index rebuilt with other content has another hash, so nothing stale is ever used).
+fn small_index_parts(index: &Path, shared: &[u8; 20]) -> std::sync::Arc<SmallIndexParts> {
+    let kept = || SMALL_INDEX_PARTS.lock().unwrap_or_else(|p| p.into_inner());
+    {
+        let mut k = kept();
+        if let Some(at) = k.iter().position(|(p, h, _)| p == index && h == shared) {
+            let e = k.remove(at);
+            let parts = e.2.clone();
+            k.push(e);
+            return parts;
+        }
+    }
+    // Absent for a shared index built before cache trees were kept: git then walks HEAD's trees.
+    let cache_tree = std::fs::read(cache_tree_path(index)).ok();
+    let mut fixed: Vec<(&[u8; 4], &[u8])> = Vec::new();
+    if let Some(t) = &cache_tree {
+        fixed.push((b"TREE", t));
+    }
+    let parts = std::sync::Arc::new(SmallIndexParts {
+        head: crate::git::index_ext::SplitIndexHead::new(shared, &fixed),
+        untracked: std::fs::read(untracked_tail_path(index)).ok(),
+    });
+    let mut k = kept();
+    k.retain(|(p, h, _)| !(p == index && h == shared));
+    if k.len() >= SMALL_INDEX_PARTS_KEPT {
+        k.remove(0);
+    }
+    k.push((index.to_path_buf(), *shared, parts.clone()));
+    parts
 }
 
 /// The trailing hash of the index file at `path` (what a split index names its shared part by).

@@ -441,13 +441,12 @@ impl Daemon {
             source: Box::new(e),
         })?;
         keep_stat(&core, &self.layout.state, &mut index);
-        let mut bytes = Vec::new();
-        index
-            .write_to(&mut bytes, Default::default())
-            .map_err(|e| Error::Op {
+        let bytes = crate::git::checksum::index_file(&index, Default::default()).map_err(|e| {
+            Error::Op {
                 what: "cannot write the index of the new commit".into(),
                 source: Box::new(e),
-            })?;
+            }
+        })?;
         write_index(&core, &bytes)?;
         move_head(&core, &head_ref, commit)?;
         self.tell_kernel(thread);

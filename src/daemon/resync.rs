@@ -423,13 +423,12 @@ impl Daemon {
                 e.stat = *st;
             }
         }
-        let mut bytes = Vec::new();
-        index
-            .write_to(&mut bytes, Default::default())
-            .map_err(|e| Error::Op {
+        let bytes = crate::git::checksum::index_file(&index, Default::default()).map_err(|e| {
+            Error::Op {
                 what: "cannot write the index of the upstream tip".into(),
                 source: Box::new(e),
-            })?;
+            }
+        })?;
         write_index(core, &bytes)?;
         super::commit::move_head(core, head_ref, to)?;
         self.update_remote_refs(core, rec, &repo)?;

@@ -287,35 +287,70 @@ fn put_extension(out: &mut Vec<u8>, sig: &[u8; 4], payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
-/// Appends git's trailing SHA-1 of everything before it.
+/// Appends git's trailing SHA-1 of everything before it (a file checksum: [`super::checksum`]).
 pub fn seal(mut index: Vec<u8>) -> Result<Vec<u8>, gix::Error> {
-    let mut h = gix::hash::hasher(gix::hash::Kind::Sha1);
-    h.update(&index);
-    let digest = h.try_finalize()?;
+    let digest = super::checksum::sha1(&index);
     index.extend_from_slice(digest.as_slice());
     Ok(index)
 }
 
-/// The small part of a split index: no entries of its own (all are the shared index's, named by
-/// `shared`, the shared file's trailing hash), then `extensions` (signature, payload), sealed.
-pub fn split_index(
-    shared: &[u8; 20],
-    extensions: &[(&[u8; 4], &[u8])],
-) -> Result<Vec<u8>, gix::Error> {
-    let mut out = Vec::new();
-    out.extend_from_slice(b"DIRC");
-    out.extend_from_slice(&2u32.to_be_bytes());
-    out.extend_from_slice(&0u32.to_be_bytes());
-    // The shared index's hash, then the entries it deletes and replaces (none). git reads both
-    // bitmaps unconditionally once the extension is longer than the hash.
-    let mut link = shared.to_vec();
-    put_ewah(&mut link, &[]);
-    put_ewah(&mut link, &[]);
-    put_extension(&mut out, b"link", &link);
-    for (sig, payload) in extensions {
-        put_extension(&mut out, sig, payload);
+/// The small part of a split index has no entries of its own (all are the shared index's, named
+/// by the shared file's trailing hash), then extensions (signature, payload), sealed.
+///
+/// Its start that is the same for every fork of one shared index:
+/// the header, the `link` to the shared index and the extensions every fork carries unchanged
+/// (e.g. the cache tree), with the checksum already run over them. [`SplitIndexHead::finish`]
+/// then adds one fork's own extensions: each fork checksums and copies only what is its own.
+#[derive(Clone)]
+pub struct SplitIndexHead {
+    bytes: Vec<u8>,
+    sum: super::checksum::Sha1,
+}
+
+impl SplitIndexHead {
+    /// The head of the small index of the shared index whose trailing hash is `shared`, with
+    /// `extensions` (signature, payload) first.
+    pub fn new(shared: &[u8; 20], extensions: &[(&[u8; 4], &[u8])]) -> Self {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"DIRC");
+        bytes.extend_from_slice(&2u32.to_be_bytes());
+        bytes.extend_from_slice(&0u32.to_be_bytes());
+        // The shared index's hash, then the entries it deletes and replaces (none). git reads
+        // both bitmaps unconditionally once the extension is longer than the hash.
+        let mut link = shared.to_vec();
+        put_ewah(&mut link, &[]);
+        put_ewah(&mut link, &[]);
+        put_extension(&mut bytes, b"link", &link);
+        for (sig, payload) in extensions {
+            put_extension(&mut bytes, sig, payload);
+        }
+        let mut sum = super::checksum::Sha1::new();
+        sum.update(&bytes);
+        SplitIndexHead { bytes, sum }
     }
-    seal(out)
+
+    /// The whole small index: the head, then `extensions` (signature, payload given as the
+    /// pieces it is the concatenation of), sealed. One allocation of the final size.
+    pub fn finish(&self, extensions: &[(&[u8; 4], &[&[u8]])]) -> Vec<u8> {
+        let more: usize = extensions
+            .iter()
+            .map(|(_, parts)| 8 + parts.iter().map(|p| p.len()).sum::<usize>())
+            .sum();
+        let mut out = Vec::with_capacity(self.bytes.len() + more + 20);
+        out.extend_from_slice(&self.bytes);
+        for (sig, parts) in extensions {
+            out.extend_from_slice(*sig);
+            let len: usize = parts.iter().map(|p| p.len()).sum();
+            out.extend_from_slice(&(len as u32).to_be_bytes());
+            for p in *parts {
+                out.extend_from_slice(p);
+            }
+        }
+        let mut sum = self.sum.clone();
+        sum.update(&out[self.bytes.len()..]);
+        out.extend_from_slice(sum.finish().as_slice());
+        out
+    }
 }
 
 #[cfg(test)]
@@ -356,6 +391,52 @@ mod tests {
         assert_eq!(u64::from_be_bytes(out[8..16].try_into().unwrap()), 2 << 33);
         assert_eq!(u64::from_be_bytes(out[16..24].try_into().unwrap()), 1);
         assert_eq!(u64::from_be_bytes(out[24..32].try_into().unwrap()), 3);
+    }
+
+    /// Catches a small index built from a kept head that differs from the same file built in one
+    /// go (header, link, every extension, then gix's SHA-1 of it all): bytes lost, doubled or
+    /// reordered between the head and a fork's own extensions, a wrong extension length for a
+    /// payload given in pieces, or a checksum that does not cover the whole file.
+    #[test]
+    fn a_kept_head_gives_the_whole_files_bytes() {
+        let shared = [0xab; 20];
+        let tree: Vec<u8> = (0..70_000u32).map(|i| (i * 7) as u8).collect();
+        let tail: Vec<u8> = (0..100_001u32).map(|i| (i * 13) as u8).collect();
+        let ident = b"/root/t1\0Linux\0";
+        let fsmn = fsmonitor_payload("octofs:0");
+        let mut untr = Vec::new();
+        put_varint(&mut untr, ident.len() as u64);
+        untr.extend_from_slice(ident);
+        untr.extend_from_slice(&tail);
+        // The whole file in one go.
+        let mut want = Vec::new();
+        want.extend_from_slice(b"DIRC");
+        want.extend_from_slice(&2u32.to_be_bytes());
+        want.extend_from_slice(&0u32.to_be_bytes());
+        let mut link = shared.to_vec();
+        put_ewah(&mut link, &[]);
+        put_ewah(&mut link, &[]);
+        put_extension(&mut want, b"link", &link);
+        put_extension(&mut want, b"TREE", &tree);
+        put_extension(&mut want, b"UNTR", &untr);
+        put_extension(&mut want, b"FSMN", &fsmn);
+        let mut h = gix::hash::hasher(gix::hash::Kind::Sha1);
+        h.update(&want);
+        want.extend_from_slice(h.try_finalize().unwrap().as_slice());
+
+        let head = SplitIndexHead::new(&shared, &[(b"TREE", &tree)]);
+        let mut len = Vec::new();
+        put_varint(&mut len, ident.len() as u64);
+        let untr_parts: [&[u8]; 3] = [&len, ident, &tail];
+        let fsmn_parts: [&[u8]; 1] = [&fsmn];
+        let got = head.finish(&[(b"UNTR", &untr_parts), (b"FSMN", &fsmn_parts)]);
+        assert_eq!(got.len(), want.len());
+        assert!(
+            got == want,
+            "the small index differs from the one built in one go"
+        );
+        // The head is reusable: a second fork's file from the same head is the same again.
+        assert!(head.finish(&[(b"UNTR", &untr_parts), (b"FSMN", &fsmn_parts)]) == want);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! never written by a workspace). Every git process is started through `Git`, the one runner
 //! with the hardened environment; every failure is an [`Error`].
 
+pub mod checksum;
 pub mod error;
 pub mod gates;
 pub mod graft;

@@ -374,7 +374,7 @@ impl PackOut {
         let file = self.file.get_ref();
         file.write_all_at(&pack_header(count), 0).context(what)?;
         // The checksum covers the final header: read the pack back (from the page cache).
-        let mut h = gix::hash::hasher(hash);
+        let mut h = super::checksum::Checksum::new(hash);
         let mut buf = vec![0u8; (1 << 20).min(self.offset as usize)];
         let mut at = 0u64;
         while at < self.offset {
@@ -389,7 +389,7 @@ impl PackOut {
             h.update(&buf[..n]);
             at += n as u64;
         }
-        let sum = h.try_finalize().context(what)?;
+        let sum = h.finish().context(what)?;
         file.write_all_at(sum.as_slice(), self.offset)
             .context(what)?;
         crash_point(1)?;
@@ -480,10 +480,10 @@ fn index_bytes(
         out.extend_from_slice(&off.to_be_bytes());
     }
     out.extend_from_slice(pack_sum.as_bytes());
-    let mut h = gix::hash::hasher(hash);
+    let mut h = super::checksum::Checksum::new(hash);
     h.update(&out);
     let sum = h
-        .try_finalize()
+        .finish()
         .context(|| "cannot checksum a pack index".to_string())?;
     out.extend_from_slice(sum.as_slice());
     Ok(out)
