@@ -1393,6 +1393,68 @@ fn sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object() {
     d.cli_ok(["release", t]);
 }
 
+/// Catches: a thread whose snapshots moved its ref twice in a row without the workspace recording
+/// either (the daemon killed both times between the ref's compare-and-swap and the saved mark; the
+/// SIGKILL test above hit it now and then) refusing every later snapshot as "moved underneath";
+/// and the other way round, a ref someone else moved being overwritten.
+#[test]
+fn snapshots_whose_marks_were_lost_in_a_row_are_the_threads_own() {
+    let mut d = Daemon::start();
+    project(&d, "p", FILES);
+    let t = "lost";
+    let ws = d.open_thread(t, &["--project", "p"]);
+    let mirror = d.mirror("p");
+    let tref = format!("refs/octomate/threads/{t}");
+    let write = |name: &str| {
+        let w = ws.join(name);
+        fsop("write", move || write_file(&w, b"x\n", 0o644));
+    };
+    write("one.txt");
+    let s1 = d.snapshot_id(t);
+    write("two.txt");
+    let s2 = d.snapshot_id(t);
+    write("three.txt");
+    let s3 = d.snapshot_id(t);
+    d.stop();
+    // What a daemon that died right after moving the ref for s2, and again for s3, leaves: a
+    // record that still names s1.
+    let record = d.state.join(format!("workspaces/{t}/workspace.json"));
+    let mut v: serde_json::Value = parse_json("record", &fs::read_to_string(&record).unwrap());
+    assert_eq!(v["saved"]["commit"].as_str(), Some(s3.as_str()));
+    v["saved"]["commit"] = serde_json::Value::String(s1.clone());
+    fs::write(&record, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&ws), Duration::from_secs(10));
+    write("four.txt");
+    let s4 = d.snapshot_id(t);
+    assert_eq!(g(&mirror, &["rev-parse", &format!("{s4}^2")]).trim(), s3);
+    assert_eq!(g(&mirror, &["rev-parse", &format!("{s3}^2")]).trim(), s2);
+    let files = g(&mirror, &["ls-tree", "--name-only", &s4]);
+    for f in ["one.txt", "two.txt", "three.txt", "four.txt"] {
+        assert!(
+            files.lines().any(|l| l == f),
+            "{f} missing from {s4}: {files}"
+        );
+    }
+
+    // A ref moved by something else (here: to the base's commit) is still never overwritten.
+    let base = g(&mirror, &["rev-parse", &format!("{s4}^1")])
+        .trim()
+        .to_string();
+    g(&mirror, &["update-ref", &tref, &base]);
+    write("five.txt");
+    let out = d.cli(["snapshot", t]);
+    out.assert_failed();
+    assert!(
+        out.stderr_str().contains("moved underneath"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(g(&mirror, &["rev-parse", &tref]).trim(), base);
+    g(&mirror, &["update-ref", &tref, &s4]);
+    d.cli_ok(["release", t]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. diff
 

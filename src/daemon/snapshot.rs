@@ -397,9 +397,10 @@ impl Daemon {
         };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
-        // The ref must be where this workspace last left it. One exception: a snapshot of this
-        // workspace that moved the ref just before the daemon died, before it was recorded here
-        // (its second parent is what was recorded).
+        // The ref must be where this workspace last left it. One exception: snapshots of this
+        // workspace that moved the ref just before the daemon died, before they were recorded
+        // here — one per such death in a row, each the second parent of the next, the first on
+        // top of what was recorded.
         let mut saved = rec
             .saved
             .as_ref()
@@ -416,12 +417,7 @@ impl Daemon {
         }
         if prev != saved {
             let ours = match prev {
-                Some(p) => {
-                    let (_, pp, msg, _) = snap::commit_info(&repo, p)?;
-                    pp.get(1).copied() == saved
-                        && String::from_utf8_lossy(&msg)
-                            .starts_with(&format!("octofs snapshot of thread {thread}\n"))
-                }
+                Some(p) => own_snapshots_since(&repo, thread, p, saved)?,
                 None => false,
             };
             if !ours {
@@ -594,4 +590,34 @@ impl Spans {
         out[Span::Total as usize] = (self.start.elapsed().as_secs_f64() * 1e4).round() / 10.0;
         out
     }
+}
+
+/// Snapshots of `thread` that moved its ref without the workspace recording them can follow one
+/// another (the daemon died between the ref's compare-and-swap and the saved mark, more than once
+/// in a row): at most this many are recognised.
+const UNRECORDED_SNAPSHOTS: usize = 64;
+
+/// Whether `from` is a chain of `thread`'s own snapshot commits, each the second parent of the
+/// next, whose first has `saved` as its second parent (`None`: the thread's first snapshot, which
+/// has none): snapshots this workspace made whose saved mark was lost, not a ref someone else moved.
+fn own_snapshots_since(
+    repo: &gix::Repository,
+    thread: &str,
+    from: gix::ObjectId,
+    saved: Option<gix::ObjectId>,
+) -> Result<bool, Error> {
+    let mine = format!("octofs snapshot of thread {thread}\n");
+    let mut cur = from;
+    for _ in 0..UNRECORDED_SNAPSHOTS {
+        let (_, parents, msg, _) = snap::commit_info(repo, cur)?;
+        if !String::from_utf8_lossy(&msg).starts_with(&mine) {
+            return Ok(false);
+        }
+        match parents.get(1).copied() {
+            second if second == saved => return Ok(true),
+            Some(second) => cur = second,
+            None => return Ok(false),
+        }
+    }
+    Ok(false)
 }
