@@ -3,17 +3,14 @@
 //! numbers, sizes), the first `git status` in every fork re-reads every file.
 
 use std::ffi::OsStr;
-use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use octofs::cow::blobcache::BlobCache;
 use octofs::fs::{ROOT_INO, WorkspaceFs};
-use octofs::git::objects::ObjectStore;
 use octofs::layout::Layout;
 
 mod common;
 
-use common::{CORE_OWNER, DATE1, GitRepo, load_core};
+use common::{CORE_OWNER, DATE1, GitRepo, core_of_repo};
 
 fn lookup_path(fs: &WorkspaceFs, path: &[u8]) -> fuser::FileAttr {
     let mut ino = ROOT_INO;
@@ -47,18 +44,7 @@ fn shared_index_stat_equals_what_getattr_presents() {
     r.gitlink("sub", &c);
     r.commit_all("gitlink", DATE1);
 
-    let store = Arc::new(ObjectStore::open(&repo_dir).expect("open store"));
-    let base = store.resolve(None).expect("HEAD resolves");
-    let cache = tmp.path().join("cache");
-    let blobs = Arc::new(BlobCache::new(&cache).expect("cache"));
-    let fs = load_core(
-        &store,
-        &blobs,
-        base.tree,
-        base.time,
-        &tmp.path().join("upper"),
-        tmp.path(),
-    );
+    let (store, base, fs) = core_of_repo(tmp.path(), &repo_dir);
     let layout = Layout {
         state: tmp.path().join("state"),
         root: tmp.path().join("root"),

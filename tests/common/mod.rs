@@ -993,18 +993,33 @@ pub fn core_of_files(files: &[(&str, &str)]) -> (tempfile::TempDir, WorkspaceFs)
         r.write(path, content);
     }
     r.commit_all("one", DATE1);
-    let store = Arc::new(ObjectStore::open(&repo).expect("store"));
-    let base = store.resolve(None).expect("HEAD");
-    let blobs = Arc::new(BlobCache::new(&tmp.path().join("cache")).expect("cache"));
+    let (_, _, core) = core_of_repo(tmp.path(), &repo);
+    (tmp, core)
+}
+
+/// A filesystem core over the HEAD of the repository at `repo`, its blob cache and upper layer in
+/// `dir` (`cache/`, `upper/`), with the repository's object store and HEAD it was made from.
+#[track_caller]
+pub fn core_of_repo(
+    dir: &Path,
+    repo: &Path,
+) -> (
+    Arc<ObjectStore>,
+    octofs::git::objects::ResolvedRef,
+    WorkspaceFs,
+) {
+    let store = Arc::new(ObjectStore::open(repo).expect("open the object store"));
+    let base = store.resolve(None).expect("HEAD resolves");
+    let blobs = Arc::new(BlobCache::new(&dir.join("cache")).expect("blob cache"));
     let core = load_core(
         &store,
         &blobs,
         base.tree,
         base.time,
-        &tmp.path().join("upper"),
-        tmp.path(),
+        &dir.join("upper"),
+        dir,
     );
-    (tmp, core)
+    (store, base, core)
 }
 
 // ---------------------------------------------------------------------------------------------
