@@ -185,6 +185,12 @@ pub fn refresh_fsmonitor(
         what: "config".into(),
         source,
     };
+    // The workspace's own file: a sparse GiB-sized one must not cost the daemon its memory at
+    // every mount. A config that large is not one octofs wrote: left as it is.
+    match core.attr_at(&[b".git", b"config"]).map_err(e)? {
+        Some(a) if a.kind == fuser::FileType::RegularFile && a.size <= MAX_CONFIG_BYTES => {}
+        _ => return Ok(false),
+    }
     let Some(config) = core.read_file(&[b".git", b"config"]).map_err(e)? else {
         return Ok(false);
     };
@@ -206,6 +212,9 @@ pub fn refresh_fsmonitor(
         .map_err(e)?;
     Ok(true)
 }
+
+/// The largest `.git/config` [`refresh_fsmonitor`] reads.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// `config` with the value of `core.fsmonitor` replaced by `cmd` where `ours` says octofs wrote
 /// it; `None` when nothing changes. Only the simple `key = value` lines octofs writes are

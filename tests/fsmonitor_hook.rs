@@ -12,7 +12,8 @@
 //! 4. [`install_puts_the_hook_beside_octofs`]: `scripts/install` installs the hook program.
 //! 5. [`a_workspace_mounted_again_gets_the_current_hook`]: a workspace whose config names the
 //!    command of an earlier octofs (a binary since moved), or whose link leads to a hook that is
-//!    gone, is brought up to date when the daemon mounts it again; the owner's own value is kept.
+//!    gone, is brought up to date when the daemon mounts it again; the owner's own value, and a
+//!    config too large to be one octofs wrote, are kept.
 
 mod common;
 
@@ -354,6 +355,7 @@ fn a_workspace_mounted_again_gets_the_current_hook() {
     let old = d.open_thread("old", &["--project", "p"]);
     let moved = d.open_thread("moved", &["--project", "p"]);
     let own = d.open_thread("own", &["--project", "p"]);
+    let huge = d.open_thread("huge", &["--project", "p"]);
     let gone = d.base.join("gone/target/release");
     let stale_command = format!(
         "'{}' --state '{}' --root '{}' fsmonitor old",
@@ -368,6 +370,20 @@ fn a_workspace_mounted_again_gets_the_current_hook() {
     fs::remove_file(&moved_link).unwrap();
     std::os::unix::fs::symlink(gone.join("octofs-fsmonitor"), &moved_link).unwrap();
     git(&own, ["config", "core.fsmonitor", "false"]);
+    // A config the daemon must not read whole: the old command, then 2 GiB of holes.
+    let huge_config = huge.join(".git/config");
+    let huge_text = format!(
+        "[core]\n\tfsmonitor = '{}' --state '{}' --root '{}' fsmonitor huge\n",
+        gone.join("octofs").display(),
+        d.state.display(),
+        d.root.display()
+    );
+    fs::write(&huge_config, &huge_text).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&huge_config)
+        .and_then(|f| f.set_len(2 << 30))
+        .unwrap();
     let w = old.clone();
     with_timeout("change a file", FS_TIMEOUT, move || {
         fs::write(w.join("a.txt"), "changed\n").unwrap()
@@ -384,9 +400,14 @@ fn a_workspace_mounted_again_gets_the_current_hook() {
     d.stop();
     d.spawn();
     wait_mounted(
-        &[old.clone(), moved.clone(), own.clone()],
+        &[old.clone(), moved.clone(), own.clone(), huge.clone()],
         Duration::from_secs(20),
     );
+    // Left as it is (not read, not rewritten densely).
+    let mut head = vec![0u8; huge_text.len()];
+    std::io::Read::read_exact(&mut fs::File::open(&huge_config).unwrap(), &mut head).unwrap();
+    assert_eq!(String::from_utf8_lossy(&head), huge_text);
+    assert_eq!(fs::metadata(&huge_config).unwrap().len(), 2 << 30);
     let hook = fs::canonicalize(hook_bin()).unwrap();
     for t in ["old", "moved"] {
         let link = d.state.join(format!("fsmonitor-{t}"));
@@ -410,7 +431,8 @@ fn a_workspace_mounted_again_gets_the_current_hook() {
         "false",
         "the owner's own value was replaced"
     );
-    for t in ["old", "moved", "own"] {
+    fs::write(&huge_config, "").unwrap();
+    for t in ["old", "moved", "own", "huge"] {
         d.cli_ok(["release", t]);
     }
 }
