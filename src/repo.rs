@@ -185,13 +185,8 @@ pub fn refresh_fsmonitor(
         what: "config".into(),
         source,
     };
-    // The workspace's own file: a sparse GiB-sized one must not cost the daemon its memory at
-    // every mount. A config that large is not one octofs wrote: left as it is.
-    match core.attr_at(&[b".git", b"config"]).map_err(e)? {
-        Some(a) if a.kind == fuser::FileType::RegularFile && a.size <= MAX_CONFIG_BYTES => {}
-        _ => return Ok(false),
-    }
-    let Some(config) = core.read_file(&[b".git", b"config"]).map_err(e)? else {
+    // A config too large to be one octofs wrote is left as it is, unread.
+    let Some(config) = workspace_config_bytes(core).map_err(e)? else {
         return Ok(false);
     };
     let link = layout.fsmonitor_link(thread);
@@ -213,8 +208,22 @@ pub fn refresh_fsmonitor(
     Ok(true)
 }
 
-/// The largest `.git/config` [`refresh_fsmonitor`] reads.
-const MAX_CONFIG_BYTES: u64 = 1 << 20;
+/// The largest `.git/config` the daemon reads (bigger ones are not a git config).
+pub const CONFIG_MAX: u64 = 1 << 20;
+
+/// The bytes of the workspace's `.git/config` (the agent controls it), read through the core (no
+/// symlink followed, only a regular file): `None` when there is none, or it is larger than
+/// [`CONFIG_MAX`] — a sparse one of gigabytes costs the agent nothing and must not cost the daemon
+/// its memory.
+pub fn workspace_config_bytes(core: &WorkspaceFs) -> Result<Option<Vec<u8>>, crate::fs::FsError> {
+    use std::io::Read as _;
+    let Some(f) = core.open_file(&[b".git", b"config"])? else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    f.take(CONFIG_MAX + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= CONFIG_MAX).then_some(bytes))
+}
 
 /// `config` with the value of `core.fsmonitor` replaced by `cmd` where `ours` says octofs wrote
 /// it; `None` when nothing changes. Only the simple `key = value` lines octofs writes are

@@ -192,31 +192,16 @@ fn resolve_anchor(
     Ok(anchor)
 }
 
-/// The largest `.git/config` read (bigger ones are not a git config).
-const CONFIG_MAX: u64 = 1 << 20;
-
 /// The workspace's `.git/config` (the agent controls it), read through the core (no symlink
-/// followed) and parsed in process without includes: callers take single values from it and
-/// nothing of it runs. `None` when there is none, or it is larger than [`CONFIG_MAX`] or not a
-/// config.
+/// followed; [`crate::repo::workspace_config_bytes`]) and parsed in process without includes:
+/// callers take single values from it and nothing of it runs. `None` when there is none, or it is
+/// larger than [`crate::repo::CONFIG_MAX`] or not a config.
 pub(super) fn workspace_config(core: &WorkspaceFs) -> Result<Option<gix::config::File>, Error> {
-    use std::io::Read as _;
-    let Some(f) = core
-        .open_file(&[b".git", b"config"])
+    let Some(bytes) = crate::repo::workspace_config_bytes(core)
         .map_err(on_workspace("cannot read .git/config"))?
     else {
         return Ok(None);
     };
-    let mut bytes = Vec::new();
-    f.take(CONFIG_MAX + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::Op {
-            what: "cannot read .git/config".into(),
-            source: Box::new(e),
-        })?;
-    if bytes.len() as u64 > CONFIG_MAX {
-        return Ok(None);
-    }
     Ok(gix::config::File::from_bytes_no_includes(
         &bytes,
         gix::config::file::Metadata::api(),
