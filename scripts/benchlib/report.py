@@ -50,12 +50,16 @@ def figure_label(key, corpus, args, res):
         return f"{label} ({args.small_files:,} files in 100 dirs)"
     if key.startswith("seq"):
         return f"{label} ({args.seq_mib:,} MiB)"
-    if key in ("pagecache", "pagecache_files"):
+    if key in ("pagecache", "pagecache_all", "pagecache_files"):
         n = next((m.get("pagecache_n") for m in res.values() if isinstance(m, dict) and m.get("pagecache_n")), "N")
         if key == "pagecache_files":
             return (f"page cache held by the files after {n} workspaces read every file (`fincore`: "
                     f"the workspaces' files; octofs: its blob cache, and each no-open mount's own)")
-        return f"page cache after {n} workspaces read every file (`Cached` of /proc/meminfo: the whole machine)"
+        if key == "pagecache_all":
+            return (f"page cache after {n} workspaces read every file (`Cached` + `Buffers` of "
+                    f"/proc/meminfo, the whole machine: a checkout's directory blocks are `Buffers`, "
+                    f"a FUSE mount's cached listings `Cached`)")
+        return f"`Cached` alone after {n} workspaces read every file (the whole machine)"
     return label
 
 
@@ -154,7 +158,7 @@ def behind_one(cname, res, om, methods):
 
 # The read-side targets: (figure, the highest ratio against native that meets it).
 TARGETS = [("read", 1.5), ("stat", 1.3), ("status_cold", 0.7), ("read_cold", 1.3),
-           ("status_warm", 0.5), ("pagecache", 1.0), ("pagecache_files", 1.0)]
+           ("status_warm", 0.5), ("pagecache_all", 1.0), ("pagecache_files", 1.0)]
 
 
 def targets_table(corpora, methods):
