@@ -3,7 +3,7 @@
 //! - [`sigkill_mid_workload_loses_nothing_acknowledged`]: a write-heavy workload runs through the
 //!   mount while the daemon is SIGKILLed at several points (between two operations, from another
 //!   thread while operations run, in the middle of a large multi-write file, with and without
-//!   passthrough). The dead mounts must answer `ENOTCONN`; once they are detached (`umount -l`), a
+//!   passthrough, and in threads opened `--io no-open`, whose mode every restart keeps). The dead mounts must answer `ENOTCONN`; once they are detached (`umount -l`), a
 //!   new `serve` on the same state must remount every workspace by itself and present exactly
 //!   what was acknowledged: content bytes, modes, link counts, hardlink groups, symlink targets,
 //!   inode numbers, and no unlinked name;
@@ -703,6 +703,9 @@ struct Plan {
     trigger: Trigger,
     /// Whether the daemon that is killed in this run uses passthrough.
     passthrough: bool,
+    /// Whether this run's thread is opened with `--io no-open` (every write a WRITE request, files
+    /// held by inode, writers released by the sweeper): kept by the binding across every restart.
+    no_open: bool,
 }
 
 fn serve_args(passthrough: bool) -> &'static [&'static str] {
@@ -727,6 +730,7 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
                 from_other_thread: false,
             },
             passthrough: true,
+            no_open: false,
         },
         Plan {
             trigger: Trigger::AfterOps {
@@ -734,6 +738,7 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
                 from_other_thread: true,
             },
             passthrough: true,
+            no_open: false,
         },
         Plan {
             trigger: Trigger::MidWrite {
@@ -741,6 +746,7 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
                 bytes: 3 << 20,
             },
             passthrough: true,
+            no_open: false,
         },
         Plan {
             trigger: Trigger::MidWrite {
@@ -748,6 +754,7 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
                 bytes: 3 << 20,
             },
             passthrough: false,
+            no_open: false,
         },
         Plan {
             trigger: Trigger::AfterOps {
@@ -755,6 +762,23 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
                 from_other_thread: true,
             },
             passthrough: false,
+            no_open: false,
+        },
+        Plan {
+            trigger: Trigger::MidWrite {
+                op: 40,
+                bytes: 3 << 20,
+            },
+            passthrough: true,
+            no_open: true,
+        },
+        Plan {
+            trigger: Trigger::AfterOps {
+                n: 150,
+                from_other_thread: true,
+            },
+            passthrough: true,
+            no_open: true,
         },
     ];
     assert!(plans[0].passthrough, "the first daemon is a default one");
@@ -765,12 +789,13 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
     let mirror_before = mirror_digest(&mirror);
 
     // Every workspace so far, with the state it was verified to hold.
-    let mut done: Vec<(String, Model)> = Vec::new();
+    let mut done: Vec<(String, Model, &str)> = Vec::new();
     for (k, plan) in plans.iter().enumerate() {
         let run_started = Instant::now();
         let thread = format!("crash{k}");
         let label = format!("run {k} ({:?})", plan.trigger);
-        d.cli_ok(["open", &thread, "--project", PROJECT]);
+        let io_mode = if plan.no_open { "no-open" } else { "handles" };
+        d.cli_ok(["open", &thread, "--project", PROJECT, "--io", io_mode]);
         let mount = d.mount(&thread);
         wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(5));
         let initial = Model::from_scan(&scan_mount(&label, &mount), true);
@@ -814,17 +839,18 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
         // Every mount of the dead daemon answers ENOTCONN; once detached, a new daemon on the
         // same state remounts every workspace by itself: no `open` is issued.
         let next_passthrough = plans.get(k + 1).is_none_or(|p| p.passthrough);
-        let mut all: Vec<PathBuf> = done.iter().map(|(t, _)| d.mount(t)).collect();
+        let mut all: Vec<PathBuf> = done.iter().map(|(t, ..)| d.mount(t)).collect();
         all.push(mount.clone());
         restart_after_kill(&mut d, &all, serve_args(next_passthrough));
 
         let found = verify_after_crash(&label, &mount, &out, umask);
-        for (t, m) in &done {
+        for (t, m, _) in &done {
             verify_exact(&format!("{t} after the crash of {label}"), &d.mount(t), m);
         }
-        done.push((thread, found));
-        for (t, m) in &done {
+        done.push((thread, found, io_mode));
+        for (t, m, io_mode) in &done {
             let v = check_status(&d, t, Some(m));
+            assert_eq!(v["io"].as_str(), Some(*io_mode), "status of {t}: {v}");
             if !next_passthrough {
                 assert_eq!(
                     v["passthrough"].as_bool(),
@@ -839,14 +865,15 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
     // A clean stop and start after all the crashes: nothing changes.
     d.stop();
     d.spawn();
-    let all: Vec<PathBuf> = done.iter().map(|(t, _)| d.mount(t)).collect();
+    let all: Vec<PathBuf> = done.iter().map(|(t, ..)| d.mount(t)).collect();
     wait_mounted(&all, Duration::from_secs(10));
     for m in &all {
         mounted_once(m);
     }
-    for (t, m) in &done {
+    for (t, m, io_mode) in &done {
         verify_exact(&format!("{t} after a clean restart"), &d.mount(t), m);
-        check_status(&d, t, Some(m));
+        let v = check_status(&d, t, Some(m));
+        assert_eq!(v["io"].as_str(), Some(*io_mode), "status of {t}: {v}");
     }
     assert_same_listing("mirror", &mirror_before, &mirror_digest(&mirror));
     eprintln!("sigkill test: {:.2?}", started.elapsed());
