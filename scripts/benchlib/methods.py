@@ -263,6 +263,7 @@ class Octo(Method):
             "`cp -a` into the mount only when no layer was built); snapshots with `octofs snapshot`")
 
     daemon_key = "main"
+    daemon_env = {}       # the daemon's own environment on top of the run's (e.g. its transport)
     io = None             # the thread's I/O mode (`octofs open --io`); None: the daemon's default
     tag = ""              # in thread names, so that methods sharing a daemon never share a thread
 
@@ -270,7 +271,7 @@ class Octo(Method):
         super().prepare(corpus)
         if not os.path.exists("/dev/fuse"):
             raise Skip("/dev/fuse does not exist")
-        self.octo = self.ctx.octofs(self.daemon_key)
+        self.octo = self.ctx.octofs(self.daemon_key, self.daemon_env)
         self.project = f"bench-{corpus.name}"
         if self.project not in self.octo.mirrored:
             t0 = time.perf_counter()
@@ -361,6 +362,25 @@ class OctoNoOpen(Octo):
         return f
 
 
+class OctoUring(Octo):
+    """octofs on the FUSE-over-io_uring transport: a daemon of its own started with
+    `OCTOFS_TRANSPORT=uring`, threads in the default (handles) mode."""
+    name, label = "octofs-uring", "octofs, io_uring"
+    desc = ("`octofs open` on a daemon of its own started with `--transport uring` (FUSE over "
+            "io_uring: one queue per CPU, a request served on its caller's CPU), handles mode")
+    daemon_key = "uring"
+    daemon_env = {"OCTOFS_TRANSPORT": "uring"}
+
+    def fork(self):
+        f = super().fork()
+        transport = self.octo.status(f.thread).get("transport") or ""
+        if not transport.startswith("uring"):
+            self.remove(f)
+            raise Skip(f"the daemon started with OCTOFS_TRANSPORT=uring mounted the thread on "
+                       f"{transport!r} (the kernel does not offer FUSE over io_uring?)")
+        return f
+
+
 class OctoCopy(Octo):
     """octofs as it was before dependency layers: the same daemon code with no layer built, so
     each fork `cp -a`s the ignored dependencies into the mount (the figure layers replace)."""
@@ -379,7 +399,8 @@ class OctoCopy(Octo):
                 os.remove(os.path.join(layers, f))
 
 
-ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoNoOpen, OctoCopy]
+ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoNoOpen, OctoUring,
+       OctoCopy]
 NAMES = [m.name for m in ALL]
 
 
