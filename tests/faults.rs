@@ -723,63 +723,28 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
     let archive_model = Model::from_scan(&scan(&fx.archive), false);
     let umask = process_umask();
     const MAX_OPS: usize = 220;
+    let after = |n, from_other_thread| Trigger::AfterOps {
+        n,
+        from_other_thread,
+    };
+    let mid_write = Trigger::MidWrite {
+        op: 40,
+        bytes: 3 << 20,
+    };
+    let plan = |trigger, passthrough, no_open| Plan {
+        trigger,
+        passthrough,
+        no_open,
+    };
+    // (trigger, the killed daemon's passthrough, the thread opened `--io no-open`)
     let plans = [
-        Plan {
-            trigger: Trigger::AfterOps {
-                n: 30,
-                from_other_thread: false,
-            },
-            passthrough: true,
-            no_open: false,
-        },
-        Plan {
-            trigger: Trigger::AfterOps {
-                n: 110,
-                from_other_thread: true,
-            },
-            passthrough: true,
-            no_open: false,
-        },
-        Plan {
-            trigger: Trigger::MidWrite {
-                op: 40,
-                bytes: 3 << 20,
-            },
-            passthrough: true,
-            no_open: false,
-        },
-        Plan {
-            trigger: Trigger::MidWrite {
-                op: 40,
-                bytes: 3 << 20,
-            },
-            passthrough: false,
-            no_open: false,
-        },
-        Plan {
-            trigger: Trigger::AfterOps {
-                n: 150,
-                from_other_thread: true,
-            },
-            passthrough: false,
-            no_open: false,
-        },
-        Plan {
-            trigger: Trigger::MidWrite {
-                op: 40,
-                bytes: 3 << 20,
-            },
-            passthrough: true,
-            no_open: true,
-        },
-        Plan {
-            trigger: Trigger::AfterOps {
-                n: 150,
-                from_other_thread: true,
-            },
-            passthrough: true,
-            no_open: true,
-        },
+        plan(after(30, false), true, false),
+        plan(after(110, true), true, false),
+        plan(mid_write, true, false),
+        plan(mid_write, false, false),
+        plan(after(150, true), false, false),
+        plan(mid_write, true, true),
+        plan(after(150, true), true, true),
     ];
     assert!(plans[0].passthrough, "the first daemon is a default one");
 
