@@ -26,8 +26,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const FS_TIMEOUT: Duration = Duration::from_secs(20);
-
 fn git_out(dir: &Path, args: &[&str]) -> Out {
     run(git_command(dir, DATE1).args(args), CMD_TIMEOUT)
 }
@@ -42,53 +40,6 @@ fn g(dir: &Path, args: &[&str]) -> String {
 #[track_caller]
 fn status(d: &Daemon, thread: &str) -> serde_json::Value {
     parse_json("status --json", &d.cli_ok(["status", thread, "--json"]))
-}
-
-/// A refused command: non-zero exit, one line on stderr naming every needle, nothing on stdout.
-#[track_caller]
-fn assert_one_line_error(out: &Out, needles: &[&str]) {
-    out.assert_failed();
-    let err = out.stderr_str();
-    let err = err.trim();
-    assert_eq!(
-        err.lines().count(),
-        1,
-        "expected a one-line error: {}",
-        out.describe()
-    );
-    for n in needles {
-        assert!(
-            err.to_lowercase().contains(&n.to_lowercase()),
-            "error does not mention {n:?}: {}",
-            out.describe()
-        );
-    }
-    assert!(
-        out.stdout.is_empty(),
-        "refused command printed: {}",
-        out.describe()
-    );
-}
-
-fn is_mounted(p: &Path) -> bool {
-    mount_points().iter().any(|m| m == p)
-}
-
-#[track_caller]
-fn fsop<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    with_timeout(what, FS_TIMEOUT, f)
-}
-
-fn read_ws(p: &Path) -> Option<Vec<u8>> {
-    let p = p.to_path_buf();
-    fsop("read a file in a mount", move || fs::read(p).ok())
-}
-
-fn exists_ws(p: &Path) -> bool {
-    let p = p.to_path_buf();
-    fsop("stat a path in a mount", move || {
-        fs::symlink_metadata(p).is_ok()
-    })
 }
 
 fn append(p: &Path, text: &str) {
@@ -431,21 +382,17 @@ fn fork_refusals_change_nothing() {
     };
     let refs_before = refs();
 
-    assert_one_line_error(
-        &d.cli(["fork", "nobody", "x"]),
-        &["unknown thread", "nobody"],
-    );
-    assert_one_line_error(
-        &d.cli(["fork", "a", "live"]),
-        &["live", "already bound", "project p"],
-    );
-    assert_one_line_error(&d.cli(["fork", "a", "gone"]), &["gone", "already bound"]);
-    assert_one_line_error(&d.cli(["fork", "a", "chat"]), &["chat", "already exists"]);
-    assert_one_line_error(
-        &d.cli(["fork", "chat", "x"]),
-        &["chat workspace", "teleport"],
-    );
-    assert_one_line_error(&d.cli(["fork", "a", "a"]), &["source"]);
+    d.cli(["fork", "nobody", "x"])
+        .assert_one_line_error(&["unknown thread", "nobody"]);
+    d.cli(["fork", "a", "live"])
+        .assert_one_line_error(&["live", "already bound", "project p"]);
+    d.cli(["fork", "a", "gone"])
+        .assert_one_line_error(&["gone", "already bound"]);
+    d.cli(["fork", "a", "chat"])
+        .assert_one_line_error(&["chat", "already exists"]);
+    d.cli(["fork", "chat", "x"])
+        .assert_one_line_error(&["chat workspace", "teleport"]);
+    d.cli(["fork", "a", "a"]).assert_one_line_error(&["source"]);
     for bad in ["../x", "a/b", ""] {
         d.cli(["fork", "a", bad]).assert_failed();
         d.cli(["fork", bad, "x"]).assert_failed();
@@ -456,10 +403,8 @@ fn fork_refusals_change_nothing() {
         chmod(p, 0o711);
     }
     chmod(&d.root, 0o755);
-    assert_one_line_error(
-        &d.cli_as(u, &["fork", "a", "x"]),
-        &["permission denied", "thread a"],
-    );
+    d.cli_as(u, &["fork", "a", "x"])
+        .assert_one_line_error(&["permission denied", "thread a"]);
 
     assert_eq!(bindings(), before, "a refused fork bound a thread");
     assert_eq!(refs(), refs_before, "a refused fork moved a ref");
@@ -485,24 +430,20 @@ fn teleport_with_a_project_binds_at_a_validated_ref() {
     d.open_thread("chat", &[]);
 
     // An unknown ref is refused before anything changes.
-    assert_one_line_error(
-        &d.cli([
-            "teleport",
-            "chat",
-            "t",
-            "--project",
-            "p",
-            "--ref",
-            "no-such-ref",
-        ]),
-        &["no-such-ref"],
-    );
+    d.cli([
+        "teleport",
+        "chat",
+        "t",
+        "--project",
+        "p",
+        "--ref",
+        "no-such-ref",
+    ])
+    .assert_one_line_error(&["no-such-ref"]);
     assert!(!d.state.join("threads/t.json").exists());
     assert!(!d.mount("t").exists());
-    assert_one_line_error(
-        &d.cli(["teleport", "chat", "t", "--project", "nope"]),
-        &["nope"],
-    );
+    d.cli(["teleport", "chat", "t", "--project", "nope"])
+        .assert_one_line_error(&["nope"]);
     // --ref without --project is refused by the command line.
     d.cli(["teleport", "chat", "t", "--ref", "feature"])
         .assert_failed();
@@ -528,19 +469,13 @@ fn teleport_with_a_project_binds_at_a_validated_ref() {
     assert!(is_mounted(&d.mount("chat")));
 
     // A thread bound elsewhere (or here) is refused; so is teleporting onto the source.
-    assert_one_line_error(
-        &d.cli(["teleport", "chat", "t", "--project", "q"]),
-        &["t", "already bound", "project p"],
-    );
-    assert_one_line_error(
-        &d.cli(["teleport", "t", "t", "--project", "p"]),
-        &["source"],
-    );
+    d.cli(["teleport", "chat", "t", "--project", "q"])
+        .assert_one_line_error(&["t", "already bound", "project p"]);
+    d.cli(["teleport", "t", "t", "--project", "p"])
+        .assert_one_line_error(&["source"]);
     d.cli_ok(["release", "t"]);
-    assert_one_line_error(
-        &d.cli(["teleport", "chat", "t", "--project", "q"]),
-        &["already bound", "project p"],
-    );
+    d.cli(["teleport", "chat", "t", "--project", "q"])
+        .assert_one_line_error(&["already bound", "project p"]);
     // Without a thread of its own first (a chat thread's workspace may be gone): fine.
     d.cli_ok(["teleport", "never-opened", "t2", "--project", "q"]);
     assert_eq!(read_ws(&d.mount("t2").join("q.txt")).unwrap(), b"q\n");
@@ -817,10 +752,8 @@ fn release_when_idle_waits_for_the_last_process() {
     assert!(!is_mounted(&ws));
 
     // Refusals: an unknown thread; --when-idle with --force.
-    assert_one_line_error(
-        &d.cli(["release", "nobody", "--when-idle"]),
-        &["unknown thread"],
-    );
+    d.cli(["release", "nobody", "--when-idle"])
+        .assert_one_line_error(&["unknown thread"]);
     d.cli(["release", "t", "--when-idle", "--force"])
         .assert_failed();
     // A released thread: nothing to do.

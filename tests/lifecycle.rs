@@ -39,9 +39,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Timeout for one in-process batch of file operations on a mount.
-const FS_TIMEOUT: Duration = Duration::from_secs(20);
-
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
@@ -71,57 +68,6 @@ fn list_entry(d: &Daemon, thread: &str) -> serde_json::Value {
     v.as_array()
         .and_then(|a| a.iter().find(|e| e["thread"] == thread).cloned())
         .unwrap_or_else(|| panic!("{thread} not in `list --json`: {v}"))
-}
-
-/// Asserts a refused command: non-zero exit, exactly one line on stderr, containing every needle
-/// (case-insensitive), nothing on stdout.
-#[track_caller]
-fn assert_one_line_error(out: &Out, needles: &[&str]) {
-    out.assert_failed();
-    let err = out.stderr_str();
-    let err = err.trim();
-    assert_eq!(
-        err.lines().count(),
-        1,
-        "expected a one-line error: {}",
-        out.describe()
-    );
-    for n in needles {
-        assert!(
-            err.to_lowercase().contains(&n.to_lowercase()),
-            "error does not mention {n:?}: {}",
-            out.describe()
-        );
-    }
-    assert!(
-        out.stdout.is_empty(),
-        "refused command printed on stdout: {}",
-        out.describe()
-    );
-}
-
-fn is_mounted(p: &Path) -> bool {
-    mount_points().iter().any(|m| m == p)
-}
-
-/// Runs `f` (file operations on a mount) with [`FS_TIMEOUT`].
-#[track_caller]
-fn fsop<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    with_timeout(what, FS_TIMEOUT, f)
-}
-
-/// Reads a file in a mount (with [`FS_TIMEOUT`]); `None` when it cannot be read.
-fn read_ws(p: &Path) -> Option<Vec<u8>> {
-    let p = p.to_path_buf();
-    fsop("read a file in a mount", move || fs::read(p).ok())
-}
-
-/// Whether a path exists in a mount (with [`FS_TIMEOUT`]).
-fn exists_ws(p: &Path) -> bool {
-    let p = p.to_path_buf();
-    fsop("stat a path in a mount", move || {
-        fs::symlink_metadata(p).is_ok()
-    })
 }
 
 fn chmod(p: &Path, mode: u32) {
@@ -779,7 +725,7 @@ fn release_drops_the_upper_layer_and_respects_busy_mounts_and_users() {
     let tref = format!("refs/octomate/threads/{t}");
     let ref_before = git_out(&d.mirror("p"), &["rev-parse", "-q", "--verify", &tref]);
     let out = d.cli(["release", t]);
-    assert_one_line_error(&out, &["busy"]);
+    out.assert_one_line_error(&["busy"]);
     let ref_after = git_out(&d.mirror("p"), &["rev-parse", "-q", "--verify", &tref]);
     if ref_before.stdout != ref_after.stdout {
         // Not asserted: saving is harmless, but README says a refused command changes nothing.
@@ -1098,7 +1044,7 @@ fn binding_is_once_and_chat_workspaces_are_thrown_away() {
     let st = status(&d, t);
     let binding = fs::read(d.state.join("threads").join(format!("{t}.json"))).ok();
     let out = d.cli(["open", t, "--project", "q"]);
-    assert_one_line_error(&out, &["bound", "p"]);
+    out.assert_one_line_error(&["bound", "p"]);
     assert_eq!(status(&d, t), st, "a refused re-bind changed the status");
     assert_same_listing("a refused re-bind", &listing, &work_listing(&ws, &[]));
     assert_eq!(
@@ -1108,7 +1054,7 @@ fn binding_is_once_and_chat_workspaces_are_thrown_away() {
     // Released, it is still bound.
     d.cli_ok(["release", t]);
     let out = d.cli(["open", t, "--project", "q"]);
-    assert_one_line_error(&out, &["bound"]);
+    out.assert_one_line_error(&["bound"]);
     assert!(!d.mount(t).exists() && !is_mounted(&d.mount(t)));
     assert_eq!(list_entry(&d, t)["state"], "released");
     // Same project, or none, resumes it.
@@ -1139,9 +1085,9 @@ fn binding_is_once_and_chat_workspaces_are_thrown_away() {
     g(&ws, &["add", "notes.txt"]);
     g(&ws, &["commit", "-q", "-m", "chat commit"]);
     let out = d.cli(["snapshot", c]);
-    assert_one_line_error(&out, &["chat"]);
+    out.assert_one_line_error(&["chat"]);
     let out = d.cli(["open", c, "--project", "p"]);
-    assert_one_line_error(&out, &["chat"]);
+    out.assert_one_line_error(&["chat"]);
     d.cli_ok(["release", c]);
     assert!(!d.state.join("workspaces").join(c).exists());
     assert!(!is_mounted(&ws));
@@ -1245,7 +1191,7 @@ fn snapshot_faults_unknown_thread_and_lost_cas() {
     let d = Daemon::start();
     let up = project(&d, "p", FILES);
     let out = d.cli(["snapshot", "nobody"]);
-    assert_one_line_error(&out, &["unknown thread"]);
+    out.assert_one_line_error(&["unknown thread"]);
     assert!(!d.state.join("workspaces").join("nobody").exists());
 
     let t = "cas";
@@ -1271,7 +1217,7 @@ fn snapshot_faults_unknown_thread_and_lost_cas() {
         out.describe(),
         d.log_tail()
     );
-    assert_one_line_error(&out, &[&tref]);
+    out.assert_one_line_error(&[&tref]);
     assert_eq!(
         g(&ws, &["rev-parse", "refs/octomate/saved"]),
         s1,
@@ -1540,7 +1486,7 @@ fn a_first_open_that_fails_leaves_no_binding() {
     fs::create_dir_all(&mp).unwrap();
     fs::write(mp.join("in-the-way"), b"x").unwrap();
     let out = d.cli(["open", t, "--project", "p"]);
-    assert_one_line_error(&out, &["not empty"]);
+    out.assert_one_line_error(&["not empty"]);
     assert!(
         !d.state.join("threads").join(format!("{t}.json")).exists(),
         "a failed first open left the thread bound"
@@ -1588,7 +1534,7 @@ fn an_acknowledged_open_survives_sigkill_right_after_it() {
     assert_eq!(read_ws(&ws.join("src/lib.rs")).unwrap(), b"pub fn f() {}\n");
     // Still bound: another project is refused, the same one is the live workspace.
     let out = d.cli(["open", t, "--project", "q"]);
-    assert_one_line_error(&out, &["bound", "p"]);
+    out.assert_one_line_error(&["bound", "p"]);
     assert_eq!(d.open_thread(t, &["--project", "p"]), ws);
     d.cli_ok(["release", t]);
     d.cli_ok(["release", t]);

@@ -79,6 +79,34 @@ impl Out {
         self
     }
 
+    /// Panics unless the command was refused the way every bad input must be: a non-zero exit,
+    /// exactly one line on stderr naming every needle (case-insensitive), nothing on stdout.
+    #[track_caller]
+    pub fn assert_one_line_error(&self, needles: &[&str]) -> &Self {
+        self.assert_failed();
+        let err = self.stderr_str();
+        let err = err.trim();
+        assert_eq!(
+            err.lines().count(),
+            1,
+            "expected a one-line error: {}",
+            self.describe()
+        );
+        for n in needles {
+            assert!(
+                err.to_lowercase().contains(&n.to_lowercase()),
+                "error does not mention {n:?}: {}",
+                self.describe()
+            );
+        }
+        assert!(
+            self.stdout.is_empty(),
+            "refused command printed on stdout: {}",
+            self.describe()
+        );
+        self
+    }
+
     pub fn describe(&self) -> String {
         format!(
             "`{}` -> {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
@@ -258,6 +286,34 @@ fn unescape_mountinfo(field: &str) -> PathBuf {
         }
     }
     PathBuf::from(std::ffi::OsString::from_vec(out))
+}
+
+/// How long one file operation on a mount may take in a test before it counts as hung.
+pub const FS_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Runs `f` (file operations on a mount) with [`FS_TIMEOUT`].
+#[track_caller]
+pub fn fsop<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    with_timeout(what, FS_TIMEOUT, f)
+}
+
+/// Reads a file in a mount (with [`FS_TIMEOUT`]); `None` when it cannot be read.
+pub fn read_ws(p: &Path) -> Option<Vec<u8>> {
+    let p = p.to_path_buf();
+    fsop("read a file in a mount", move || fs::read(p).ok())
+}
+
+/// Whether a path exists in a mount (with [`FS_TIMEOUT`]), without following a last symlink.
+pub fn exists_ws(p: &Path) -> bool {
+    let p = p.to_path_buf();
+    fsop("stat a path in a mount", move || {
+        fs::symlink_metadata(p).is_ok()
+    })
+}
+
+/// Whether `p` is a mount point now (`/proc/self/mounts`).
+pub fn is_mounted(p: &Path) -> bool {
+    mount_points().iter().any(|m| m == p)
 }
 
 /// Every mount point listed in /proc/self/mountinfo (one entry per mount).
