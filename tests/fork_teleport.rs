@@ -103,22 +103,6 @@ fn head_ref(ws: &Path) -> String {
     }
 }
 
-#[track_caller]
-fn project(d: &Daemon, project: &str, files: &[(&str, &str, u32)]) -> GitRepo {
-    let repo = GitRepo::init(&d.base.join(format!("up-{project}")));
-    for (p, content, mode) in files {
-        if *mode == 0o120000 {
-            repo.symlink(p, content);
-        } else {
-            write_file(&repo.path.join(p), content.as_bytes(), *mode);
-        }
-    }
-    repo.git(["add", "-A", "--force"]);
-    repo.commit_all("initial", DATE1);
-    d.cli_ok(["mirror", "add", project, repo.path.to_str().unwrap()]);
-    repo
-}
-
 const FILES: &[(&str, &str, u32)] = &[
     ("README.md", "# demo\n", 0o644),
     ("a.txt", "alpha\n", 0o644),
@@ -182,7 +166,7 @@ fn edit_all_kinds(ws: &Path) -> String {
 #[test]
 fn fork_carries_the_live_state_and_leaves_the_source_running() {
     let d = Daemon::start();
-    let up = project(&d, "p", FILES);
+    let up = add_project(&d, "p", FILES);
     up.git(["checkout", "-q", "-b", "feature"]);
     up.write("feature.txt", "feature\n");
     up.commit_all("feature work", DATE2);
@@ -358,7 +342,7 @@ fn fork_carries_the_live_state_and_leaves_the_source_running() {
 #[test]
 fn fork_refusals_change_nothing() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     d.open_thread("a", &["--project", "p"]);
     d.open_thread("live", &["--project", "p"]);
     d.open_thread("gone", &["--project", "p"]);
@@ -420,13 +404,13 @@ fn fork_refusals_change_nothing() {
 #[test]
 fn teleport_with_a_project_binds_at_a_validated_ref() {
     let d = Daemon::start();
-    let up = project(&d, "p", FILES);
+    let up = add_project(&d, "p", FILES);
     up.git(["checkout", "-q", "-b", "feature"]);
     up.write("feature.txt", "feature\n");
     up.commit_all("feature work", DATE2);
     up.git(["checkout", "-q", "main"]);
     d.cli_ok(["mirror", "sync", "p"]);
-    project(&d, "q", &[("q.txt", "q\n", 0o644)]);
+    add_project(&d, "q", &[("q.txt", "q\n", 0o644)]);
     d.open_thread("chat", &[]);
 
     // An unknown ref is refused before anything changes.
@@ -487,7 +471,7 @@ fn teleport_with_a_project_binds_at_a_validated_ref() {
 #[test]
 fn teleport_carries_the_state_and_small_ignored_files() {
     let d = Daemon::start();
-    let up = project(&d, "p", FILES);
+    let up = add_project(&d, "p", FILES);
     up.git(["checkout", "-q", "-b", "feature"]);
     up.write("feature.txt", "feature\n");
     up.commit_all("feature work", DATE2);
@@ -620,7 +604,7 @@ fn teleport_keeps_ignored_files_byte_names_and_metadata() {
     use std::ffi::OsStr;
     use std::os::unix::ffi::OsStrExt;
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let src = d.open_thread("src", &["--project", "p"]);
     let odd = OsStr::from_bytes(b"sec\xff.log").to_os_string();
     let mtime = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
@@ -702,7 +686,7 @@ fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 #[test]
 fn release_when_idle_waits_for_the_last_process() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let ws = d.open_thread("t", &["--project", "p"]);
     let w = ws.clone();
     fsop("edit", move || {

@@ -141,25 +141,6 @@ fn assert_same_state(what: &str, before: &WsState, after: &WsState) {
     assert_same_listing(&format!("{what}: the files"), &before.files, &after.files);
 }
 
-/// Creates an upstream repository at `<base>/<name>` with `files` (path, content, mode; a mode of
-/// 0o120000 makes a symlink to `content`) committed, and adds it as project `project`.
-#[track_caller]
-fn project(d: &Daemon, project: &str, files: &[(&str, &str, u32)]) -> GitRepo {
-    let repo = GitRepo::init(&d.base.join(format!("up-{project}")));
-    for (p, content, mode) in files {
-        if *mode == 0o120000 {
-            repo.symlink(p, content);
-        } else {
-            write_file(&repo.path.join(p), content.as_bytes(), *mode);
-        }
-    }
-    // Every listed file is tracked, also those the .gitignore matches.
-    repo.git(["add", "-A", "--force"]);
-    repo.commit_all("initial", DATE1);
-    d.cli_ok(["mirror", "add", project, repo.path.to_str().unwrap()]);
-    repo
-}
-
 /// The standard small project: text files in a few directories, an executable, a symlink, a
 /// `.gitignore`.
 const FILES: &[(&str, &str, u32)] = &[
@@ -266,7 +247,7 @@ fn tree_diff(repo: &Path, a: &str, b: &str) -> String {
 #[test]
 fn round_trip_through_snapshot_release_and_open() {
     let d = Daemon::start();
-    let up = project(&d, "p", FILES);
+    let up = add_project(&d, "p", FILES);
     // A second branch: the thread is opened on it by name.
     up.git(["checkout", "-q", "-b", "feature"]);
     up.write("feature.txt", "on the feature branch\n");
@@ -445,7 +426,7 @@ fn round_trip_through_snapshot_release_and_open() {
 #[test]
 fn detached_head_round_trip() {
     let d = Daemon::start();
-    let up = project(&d, "p", FILES);
+    let up = add_project(&d, "p", FILES);
     up.write("a.txt", "alpha v2\n");
     up.write("second.txt", "second\n");
     let tip = up.commit_all("second", DATE2);
@@ -490,7 +471,7 @@ fn snapshot_tree_equals_git_add_all_of_a_native_copy() {
         ("exec_off.sh", "#!/bin/sh\n", 0o755),
         ("group_exec.txt", "g\n", 0o644),
     ]);
-    let up = project(&d, "p", &files);
+    let up = add_project(&d, "p", &files);
     // vendor/ is ignored by a rule added after the file was tracked.
     up.write(
         ".gitignore",
@@ -598,7 +579,7 @@ fn snapshot_of_a_workspace_holding_an_embedded_repository() {
     // An agent clones (or inits) a repository inside its workspace. `git add -A` records it as a
     // gitlink at its HEAD; a snapshot must at least succeed, and match that.
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let mirror = d.mirror("p");
     let t = "embedded";
     let ws = d.open_thread(t, &["--project", "p"]);
@@ -646,7 +627,7 @@ fn snapshot_of_a_directory_renamed_with_a_tracked_ignored_file() {
             0o644,
         ),
     ]);
-    project(&d, "p", &files);
+    add_project(&d, "p", &files);
     let mirror = d.mirror("p");
     let t = "dirmove";
     let ws = d.open_thread(t, &["--project", "p"]);
@@ -680,7 +661,7 @@ fn snapshot_of_a_directory_renamed_with_a_tracked_ignored_file() {
 #[test]
 fn release_waits_for_a_process_that_is_leaving() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let t = "leaving";
     let ws = d.open_thread(t, &["--project", "p"]);
     let mut leaving = Command::new("sleep")
@@ -710,7 +691,7 @@ fn release_waits_for_a_process_that_is_leaving() {
 #[test]
 fn release_drops_the_upper_layer_and_respects_busy_mounts_and_users() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let t = "rel";
     let ws = d.open_thread(t, &["--project", "p"]);
     let upper = d.state.join("workspaces").join(t);
@@ -819,7 +800,7 @@ fn daemon_rss(d: &Daemon) -> u64 {
 #[test]
 fn daemon_memory_stays_small_across_many_mounts_and_unmounts() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let idle = daemon_rss(&d);
     for i in 0..12 {
         let ws = d.open_thread(&format!("m{i}"), &["--project", "p"]);
@@ -844,7 +825,7 @@ fn daemon_memory_stays_small_across_many_mounts_and_unmounts() {
 #[test]
 fn sweep_releases_only_clean_idle_workspaces() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let mount = |t: &str| d.mount(t);
     // clean-fresh: never touched. clean-saved: edited, then saved.
     d.open_thread("clean-fresh", &["--project", "p"]);
@@ -1032,8 +1013,8 @@ fn sweep_releases_only_clean_idle_workspaces() {
 #[test]
 fn binding_is_once_and_chat_workspaces_are_thrown_away() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
-    project(&d, "q", &[("other.txt", "other project\n", 0o644)]);
+    add_project(&d, "p", FILES);
+    add_project(&d, "q", &[("other.txt", "other project\n", 0o644)]);
     let t = "bound";
     let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
@@ -1189,7 +1170,7 @@ fn resume_of_a_released_thread_is_o1() {
 #[test]
 fn snapshot_faults_unknown_thread_and_lost_cas() {
     let d = Daemon::start();
-    let up = project(&d, "p", FILES);
+    let up = add_project(&d, "p", FILES);
     let out = d.cli(["snapshot", "nobody"]);
     out.assert_one_line_error(&["unknown thread"]);
     assert!(!d.state.join("workspaces").join("nobody").exists());
@@ -1247,7 +1228,7 @@ fn restart(d: &mut Daemon, mount: &Path) {
 #[test]
 fn sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object() {
     let mut d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let t = "crash";
     let ws = d.open_thread(t, &["--project", "p"]);
     let mirror = d.mirror("p");
@@ -1346,7 +1327,7 @@ fn sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object() {
 #[test]
 fn snapshots_whose_marks_were_lost_in_a_row_are_the_threads_own() {
     let mut d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let t = "lost";
     let ws = d.open_thread(t, &["--project", "p"]);
     let mirror = d.mirror("p");
@@ -1407,7 +1388,7 @@ fn snapshots_whose_marks_were_lost_in_a_row_are_the_threads_own() {
 #[test]
 fn diff_against_base_saved_and_between_snapshots() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let mirror = d.mirror("p");
     let t = "differ";
     let ws = d.open_thread(t, &["--project", "p"]);
@@ -1480,7 +1461,7 @@ fn diff_against_base_saved_and_between_snapshots() {
 #[test]
 fn a_first_open_that_fails_leaves_no_binding() {
     let d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let t = "unmade";
     let mp = d.mount(t);
     fs::create_dir_all(&mp).unwrap();
@@ -1507,7 +1488,7 @@ fn a_first_open_that_fails_leaves_no_binding() {
 #[test]
 fn an_acknowledged_open_survives_sigkill_right_after_it() {
     let mut d = Daemon::start();
-    let repo = project(&d, "p", FILES);
+    let repo = add_project(&d, "p", FILES);
     let base = g(&repo.path, &["rev-parse", "HEAD"]);
     let t = "killed-after-open";
     let ws = d.open_thread(t, &["--project", "p"]);
@@ -1550,7 +1531,7 @@ fn an_acknowledged_open_survives_sigkill_right_after_it() {
 #[test]
 fn an_interrupted_create_is_made_again_from_the_base() {
     let mut d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let t = "half-made";
     let ws = d.open_thread(t, &["--project", "p"]);
     let w = ws.clone();
@@ -1665,7 +1646,7 @@ fn every_fsync_in_a_new_workspace_waits_for_its_background_sync() {
 fn open_answers_before_its_sync_and_an_fsync_in_it_waits_for_the_sync() {
     const DELAY: Duration = Duration::from_secs(5);
     let mut d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let faults = d.state.join("faults");
     fs::create_dir_all(&faults).unwrap();
     fs::write(
@@ -1711,7 +1692,7 @@ fn open_answers_before_its_sync_and_an_fsync_in_it_waits_for_the_sync() {
 #[test]
 fn a_start_after_a_power_loss_during_creates_recovers_them() {
     let mut d = Daemon::start();
-    project(&d, "p", FILES);
+    add_project(&d, "p", FILES);
     let names = ["torn", "empty", "unseeded", "unbound", "badbind", "sound"];
     for t in names {
         let ws = d.open_thread(t, &["--project", "p"]);

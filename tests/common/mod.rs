@@ -940,6 +940,25 @@ impl GitRepo {
     }
 }
 
+/// Creates an upstream repository at `<base>/up-<project>` with `files` (path, content, mode; a
+/// mode of 0o120000 makes a symlink to `content`) committed, and adds it as project `project`.
+#[track_caller]
+pub fn add_project(d: &Daemon, project: &str, files: &[(&str, &str, u32)]) -> GitRepo {
+    let repo = GitRepo::init(&d.base.join(format!("up-{project}")));
+    for (p, content, mode) in files {
+        if *mode == 0o120000 {
+            repo.symlink(p, content);
+        } else {
+            write_file(&repo.path.join(p), content.as_bytes(), *mode);
+        }
+    }
+    // Every listed file is tracked, also those a .gitignore matches.
+    repo.git(["add", "-A", "--force"]);
+    repo.commit_all("initial", DATE1);
+    d.cli_ok(["mirror", "add", project, repo.path.to_str().unwrap()]);
+    repo
+}
+
 /// Writes `bytes` to `path` with `mode`, creating parent directories.
 #[track_caller]
 pub fn write_file(path: &Path, bytes: &[u8], mode: u32) {
