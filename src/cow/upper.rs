@@ -2,13 +2,14 @@
 //!
 //! A data file gets its final name before it is filled, and is filled before any catalog record
 //! points at it: until that record is appended, nothing refers to the file, so a crash half-way
-//! leaves an orphan, never a record pointing at a partial file. The file itself usually comes from
-//! the workspace's pool, `<upper>/pool/`: empty files a background thread made ahead of time
+//! leaves an orphan, never a record pointing at a partial file. In the daemon the file itself usually
+//! comes from its pool, `<state>/pool/`: empty files a background thread made ahead of time
 //! ([`Pool`]), so that the request path renames one into place instead of allocating an inode (on a
 //! journal-less ext4 that has freed many inodes lately, an allocation scans the recently freed ones:
 //! 150–300 µs measured, against 6–19 µs for the rename); with the pool empty it creates the file
-//! directly. Pool files hold nothing and nothing refers to them: leftovers are removed at the next
-//! open, whatever the stop was. Copy-up
+//! directly. Pool files hold nothing, nothing refers to them and they live outside every workspace
+//! (removing a workspace never races with the thread that fills the pool); what a stop left is
+//! removed when the next daemon opens the pool. Copy-up
 //! streams from the blob cache with `copy_file_range`, never holding a file in memory, and copies only
 //! the data ranges (`SEEK_DATA`/`SEEK_HOLE`): a sparse file stays sparse.
 //!
@@ -90,16 +91,16 @@ fn copy_range(src: &File, dst: &File, mut at: u64, end: u64) -> io::Result<()> {
 }
 
 /// Empty files a pool is filled up to.
-const POOL_FILES: usize = 32;
+const POOL_FILES: usize = 64;
 /// A pool with fewer files than this is filled up again.
-const POOL_LOW: usize = 16;
+const POOL_LOW: usize = 32;
 
-/// Empty data files made ahead of time in `<upper>/pool/`, named by a counter: the request path
-/// takes one by name and renames it to its final name. Only names are kept (no descriptors: a
-/// daemon holds hundreds of workspaces). One daemon-wide thread fills the pools that ran low; a
-/// workspace that never creates a file never has one.
+/// Empty data files made ahead of time in one directory beside the workspaces (the daemon's is
+/// `<state>/pool/`, shared by all of them), named by a counter: the request path takes one by name
+/// and renames it to its final name. Only names are kept, no descriptors. One daemon-wide thread
+/// fills a pool that ran low; a pool is filled only once something took a file from it.
 #[derive(Debug)]
-struct Pool {
+pub struct Pool {
     dir: PathBuf,
     names: Mutex<Vec<u64>>,
     next: AtomicU64,
@@ -108,6 +109,21 @@ struct Pool {
 }
 
 impl Pool {
+    /// The pool in `dir` (made private if missing), with what an earlier run left there removed:
+    /// empty files nothing refers to.
+    pub fn open(dir: &Path) -> io::Result<Arc<Pool>> {
+        crate::layout::create_private_dir(dir)?;
+        for e in std::fs::read_dir(dir)?.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+        Ok(Arc::new(Pool {
+            dir: dir.to_path_buf(),
+            names: Mutex::new(Vec::new()),
+            next: AtomicU64::new(pool_start()),
+            filling: AtomicBool::new(false),
+        }))
+    }
+
     fn path(&self, name: u64) -> PathBuf {
         self.dir.join(format!("{name:016x}"))
     }
@@ -127,10 +143,6 @@ impl Pool {
 
     /// Makes empty files until the pool holds [`POOL_FILES`] (fewer when the disk refuses).
     fn fill(&self) {
-        if let Err(e) = crate::layout::create_private_dir(&self.dir) {
-            tracing::debug!("pool {}: {e}", self.dir.display());
-            return;
-        }
         while self.names.lock().unwrap_or_else(|p| p.into_inner()).len() < POOL_FILES {
             let name = self.next.fetch_add(1, Ordering::Relaxed);
             match OpenOptions::new()
@@ -144,7 +156,7 @@ impl Pool {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .push(name),
-                // Left by the daemon that ran before (a restart's handover): another name.
+                // Made by the daemon that ran before (a restart's handover): another name.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
                     tracing::debug!("pool {}: {e}", self.dir.display());
@@ -156,7 +168,7 @@ impl Pool {
 }
 
 impl Drop for Pool {
-    /// A workspace let go (release, stop) leaves no pool files behind.
+    /// A pool let go leaves no files behind (the daemon's lives as long as the process).
     fn drop(&mut self) {
         let names = std::mem::take(self.names.get_mut().unwrap_or_else(|p| p.into_inner()));
         for name in names {
@@ -197,18 +209,8 @@ fn pool_filler(pool: Weak<Pool>) -> bool {
     })
 }
 
-/// Removes what an earlier run left in a pool directory (empty files nothing refers to).
-fn clear_pool(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let _ = std::fs::remove_file(e.path());
-    }
-}
-
 /// Where a pool's names start: unlikely to meet the names of a daemon that ran just before this
-/// one (a restart's handover, whose pool files this open removes while it may still run).
+/// one (a restart's handover, whose pool files [`Pool::open`] removes while it may still run).
 fn pool_start() -> u64 {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -216,10 +218,21 @@ fn pool_start() -> u64 {
     (t.as_secs() << 24) ^ u64::from(t.subsec_nanos())
 }
 
+/// The daemon's pool ([`use_pool`]): every upper layer opened after it takes its new files there.
+static DAEMON_POOL: OnceLock<Arc<Pool>> = OnceLock::new();
+
+/// Makes `dir` the pool of every upper layer this process opens from now on (the daemon, once, at
+/// start). Upper layers on another file system fall back to creating files (the rename fails).
+pub fn use_pool(dir: &Path) -> io::Result<()> {
+    let pool = Pool::open(dir)?;
+    let _ = DAEMON_POOL.set(pool);
+    Ok(())
+}
+
 #[derive(Debug)]
 pub struct Upper {
     dir: PathBuf,
-    pool: Arc<Pool>,
+    pool: Option<Arc<Pool>>,
     /// The previous run that opened this upper layer did so on this boot of the kernel.
     same_boot: bool,
     /// A damaged catalog batch was noted since this open ([`Upper::note_damage`]).
@@ -251,21 +264,20 @@ pub fn system_time(t: Ts) -> std::time::SystemTime {
 }
 
 impl Upper {
+    /// Opens the upper layer in `dir`, taking new files from the daemon's pool if there is one.
     pub fn open(dir: &Path) -> io::Result<Upper> {
+        Self::open_with_pool(dir, DAEMON_POOL.get().cloned())
+    }
+
+    /// [`Upper::open`] with a pool of the caller's (or none).
+    pub fn open_with_pool(dir: &Path, pool: Option<Arc<Pool>>) -> io::Result<Upper> {
         crate::layout::create_private_dir(&dir.join("data"))?;
         let boot = boot_id();
         let previous = std::fs::read_to_string(dir.join(BOOT)).ok();
         let same_boot = boot.is_some() && previous.as_deref().map(str::trim) == boot.as_deref();
-        let pool_dir = dir.join("pool");
-        clear_pool(&pool_dir);
         Ok(Upper {
             dir: dir.to_path_buf(),
-            pool: Arc::new(Pool {
-                dir: pool_dir,
-                names: Mutex::new(Vec::new()),
-                next: AtomicU64::new(pool_start()),
-                filling: AtomicBool::new(false),
-            }),
+            pool,
             same_boot,
             damaged: AtomicBool::new(false),
             boot: if same_boot { None } else { boot },
@@ -331,8 +343,9 @@ impl Upper {
     /// A pool file renamed to `path` and opened, or `None` (an empty pool, or a pool file that
     /// could not be moved: the caller creates the file directly).
     fn take_pooled(&self, path: &Path) -> Option<File> {
-        let name = self.pool.take()?;
-        let from = self.pool.path(name);
+        let pool = self.pool.as_ref()?;
+        let name = pool.take()?;
+        let from = pool.path(name);
         if let Err(e) = std::fs::rename(&from, path) {
             tracing::debug!("pool file {}: {e}", from.display());
             let _ = std::fs::remove_file(&from);
@@ -349,13 +362,11 @@ impl Upper {
         }
     }
 
-    /// Pool files ready now.
+    /// Files ready in this layer's pool now (0 without one).
     pub fn pooled(&self) -> usize {
-        self.pool
-            .names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.pool.as_ref().map_or(0, |p| {
+            p.names.lock().unwrap_or_else(|p| p.into_inner()).len()
+        })
     }
 
     /// "Now" on the data files' own clock: file times come from the kernel's coarse clock, which can
@@ -524,9 +535,15 @@ mod tests {
         assert_eq!(u.data_inodes().unwrap(), vec![7]);
     }
 
-    /// Pool files ready, by name, read from the directory.
-    fn pool_files(u: &Upper) -> Vec<std::ffi::OsString> {
-        let mut v: Vec<_> = std::fs::read_dir(u.dir().join("pool"))
+    /// An upper layer in `<d>/upper` with a pool of its own in `<d>/pool`.
+    fn pooled_upper(d: &Path) -> Upper {
+        let pool = Pool::open(&d.join("pool")).unwrap();
+        Upper::open_with_pool(&d.join("upper"), Some(pool)).unwrap()
+    }
+
+    /// The pool's files, by name, read from its directory.
+    fn pool_files(d: &Path) -> Vec<std::ffi::OsString> {
+        let mut v: Vec<_> = std::fs::read_dir(d.join("pool"))
             .map(|d| d.map(|e| e.unwrap().file_name()).collect())
             .unwrap_or_default();
         v.sort();
@@ -549,42 +566,32 @@ mod tests {
     fn new_data_files_come_from_the_pool_once_a_create_asked_for_it() {
         use std::os::unix::fs::MetadataExt;
         let d = tempfile::tempdir().unwrap();
-        let u = Upper::open(d.path()).unwrap();
-        // Nothing is made ahead for a workspace that never creates a file.
+        let u = pooled_upper(d.path());
+        // Nothing is made ahead before anything was taken.
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert_eq!(u.pooled(), 0);
-        assert!(pool_files(&u).is_empty());
-        // The first create makes its file directly and asks for the pool.
+        assert!(pool_files(d.path()).is_empty());
+        // The first create makes its file directly and asks for the pool to be filled.
         u.create(1, None, Ts(10, 1), Ts(20, 2)).unwrap();
         wait_pooled(&u, POOL_FILES);
-        let before = pool_files(&u);
+        let before = pool_files(d.path());
         assert_eq!(before.len(), POOL_FILES);
-        for name in &before {
-            let m = std::fs::metadata(u.dir().join("pool").join(name)).unwrap();
-            assert_eq!((m.len(), m.mode() & 0o7777), (0, 0o600));
-        }
-        // The next one is a pool file, renamed to its final name: same inode, now under data/.
-        let inos: std::collections::BTreeMap<u64, std::ffi::OsString> = before
+        let inos: std::collections::BTreeSet<u64> = before
             .iter()
             .map(|n| {
-                (
-                    std::fs::metadata(u.dir().join("pool").join(n))
-                        .unwrap()
-                        .ino(),
-                    n.clone(),
-                )
+                let m = std::fs::metadata(d.path().join("pool").join(n)).unwrap();
+                assert_eq!((m.len(), m.mode() & 0o7777), (0, 0o600));
+                m.ino()
             })
             .collect();
+        // The next one is a pool file renamed to its final name: the same inode, under data/.
         let made = u.create(2, None, Ts(30, 3), Ts(40, 4)).unwrap();
         let m = std::fs::metadata(u.data_path(2)).unwrap();
-        assert!(
-            inos.contains_key(&m.ino()),
-            "data file 2 is not a pool file"
-        );
+        assert!(inos.contains(&m.ino()), "data file 2 is not a pool file");
         assert_eq!((m.len(), m.mode() & 0o7777), (0, 0o600));
         assert_eq!((m.mtime(), m.mtime_nsec()), (40, 4));
         assert_eq!((m.atime(), m.atime_nsec()), (30, 3));
-        assert_eq!(pool_files(&u).len(), POOL_FILES - 1);
+        assert_eq!(pool_files(d.path()).len(), POOL_FILES - 1);
         use std::os::unix::fs::FileExt;
         made.write_all_at(b"new", 0).unwrap();
         assert_eq!(std::fs::read(u.data_path(2)).unwrap(), b"new");
@@ -594,49 +601,63 @@ mod tests {
         let mut src = File::open(&src_path).unwrap();
         u.create(3, Some(&mut src), Ts(1, 0), Ts(1, 0)).unwrap();
         assert_eq!(std::fs::read(u.data_path(3)).unwrap(), b"base content");
-        assert!(inos.contains_key(&std::fs::metadata(u.data_path(3)).unwrap().ino()));
-        // Only data files are data files.
+        assert!(inos.contains(&std::fs::metadata(u.data_path(3)).unwrap().ino()));
         assert_eq!(u.data_inodes().unwrap().len(), 3);
     }
 
     #[test]
     fn a_pool_drained_faster_than_it_fills_falls_back_to_creating_files() {
         let d = tempfile::tempdir().unwrap();
-        let u = Upper::open(d.path()).unwrap();
+        let u = pooled_upper(d.path());
         for ino in 1..=500u64 {
             u.create(ino, None, Ts(1, 0), Ts(1, 0)).unwrap();
         }
         let mut inos = u.data_inodes().unwrap();
         inos.sort();
         assert_eq!(inos, (1..=500).collect::<Vec<_>>());
-        // A pool file that vanished (removed by someone else) makes the create fall back, not fail.
+        // Pool files removed behind its back make creates fall back, not fail.
         wait_pooled(&u, POOL_FILES);
-        for name in pool_files(&u) {
-            std::fs::remove_file(u.dir().join("pool").join(name)).unwrap();
+        for name in pool_files(d.path()) {
+            std::fs::remove_file(d.path().join("pool").join(name)).unwrap();
         }
         u.create(501, None, Ts(1, 0), Ts(1, 0)).unwrap();
         assert!(u.data_path(501).exists());
     }
 
     #[test]
-    fn pool_files_are_removed_at_the_next_open_and_when_the_workspace_is_let_go() {
+    fn two_upper_layers_share_a_pool_and_what_a_stop_left_is_removed_at_the_next_open() {
         let d = tempfile::tempdir().unwrap();
-        let u = Upper::open(d.path()).unwrap();
-        u.create(1, None, Ts(1, 0), Ts(1, 0)).unwrap();
-        wait_pooled(&u, POOL_FILES);
-        drop(u);
-        let u = Upper::open(d.path()).unwrap();
-        assert!(
-            pool_files(&u).is_empty(),
-            "dropping the upper left pool files"
-        );
-        // What a killed daemon leaves is removed when the upper is opened again.
-        std::fs::write(d.path().join("pool").join("0000000000000001"), b"").unwrap();
-        std::fs::write(d.path().join("pool").join("0000000000000002"), b"").unwrap();
-        drop(u);
-        let u = Upper::open(d.path()).unwrap();
-        assert!(pool_files(&u).is_empty());
-        assert_eq!(u.data_inodes().unwrap(), vec![1]);
+        let pool = Pool::open(&d.path().join("pool")).unwrap();
+        let a = Upper::open_with_pool(&d.path().join("a"), Some(pool.clone())).unwrap();
+        let b = Upper::open_with_pool(&d.path().join("b"), Some(pool.clone())).unwrap();
+        a.create(1, None, Ts(1, 0), Ts(1, 0)).unwrap();
+        wait_pooled(&b, POOL_FILES);
+        b.create(1, None, Ts(1, 0), Ts(1, 0)).unwrap();
+        assert_eq!(a.pooled(), POOL_FILES - 1);
+        // Removing a workspace's directory leaves the pool whole: its files live outside.
+        drop(a);
+        std::fs::remove_dir_all(d.path().join("a")).unwrap();
+        assert!(pool_files(d.path()).len() >= POOL_FILES - 1);
+        // A stop without dropping (a killed daemon) leaves files; the next open removes them.
+        std::mem::forget(pool);
+        drop(b);
+        let left = pool_files(d.path()).len();
+        assert!(left >= POOL_FILES - 1, "{left} pool files");
+        let reopened = Pool::open(&d.path().join("pool")).unwrap();
+        assert!(pool_files(d.path()).is_empty());
+        // Dropping a pool removes its files.
+        let c = Upper::open_with_pool(&d.path().join("c"), Some(reopened)).unwrap();
+        c.create(1, None, Ts(1, 0), Ts(1, 0)).unwrap();
+        wait_pooled(&c, POOL_FILES);
+        drop(c);
+        let t0 = std::time::Instant::now();
+        while !pool_files(d.path()).is_empty() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "pool files left"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     #[test]

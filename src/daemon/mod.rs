@@ -229,6 +229,10 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
         crate::layout::create_private_dir(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
     }
+    // New data files of every workspace come from one pool of empty files beside them.
+    if let Err(e) = crate::cow::upper::use_pool(&layout.state.join("pool")) {
+        tracing::warn!("no pool of new files (each is created when it is needed): {e}");
+    }
     // Loading every project moves credentials out of records written by an older octofs.
     if let Err(e) = mirror::list(&layout) {
         tracing::error!("cannot load the projects: {e}");
