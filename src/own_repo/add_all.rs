@@ -177,34 +177,21 @@ fn core_kind(core: &WorkspaceFs, path: &[u8]) -> Result<Option<fuser::FileType>,
 
 /// The most octofs reads of a workspace's index file (or its shared part). git's index of a
 /// million files is ~150 MB; a larger file is an agent's doing (a sparse file of GiBs costs it
-/// nothing) and would cost the daemon the time to hash and parse it, so it is refused at once.
+/// nothing) and would cost the daemon the time to hash and parse it, so it is refused before it is
+/// copied or read.
 pub(crate) const MAX_INDEX_BYTES: u64 = 1 << 30;
-
-/// Refuses `.git/<name>` when it is larger than [`MAX_INDEX_BYTES`] (absent: fine).
-fn index_size_ok(core: &WorkspaceFs, name: &[u8]) -> Result<(), Error> {
-    let attr = core
-        .attr_at(&[b".git", name])
-        .map_err(|source| Error::Read {
-            path: format!(".git/{}", shown(name)),
-            source,
-        })?;
-    match attr {
-        Some(a) if a.size > MAX_INDEX_BYTES => Err(Error::IndexTooLarge {
-            name: shown(name),
-            size: a.size,
-            max: MAX_INDEX_BYTES,
-        }),
-        _ => Ok(()),
-    }
-}
 
 /// The workspace's index (`.git/index`; empty when there is none), read from a private copy. A
 /// split index (`core.splitIndex`) names its shared part, which is copied beside it on demand.
 pub(crate) fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index::File, Error> {
     let scratch = Scratch::new(state, "index")?;
     let path = scratch.path().join("index");
-    index_size_ok(core, b"index")?;
-    if !scratch.copy_in(core, &[b".git", b"index"], Path::new("index"))? {
+    if !scratch.copy_in(
+        core,
+        &[b".git", b"index"],
+        Path::new("index"),
+        MAX_INDEX_BYTES,
+    )? {
         return Ok(gix::index::File::from_state(
             gix::index::State::new(gix::hash::Kind::Sha1),
             path,
@@ -230,8 +217,8 @@ pub(crate) fn read_index(core: &WorkspaceFs, state: &Path) -> Result<gix::index:
             let Some(name) = shared else {
                 return Err(Error::Index { source: e });
             };
-            index_size_ok(core, &name)?;
-            if !scratch.copy_in(core, &[b".git", &name], Path::new(&*name.to_str_lossy()))? {
+            let to = name.to_str_lossy();
+            if !scratch.copy_in(core, &[b".git", &name], Path::new(&*to), MAX_INDEX_BYTES)? {
                 return Err(Error::SplitIndexMissing { name: shown(&name) });
             }
             open().map_err(|source| Error::Index { source })

@@ -69,7 +69,12 @@ pub fn carry(
             written += 1;
             continue;
         }
-        scratch.copy_in(core, &loose, &Path::new("objects").join(dir).join(file))?;
+        scratch.copy_in(
+            core,
+            &loose,
+            &Path::new("objects").join(dir).join(file),
+            u64::MAX,
+        )?;
         let mut kind = find(&odb, &id, &mut buf)?;
         if kind.is_none() && !packs_copied {
             copy_packs(core, &scratch)?;
@@ -303,6 +308,7 @@ fn copy_packs(core: &WorkspaceFs, scratch: &Scratch) -> Result<(), Error> {
             core,
             &[dir[0], dir[1], dir[2], name.as_bytes()],
             &Path::new("objects").join("pack").join(name),
+            u64::MAX,
         )?;
     }
     Ok(())

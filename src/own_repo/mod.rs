@@ -73,12 +73,10 @@ pub enum Error {
     /// The workspace's index is split and its shared part is not there.
     #[error("the workspace's .git/index is split, and its .git/{name} is missing")]
     SplitIndexMissing { name: String },
-    /// A file of the workspace's index is larger than any index git writes for a real tree.
-    #[error(
-        "the workspace's .git/{name} is {size} bytes, more than octofs reads of an index \
-         ({max} bytes)"
-    )]
-    IndexTooLarge { name: String, size: u64, max: u64 },
+    /// A workspace file is larger than octofs reads of such a file (an index larger than any git
+    /// writes for a real tree).
+    #[error("the workspace's {path} is {size} bytes, more than octofs reads of it ({max} bytes)")]
+    TooLarge { path: String, size: u64, max: u64 },
     /// The private copy of the workspace's objects could not be opened.
     #[error("cannot open {}: {source}", path.display())]
     OpenObjects {
@@ -199,8 +197,16 @@ impl Scratch {
     }
 
     /// Copies the workspace's regular file at `from` (components from the workspace's root) to
-    /// `to` (relative to this directory, parents created). False when there is no such file.
-    pub fn copy_in(&self, core: &WorkspaceFs, from: &[&[u8]], to: &Path) -> Result<bool, Error> {
+    /// `to` (relative to this directory, parents created). False when there is no such file;
+    /// [`Error::TooLarge`] when the file, once opened, holds more than `max` bytes (the copy takes
+    /// the length it had then: growing it afterwards copies nothing more).
+    pub fn copy_in(
+        &self,
+        core: &WorkspaceFs,
+        from: &[&[u8]],
+        to: &Path,
+        max: u64,
+    ) -> Result<bool, Error> {
         let shown = || String::from_utf8_lossy(&from.join(&b'/')).into_owned();
         let Some(src) = core.open_file(from).map_err(|source| Error::Read {
             path: shown(),
@@ -209,6 +215,20 @@ impl Scratch {
         else {
             return Ok(false);
         };
+        let size = src
+            .metadata()
+            .map_err(|e| Error::Read {
+                path: shown(),
+                source: e.into(),
+            })?
+            .len();
+        if size > max {
+            return Err(Error::TooLarge {
+                path: shown(),
+                size,
+                max,
+            });
+        }
         let dest = self.0.join(to);
         let copied = (|| {
             use std::os::unix::fs::OpenOptionsExt;
