@@ -300,6 +300,26 @@ enum Cmd {
         #[arg(long)]
         exe: Option<PathBuf>,
     },
+    /// The far side of a transport to a remote a caller named, run as that caller (started by the
+    /// daemon's git, not for use by hand; see `git::mirror::far_side`)
+    #[command(name = "transport-as", hide = true)]
+    TransportAs {
+        #[arg(long)]
+        uid: Option<u32>,
+        #[arg(long)]
+        gid: Option<u32>,
+        /// Supplementary groups, comma-separated
+        #[arg(long, default_value = "")]
+        groups: String,
+        /// A directory no repository of the far side may be in
+        #[arg(long)]
+        deny: Vec<PathBuf>,
+        /// upload-pack, receive-pack or ssh
+        program: String,
+        /// What git appends: the repository path, or ssh's arguments
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        rest: Vec<std::ffi::OsString>,
+    },
     /// The new daemon of a restart, started by the old one (not for use by hand)
     #[command(hide = true)]
     TakeoverServe {
@@ -387,6 +407,33 @@ enum MirrorCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Cmd::TransportAs {
+        uid,
+        gid,
+        groups,
+        deny,
+        program,
+        rest,
+    } = cli.cmd
+    {
+        let Ok(groups) = groups
+            .split(',')
+            .filter(|g| !g.is_empty())
+            .map(str::parse::<u32>)
+            .collect::<Result<Vec<u32>, _>>()
+        else {
+            eprintln!("fatal: --groups wants comma-separated numbers, not {groups:?}");
+            return ExitCode::from(128);
+        };
+        return octofs::git::mirror::far_side::run(octofs::git::mirror::far_side::Args {
+            uid,
+            gid,
+            groups,
+            deny,
+            program,
+            rest,
+        });
+    }
     if !matches!(cli.cmd, Cmd::Serve { .. } | Cmd::TakeoverServe { .. }) {
         octofs::sys::default_sigpipe();
     }
@@ -1175,6 +1222,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 .init();
             octofs::daemon::serve_takeover(layout.clone(), &from).map_err(|e| format!("{e:#}"))
         }
+        Cmd::TransportAs { .. } => Err("transport-as is run by the daemon's git only".into()),
     }
 }
 

@@ -781,6 +781,70 @@ pub fn peer_pid(sock: &impl std::os::fd::AsRawFd) -> io::Result<u32> {
     Ok(cred.pid as u32)
 }
 
+/// A local user's home directory by uid (`getpwuid_r`); `None` when the uid has no entry or no
+/// home.
+pub fn user_home(uid: u32) -> Option<PathBuf> {
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: an all-zero passwd is a valid value for this plain C struct.
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call; the path is copied out before `buf` is dropped.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut found) };
+    if rc != 0 || found.is_null() || pw.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: on success pw_dir points at a NUL-terminated string inside `buf`.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+    let dir = Path::new(std::ffi::OsStr::from_bytes(dir.to_bytes()));
+    (!dir.as_os_str().is_empty()).then(|| dir.to_path_buf())
+}
+
+/// Makes this process `uid`/`gid` with exactly the supplementary `groups`, for good: real,
+/// effective and saved ids all change, so nothing of the old identity can be taken back. For a
+/// process about to `exec` a program on a caller's behalf (single-threaded: the ids of other
+/// threads are not changed). Checked afterwards: an identity that did not take is an error.
+pub fn become_user(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
+    let groups: Vec<libc::gid_t> = groups.to_vec();
+    // SAFETY: `groups` is a valid array of `groups.len()` gids for the call.
+    if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: setresgid/setresuid only change this process's credentials (the group first, while
+    // the process may still change it).
+    if unsafe { libc::setresgid(gid, gid, gid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::setresuid(uid, uid, uid) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getuid/geteuid/getgid/getegid have no preconditions and cannot fail.
+    let now = unsafe {
+        (
+            libc::getuid(),
+            libc::geteuid(),
+            libc::getgid(),
+            libc::getegid(),
+        )
+    };
+    if now != (uid, uid, gid, gid) {
+        return Err(io::Error::other(format!(
+            "the identity {uid}:{gid} did not take"
+        )));
+    }
+    Ok(())
+}
+
+/// `PR_SET_NO_NEW_PRIVS`: no program this process executes from now on gains privileges
+/// (set-user-ID bits and file capabilities are ignored). Inherited by children, never undone.
+pub fn set_no_new_privs() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes plain integers and changes only this process.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -27,6 +27,20 @@ impl Daemon {
         c.uid == 0 || c.uid == crate::sys::euid()
     }
 
+    /// Whose authority the far side of a transport to a remote `c` named runs with: `c`'s own,
+    /// unless `c` is root or the daemon's user (`git::mirror::far_side`).
+    pub(super) fn far_side(&self, c: &Caller) -> mirror::FarSide {
+        if self.is_admin(c) {
+            mirror::FarSide::Daemon
+        } else {
+            mirror::FarSide::User {
+                uid: c.uid,
+                gid: c.gid,
+                groups: c.groups.clone(),
+            }
+        }
+    }
+
     pub(super) fn require_admin(&self, c: &Caller, what: &str) -> Result<(), Error> {
         if self.is_admin(c) {
             Ok(())

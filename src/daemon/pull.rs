@@ -78,7 +78,7 @@ impl Daemon {
         }
         let project = rec.project.clone();
         let mirror_dir = self.layout.mirror(&project);
-        let target = mirror::push_target(&self.layout, &project, Some(remote))?;
+        let target = mirror::push_target(&self.layout, &project, Some(remote), self.far_side(c))?;
         let full = named_ref(name);
         let theirs = mirror::fetch_ref(&mirror_dir, &target, &full, &pulled_ref(name))?
             .ok_or_else(|| Error::Refused(format!("{remote} has no {full}")))?;

@@ -65,7 +65,7 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
-        let target = push_target(&self.layout, &rec.project, remote)?;
+        let target = push_target(&self.layout, &rec.project, remote, self.far_side(c))?;
         // The outgoing range: from the lease, else from the remote tip, else everything the
         // branch carries (less what the project's upstream already has on its branches, as of the
         // mirror's last sync).

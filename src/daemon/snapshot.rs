@@ -237,7 +237,8 @@ impl Daemon {
             .transpose()?;
         if let (Some(n), Some(r), Some(commit)) = (name, push, named) {
             let mirror = self.layout.mirror(&project);
-            let target = crate::git::mirror::push_target(&self.layout, &project, Some(r))?;
+            let target =
+                crate::git::mirror::push_target(&self.layout, &project, Some(r), self.far_side(c))?;
             let full = named_ref(n);
             match crate::git::mirror::push_ref(&mirror, &target, commit, &full, &[])? {
                 Shared::Pushed | Shared::Already => {

@@ -11,10 +11,13 @@
 //! - `credentials`: an http(s) upstream's secret, kept apart from every record and redacted from
 //!   every message;
 //! - `clone_sync`: building, syncing and re-creating a mirror;
-//! - `network`: clone and fetch, with a stall timeout and the credentials in git's environment.
+//! - `network`: clone and fetch, with a stall timeout and the credentials in git's environment;
+//! - `push`: push, ls-remote and fetch of one ref, to the upstream or a remote a caller names;
+//! - `far_side`: the far side of a transport to a caller's remote, run as that caller.
 
 mod clone_sync;
 mod credentials;
+pub mod far_side;
 mod network;
 mod push;
 mod upstream;
@@ -32,6 +35,7 @@ use credentials::{migrate_credentials, redact_url};
 
 pub use clone_sync::{add, sync};
 pub use credentials::redact;
+pub use far_side::FarSide;
 pub use network::{Watch, cancelled, set_fetch_timeout, watched};
 pub use push::{
     Change, PushTarget, Shared, changes, check_share, fetch_ref, push, push_ref, push_target,

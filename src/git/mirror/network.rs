@@ -104,11 +104,22 @@ pub(super) fn network_git(
     upstream: &str,
     credential: Option<&str>,
 ) -> Result<(), Error> {
+    network_git_with(dir, args, upstream, credential, &[])
+}
+
+/// [`network_git`] with more environment (the far side of a caller's remote, `far_side`).
+pub(super) fn network_git_with(
+    dir: Option<&Path>,
+    args: &[&OsStr],
+    upstream: &str,
+    credential: Option<&str>,
+    env: &[(String, String)],
+) -> Result<(), Error> {
     let secs = FETCH_TIMEOUT_SECS.load(Ordering::Relaxed).max(1);
     let stall = Duration::from_secs(secs);
-    let mut child = network_command(dir, args, upstream, credential, secs)
-        .spawn()
-        .map_err(Error::Spawn)?;
+    let mut cmd = network_command(dir, args, upstream, credential, secs);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
+    let mut child = cmd.spawn().map_err(Error::Spawn)?;
     let last_progress = Arc::new(Mutex::new(Instant::now()));
     let (tx, rx) = std::sync::mpsc::channel();
     let watch = WATCH.with(|c| c.borrow().clone());

@@ -5,13 +5,14 @@
 //!
 //! Never runs in a workspace, never reads a workspace's configuration.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::io::Read as _;
-use std::path::Path;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use super::credentials::{load_credential, redact, split_credentials};
-use super::network::{network_command, network_git};
+use super::far_side::{self, FarSide};
+use super::network::{network_command, network_git_with};
 use super::{UpstreamKind, require};
 use crate::git::error::Error;
 use crate::layout::Layout;
@@ -54,18 +55,86 @@ pub fn changes(out: &[u8]) -> Result<Vec<Change>, Error> {
 /// Where a push goes: the URL, and the credential the daemon holds for it (only for the project's
 /// own upstream).
 pub struct PushTarget {
+    /// The remote as it was given (and as messages show it).
     pub url: String,
     /// The project's own upstream (whose branches the mirror has as `refs/remotes/origin/*`).
     pub upstream: bool,
     credential: Option<String>,
+    /// Whose authority the far side runs with ([`far_side`]).
+    far: FarSide,
+    /// Where the far side refuses a repository (the state and the mount root, for a caller's
+    /// remote).
+    deny: Vec<PathBuf>,
+}
+
+/// Environment variables one command adds.
+type Env = Vec<(String, String)>;
+
+/// How long `ls-remote` may go without a byte before it is killed.
+const LS_REMOTE_STALL_SECS: u64 = 300;
+
+impl PushTarget {
+    /// The URL git is given.
+    fn git_url(&self) -> String {
+        far_side::transport_url(&self.url)
+    }
+
+    /// The arguments of `git <sub>` with its far-side options, then `rest`, and the far side's
+    /// environment. No hook of the mirror runs either.
+    fn argv(&self, sub: &str, rest: &[&OsStr]) -> Result<(Vec<OsString>, Env), Error> {
+        let exe = std::env::current_exe().map_err(|e| {
+            Error::Git(format!(
+                "cannot find the octofs binary for the far side: {e}"
+            ))
+        })?;
+        let (opts, env) = self.far.transport(&exe, sub, &self.url, &self.deny);
+        let mut args: Vec<OsString> = ["-c", "core.hooksPath=/dev/null", sub]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        args.extend(opts.into_iter().map(OsString::from));
+        args.extend(rest.iter().map(|a| a.to_os_string()));
+        Ok((args, env))
+    }
+
+    /// The command `git <sub> … rest` against the target (for a caller that reads its output).
+    fn command(&self, mirror: &Path, sub: &str, rest: &[&OsStr]) -> Result<Command, Error> {
+        let (args, env) = self.argv(sub, rest)?;
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        let mut cmd = network_command(
+            Some(mirror),
+            &args,
+            &self.url,
+            self.credential.as_deref(),
+            LS_REMOTE_STALL_SECS,
+        );
+        cmd.envs(env);
+        Ok(cmd)
+    }
+
+    /// Runs `git <sub> … rest` against the target with [`network_git_with`]'s stall timeout.
+    fn run(&self, mirror: &Path, sub: &str, rest: &[&OsStr]) -> Result<(), Error> {
+        let (args, env) = self.argv(sub, rest)?;
+        let args: Vec<&OsStr> = args.iter().map(OsString::as_os_str).collect();
+        network_git_with(
+            Some(mirror),
+            &args,
+            &self.url,
+            self.credential.as_deref(),
+            &env,
+        )
+    }
 }
 
 /// The target of a push of `project`: its upstream (`remote` none or `origin`), or `remote` (a URL
-/// without credentials, or an absolute path to a repository).
+/// without credentials, or an absolute path to a repository) named by a caller whose authority its
+/// far side runs with (`far`, [`far_side`]). A caller's remote is never inside the daemon's state
+/// or under the mount root.
 pub fn push_target(
     layout: &Layout,
     project: &str,
     remote: Option<&str>,
+    far: FarSide,
 ) -> Result<PushTarget, Error> {
     match remote {
         None | Some("origin") => {
@@ -80,6 +149,8 @@ pub fn push_target(
                 credential: load_credential(layout, project)?,
                 url: p.upstream,
                 upstream: true,
+                far: FarSide::Daemon,
+                deny: Vec::new(),
             })
         }
         Some(r) => {
@@ -94,10 +165,18 @@ pub fn push_target(
                     "remote {url:?}: give `origin`, a URL or an absolute path"
                 )));
             }
+            super::check_upstream(&url)?;
+            // Compared with the caller's canonical path by the far side; canonical here too.
+            let deny = [&layout.state, &layout.root]
+                .into_iter()
+                .map(|d| d.canonicalize().unwrap_or_else(|_| d.clone()))
+                .collect();
             Ok(PushTarget {
                 url,
                 upstream: false,
                 credential: None,
+                far,
+                deny,
             })
         }
     }
@@ -120,13 +199,12 @@ pub fn remote_ref_tip(
     t: &PushTarget,
     full: &str,
 ) -> Result<Option<gix::ObjectId>, Error> {
-    let args = [
-        OsStr::new("ls-remote"),
-        OsStr::new("--"),
-        OsStr::new(&t.url),
-        OsStr::new(full),
-    ];
-    let mut cmd = network_command(Some(mirror), &args, &t.url, t.credential.as_deref(), 300);
+    let url = t.git_url();
+    let mut cmd = t.command(
+        mirror,
+        "ls-remote",
+        &[OsStr::new("--"), OsStr::new(&url), OsStr::new(full)],
+    )?;
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(Error::Spawn)?;
     let mut out = Vec::new();
@@ -141,12 +219,19 @@ pub fn remote_ref_tip(
     let status = child.wait().map_err(Error::Spawn)?;
     if !status.success() {
         let e = String::from_utf8_lossy(&err);
-        let line = e.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+        let lines: Vec<&str> = e.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+        // The far side's own reason (`fatal: …` first), not git's advice after it.
+        let line = lines
+            .iter()
+            .find(|l| l.starts_with("fatal:") || l.starts_with("error:"))
+            .or(lines.last())
+            .copied()
+            .unwrap_or("");
         return Err(Error::Git(format!(
             "cannot read {} of {}: {}",
             full,
             redact(&t.url),
-            redact(line.trim())
+            redact(line)
         )));
     }
     let text = String::from_utf8_lossy(&out);
@@ -160,17 +245,15 @@ pub fn remote_ref_tip(
     };
     let have = crate::git!(Some(mirror); "cat-file", "-e", &format!("{tip}^{{commit}}")).is_ok();
     if !have {
-        network_git(
-            Some(mirror),
+        t.run(
+            mirror,
+            "fetch",
             &[
-                OsStr::new("fetch"),
                 OsStr::new("--no-tags"),
                 OsStr::new("--"),
-                OsStr::new(&t.url),
+                OsStr::new(&url),
                 OsStr::new(full),
             ],
-            &t.url,
-            t.credential.as_deref(),
         )?;
     }
     Ok(Some(tip))
@@ -188,18 +271,13 @@ pub fn push(
     let full = format!("refs/heads/{branch}");
     let refspec = format!("{tip}:{full}");
     let lease_arg = lease.map(|l| format!("--force-with-lease={full}:{l}"));
-    let mut args: Vec<&OsStr> = vec![
-        OsStr::new("-c"),
-        OsStr::new("core.hooksPath=/dev/null"),
-        OsStr::new("push"),
-        OsStr::new("--progress"),
-        OsStr::new("--no-verify"),
-    ];
+    let url = t.git_url();
+    let mut args: Vec<&OsStr> = vec![OsStr::new("--progress"), OsStr::new("--no-verify")];
     if let Some(l) = &lease_arg {
         args.push(OsStr::new(l));
     }
-    args.extend([OsStr::new("--"), OsStr::new(&t.url), OsStr::new(&refspec)]);
-    network_git(Some(mirror), &args, &t.url, t.credential.as_deref())
+    args.extend([OsStr::new("--"), OsStr::new(&url), OsStr::new(&refspec)]);
+    t.run(mirror, "push", &args)
 }
 
 /// A share remote as a project stores it: a URL or an absolute path, without credentials.
@@ -225,6 +303,8 @@ pub fn share_target(remote: &str) -> Result<PushTarget, Error> {
         url: check_share(remote)?,
         upstream: false,
         credential: None,
+        far: FarSide::Daemon,
+        deny: Vec::new(),
     })
 }
 
@@ -268,17 +348,15 @@ pub fn push_ref(
     }
     let mut specs = vec![format!("{tip}:{full}")];
     specs.extend(forced.iter().map(|(id, r)| format!("+{id}:{r}")));
+    let url = t.git_url();
     let mut args: Vec<&OsStr> = vec![
-        OsStr::new("-c"),
-        OsStr::new("core.hooksPath=/dev/null"),
-        OsStr::new("push"),
         OsStr::new("--no-verify"),
         OsStr::new("--atomic"),
         OsStr::new("--"),
-        OsStr::new(&t.url),
+        OsStr::new(&url),
     ];
     args.extend(specs.iter().map(OsStr::new));
-    network_git(Some(mirror), &args, &t.url, t.credential.as_deref())?;
+    t.run(mirror, "push", &args)?;
     Ok(Shared::Pushed)
 }
 
@@ -295,18 +373,17 @@ pub fn fetch_ref(
         return Ok(None);
     };
     let spec = format!("+{full}:{local}");
-    network_git(
-        Some(mirror),
+    let url = t.git_url();
+    t.run(
+        mirror,
+        "fetch",
         &[
-            OsStr::new("fetch"),
             OsStr::new("--no-tags"),
             OsStr::new("--no-write-fetch-head"),
             OsStr::new("--"),
-            OsStr::new(&t.url),
+            OsStr::new(&url),
             OsStr::new(&spec),
         ],
-        &t.url,
-        t.credential.as_deref(),
     )?;
     Ok(Some(tip))
 }
