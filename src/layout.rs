@@ -28,6 +28,19 @@ pub struct Layout {
     pub root: PathBuf,
 }
 
+/// The mount root when none is given: `/workspaces` for root; else `$XDG_RUNTIME_DIR/octofs`, or —
+/// without a runtime directory (runuser, su, cron) — `<tmp>/octofs-<uid>`, the user's own: a shared
+/// `/tmp/octofs` would belong to whichever user came first, and the second could not mount.
+fn default_root(euid: u32, runtime_dir: Option<std::ffi::OsString>, tmp: &Path) -> PathBuf {
+    if euid == 0 {
+        return PathBuf::from("/workspaces");
+    }
+    match runtime_dir.filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("octofs"),
+        None => tmp.join(format!("octofs-{euid}")),
+    }
+}
+
 impl Layout {
     /// The defaults of DESIGN.md: `/var/lib/octofs` and `/workspaces` as root, else XDG locations.
     pub fn resolve(state: Option<PathBuf>, root: Option<PathBuf>) -> Layout {
@@ -40,14 +53,11 @@ impl Layout {
             }
         });
         let root = root.unwrap_or_else(|| {
-            if is_root {
-                PathBuf::from("/workspaces")
-            } else {
-                std::env::var_os("XDG_RUNTIME_DIR")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(std::env::temp_dir)
-                    .join("octofs")
-            }
+            default_root(
+                crate::sys::euid(),
+                std::env::var_os("XDG_RUNTIME_DIR"),
+                &std::env::temp_dir(),
+            )
         });
         Layout {
             state: absolute(&state),
@@ -233,4 +243,24 @@ fn xdg(var: &str, fallback: &str) -> PathBuf {
 
 fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_user_without_a_runtime_directory_gets_a_mount_root_of_their_own() {
+        let tmp = Path::new("/tmp");
+        assert_eq!(default_root(0, None, tmp), Path::new("/workspaces"));
+        assert_eq!(
+            default_root(1000, Some("/run/user/1000".into()), tmp),
+            Path::new("/run/user/1000/octofs")
+        );
+        assert_eq!(default_root(1000, None, tmp), Path::new("/tmp/octofs-1000"));
+        assert_eq!(
+            default_root(1001, Some("".into()), tmp),
+            Path::new("/tmp/octofs-1001")
+        );
+    }
 }

@@ -250,3 +250,26 @@ fn hooks_of_a_remote_never_run_and_a_users_own_repository_works() {
         d.cli_ok(["release", t, "--discard"]);
     }
 }
+
+/// `mirror add` of a repository another user owns: git refuses it (its ownership check), and the
+/// refusal names the owner in one line instead of advice about a `safe.directory` the daemon's git
+/// never reads (issue 32, item 6).
+#[test]
+fn mirror_add_of_another_users_repository_says_whose_it_is() {
+    let a = user_a();
+    let d = Daemon::start();
+    let public = public_dir(&d, "public");
+    let theirs = GitRepo::init(&public.join("theirs"));
+    theirs.write("f.txt", "x\n");
+    theirs.commit_all("x", DATE1);
+    chown_r(&theirs.path, a);
+    let path = theirs.path.to_str().unwrap();
+    let out = d.cli(["mirror", "add", "theirs", path]);
+    out.assert_one_line_error(&[path, "octofs-test-user", "belongs to"]);
+    assert!(
+        !out.stderr_str().contains("safe.directory"),
+        "{}",
+        out.describe()
+    );
+    assert!(!d.mirror("theirs").exists());
+}

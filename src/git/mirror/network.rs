@@ -206,7 +206,10 @@ pub(super) fn network_git_with(
                 .or(lines.last())
                 .map(|l| l.to_string())
                 .unwrap_or_else(|| format!("git failed ({s})"));
-            let mut line = redact(&line);
+            let mut line = match lines.iter().find_map(|l| dubious_ownership(l)) {
+                Some(msg) => msg,
+                None => redact(&line),
+            };
             if let Some(c) = credential
                 && let Some((_, secret)) = c.split_once(':')
                 && !secret.is_empty()
@@ -216,6 +219,28 @@ pub(super) fn network_git_with(
             Err(Error::Git(line))
         }
     }
+}
+
+/// git's refusal of a repository another user owns (`detected dubious ownership in repository at
+/// '<path>'`, followed by advice about `safe.directory` that the daemon's git never reads), said in
+/// octofs's words with the owner named.
+fn dubious_ownership(line: &str) -> Option<String> {
+    let rest = line
+        .split_once("detected dubious ownership in repository at '")?
+        .1;
+    let path = rest.strip_suffix('\'').unwrap_or(rest);
+    let owner = std::fs::metadata(path)
+        .map(|m| crate::access::describe_uid(std::os::unix::fs::MetadataExt::uid(&m)))
+        .unwrap_or_else(|_| "another user".into());
+    Some(not_ours(path, &owner))
+}
+
+/// The refusal of a repository at `path` that `owner` owns, not the daemon's user.
+pub(super) fn not_ours(path: &str, owner: &str) -> String {
+    format!(
+        "the repository {path} belongs to {owner}, not to the daemon's user ({}): git reads no repository another user owns; add a clone the daemon's user owns (git clone --bare), or serve it over ssh, git:// or http(s)",
+        crate::access::describe_uid(crate::sys::euid())
+    )
 }
 
 /// The command of [`network_git`]: the daemon's one hardened git ([`Git`]), plus what talking to
@@ -248,6 +273,21 @@ pub(super) fn network_command(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn another_users_repository_is_refused_in_octofs_words() {
+        let msg = dubious_ownership("fatal: detected dubious ownership in repository at '/'")
+            .expect("recognized");
+        assert!(
+            msg.starts_with("the repository / belongs to uid 0 (root), not to the daemon's user"),
+            "{msg}"
+        );
+        assert!(!msg.contains("safe.directory"), "{msg}");
+        assert_eq!(
+            dubious_ownership("fatal: Could not read from remote repository."),
+            None
+        );
+    }
 
     #[test]
     fn the_watch_keeps_gits_last_progress_line() {

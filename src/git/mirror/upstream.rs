@@ -98,8 +98,19 @@ pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), Error> {
             && path.join("objects").is_dir()
             && path.join("refs").is_dir());
     if is_repo {
-        git!(Some(&path); "rev-parse", "--git-dir", "--end-of-options")
-            .context(|| format!("upstream {upstream} is not a usable git repository"))?;
+        match git!(Some(&path); "rev-parse", "--git-dir", "--end-of-options") {
+            Ok(_) => {}
+            // git's ownership check; its advice names a `safe.directory` the daemon never reads.
+            Err(Error::Git(line)) if line.contains("safe.directory") => {
+                return Err(Error::Refused(super::network::not_ours(
+                    &shown,
+                    &crate::access::describe_uid(std::os::unix::fs::MetadataExt::uid(&meta)),
+                )));
+            }
+            r => {
+                r.context(|| format!("upstream {upstream} is not a usable git repository"))?;
+            }
+        }
         Ok((UpstreamKind::Repository, shown))
     } else {
         Ok((UpstreamKind::Directory, shown))
