@@ -526,10 +526,7 @@ mod tests {
         ];
         let (got, left) = applied(&e, &A);
         let names: Vec<&[u8]> = got.xattrs.iter().map(|(k, _)| k.as_slice()).collect();
-        assert_eq!(
-            names,
-            [&b"system.posix_acl_default"[..], &b"user.kept"[..]]
-        );
+        assert_eq!(names, [&b"system.posix_acl_default"[..], &b"user.kept"[..]]);
         assert_eq!(
             left,
             [
@@ -545,7 +542,15 @@ mod tests {
     #[test]
     fn a_path_no_workspace_can_hold_is_left_out_for_everyone() {
         for who in [A, Caller::default()] {
-            for p in [&b""[..], b"/abs", b"a//b", b"a/./b", b"../up", b"a/..", b"nul\0"] {
+            for p in [
+                &b""[..],
+                b"/abs",
+                b"a//b",
+                b"a/./b",
+                b"../up",
+                b"a/..",
+                b"nul\0",
+            ] {
                 let a = admit(&entry(p, PosixKind::Dir, 0o755, who.uid, who.gid), &who);
                 assert_eq!(a.entry, None, "{p:?}");
                 assert_eq!(a.left_out, ["a path no workspace can hold"]);
@@ -566,12 +571,21 @@ mod tests {
     #[test]
     fn warnings_are_one_line_each_and_bounded() {
         let left: Vec<LeftOut> = (0..25)
-            .map(|i| (format!("f{i}\nx").into_bytes(), vec!["owner uid 0".to_string()]))
+            .map(|i| {
+                (
+                    format!("f{i}\nx").into_bytes(),
+                    vec!["owner uid 0".to_string()],
+                )
+            })
             .collect();
         let w = left_out_warnings("snapshot s", &A, &left);
         assert_eq!(w.len(), 21);
         assert!(w.iter().all(|l| !l.contains('\n')), "{w:?}");
-        assert!(w[0].contains("f0\\nx") && w[0].contains("owner uid 0"), "{}", w[0]);
+        assert!(
+            w[0].contains("f0\\nx") && w[0].contains("owner uid 0"),
+            "{}",
+            w[0]
+        );
         assert!(w[20].contains("and 5 more"), "{}", w[20]);
         assert!(left_out_warnings("s", &A, &left[..3]).len() == 3);
     }
