@@ -298,19 +298,31 @@ impl Daemon {
         if made.is_err() {
             Binding::remove(&self.layout, to);
         }
-        if let Err(e) = made {
-            // Nothing of `to` remains: its refs go with it (a later `open` of the name starts a
-            // chain of its own).
-            self.drop_refs(&project, to, commit, posix.is_some());
-            return Err(e);
-        }
+        let left_out = match made {
+            Ok(w) => w,
+            Err(e) => {
+                // Nothing of `to` remains: its refs go with it (a later `open` of the name starts
+                // a chain of its own).
+                self.drop_refs(&project, to, commit, posix.is_some());
+                return Err(e);
+            }
+        };
         let made_in = started.elapsed();
-        let mut warnings: Vec<String> = self.grant_owner(&project, me, false).into_iter().collect();
+        let mut warnings = left_out;
+        warnings.extend(self.grant_owner(&project, me, false));
         warnings.extend(self.share_thread(&project, to, commit));
         let mut copied = Vec::new();
         if !ignored.is_empty() {
-            match self.put_ignored(to, &ignored) {
-                Ok(c) => copied = c,
+            let who = super::posix::authority(&me);
+            match self.put_ignored(to, &ignored, &who) {
+                Ok((c, left)) => {
+                    copied = c;
+                    warnings.extend(super::posix::left_out_warnings(
+                        "the small ignored files",
+                        &who,
+                        &left,
+                    ));
+                }
                 Err(e) => warnings.push(format!("the small ignored files were not copied: {e}")),
             }
         }
@@ -422,12 +434,37 @@ impl Daemon {
     /// Writes `files` into `to`'s live workspace through its core (directories made as needed),
     /// each with its owner, group, mode, modification time and extended attributes, and tells the
     /// kernel. Returns the paths written (a name that is not UTF-8 shown lossily).
-    fn put_ignored(&self, to: &str, files: &[IgnoredFile]) -> Result<Vec<String>, Error> {
+    /// Owner, group, mode bits and extended attributes are what `who` (the new thread's owner)
+    /// could set by themselves (`posix::admit`, as for a record); returns the paths written and
+    /// what was left out of them.
+    fn put_ignored(
+        &self,
+        to: &str,
+        files: &[IgnoredFile],
+        who: &Caller,
+    ) -> Result<(Vec<String>, Vec<super::posix::LeftOut>), Error> {
         let rec = self.live_record(to)?;
         let core = self.core_of(&rec)?;
         let mut done = Vec::new();
+        let mut left = Vec::new();
         for f in files {
             let shown = String::from_utf8_lossy(&f.path).into_owned();
+            let asked = posix_record::PosixEntry {
+                path: f.path.clone(),
+                kind: posix_record::PosixKind::File,
+                mode: f.mode,
+                uid: f.uid,
+                gid: f.gid,
+                rdev: 0,
+                xattrs: f.xattrs.clone(),
+                link: None,
+            };
+            let admitted = super::posix::admit(&asked, who);
+            if !admitted.left_out.is_empty() {
+                left.push((f.path.clone(), admitted.left_out));
+            }
+            // (A file is never left out whole but for a path no workspace holds.)
+            let Some(m) = admitted.entry else { continue };
             let mut comps: Vec<&[u8]> = f.path.split(|b| *b == b'/').collect();
             let Some(name) = comps.pop() else { continue };
             let ino = core
@@ -435,13 +472,13 @@ impl Daemon {
                 .map_err(on_workspace(format!("cannot write {shown}")))?;
             // Owner first, then the mode (a change of owner never widens what the mode says).
             let set = crate::fs::SetAttr {
-                uid: Some(f.uid),
-                gid: Some(f.gid),
+                uid: Some(m.uid),
+                gid: Some(m.gid),
                 ..Default::default()
             };
             core.setattr(ino, set)
                 .map_err(on_workspace(format!("cannot set the owner of {shown}")))?;
-            for (k, v) in &f.xattrs {
+            for (k, v) in &m.xattrs {
                 use std::os::unix::ffi::OsStrExt as _;
                 core.setxattr(ino, std::ffi::OsStr::from_bytes(k), v, 0)
                     .map_err(on_workspace(format!(
@@ -450,7 +487,7 @@ impl Daemon {
                     )))?;
             }
             let set = crate::fs::SetAttr {
-                mode: Some(f.mode),
+                mode: Some(m.mode),
                 mtime: Some(crate::fs::SetTime::At(f.mtime)),
                 ..Default::default()
             };
@@ -459,7 +496,7 @@ impl Daemon {
             done.push(shown);
         }
         self.tell_kernel(to);
-        Ok(done)
+        Ok((done, left))
     }
 
     /// Removes the refs a failed carry filed for `to` (only if they still are what it wrote).

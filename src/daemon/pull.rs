@@ -148,7 +148,11 @@ impl Daemon {
         let mut warnings = Vec::new();
         if let Some(blob) = crate::git::posix_record::blob_of(&message) {
             if repo.has_object(blob) {
-                super::posix::restore(&core, &repo, theirs)?;
+                // The remote's record is data: applied with the thread owner's authority only
+                // (DESIGN.md "Privilege separation"), what it may not set named.
+                let who = super::posix::authority(&rec.owner);
+                let left = super::posix::restore(&core, &repo, theirs, &who)?;
+                warnings.extend(super::posix::left_out_warnings(&full, &who, &left));
             } else {
                 warnings.push(format!(
                     "the POSIX record of {full} (modes git cannot hold, owners, special files) did not come with it; not applied"

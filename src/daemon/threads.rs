@@ -242,12 +242,15 @@ impl Daemon {
             .transpose()?;
         let us = |t: std::time::Instant| t.elapsed().as_micros() as u64;
         let before_create = us(started);
-        if let Err(e) = self.create_with(thread, fork, owner, staged) {
-            if new_binding.is_some() {
-                Binding::remove(&self.layout, thread);
+        let left_out = match self.create_with(thread, fork, owner, staged) {
+            Ok(w) => w,
+            Err(e) => {
+                if new_binding.is_some() {
+                    Binding::remove(&self.layout, thread);
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         if let Some(mut b) = binding.clone().filter(|b| b.io != fork_io) {
             // The mode asked for at a resume stays the thread's.
             b.io = fork_io;
@@ -261,7 +264,14 @@ impl Daemon {
             %thread, before_create, answered = us(started),
             "opened a new workspace (µs since the request was dispatched)"
         );
-        Ok((path, warnings.into_iter().chain(shared_warning).collect()))
+        Ok((
+            path,
+            left_out
+                .into_iter()
+                .chain(warnings)
+                .chain(shared_warning)
+                .collect(),
+        ))
     }
 
     /// The fork that brings a released thread back: from its last snapshot (files = the snapshot's
@@ -316,7 +326,8 @@ impl Daemon {
 
     /// Creates, seeds and mounts a new workspace (on failure nothing of it remains), putting `also`
     /// (a new thread's binding) in place with it. On failure `also` may be in place (the caller
-    /// removes it).
+    /// removes it). Returns the warnings naming what of the resumed snapshot's POSIX record was
+    /// beyond `owner`'s authority and left out (`posix::admit`).
     ///
     /// The workspace exists once its record is in place (renamed in): a create interrupted before
     /// that (the daemon killed) leaves a directory without a record, which nothing serves and the
@@ -333,7 +344,7 @@ impl Daemon {
         fork: Fork,
         owner: crate::workspace::Owner,
         also: Option<crate::records::StagedRecord>,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<String>, Error> {
         let proj = if fork.chat {
             blank_project()
         } else {
@@ -377,6 +388,8 @@ impl Daemon {
         let fresh = fork.apply.is_none() && fork.saved.is_none();
         // The background sync of the new workspace, once it is under way.
         let mut pending: Option<Arc<Durable>> = None;
+        // What of the record was left out, named to the caller.
+        let mut left_out = Vec::new();
         let made = (|| {
             // Where the time goes, in µs since the start, for the log line below.
             let t0 = std::time::Instant::now();
@@ -431,11 +444,20 @@ impl Daemon {
                     }
                     let applied = us(t0);
                     let mut bookkeeping = Vec::new();
+                    let mut left = Vec::new();
                     if let Some(s) = &fork.saved {
                         let id = gix::ObjectId::from_hex(s.as_bytes())
                             .context(|| format!("saved snapshot id {s:?}"))?;
                         let repo = snap::open(&self.layout.mirror(&fork.project))?;
-                        super::posix::restore(&core, &repo, id)?;
+                        // With the owner's authority only: the record may have come from a share
+                        // remote (DESIGN.md "Privilege separation").
+                        let who = super::posix::authority(&owner);
+                        let parts = super::posix::restore(&core, &repo, id, &who)?;
+                        left = super::posix::left_out_warnings(
+                            &format!("snapshot {}", s.get(..12).unwrap_or(s)),
+                            &who,
+                            &parts,
+                        );
                         // The saved mark goes with the same batch (it is octofs's bookkeeping,
                         // not a change of the workspace's state).
                         bookkeeping.push(
@@ -448,11 +470,12 @@ impl Daemon {
                         );
                     }
                     let restored = us(t0);
-                    Ok::<_, Error>((seeded, diffed, applied, restored, bookkeeping))
+                    Ok::<_, Error>((seeded, diffed, applied, restored, bookkeeping, left))
                 },
                 on_workspace("cannot write the new workspace's catalog"),
             )?;
-            let (seeded, diffed, applied, restored, bookkeeping) = seeded;
+            let (seeded, diffed, applied, restored, bookkeeping, left) = seeded;
+            left_out = left;
             // (What git dropped — modes, owners, special files, empty directories — came back
             // above, before the mount exists: no moment where a file is wider than it was.)
             let written = us(t0);
@@ -518,7 +541,7 @@ impl Daemon {
             }
             let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
         }
-        made
+        made.map(|()| left_out)
     }
 
     /// Applies the difference between two trees of the mirror to a workspace ([`Self::tree_changes`]).
