@@ -1,4 +1,5 @@
-//! What `octofs restart` keeps when nobody is using the mounts.
+//! What `octofs restart` keeps when nobody is using the mounts, and what happens to a mount taken
+//! away behind the daemon.
 //!
 //! Ten workspaces, one busy (a process has its cwd in it) and nine idle, one of them in no-open
 //! mode and two owned by an ordinary user, each with an uncommitted `new.txt`; two restarts (the
@@ -7,12 +8,18 @@
 //! file list, `git status --porcelain` equal to before, and `status` saying mounted. Failed before:
 //! the old daemon dropped the handed-over sessions, whose fuser `Mount` unmounted on drop — EBUSY on
 //! the busy mount, success on every idle one (nine bare directories after the first restart).
+//!
+//! A mount removed behind the daemon (`umount -l`) is reported `not mounted` by `status`/`list` and
+//! `doctor`; while a process still uses the detached mount, `open` refuses in one line (its session
+//! still serves that process); then `open` mounts it again, and `doctor --fix` does too, each moving the files written into
+//! the bare directory meanwhile into the workspace under `.octofs-stray/<time>/`, said in one line.
+//! Failed before: `status` said mounted, `open` printed the path and mounted nothing.
 
 mod common;
 
 use common::*;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -189,5 +196,125 @@ fn idle_and_busy_mounts_survive_two_restarts_with_their_trees() {
     assert!(
         st.contains("\"io\":\"no-open\"") || st.contains("\"io\": \"no-open\""),
         "{st}"
+    );
+}
+
+#[test]
+fn a_mount_removed_behind_the_daemon_is_reported_and_mounted_again_with_its_strays() {
+    let user = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    add_project(&d, "p", &[("README.md", "# strays\n", 0o644)]);
+    let out = d.cli_as(user, &["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}", out.describe());
+    let m = d.mount("t");
+    let w = in_mount(Some(user), &m, "sh", &["-c", "echo mine > new.txt"]);
+    assert!(w.success(), "{}", w.describe());
+
+    // Taken away behind the daemon while a process works in it (the detached mount lives on for
+    // that process); something writes into the bare directory.
+    let mut held = busy_process(&m);
+    let um = run(Command::new("umount").arg("-l").arg(&m), CMD_TIMEOUT);
+    assert!(um.success(), "{}", um.describe());
+    assert!(!is_mounted(&m));
+    write_file(&m.join("stray.txt"), b"written while unmounted\n", 0o644);
+    write_file(&m.join("sub/inner.txt"), b"inner\n", 0o600);
+    std::os::unix::fs::symlink("/etc/shadow", m.join("sub/link")).expect("symlink");
+
+    assert_eq!(state_of(&d, "t"), "not mounted");
+    let list = d.cli_ok(["list"]);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("t\t") && l.contains("not mounted")),
+        "{list}"
+    );
+    let doc = d.cli(["doctor"]);
+    assert!(
+        doc.stdout_str().contains("not-mounted")
+            && doc
+                .stdout_str()
+                .contains("files were written into the bare directory"),
+        "{}",
+        doc.describe()
+    );
+
+    // Its session still serves that process: no second one over the same upper layer.
+    d.cli_as(user, &["open", "t"])
+        .assert_one_line_error(&["detached", "still uses"]);
+    assert!(!is_mounted(&m));
+    let _ = held.kill();
+    let _ = held.wait();
+
+    // `open` mounts it again, the strays moved into the workspace, said in one line.
+    let again = d.cli_as(user, &["open", "t"]);
+    assert!(again.success(), "{}\n{}", again.describe(), d.log_tail());
+    assert_eq!(again.stdout_str().trim(), m.to_str().unwrap());
+    let err = again.stderr_str();
+    assert_eq!(err.trim().lines().count(), 1, "{}", again.describe());
+    assert!(err.contains(".octofs-stray/"), "{}", again.describe());
+    assert!(is_mounted(&m), "open did not mount {}", m.display());
+    assert_eq!(state_of(&d, "t"), "mounted");
+    let files = listed(Some(user), &m);
+    let stray_dir = files
+        .iter()
+        .find_map(|p| p.strip_suffix("/stray.txt"))
+        .unwrap_or_else(|| panic!("no stray.txt in {files:?}"))
+        .to_string();
+    assert!(stray_dir.starts_with(".octofs-stray/"), "{files:?}");
+    assert_eq!(
+        files,
+        vec![
+            format!("{stray_dir}/stray.txt"),
+            format!("{stray_dir}/sub/inner.txt"),
+            "README.md".to_string(),
+            "new.txt".to_string(),
+        ]
+    );
+    let cat = in_mount(Some(user), &m, "cat", &[&format!("{stray_dir}/stray.txt")]);
+    assert_eq!(
+        cat.stdout_str(),
+        "written while unmounted\n",
+        "{}",
+        cat.describe()
+    );
+    let inner = in_mount(
+        Some(user),
+        &m,
+        "cat",
+        &[&format!("{stray_dir}/sub/inner.txt")],
+    );
+    assert_eq!(inner.stdout_str(), "inner\n", "{}", inner.describe());
+    let link = fs::read_link(m.join(&stray_dir).join("sub/link")).expect("readlink");
+    assert_eq!(link, Path::new("/etc/shadow"));
+    let meta = fs::symlink_metadata(m.join(&stray_dir).join("stray.txt")).expect("stat");
+    assert_eq!((meta.uid(), meta.gid()), (user.uid, user.gid));
+    assert_eq!(porcelain(Some(user), &m), "?? .octofs-stray/\n?? new.txt\n");
+
+    // Again, fixed by `doctor --fix` this time.
+    let um = run(Command::new("umount").arg("-l").arg(&m), CMD_TIMEOUT);
+    assert!(um.success(), "{}", um.describe());
+    write_file(&m.join("second.txt"), b"second\n", 0o644);
+    let fix = d.cli(["doctor", "--fix"]);
+    assert!(
+        fix.stdout_str().contains("fixed not-mounted"),
+        "{}\n{}",
+        fix.describe(),
+        d.log_tail()
+    );
+    assert!(is_mounted(&m), "doctor --fix did not mount {}", m.display());
+    let files = listed(Some(user), &m);
+    assert!(
+        files
+            .iter()
+            .any(|p| p.starts_with(".octofs-stray/") && p.ends_with("/second.txt")),
+        "{files:?}"
+    );
+    assert!(files.contains(&"new.txt".to_string()), "{files:?}");
+    assert_eq!(state_of(&d, "t"), "mounted");
+    let clean = d.cli(["doctor"]);
+    assert!(
+        !clean.stdout_str().contains("not-mounted"),
+        "{}",
+        clean.describe()
     );
 }

@@ -666,6 +666,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         if when_idle {
             lock(&daemon.idle_waits).insert(thread.clone());
         }
+        let dev = super::mounts::kernel_dev(&path, &thread);
         lock(&daemon.mounts).insert(
             thread,
             Mounted {
@@ -674,6 +675,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
                 info,
                 core,
                 owner,
+                dev,
             },
         );
     }
