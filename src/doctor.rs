@@ -10,8 +10,10 @@
 //! What `--fix` does, and never more: unmounts stale mounts (and hung ones when the daemon does not
 //! answer, after aborting their connection); removes derived data that is wrong (a blob-cache file
 //! that does not hash to its id, a shared index whose checksum fails, temporary files of fills and
-//! builds) — all of it is rebuilt from the mirror on demand; and moves a workspace directory that
-//! cannot be served to `<state>/quarantine/` (never deletes it: it may hold a user's files). Changes
+//! builds) — all of it is rebuilt from the mirror on demand; moves a workspace directory that
+//! cannot be served to `<state>/quarantine/` (never deletes it: it may hold a user's files); and asks
+//! the running daemon to mount again a thread recorded as mounted that the kernel has no mount of
+//! (`not-mounted`; files in its bare mount point go into the workspace, docs/restart.md). Changes
 //! to workspaces and temporary files are made only while no daemon runs (it holds the daemon lock),
 //! so a fix never races a live `open`. It reads the state directory directly (root, or the daemon's
 //! user) and runs no git; it never touches a mirror (a finding there says what to run).
