@@ -231,6 +231,11 @@ fn copy_one(
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(path)
             .map_err(|e| e.to_string())?;
+        // What was opened, not what was looked at: a device node swapped in after the lstat must
+        // not be read into the workspace.
+        if !from.metadata().is_ok_and(|m| m.is_file()) {
+            return Err("changed while being moved".into());
+        }
         let (attr, mut opened) = core
             .create(into, name, mode, libc::O_WRONLY, caller)
             .map_err(|e| e.to_string())?;
