@@ -10,8 +10,10 @@
 //! What `--fix` does, and never more: unmounts stale mounts (and hung ones when the daemon does not
 //! answer, after aborting their connection); removes derived data that is wrong (a blob-cache file
 //! that does not hash to its id, a shared index whose checksum fails, temporary files of fills and
-//! builds) — all of it is rebuilt from the mirror on demand; and moves a workspace directory that
-//! cannot be served to `<state>/quarantine/` (never deletes it: it may hold a user's files). Changes
+//! builds) — all of it is rebuilt from the mirror on demand; moves a workspace directory that
+//! cannot be served to `<state>/quarantine/` (never deletes it: it may hold a user's files); and asks
+//! the running daemon to mount again a thread recorded as mounted that the kernel has no mount of
+//! (`not-mounted`; files in its bare mount point go into the workspace, docs/restart.md). Changes
 //! to workspaces and temporary files are made only while no daemon runs (it holds the daemon lock),
 //! so a fix never races a live `open`. It reads the state directory directly (root, or the daemon's
 //! user) and runs no git; it never touches a mirror (a finding there says what to run).
@@ -110,7 +112,7 @@ pub fn run(layout: &Layout, fix: bool) -> Report {
     let lock = if fix { take_daemon_lock(layout) } else { None };
     let quiet = lock.is_some();
     check_mounts(layout, daemon, fix, &mut r);
-    check_workspaces(layout, daemon, fix && quiet, &mut r);
+    check_workspaces(layout, daemon, fix && quiet, fix, &mut r);
     check_indexes(layout, fix, quiet, &mut r);
     check_blobs(layout, fix, quiet, &mut r);
     check_mirrors(layout, &mut r);
@@ -278,11 +280,18 @@ fn quarantine(layout: &Layout, dir: &Path, what: &str) -> std::io::Result<PathBu
     Ok(dest)
 }
 
-fn check_workspaces(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report) {
+/// `fix`: workspace directories may be moved (no daemon runs); `remount`: a running daemon is
+/// asked to mount again what it should serve and the kernel has no mount of.
+fn check_workspaces(
+    layout: &Layout,
+    daemon: DaemonState,
+    fix: bool,
+    remount: bool,
+    r: &mut Report,
+) {
     let Ok(dir) = std::fs::read_dir(layout.workspaces()) else {
         return;
     };
-    let mounted = crate::sys::fuse_mounts_under(&layout.root);
     for e in dir.flatten() {
         let ws = e.path();
         if !ws.is_dir() {
@@ -349,16 +358,61 @@ fn check_workspaces(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Rep
                     );
                 }
                 let mp = layout.mountpoint(&thread);
-                if daemon == DaemonState::Running && rec.mounted && !mounted.contains(&mp) {
-                    finding(
-                        "not-mounted",
-                        format!("recorded as mounted at {}, but not mounted", mp.display()),
-                        "octofs open <thread> mounts it again",
-                        false,
-                    );
+                if daemon == DaemonState::Running && rec.mounted && !octofs_mount_at(&mp, &thread) {
+                    let mut detail =
+                        format!("recorded as mounted at {}, but not mounted", mp.display());
+                    if std::fs::read_dir(&mp).is_ok_and(|mut d| d.next().is_some()) {
+                        detail.push_str(" (files were written into the bare directory)");
+                    }
+                    let mut fixed = false;
+                    if remount {
+                        match ask_remount(layout, &thread) {
+                            Ok(notes) => {
+                                fixed = true;
+                                for n in notes {
+                                    detail.push_str(&format!("; {n}"));
+                                }
+                            }
+                            Err(e) => detail.push_str(&format!("; remount failed: {e}")),
+                        }
+                    }
+                    r.findings.push(Finding {
+                        kind: "not-mounted",
+                        path: path.clone(),
+                        detail,
+                        remedy: "doctor --fix (or octofs open <thread>) mounts it again; files \
+                                 found in the bare mount point are moved into the workspace, \
+                                 under .octofs-stray/"
+                            .into(),
+                        fixed,
+                    });
                 }
             }
         }
+    }
+}
+
+/// Whether the topmost mount at `mp` is octofs's mount of `thread` (mountinfo; the mount itself is
+/// not asked).
+fn octofs_mount_at(mp: &Path, thread: &str) -> bool {
+    let canonical = match (mp.parent().map(std::fs::canonicalize), mp.file_name()) {
+        (Some(Ok(dir)), Some(name)) => dir.join(name),
+        _ => mp.to_path_buf(),
+    };
+    crate::sys::fuse_mount_at(&canonical)
+        .is_some_and(|(_, source)| source == format!("octofs:{thread}"))
+}
+
+/// Asks the running daemon to mount `thread` again; its notes (files moved in) on success.
+fn ask_remount(layout: &Layout, thread: &str) -> Result<Vec<String>, String> {
+    let req = crate::daemon::proto::Request::Remount {
+        thread: thread.to_string(),
+    };
+    let resp = crate::client::call(layout, &req, false).map_err(|e| e.to_string())?;
+    if resp.ok {
+        Ok(resp.warnings)
+    } else {
+        Err(resp.error.unwrap_or_else(|| "refused".into()))
     }
 }
 

@@ -222,6 +222,35 @@ pub fn fuse_mounts_under(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The FUSE mount the kernel has on top at exactly `path` (from `/proc/self/mountinfo`, which
+/// never asks the file system: a hung or lost mount costs nothing): its device (`major:minor`, one
+/// per connection) and its source (`octofs:<thread>`). `None` when the topmost mount there is not
+/// FUSE, or there is none.
+pub fn fuse_mount_at(path: &Path) -> Option<(String, String)> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let mut top = None;
+    for line in text.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let f: Vec<&str> = left.split(' ').collect();
+        let (Some(dev), Some(mp)) = (f.get(2), f.get(4)) else {
+            continue;
+        };
+        if Path::new(&unescape_mountinfo(mp)) != path {
+            continue;
+        }
+        // Later lines are mounted on top of earlier ones.
+        let mut r = right.split(' ');
+        let fstype = r.next().unwrap_or("");
+        let source = unescape_mountinfo(r.next().unwrap_or(""));
+        top = fstype
+            .starts_with("fuse")
+            .then(|| (dev.to_string(), source.to_string_lossy().into_owned()));
+    }
+    top
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
 fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
     let b = s.as_bytes();

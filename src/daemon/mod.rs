@@ -11,7 +11,9 @@
 //! - `server`: the control socket, its connection limits and worker pools, request dispatch;
 //! - `authz`: who may do what (peer credentials against thread owners and project access);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
-//! - `mounts`: mounting, unmounting and remounting workspaces;
+//! - `mounts`: mounting, unmounting and remounting workspaces, and whether the kernel still has a
+//!   mount (mountinfo, not the table);
+//! - `strays`: files written into a bare mount point, moved into the workspace at its next mount;
 //! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
 //! - `moves`: a thread's state carried to a new thread: `fork` and `teleport`;
 //! - `resync`: a live workspace brought to its upstream tip, as a developer or a reviewer may;
@@ -46,6 +48,7 @@ mod server;
 mod share;
 mod snapshot;
 mod status;
+mod strays;
 mod takeover;
 mod threads;
 
@@ -92,6 +95,9 @@ struct Mounted {
     core: Arc<WorkspaceFs>,
     /// The workspace's owner (fsmonitor answers go to them or root only).
     owner: Owner,
+    /// The device the kernel gave this mount (`major:minor` in mountinfo), read once mounted:
+    /// whether the kernel still has *this* mount at the path is asked against it.
+    dev: Option<String>,
 }
 
 /// Named mutexes: one per project and one per thread.

@@ -1,7 +1,10 @@
 //! Mounting: a workspace's core loaded over its base and served at `<root>/<thread>` by its own
 //! fuser session; unmounting (refused when busy unless forced, then detached lazily); remounting
 //! every mounted workspace when the daemon starts and unmounting all when it stops; and telling
-//! the kernel what the daemon changed in a mount behind its back.
+//! the kernel what the daemon changed in a mount behind its back. Whether a thread is mounted is
+//! the kernel's word (mountinfo: this daemon's mount, on the connection it made, at the path), not
+//! the table's: a mount taken away behind the daemon is let go and mounted again by `open` and
+//! `doctor --fix` (docs/restart.md).
 //!
 //! The `mounts` map is locked only to insert, remove or clone out of it, never across a mount,
 //! an unmount or a question to the core.
@@ -32,11 +35,13 @@ impl Daemon {
     }
 
     /// Mounts the workspace of `rec` at its mount point. The caller holds the thread's lock.
-    pub(super) fn mount(&self, rec: &WorkspaceRecord) -> Result<(), Error> {
+    /// Returns a one-line note when files found in the bare mount point were moved into the
+    /// workspace.
+    pub(super) fn mount(&self, rec: &WorkspaceRecord) -> Result<Option<String>, Error> {
         let core = self.load_core(rec)?;
         self.refuse_unseeded(rec, &core)?;
         self.refresh_fsmonitor(rec, &core);
-        self.mount_core(rec, core)
+        self.mount_core(rec, core, true)
     }
 
     /// Points an existing workspace's fsmonitor hook at this daemon's hook program (its binary may
@@ -89,12 +94,17 @@ impl Daemon {
         Ok(Arc::new(core))
     }
 
-    /// Mounts a loaded workspace at its mount point. The caller holds the thread's lock.
+    /// Mounts a loaded workspace at its mount point. The caller holds the thread's lock. With
+    /// `strays` (a workspace mounted before), files found in the bare mount point are the thread's:
+    /// they are moved into the workspace first, and the note returned says where; without (a
+    /// workspace being made), a mount point that is not empty is refused — what is there is not
+    /// the new workspace's.
     pub(super) fn mount_core(
         &self,
         rec: &WorkspaceRecord,
         core: Arc<WorkspaceFs>,
-    ) -> Result<(), Error> {
+        strays: bool,
+    ) -> Result<Option<String>, Error> {
         let path = self.layout.mountpoint(&rec.thread);
         if crate::sys::is_stale_mount(&path) {
             let _ = crate::sys::lazy_unmount(&path);
@@ -107,13 +117,24 @@ impl Daemon {
                 path.display()
             )));
         }
+        let mut note = None;
         match std::fs::read_dir(&path) {
             Ok(mut d) => {
-                if d.next().is_some() {
+                let occupied = d.next().is_some();
+                if occupied && !strays {
                     return Err(Error::Refused(format!(
                         "mount point {} is not empty",
                         path.display()
                     )));
+                }
+                if occupied {
+                    // Written into the bare directory while the mount was gone: the thread's.
+                    note = super::strays::move_into(&core, &path, rec.owner)
+                        .map_err(Error::Refused)?
+                        .map(|(into, moved)| moved.describe(&path, &into));
+                    if let Some(n) = &note {
+                        tracing::warn!(thread = %rec.thread, "{n}");
+                    }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -141,6 +162,7 @@ impl Daemon {
         let session = crate::fs::fuse::mount(adapter, &path, &cfg, self.settings.transport)
             .context(|| format!("cannot mount {}", path.display()))?;
         tracing::info!(thread = %rec.thread, path = %path.display(), "mounted");
+        let dev = kernel_dev(&path, &rec.thread);
         lock(&self.mounts).insert(
             rec.thread.clone(),
             Mounted {
@@ -149,8 +171,82 @@ impl Daemon {
                 info,
                 core,
                 owner: rec.owner,
+                dev,
             },
         );
+        Ok(note)
+    }
+
+    /// `doctor --fix`: mounts `thread` again when it is recorded as mounted and the kernel has no
+    /// mount of it (its users stay as recorded). Answers whether it mounted anything, with the
+    /// note of files moved in from the bare mount point.
+    pub(super) fn remount(&self, thread: &str, c: &crate::access::Caller) -> super::Reply<bool> {
+        self.require_admin(c, "remount a workspace")?;
+        crate::names::validate(crate::names::NameKind::Thread, thread)?;
+        let l = self.locks.get(&format!("thread:{thread}"));
+        let _g = lock(&l);
+        let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? else {
+            return Err(Error::Refused(format!("thread {thread} has no workspace")));
+        };
+        if !rec.mounted {
+            return Err(Error::Refused(format!(
+                "thread {thread} is not recorded as mounted; open it to mount it"
+            )));
+        }
+        self.forget_lost_mount(thread)?;
+        if self.kernel_has(thread) {
+            return Ok((false, Vec::new()));
+        }
+        let note = self.mount(&rec)?;
+        tracing::info!(%thread, "mounted again (doctor --fix)");
+        Ok((true, note.into_iter().collect()))
+    }
+
+    /// Whether the kernel has this daemon's mount of `thread` at its mount point now — the
+    /// `mounts` table only says the daemon serves a connection, and a mount can be taken away
+    /// behind it (`umount`, a restart that once unmounted idle mounts). Asked of mountinfo, never
+    /// of the mount (a hung one would hang the question).
+    pub(super) fn kernel_has(&self, thread: &str) -> bool {
+        lock(&self.mounts)
+            .get(thread)
+            .is_some_and(|m| in_kernel(thread, m))
+    }
+
+    /// Lets go of `thread`'s session when the kernel no longer has its mount, so that it can be
+    /// mounted again. Its connection ends with the mount, and with it the session; a detached mount
+    /// a process still uses keeps both (the session goes on serving that process) and the remount
+    /// is refused, the session kept: two cores must never serve one upper layer. The session is
+    /// disowned, never unmounted: whatever is at the path now is not its mount. The caller holds
+    /// the thread's lock.
+    pub(super) fn forget_lost_mount(&self, thread: &str) -> Result<(), Error> {
+        let lost = lock(&self.mounts)
+            .get(thread)
+            .is_some_and(|m| !in_kernel(thread, m));
+        if !lost {
+            return Ok(());
+        }
+        tracing::warn!(%thread, "its mount is gone from the kernel; letting its session go");
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let ended = lock(&self.mounts)
+                .get(thread)
+                .map(|m| (m.session.guard.is_finished(), m.path.clone()));
+            match ended {
+                None => return Ok(()),
+                Some((true, _)) => break,
+                Some((false, path)) if std::time::Instant::now() >= deadline => {
+                    return Err(Error::Refused(format!(
+                        "thread {thread}'s mount at {} was detached but a process still uses \
+                         it; stop that process, then open the thread again",
+                        path.display()
+                    )));
+                }
+                Some(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        if let Some(m) = lock(&self.mounts).remove(thread) {
+            m.session.disown();
+        }
         Ok(())
     }
 
@@ -209,7 +305,9 @@ impl Daemon {
             self.settled(&core);
             return Ok(core);
         }
-        self.mount(rec)?;
+        if let Some(note) = self.mount(rec)? {
+            tracing::warn!(thread = %rec.thread, "{note}");
+        }
         lock(&self.mounts)
             .get(&rec.thread)
             .map(|m| m.core.clone())
@@ -264,6 +362,29 @@ fn unmount(thread: &str, m: Mounted) {
                 tracing::error!(%thread, "lazy unmount: {e}");
             }
         }
+    }
+}
+
+/// The device the kernel gave the octofs mount of `thread` at `path` (mountinfo), if it has one.
+pub(super) fn kernel_dev(path: &Path, thread: &str) -> Option<String> {
+    // mountinfo has the canonical path (fuser mounts there); only the root is resolved, never the
+    // mount point itself (that would ask the mount).
+    let canonical = match (path.parent().map(std::fs::canonicalize), path.file_name()) {
+        (Some(Ok(dir)), Some(name)) => dir.join(name),
+        _ => path.to_path_buf(),
+    };
+    crate::sys::fuse_mount_at(&canonical)
+        .filter(|(_, source)| *source == format!("octofs:{thread}"))
+        .map(|(dev, _)| dev)
+}
+
+/// Whether the kernel has `m` (the mount of `thread`) at its path: the topmost mount there is
+/// octofs's of that thread, on the connection it had when mounted.
+fn in_kernel(thread: &str, m: &Mounted) -> bool {
+    match (kernel_dev(&m.path, thread), &m.dev) {
+        (Some(now), Some(then)) => now == *then,
+        (now, None) => now.is_some(),
+        (None, Some(_)) => false,
     }
 }
 

@@ -218,6 +218,11 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         exe: Option<std::path::PathBuf>,
     },
+    /// `doctor --fix`: mounts again a thread recorded as mounted that the kernel has no mount of
+    /// (its users unchanged). Root (or the daemon's user) only.
+    Remount {
+        thread: String,
+    },
 }
 
 /// The answer to `mirror progress`.
@@ -294,7 +299,8 @@ pub struct WorkspaceStatus {
     /// Opens of base content since the mount (content read from the blob cache).
     #[serde(default)]
     pub base_content_opens: u64,
-    /// mounted, unmounted, or released.
+    /// mounted, unmounted, released, or not mounted (recorded as mounted, but the kernel has no
+    /// such mount: `open` or `doctor --fix` mounts it again).
     #[serde(default)]
     pub state: String,
     /// Overlapping users sharing the mount.

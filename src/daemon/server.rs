@@ -195,6 +195,7 @@ impl Daemon {
                 answer(super::mirrors::cancel(&project))
             }
             Request::Restart { exe } => answer(self.restart(exe.as_deref(), c)),
+            Request::Remount { thread } => answer(self.remount(&thread, c)),
         }
     }
 }

@@ -23,13 +23,16 @@ impl Daemon {
             .get(&rec.thread)
             .map(|m| (m.core.clone(), m.info.clone()));
         let m = taken.as_ref().map(|(core, info)| Served { core, info });
+        // The kernel's word, not the table's: a mount can be gone while the daemon still has its
+        // session (taken away behind it).
+        let in_kernel = m.is_some() && self.kernel_has(&rec.thread);
         WorkspaceStatus {
             thread: rec.thread.clone(),
             project: rec.project.clone(),
             base_commit: rec.base_commit.clone(),
             branch: rec.branch.clone(),
             requested_ref: rec.requested_ref.clone(),
-            mounted: m.is_some(),
+            mounted: in_kernel,
             path: self.layout.mountpoint(&rec.thread).display().to_string(),
             passthrough: m.map(|m| {
                 m.info
@@ -45,7 +48,15 @@ impl Daemon {
             damaged: m.map(|m| m.core.damaged().to_vec()).unwrap_or_default(),
             base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
             last_snapshot: rec.saved.as_ref().and_then(|s| s.commit.clone()),
-            state: if m.is_some() { "mounted" } else { "unmounted" }.into(),
+            state: if in_kernel {
+                "mounted"
+            } else if m.is_some() || rec.mounted {
+                // Recorded (or served) as mounted, but the kernel has no such mount.
+                "not mounted"
+            } else {
+                "unmounted"
+            }
+            .into(),
             users: if m.is_some() { rec.users.max(1) } else { 0 },
             chat: rec.chat,
             release_when_idle: rec.release_when_idle,

@@ -298,6 +298,13 @@ impl Daemon {
             for t in taken {
                 mounts.insert(t.thread, t.m);
             }
+        } else {
+            // The new daemon serves these mounts now. Dropping a session unmounts (fuser's
+            // `Mount`): that failed with EBUSY on a mount a process was using and took every idle
+            // one away from the new daemon, leaving a bare directory. Nothing here may unmount.
+            for t in taken {
+                t.m.session.disown();
+            }
         }
         r
     }
@@ -659,6 +666,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         if when_idle {
             lock(&daemon.idle_waits).insert(thread.clone());
         }
+        let dev = super::mounts::kernel_dev(&path, &thread);
         lock(&daemon.mounts).insert(
             thread,
             Mounted {
@@ -667,6 +675,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
                 info,
                 core,
                 owner,
+                dev,
             },
         );
     }

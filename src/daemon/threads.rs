@@ -116,7 +116,10 @@ impl Daemon {
         if let Some(mut rec) = live {
             // One more user of the live workspace, counted in its record so that a restart keeps
             // the count. A record the daemon serves (or should: its remount failed) keeps its users.
-            let served = lock(&self.mounts).contains_key(thread);
+            // Served means the kernel has the mount, not only that the daemon has a session: a
+            // mount taken away behind the daemon is let go here and mounted again below.
+            self.forget_lost_mount(thread)?;
+            let served = self.kernel_has(thread);
             let current = rec.io.unwrap_or(self.settings.io);
             if let Some(want) = io
                 && want != current
@@ -143,16 +146,22 @@ impl Daemon {
             rec.release_when_idle = false;
             rec.mounted = true;
             rec.save(&self.layout)?;
-            if !served && let Err(e) = self.mount(&rec) {
-                // (Unless the workspace was set aside as an interrupted create: its record went
-                // with it.)
-                if self.layout.workspace(thread).exists() {
-                    let _ = before.save(&self.layout);
+            let mut notes = Vec::new();
+            if !served {
+                match self.mount(&rec) {
+                    Ok(note) => notes.extend(note),
+                    Err(e) => {
+                        // (Unless the workspace was set aside as an interrupted create: its
+                        // record went with it.)
+                        if self.layout.workspace(thread).exists() {
+                            let _ = before.save(&self.layout);
+                        }
+                        return Err(e);
+                    }
                 }
-                return Err(e);
             }
-            let warnings = self.grant_owner(&rec.project, rec.owner, false);
-            return Ok((path, warnings.into_iter().collect()));
+            notes.extend(self.grant_owner(&rec.project, rec.owner, false));
+            return Ok((path, notes));
         }
         self.check_root()?;
         // A thread another host moved on: its snapshot comes from the project's share remote.
@@ -526,7 +535,7 @@ impl Daemon {
                 barrier,
                 sync_fault_delay(&self.layout),
             );
-            let mounted = self.mount_core(&rec, core);
+            let mounted = self.mount_core(&rec, core, false).map(|_note| ());
             tracing::info!(
                 %thread, loaded, planned, indexed, seeded, diffed, applied, restored, written,
                 clocked, in_place, mounted = us(t0),

@@ -935,6 +935,17 @@ impl BackgroundSession {
         self.join()
     }
 
+    /// Gives the session up without unmounting: another process serves its connection now (a
+    /// handover). Dropping a `BackgroundSession` unmounts, and an unmount here would take the mount
+    /// away from the process it was handed to (it succeeds wherever no process is using the
+    /// mount). The reader threads are left as they are (paused: they hold no request); the
+    /// caller's process is about to exit. (octofs patch)
+    pub fn disown(mut self) {
+        if let Some(mount) = self.mount.take() {
+            mount.disown();
+        }
+    }
+
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.sender.clone())

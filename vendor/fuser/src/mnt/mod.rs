@@ -164,6 +164,15 @@ impl Mount {
         }
     }
 
+    /// Lets go of the mount without unmounting it (its connection was handed to another
+    /// process). An auto-unmount socket is kept open until this process exits: closing it would
+    /// tell fusermount to unmount. (octofs patch)
+    pub(crate) fn disown(mut self) {
+        if let Some(mount) = self.mount_impl.take() {
+            std::mem::forget(mount);
+        }
+    }
+
     pub(crate) fn umount(mut self) -> io::Result<()> {
         match self.mount_impl.take() {
             Some(mut mount) => {

@@ -1,0 +1,320 @@
+//! What `octofs restart` keeps when nobody is using the mounts, and what happens to a mount taken
+//! away behind the daemon.
+//!
+//! Ten workspaces, one busy (a process has its cwd in it) and nine idle, one of them in no-open
+//! mode and two owned by an ordinary user, each with an uncommitted `new.txt`; two restarts (the
+//! second with `--exe`). Then processes started after the restarts, which looked nothing up before,
+//! must see every mount: every base file's bytes equal to `git show` of the base commit, the same
+//! file list, `git status --porcelain` equal to before, and `status` saying mounted. Failed before:
+//! the old daemon dropped the handed-over sessions, whose fuser `Mount` unmounted on drop — EBUSY on
+//! the busy mount, success on every idle one (nine bare directories after the first restart).
+//!
+//! A mount removed behind the daemon (`umount -l`) is reported `not mounted` by `status`/`list` and
+//! `doctor`; while a process still uses the detached mount, `open` refuses in one line (its session
+//! still serves that process); then `open` mounts it again, and `doctor --fix` does too, each moving the files written into
+//! the bare directory meanwhile into the workspace under `.octofs-stray/<time>/`, said in one line.
+//! Failed before: `status` said mounted, `open` printed the path and mounted nothing.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const FILES: &[(&str, &str)] = &[
+    ("README.md", "# idle\n"),
+    ("src/lib.rs", "pub fn f() {}\n"),
+    ("src/deep/mod.rs", "pub mod x;\n"),
+    ("docs/guide.md", "read me\n"),
+    ("data/blob.bin", "0123456789abcdef\n"),
+];
+
+/// `cmd args` in `dir`, as `user` when given, in a process of its own (started now).
+fn in_mount(user: Option<User>, dir: &Path, cmd: &str, args: &[&str]) -> Out {
+    let mut c = match user {
+        Some(u) => as_user(u, "sh"),
+        None => Command::new("sh"),
+    };
+    c.args(["-c", "cd \"$0\" && exec \"$@\""])
+        .arg(dir)
+        .arg(cmd)
+        .args(args)
+        .current_dir("/");
+    run(&mut c, Duration::from_secs(60))
+}
+
+/// The workspace's files outside `.git`, as a fresh `find` lists them.
+fn listed(user: Option<User>, mount: &Path) -> Vec<String> {
+    let out = in_mount(
+        user,
+        mount,
+        "find",
+        &[
+            ".", "-path", "./.git", "-prune", "-o", "-type", "f", "-print",
+        ],
+    );
+    assert!(
+        out.success(),
+        "find in {}: {}",
+        mount.display(),
+        out.describe()
+    );
+    let mut v: Vec<String> = out
+        .stdout_str()
+        .lines()
+        .map(|l| l.trim_start_matches("./").to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn porcelain(user: Option<User>, mount: &Path) -> String {
+    let out = in_mount(user, mount, "git", &["status", "--porcelain"]);
+    assert!(
+        out.success(),
+        "git status in {}: {}",
+        mount.display(),
+        out.describe()
+    );
+    out.stdout_str()
+}
+
+fn busy_process(mount: &Path) -> Child {
+    Command::new("sleep")
+        .arg("600")
+        .current_dir(mount)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn a process in the mount")
+}
+
+fn state_of(d: &Daemon, thread: &str) -> String {
+    let st = d.cli_ok(["status", thread]);
+    st.lines()
+        .find_map(|l| l.strip_prefix("state:"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| panic!("no state in {st}"))
+}
+
+fn open_the_way(d: &Daemon) {
+    for (p, mode) in [(&d.base, 0o711), (&d.state, 0o711), (&d.root, 0o755)] {
+        fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
+    }
+}
+
+#[test]
+fn idle_and_busy_mounts_survive_two_restarts_with_their_trees() {
+    let user = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    let files: Vec<(&str, &str, u32)> = FILES.iter().map(|(p, c)| (*p, *c, 0o644)).collect();
+    let repo = add_project(&d, "p", &files);
+    let head = repo.head();
+    let mut base: Vec<String> = FILES.iter().map(|(p, _)| p.to_string()).collect();
+    base.sort();
+
+    // t0 busy, t1..t9 idle; t5 in no-open mode; t7 and t8 the ordinary user's.
+    let owner = |i: usize| (i == 7 || i == 8).then_some(user);
+    let mut mounts = Vec::new();
+    for i in 0..10 {
+        let t = format!("t{i}");
+        let mut args = vec!["open", t.as_str(), "--project", "p"];
+        if i == 5 {
+            args.extend(["--io", "no-open"]);
+        }
+        let out = match owner(i) {
+            Some(u) => d.cli_as(u, &args),
+            None => d.cli(&args),
+        };
+        assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+        let m = d.mount(&t);
+        assert_eq!(out.stdout_str().trim(), m.to_str().unwrap());
+        let w = in_mount(
+            owner(i),
+            &m,
+            "sh",
+            &["-c", &format!("echo new in {t} > new.txt")],
+        );
+        assert!(w.success(), "{}", w.describe());
+        mounts.push(m);
+    }
+    let before: Vec<String> = mounts
+        .iter()
+        .enumerate()
+        .map(|(i, m)| porcelain(owner(i), m))
+        .collect();
+    for b in &before {
+        assert_eq!(b, "?? new.txt\n");
+    }
+    let mut busy = busy_process(&mounts[0]);
+
+    let first = d.cli(["restart"]);
+    assert!(first.success(), "{}\n{}", first.describe(), d.log_tail());
+    let second = d.cli(["restart", "--exe", bin()]);
+    assert!(second.success(), "{}\n{}", second.describe(), d.log_tail());
+    let _ = busy.kill();
+    let _ = busy.wait();
+
+    let lost: Vec<&PathBuf> = mounts.iter().filter(|m| !is_mounted(m)).collect();
+    assert!(
+        lost.is_empty(),
+        "mounts gone after two restarts: {lost:?}\n{}",
+        d.log_tail()
+    );
+    let mut want = base.clone();
+    want.push("new.txt".into());
+    want.sort();
+    for (i, m) in mounts.iter().enumerate() {
+        let u = owner(i);
+        assert_eq!(listed(u, m), want, "files in {}", m.display());
+        for (p, _) in FILES {
+            let got = in_mount(u, m, "cat", &[p]);
+            assert!(
+                got.success(),
+                "cat {p} in {}: {}",
+                m.display(),
+                got.describe()
+            );
+            let want = repo.git(["show", &format!("{head}:{p}")]);
+            assert_eq!(got.stdout_str(), want, "{p} in {}", m.display());
+        }
+        let new = in_mount(u, m, "cat", &["new.txt"]);
+        assert_eq!(
+            new.stdout_str(),
+            format!("new in t{i}\n"),
+            "{}",
+            new.describe()
+        );
+        assert_eq!(porcelain(u, m), before[i], "git status in {}", m.display());
+        assert_eq!(state_of(&d, &format!("t{i}")), "mounted");
+    }
+    // The no-open thread kept its mode.
+    let st = d.cli_ok(["status", "t5", "--json"]);
+    assert!(
+        st.contains("\"io\":\"no-open\"") || st.contains("\"io\": \"no-open\""),
+        "{st}"
+    );
+}
+
+#[test]
+fn a_mount_removed_behind_the_daemon_is_reported_and_mounted_again_with_its_strays() {
+    let user = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    add_project(&d, "p", &[("README.md", "# strays\n", 0o644)]);
+    let out = d.cli_as(user, &["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}", out.describe());
+    let m = d.mount("t");
+    let w = in_mount(Some(user), &m, "sh", &["-c", "echo mine > new.txt"]);
+    assert!(w.success(), "{}", w.describe());
+
+    // Taken away behind the daemon while a process works in it (the detached mount lives on for
+    // that process); something writes into the bare directory.
+    let mut held = busy_process(&m);
+    let um = run(Command::new("umount").arg("-l").arg(&m), CMD_TIMEOUT);
+    assert!(um.success(), "{}", um.describe());
+    assert!(!is_mounted(&m));
+    write_file(&m.join("stray.txt"), b"written while unmounted\n", 0o644);
+    write_file(&m.join("sub/inner.txt"), b"inner\n", 0o600);
+    std::os::unix::fs::symlink("/etc/shadow", m.join("sub/link")).expect("symlink");
+
+    assert_eq!(state_of(&d, "t"), "not mounted");
+    let list = d.cli_ok(["list"]);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("t\t") && l.contains("not mounted")),
+        "{list}"
+    );
+    let doc = d.cli(["doctor"]);
+    assert!(
+        doc.stdout_str().contains("not-mounted")
+            && doc
+                .stdout_str()
+                .contains("files were written into the bare directory"),
+        "{}",
+        doc.describe()
+    );
+
+    // Its session still serves that process: no second one over the same upper layer.
+    d.cli_as(user, &["open", "t"])
+        .assert_one_line_error(&["detached", "still uses"]);
+    assert!(!is_mounted(&m));
+    let _ = held.kill();
+    let _ = held.wait();
+
+    // `open` mounts it again, the strays moved into the workspace, said in one line.
+    let again = d.cli_as(user, &["open", "t"]);
+    assert!(again.success(), "{}\n{}", again.describe(), d.log_tail());
+    assert_eq!(again.stdout_str().trim(), m.to_str().unwrap());
+    let err = again.stderr_str();
+    assert_eq!(err.trim().lines().count(), 1, "{}", again.describe());
+    assert!(err.contains(".octofs-stray/"), "{}", again.describe());
+    assert!(is_mounted(&m), "open did not mount {}", m.display());
+    assert_eq!(state_of(&d, "t"), "mounted");
+    let files = listed(Some(user), &m);
+    let stray_dir = files
+        .iter()
+        .find_map(|p| p.strip_suffix("/stray.txt"))
+        .unwrap_or_else(|| panic!("no stray.txt in {files:?}"))
+        .to_string();
+    assert!(stray_dir.starts_with(".octofs-stray/"), "{files:?}");
+    assert_eq!(
+        files,
+        vec![
+            format!("{stray_dir}/stray.txt"),
+            format!("{stray_dir}/sub/inner.txt"),
+            "README.md".to_string(),
+            "new.txt".to_string(),
+        ]
+    );
+    let cat = in_mount(Some(user), &m, "cat", &[&format!("{stray_dir}/stray.txt")]);
+    assert_eq!(
+        cat.stdout_str(),
+        "written while unmounted\n",
+        "{}",
+        cat.describe()
+    );
+    let inner = in_mount(
+        Some(user),
+        &m,
+        "cat",
+        &[&format!("{stray_dir}/sub/inner.txt")],
+    );
+    assert_eq!(inner.stdout_str(), "inner\n", "{}", inner.describe());
+    let link = fs::read_link(m.join(&stray_dir).join("sub/link")).expect("readlink");
+    assert_eq!(link, Path::new("/etc/shadow"));
+    let meta = fs::symlink_metadata(m.join(&stray_dir).join("stray.txt")).expect("stat");
+    assert_eq!((meta.uid(), meta.gid()), (user.uid, user.gid));
+    assert_eq!(porcelain(Some(user), &m), "?? .octofs-stray/\n?? new.txt\n");
+
+    // Again, fixed by `doctor --fix` this time.
+    let um = run(Command::new("umount").arg("-l").arg(&m), CMD_TIMEOUT);
+    assert!(um.success(), "{}", um.describe());
+    write_file(&m.join("second.txt"), b"second\n", 0o644);
+    let fix = d.cli(["doctor", "--fix"]);
+    assert!(
+        fix.stdout_str().contains("fixed not-mounted"),
+        "{}\n{}",
+        fix.describe(),
+        d.log_tail()
+    );
+    assert!(is_mounted(&m), "doctor --fix did not mount {}", m.display());
+    let files = listed(Some(user), &m);
+    assert!(
+        files
+            .iter()
+            .any(|p| p.starts_with(".octofs-stray/") && p.ends_with("/second.txt")),
+        "{files:?}"
+    );
+    assert!(files.contains(&"new.txt".to_string()), "{files:?}");
+    assert_eq!(state_of(&d, "t"), "mounted");
+    let clean = d.cli(["doctor"]);
+    assert!(
+        !clean.stdout_str().contains("not-mounted"),
+        "{}",
+        clean.describe()
+    );
+}
