@@ -735,7 +735,7 @@ pub fn seed(
     core.seed_file(
         info,
         "alternates",
-        format!("{}\n", plan.mirror_objects.display()).as_bytes(),
+        format!("{}\n", crate::fs::objects::ALTERNATE).as_bytes(),
         0o644,
     )
     .map_err(e("objects/info/alternates"))?;
