@@ -132,9 +132,10 @@ impl Daemon {
         })
     }
 
-    /// Lets a workspace's owner read the objects of its project's mirror (its `.git`'s alternates
-    /// point there, and the daemon's state is private); `recheck` walks every object file again.
-    /// A failure is a warning: the workspace works, but git in it may not find the history.
+    /// Lets a workspace's owner read the objects of its project's mirror by their host path (the
+    /// daemon's state is private; the workspace's own git reads them through `.git/octofs/objects`,
+    /// see [`Self::objects_gate`]); `recheck` walks every object file again. A failure is a
+    /// warning: the workspace works.
     pub(super) fn grant_owner(&self, project: &str, owner: Owner, recheck: bool) -> Option<String> {
         if owner.uid == 0 || owner.uid == crate::sys::euid() {
             return None;
