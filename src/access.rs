@@ -2,8 +2,8 @@
 //!
 //! [`Caller`] is the identity of a control request, taken from the socket's peer credentials (never
 //! from anything the request says). [`grant_objects`] lets a workspace's owner read the object store
-//! of the mirror its `.git/objects/info/alternates` points into, although the daemon's state is
-//! private: search permission on `<state>/mirrors`, the mirror and its `.git`, read and search on
+//! of its mirror by its host path, although the daemon's state is private (the workspace's own git
+//! reads it through `.git/octofs/objects` in the mount, which the daemon serves: `fs::objects`): search permission on `<state>/mirrors`, the mirror and its `.git`, read and search on
 //! everything under `.git/objects` — with default ACLs there, so packs and loose objects written later
 //! inherit it. Nothing else of the mirror (its config, refs, checkout) is granted.
 //!

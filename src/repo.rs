@@ -3,8 +3,8 @@
 //!
 //! It is written into the workspace's upper layer before the first mount and costs O(1) per fork:
 //! a handful of small files, the mirror's refs (without `refs/octomate/*`), `objects/info/alternates`
-//! pointing at the mirror's object store (reads only; every new object is written inside the
-//! workspace), and an index shared by every fork of the same base, built once per base commit with
+//! holding `../octofs/objects`, the mirror's object store as the mount presents it (reads only; every
+//! new object is written inside the workspace; `fs::objects`), and an index shared by every fork of the same base, built once per base commit with
 //! stat data equal to what the mount presents, so the first `git status` re-hashes nothing. The
 //! config enables `core.fsmonitor` (answered by the daemon from the workspace's change journal) and
 //! `core.untrackedCache`. The fsmonitor command is the small hook program `octofs-fsmonitor`
@@ -735,7 +735,7 @@ pub fn seed(
     core.seed_file(
         info,
         "alternates",
-        format!("{}\n", plan.mirror_objects.display()).as_bytes(),
+        format!("{}\n", crate::fs::objects::ALTERNATE).as_bytes(),
         0o644,
     )
     .map_err(e("objects/info/alternates"))?;

@@ -844,8 +844,8 @@ fn refs_remote_credentials_and_an_untouched_mirror() {
         with_timeout("read alternates", FS_TIMEOUT, move || {
             fs::read_to_string(alternates).unwrap()
         }),
-        format!("{}\n", mirror.join(".git/objects").display()),
-        "alternates"
+        "../octofs/objects\n",
+        "alternates (the mirror's objects as the mount presents them)"
     );
 
     let mirror_after = tree_listing(&mirror);

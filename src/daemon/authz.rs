@@ -103,9 +103,53 @@ impl Daemon {
         }
     }
 
-    /// Lets a workspace's owner read the objects of its project's mirror (its `.git`'s alternates
-    /// point there, and the daemon's state is private); `recheck` walks every object file again.
-    /// A failure is a warning: the workspace works, but git in it may not find the history.
+    /// Whether `owner` may still read `project`'s objects, as a workspace's `.git/octofs/objects`
+    /// asks at every request (the daemon reads them as root: this is the check the host's
+    /// permissions would have made). The answer is kept until `mirror access` changes any
+    /// project's access (the epoch moves); root, the daemon's user and the blank repository's
+    /// chats always may.
+    pub(super) fn objects_gate(&self, project: &str, owner: Owner) -> crate::fs::objects::Allowed {
+        use std::sync::atomic::Ordering;
+        let always = owner.uid == 0 || owner.uid == crate::sys::euid() || project == BLANK;
+        let layout = self.layout.clone();
+        let project = project.to_string();
+        let epoch = self.access_epoch.clone();
+        let decided: std::sync::Mutex<Option<(u64, bool)>> = std::sync::Mutex::new(None);
+        std::sync::Arc::new(move || {
+            if always {
+                return true;
+            }
+            let now = epoch.load(Ordering::SeqCst);
+            let mut d = decided.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((at, ok)) = *d
+                && at == now
+            {
+                return ok;
+            }
+            let ok = match mirror::load(&layout, &project) {
+                Ok(Some(p)) => may_bind(
+                    &Caller {
+                        uid: owner.uid,
+                        gid: owner.gid,
+                        groups: crate::sys::user_groups(owner.uid),
+                    },
+                    &p.access,
+                ),
+                Ok(None) => false,
+                Err(e) => {
+                    tracing::warn!(%project, "cannot read who may bind the project: {e}");
+                    false
+                }
+            };
+            *d = Some((now, ok));
+            ok
+        })
+    }
+
+    /// Lets a workspace's owner read the objects of its project's mirror by their host path (the
+    /// daemon's state is private; the workspace's own git reads them through `.git/octofs/objects`,
+    /// see [`Self::objects_gate`]); `recheck` walks every object file again. A failure is a
+    /// warning: the workspace works.
     pub(super) fn grant_owner(&self, project: &str, owner: Owner, recheck: bool) -> Option<String> {
         if owner.uid == 0 || owner.uid == crate::sys::euid() {
             return None;

@@ -231,6 +231,9 @@ impl Daemon {
             return Ok((p.access, vec![]));
         };
         let p = mirror::set_access(&self.layout, project, a)?;
+        // Every mount's objects gate decides again at its next request (`.git/octofs`).
+        self.access_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         // Who may no longer bind the project loses the read grant on its objects at once (their
         // workspaces' git then cannot read the project's history: revoking is revoking).
         let keep = |uid: u32| {

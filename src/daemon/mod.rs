@@ -143,6 +143,9 @@ pub struct Daemon {
     /// Threads whose `release --when-idle` waits for their mount to be idle (their records say so
     /// too; this is what the timer walks). Held only to read or change the set.
     idle_waits: Mutex<HashSet<String>>,
+    /// Counts `mirror access` changes: what a mount's objects gate decided holds until it moves
+    /// (see [`Daemon::objects_gate`]).
+    access_epoch: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -163,6 +166,7 @@ impl Daemon {
             mounts: Mutex::new(HashMap::new()),
             locks: Arc::default(),
             idle_waits: Mutex::default(),
+            access_epoch: Arc::default(),
         })
     }
 }

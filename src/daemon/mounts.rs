@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::error::{Context, Error};
 use super::{Daemon, Mounted, lock};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
+use crate::fs::objects::MirrorObjects;
 use crate::fs::{Presentation, WorkspaceFs, unix_time};
 use crate::workspace::WorkspaceRecord;
 
@@ -94,6 +95,48 @@ impl Daemon {
         Ok(Arc::new(core))
     }
 
+    /// The mirror's objects as `rec`'s workspace presents them at `.git/octofs/objects`; `None`
+    /// (logged) when the mirror's object directory cannot be opened: the workspace still mounts.
+    pub(super) fn mirror_objects(&self, rec: &WorkspaceRecord) -> Option<Arc<MirrorObjects>> {
+        let dir = self
+            .layout
+            .mirror(&rec.project)
+            .join(".git")
+            .join("objects");
+        let gate = self.objects_gate(&rec.project, rec.owner);
+        match MirrorObjects::at(&dir, rec.owner.uid, rec.owner.gid, gate) {
+            Ok(o) => Some(Arc::new(o)),
+            Err(e) => {
+                tracing::error!(thread = %rec.thread, "cannot present the mirror's objects ({}): {e}", dir.display());
+                None
+            }
+        }
+    }
+
+    /// A workspace seeded before `.git/octofs` existed names the mirror's objects by their host
+    /// path in `objects/info/alternates`: it is pointed at the copy inside the mount, so git in a
+    /// sandbox that binds only the workspace finds the history too. Anything else there (the
+    /// owner's own alternates) is left alone. A failure is logged: the old path still works on
+    /// the host.
+    fn relative_alternates(&self, rec: &WorkspaceRecord, core: &WorkspaceFs) {
+        let path: [&[u8]; 4] = [b".git", b"objects", b"info", b"alternates"];
+        let host = self
+            .layout
+            .mirror(&rec.project)
+            .join(".git")
+            .join("objects");
+        let Ok(Some(now)) = core.read_file(&path) else {
+            return;
+        };
+        if now.trim_ascii_end() != host.as_os_str().as_encoded_bytes() {
+            return;
+        }
+        let line = format!("{}\n", crate::fs::objects::ALTERNATE);
+        if let Err(e) = core.put_bytes_quietly(&path[..3], b"alternates", line.as_bytes()) {
+            tracing::warn!(thread = %rec.thread, "cannot make the alternates relative: {e:?}");
+        }
+    }
+
     /// Mounts a loaded workspace at its mount point. The caller holds the thread's lock. With
     /// `strays` (a workspace mounted before), files found in the bare mount point are the thread's:
     /// they are moved into the workspace first, and the note returned says where; without (a
@@ -148,6 +191,7 @@ impl Daemon {
                 )));
             }
         }
+        self.relative_alternates(rec, &core);
         let info = Arc::new(MountInfo::default());
         let is_root = crate::sys::euid() == 0;
         let adapter = FuseAdapter::new(
@@ -155,7 +199,8 @@ impl Daemon {
             is_root && self.settings.passthrough,
             info.clone(),
         )
-        .with_io(rec.io.unwrap_or(self.settings.io));
+        .with_io(rec.io.unwrap_or(self.settings.io))
+        .with_objects(self.mirror_objects(rec));
         // From here on, what the daemon changes other than through the mount is told to the kernel.
         core.watch_kernel();
         let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);

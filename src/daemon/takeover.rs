@@ -733,7 +733,8 @@ fn build(
         is_root && daemon.settings.passthrough,
         info.clone(),
     )
-    .with_io(rec.io.unwrap_or(daemon.settings.io));
+    .with_io(rec.io.unwrap_or(daemon.settings.io))
+    .with_objects(daemon.mirror_objects(&rec));
     core.watch_kernel();
     let cfg = crate::fs::fuse::mount_config(&thread, is_root);
     let n = m.negotiated;

@@ -34,6 +34,7 @@ use fuser::{
 use super::failures::{Cx, failed};
 use super::handles::{FileOpen, Handles};
 use super::inode_io::InodeIo;
+use super::objects::{self, MirrorObjects};
 use super::readahead::ListingOrder;
 use super::stats::{Op, Stats};
 use super::{Behind, Caller, FsError, SetAttr, SetTime, WorkspaceFs, XattrReply};
@@ -131,6 +132,8 @@ pub struct FuseAdapter {
     order: ListingOrder,
     /// This mount's claim on the read-ahead pool, stopped at unmount.
     ahead: Arc<AheadOwner>,
+    /// The mirror's objects at `.git/octofs/objects` (`super::objects`), when the daemon gave them.
+    objects: Option<Arc<MirrorObjects>>,
 }
 
 impl FuseAdapter {
@@ -148,7 +151,38 @@ impl FuseAdapter {
             inode_io,
             order: ListingOrder::default(),
             ahead: Arc::new(AheadOwner::default()),
+            objects: None,
         }
+    }
+
+    /// Presents `objects` read-only at `.git/octofs/objects` (see `super::objects`).
+    pub fn with_objects(mut self, objects: Option<Arc<MirrorObjects>>) -> Self {
+        self.objects = objects;
+        self
+    }
+
+    /// The virtual objects tree, when `i` is one of its inodes.
+    fn virt(&self, i: u64) -> Option<&MirrorObjects> {
+        self.objects.as_deref().filter(|_| objects::is_virtual(i))
+    }
+
+    /// Whether `name` in `parent` is the virtual `.git/octofs`: `parent` is the workspace's own
+    /// `.git` (asked of the core each time: `.git` may be replaced by another directory).
+    fn is_top(&self, parent: u64, name: &OsStr) -> bool {
+        self.objects.is_some()
+            && name == objects::NAME
+            && self
+                .core
+                .attr_at(&[b".git"])
+                .ok()
+                .flatten()
+                .is_some_and(|a| a.ino.0 == parent && a.kind == fuser::FileType::Directory)
+    }
+
+    /// Whether a change to `name` in `parent` (or to inode `parent` itself) touches the read-only
+    /// objects tree.
+    fn read_only(&self, parent: u64, name: Option<&OsStr>) -> bool {
+        self.virt(parent).is_some() || name.is_some_and(|n| self.is_top(parent, n))
     }
 
     /// The I/O mode to ask the kernel for at INIT (no-open falls back to handles when the kernel
@@ -183,6 +217,44 @@ impl FuseAdapter {
         if opened.backing.is_some() {
             self.info.stats.passthrough_open();
         }
+    }
+}
+
+/// One entry of a virtual directory's listing: its offset, inode, kind, name and, except for `.`
+/// and `..`, its attributes with what counting a reference needs.
+type VirtualEntry<'a> = (FileAttr, std::path::PathBuf, &'a std::fs::Metadata);
+
+impl FuseAdapter {
+    /// Lists virtual directory `i` from `offset` (`.`, `..`, then its entries by name), handing
+    /// each to `add` until it answers false (the reply is full).
+    fn virtual_listing(
+        &self,
+        v: &MirrorObjects,
+        uid: u32,
+        i: u64,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, fuser::FileType, &OsStr, Option<VirtualEntry<'_>>) -> bool,
+    ) -> Result<(), FsError> {
+        let entries = v.list(uid, i)?;
+        let git = self
+            .core
+            .attr_at(&[b".git"])?
+            .map_or(super::ROOT_INO, |a| a.ino.0);
+        let dir = fuser::FileType::Directory;
+        let dots = [(".", i), ("..", v.parent_of(i, git))];
+        for (n, (name, d)) in dots.iter().enumerate() {
+            let off = n as u64 + 1;
+            if off > offset && !add(off, *d, dir, OsStr::new(name), None) {
+                return Ok(());
+            }
+        }
+        for (n, (name, attr, rel, md)) in entries.into_iter().enumerate() {
+            let off = n as u64 + 3;
+            if off > offset && !add(off, attr.ino.0, attr.kind, &name, Some((attr, rel, &md))) {
+                return Ok(());
+            }
+        }
+        Ok(())
     }
 }
 
@@ -299,6 +371,22 @@ impl Filesystem for FuseAdapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let _t = self.info.stats.time(Op::Lookup);
         let cx = Cx::new(Op::Lookup, parent.0, Some(name));
+        if let Some(v) = self.virt(parent.0) {
+            // No negative entry either: a pack the mirror gains must be found at once.
+            return match v.lookup(_req.uid(), parent.0, name) {
+                Ok(a) => reply.entry(&objects::TTL, &a, Generation(0)),
+                Err(e) if e == Errno::ENOENT => reply.error(Errno::ENOENT),
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
+        if let Some(v) = self.objects.as_deref()
+            && self.is_top(parent.0, name)
+        {
+            return match v.lookup_top(_req.uid()) {
+                Ok(a) => reply.entry(&objects::TTL, &a, Generation(0)),
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
         match self.core.lookup(ino(parent), name) {
             Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
             // Cache the miss: compilers, git and node probe many missing paths.
@@ -309,6 +397,9 @@ impl Filesystem for FuseAdapter {
 
     fn forget(&self, _req: &Request, i: INodeNo, nlookup: u64) {
         let _t = self.info.stats.time(Op::Forget);
+        if let Some(v) = self.virt(i.0) {
+            return v.forget(i.0, nlookup);
+        }
         if self.no_open() {
             // The kernel dropped the inode, so no file of it is open any more: what is held of it
             // goes first (an unlinked file's data goes with the core's last reference).
@@ -320,6 +411,12 @@ impl Filesystem for FuseAdapter {
     fn getattr(&self, _req: &Request, i: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _t = self.info.stats.time(Op::Getattr);
         let cx = Cx::new(Op::Getattr, i.0, None);
+        if let Some(v) = self.virt(i.0) {
+            return match v.getattr(_req.uid(), i.0) {
+                Ok(a) => reply.attr(&objects::TTL, &a),
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
         attr(&cx, reply, self.core.getattr(ino(i)));
     }
 
@@ -344,6 +441,9 @@ impl Filesystem for FuseAdapter {
         let _t = self.info.stats.time(Op::Setattr);
         let cx = Cx::new(Op::Setattr, i.0, None);
         let i = ino(i);
+        if self.read_only(i, None) {
+            return reply.error(Errno::EROFS);
+        }
         if size.is_some()
             && let Err(e) = self.handles.before_truncate(i)
         {
@@ -380,6 +480,9 @@ impl Filesystem for FuseAdapter {
     fn readlink(&self, _req: &Request, i: INodeNo, reply: ReplyData) {
         let _t = self.info.stats.time(Op::Readlink);
         let cx = Cx::new(Op::Readlink, i.0, None);
+        if self.virt(i.0).is_some() {
+            return reply.error(Errno::EINVAL);
+        }
         data(&cx, reply, self.core.readlink(ino(i)));
     }
 
@@ -395,6 +498,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Mknod);
         let cx = Cx::new(Op::Mknod, p.0, Some(name));
+        if self.read_only(p.0, Some(name)) {
+            return reply.error(Errno::EROFS);
+        }
         entry(
             &cx,
             reply,
@@ -414,6 +520,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Mkdir);
         let cx = Cx::new(Op::Mkdir, p.0, Some(name));
+        if self.read_only(p.0, Some(name)) {
+            return reply.error(Errno::EROFS);
+        }
         entry(
             &cx,
             reply,
@@ -424,18 +533,27 @@ impl Filesystem for FuseAdapter {
     fn unlink(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Unlink);
         let cx = Cx::new(Op::Unlink, p.0, Some(name));
+        if self.read_only(p.0, Some(name)) {
+            return reply.error(Errno::EROFS);
+        }
         empty(&cx, reply, self.core.unlink(ino(p), name));
     }
 
     fn rmdir(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Rmdir);
         let cx = Cx::new(Op::Rmdir, p.0, Some(name));
+        if self.read_only(p.0, Some(name)) {
+            return reply.error(Errno::EROFS);
+        }
         empty(&cx, reply, self.core.rmdir(ino(p), name));
     }
 
     fn symlink(&self, req: &Request, p: INodeNo, name: &OsStr, target: &Path, reply: ReplyEntry) {
         let _t = self.info.stats.time(Op::Symlink);
         let cx = Cx::new(Op::Symlink, p.0, Some(name));
+        if self.read_only(p.0, Some(name)) {
+            return reply.error(Errno::EROFS);
+        }
         entry(
             &cx,
             reply,
@@ -456,6 +574,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Rename);
         let cx = Cx::new(Op::Rename, p.0, Some(name));
+        if self.read_only(p.0, Some(name)) || self.read_only(np.0, Some(newname)) {
+            return reply.error(Errno::EROFS);
+        }
         empty(
             &cx,
             reply,
@@ -467,6 +588,9 @@ impl Filesystem for FuseAdapter {
     fn link(&self, _req: &Request, i: INodeNo, np: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let _t = self.info.stats.time(Op::Link);
         let cx = Cx::new(Op::Link, i.0, Some(newname));
+        if self.read_only(i.0, None) || self.read_only(np.0, Some(newname)) {
+            return reply.error(Errno::EROFS);
+        }
         entry(&cx, reply, self.core.link(ino(i), ino(np), newname));
     }
 
@@ -477,6 +601,17 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOSYS);
         }
         let cx = Cx::new(Op::Open, i.0, None);
+        if let Some(v) = self.virt(i.0) {
+            // The mirror's object files never change under one inode (git writes new ones and
+            // renames): the kernel may keep their pages across opens.
+            return match v.open(req.uid(), i.0, flags.0) {
+                Ok((fh, _)) => reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                ),
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
         let i = ino(i);
         // An open that truncates drops set-user/group-ID as a truncate does (KILLPRIV_V2; fuser
         // does not pass the kernel's FUSE_OPEN_KILL_SUIDGID: root stands for CAP_FSETID).
@@ -525,6 +660,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Create);
         let cx = Cx::new(Op::Create, p.0, Some(name));
+        if self.read_only(p.0, Some(name)) {
+            return reply.error(Errno::EROFS);
+        }
         if self.no_open() {
             // No RELEASE will come, not even for this file: no handle. The open is held by inode
             // (released when idle or forgotten), and I/O on the file comes with `fh` 0.
@@ -592,6 +730,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Read);
         let cx = Cx::new(Op::Read, _i.0, None);
+        if let Some(v) = self.virt(_i.0) {
+            return data(&cx, reply, v.read(_req.uid(), _i.0, fh.0, offset, size));
+        }
         let by_inode = self.no_open() && fh.0 == 0;
         let r = if by_inode {
             self.inode_io.read(ino(_i), offset, size)
@@ -622,6 +763,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Write);
         let cx = Cx::new(Op::Write, _i.0, None);
+        if self.virt(_i.0).is_some() {
+            return reply.error(Errno::EROFS);
+        }
         // The kernel asks (FUSE_HANDLE_KILLPRIV_V2) when the writer lacks CAP_FSETID and the file
         // has set-user/group-ID: dropped before the bytes land, as a local file system does.
         if wf.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID)
@@ -669,6 +813,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _t = self.info.stats.time(Op::Release);
+        if let Some(v) = self.virt(i.0) {
+            v.release(fh.0);
+            return reply.ok();
+        }
         // No-open: handle 0 stands for no handle (files are held by inode, see inode_io.rs).
         if fh.0 != 0 || !self.no_open() {
             self.handles.release(ino(i), fh.0);
@@ -686,6 +834,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Fsync);
         let cx = Cx::new(Op::Fsync, _i.0, None);
+        if self.virt(_i.0).is_some() {
+            return reply.ok();
+        }
         let r = if self.no_open() && fh.0 == 0 {
             self.inode_io.fsync(ino(_i), datasync)
         } else {
@@ -698,6 +849,10 @@ impl Filesystem for FuseAdapter {
     /// handle that means nothing (`fh` 0: readdir keeps no state), the listing cached by the kernel.
     fn opendir(&self, _req: &Request, i: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _t = self.info.stats.time(Op::Opendir);
+        if self.virt(i.0).is_some() && !self.info.no_opendir.load(Ordering::Relaxed) {
+            // Listed afresh at every open: the mirror gains and loses packs.
+            return reply.opened(FileHandle(0), FopenFlags::empty());
+        }
         if self.info.no_opendir.load(Ordering::Relaxed) {
             return reply.error(Errno::ENOSYS);
         }
@@ -721,6 +876,15 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Readdir);
         let cx = Cx::new(Op::Readdir, i.0, None);
+        if let Some(v) = self.virt(i.0) {
+            let r = self.virtual_listing(v, _req.uid(), i.0, offset, |off, ino, kind, name, _| {
+                !reply.add(INodeNo(ino), off, kind, name)
+            });
+            return match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
         let r = self.handles.readdir(ino(i), offset, |off, e| {
             !reply.add(INodeNo(e.ino), off, e.kind, &e.name)
         });
@@ -740,6 +904,32 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Readdirplus);
         let cx = Cx::new(Op::Readdirplus, i.0, None);
+        if let Some(v) = self.virt(i.0) {
+            let r =
+                self.virtual_listing(v, _req.uid(), i.0, offset, |off, ino, kind, name, entry| {
+                    let counted = entry.is_some();
+                    let attr = match entry {
+                        Some((a, rel, md)) => FileAttr {
+                            ino: INodeNo(v.count(rel, md)),
+                            ..a
+                        },
+                        None => FileAttr {
+                            ino: INodeNo(ino),
+                            kind,
+                            ..negative_attr()
+                        },
+                    };
+                    let full = reply.add(attr.ino, off, name, &objects::TTL, &attr, Generation(0));
+                    if full && counted {
+                        v.forget(attr.ino.0, 1);
+                    }
+                    !full
+                });
+            return match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
         let mut files = Vec::new();
         let r = self.handles.readdir(ino(i), offset, |off, e| {
             // The kernel ignores the attributes of "." and ".."; every other entry's are read
@@ -821,30 +1011,52 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Setxattr);
         let cx = Cx::new(Op::Setxattr, i.0, Some(name));
+        if self.virt(i.0).is_some() {
+            return reply.error(Errno::EROFS);
+        }
         empty(&cx, reply, self.core.setxattr(ino(i), name, value, flags));
     }
 
     fn getxattr(&self, _req: &Request, i: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let _t = self.info.stats.time(Op::Getxattr);
         let cx = Cx::new(Op::Getxattr, i.0, Some(name));
+        if self.virt(i.0).is_some() {
+            return reply.error(Errno::ENODATA);
+        }
         xattr(&cx, reply, self.core.getxattr(ino(i), name, size));
     }
 
     fn listxattr(&self, _req: &Request, i: INodeNo, size: u32, reply: ReplyXattr) {
         let _t = self.info.stats.time(Op::Listxattr);
         let cx = Cx::new(Op::Listxattr, i.0, None);
+        if self.virt(i.0).is_some() {
+            return if size == 0 {
+                reply.size(0)
+            } else {
+                reply.data(&[])
+            };
+        }
         xattr(&cx, reply, self.core.listxattr(ino(i), size));
     }
 
     fn removexattr(&self, _req: &Request, i: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Removexattr);
         let cx = Cx::new(Op::Removexattr, i.0, Some(name));
+        if self.virt(i.0).is_some() {
+            return reply.error(Errno::EROFS);
+        }
         empty(&cx, reply, self.core.removexattr(ino(i), name));
     }
 
     fn access(&self, _req: &Request, i: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Access);
         let cx = Cx::new(Op::Access, i.0, None);
+        if let Some(v) = self.virt(i.0) {
+            if mask.bits() & libc::W_OK != 0 {
+                return reply.error(Errno::EROFS);
+            }
+            return empty(&cx, reply, v.getattr(_req.uid(), i.0).map(|_| ()));
+        }
         empty(&cx, reply, self.core.access(ino(i), mask.bits()));
     }
 
@@ -860,6 +1072,9 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Fallocate);
         let cx = Cx::new(Op::Fallocate, _i.0, None);
+        if self.virt(_i.0).is_some() {
+            return reply.error(Errno::EROFS);
+        }
         let r = if self.no_open() && fh.0 == 0 {
             self.inode_io.fallocate(ino(_i), mode, offset, length)
         } else {
@@ -879,6 +1094,12 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Lseek);
         let cx = Cx::new(Op::Lseek, _i.0, None);
+        if let Some(v) = self.virt(_i.0) {
+            return match v.lseek(_req.uid(), _i.0, fh.0, offset, whence) {
+                Ok(off) => reply.offset(off),
+                Err(e) => reply.error(failed(&cx, e)),
+            };
+        }
         let r = if self.no_open() && fh.0 == 0 {
             self.inode_io.lseek(ino(_i), offset, whence)
         } else {
@@ -905,6 +1126,13 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::CopyFileRange);
         let cx = Cx::new(Op::CopyFileRange, _i.0, None);
+        if self.virt(_o.0).is_some() {
+            return reply.error(Errno::EROFS);
+        }
+        // Not a handle of the core's: the caller copies by reading and writing.
+        if self.virt(_i.0).is_some() {
+            return reply.error(Errno::EXDEV);
+        }
         let r = if self.no_open() && fh_in.0 == 0 && fh_out.0 == 0 {
             self.inode_io
                 .copy_file_range(ino(_i), off_in, ino(_o), off_out, len)

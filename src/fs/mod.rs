@@ -13,6 +13,7 @@ pub mod failures;
 pub mod fuse;
 pub mod handles;
 pub mod inode_io;
+pub mod objects;
 pub mod readahead;
 pub mod stats;
 pub mod uring;

@@ -1,0 +1,274 @@
+//! A workspace is self-contained (issue 31): git in a sandbox that binds only the workspace
+//! (bubblewrap: `/usr` and `/etc` read-only, the workspace as `/work`, every namespace unshared)
+//! works as in a clone, because the mirror's objects are presented read-only inside the mount at
+//! `.git/octofs/objects` and the workspace's alternates name them by a relative path. The daemon
+//! checks the owner's access itself: git works on the host with the mirror's directory out of the
+//! user's reach, and stops working when the owner is taken off the project.
+//!
+//! Failed before: in the sandbox `git log` answered "unable to normalize alternate object path:
+//! <state>/mirrors/p/.git/objects" and `git status` "fatal: bad object HEAD"; with the mirrors
+//! directory out of the user's reach, `git log` on the host failed the same way.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+
+/// Lets other users reach `<state>` and `<root>` (the test's temporary directory is private).
+fn open_the_way(d: &Daemon) {
+    for p in [&d.base, &d.state] {
+        fs_chmod(p, 0o711);
+    }
+    fs_chmod(&d.root, 0o755);
+}
+
+fn fs_chmod(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// An upstream with two commits, added as `project`, every listed user allowed.
+fn project(d: &Daemon, project: &str, users: &[&str]) -> GitRepo {
+    let repo = GitRepo::init(&d.base.join(format!("up-{project}")));
+    repo.write("README.md", "# demo\n");
+    repo.write("src/lib.rs", "pub fn f() {}\n");
+    repo.commit_all("initial", DATE1);
+    repo.write("a.txt", "alpha\n");
+    repo.commit_all("second", DATE2);
+    let mut args = vec!["mirror", "add", project, repo.path.to_str().unwrap()];
+    for u in users {
+        args.extend_from_slice(&["--allow-user", u]);
+    }
+    d.cli_ok(args);
+    repo
+}
+
+/// `script` run by `sh` in bubblewrap as `u` (None: root), the workspace `ws` bound as `/work` and
+/// nothing else of the host but `/usr` and `/etc` (read-only).
+fn in_sandbox(u: Option<User>, ws: &Path, script: &str) -> Out {
+    let args = [
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--ro-bind",
+        "/etc",
+        "/etc",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        // The workspace's fsmonitor hook is the daemon's, outside the sandbox (README).
+        "--setenv",
+        "GIT_CONFIG_COUNT",
+        "1",
+        "--setenv",
+        "GIT_CONFIG_KEY_0",
+        "core.fsmonitor",
+        "--setenv",
+        "GIT_CONFIG_VALUE_0",
+        "false",
+        "--bind",
+    ];
+    let mut c = match u {
+        Some(u) => as_user(u, "bwrap"),
+        None => {
+            let mut c = Command::new("bwrap");
+            c.env("HOME", "/nonexistent")
+                .env("GIT_CONFIG_GLOBAL", "/dev/null")
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .env("GIT_AUTHOR_NAME", "Agent")
+                .env("GIT_AUTHOR_EMAIL", "agent@example.invalid")
+                .env("GIT_COMMITTER_NAME", "Agent")
+                .env("GIT_COMMITTER_EMAIL", "agent@example.invalid")
+                .env_remove("GIT_DIR")
+                .env_remove("GIT_WORK_TREE");
+            c
+        }
+    };
+    c.args(args)
+        .arg(ws)
+        .args([
+            "/work",
+            "--chdir",
+            "/work",
+            "--unshare-all",
+            "--die-with-parent",
+            "sh",
+            "-ec",
+            script,
+        ])
+        .current_dir("/");
+    run(&mut c, CMD_TIMEOUT)
+}
+
+/// The names in a host directory, sorted, each followed by a space (as `ls | tr '\n' ' '`).
+fn listing(dir: &Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.iter().map(|n| format!("{n} ")).collect()
+}
+
+#[track_caller]
+fn ok(out: &Out) -> String {
+    assert!(out.success(), "{}", out.describe());
+    out.stdout_str()
+}
+
+/// What every sandboxed check compares with: the upstream's own history.
+fn history(repo: &GitRepo) -> String {
+    repo.git(["log", "--format=%H %s"])
+}
+
+/// git in a sandbox: log, status, commit, fsck, gc, repack, worktree add and clone, the outputs
+/// compared with the upstream's.
+fn git_works_in(u: Option<User>, ws: &Path, repo: &GitRepo, mirror: &Path) {
+    let want = history(repo);
+    assert_eq!(ok(&in_sandbox(u, ws, "git log --format='%H %s'")), want);
+    assert_eq!(ok(&in_sandbox(u, ws, "git status --porcelain")), "");
+    assert_eq!(
+        ok(&in_sandbox(u, ws, "git cat-file -p HEAD:a.txt")),
+        "alpha\n"
+    );
+    let script = "echo three > c.txt
+git add c.txt
+git commit -q -m third
+git fsck --no-progress 2>&1
+git gc -q
+git repack -q -a -d
+git status --porcelain
+git log --format=%s";
+    assert_eq!(
+        ok(&in_sandbox(u, ws, script)),
+        "third\nsecond\ninitial\n",
+        "commit, fsck, gc, repack"
+    );
+    let script = "git worktree add -q /tmp/wt -b side 2>&1
+git -C /tmp/wt log --format=%s
+git clone -q /work /tmp/x 2>&1
+git -C /tmp/x log --format=%s
+git -C /tmp/x fsck --no-progress 2>&1";
+    assert_eq!(
+        ok(&in_sandbox(u, ws, script)),
+        "third\nsecond\ninitial\nthird\nsecond\ninitial\n",
+        "worktree add, clone"
+    );
+    // The base objects are read-only and nobody's to change.
+    let out = in_sandbox(
+        u,
+        ws,
+        "ls .git/octofs/objects | tr '\\n' ' '; echo
+for p in .git/octofs/objects/x .git/octofs/objects/pack/x; do ! touch $p 2>/dev/null; done
+! mkdir .git/octofs/objects/y 2>/dev/null
+! rm -rf .git/octofs 2>/dev/null
+! mv .git/octofs .git/elsewhere 2>/dev/null
+cat .git/objects/info/alternates",
+    );
+    let text = ok(&out);
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some(listing(&mirror.join(".git/objects")).as_str())
+    );
+    assert_eq!(lines.next(), Some("../octofs/objects"));
+}
+
+#[test]
+fn git_works_in_a_sandbox_that_binds_only_the_workspace() {
+    let a = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    let repo = project(&d, "p", &["octofs-test-user", "octofs-test-other"]);
+    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let ws = PathBuf::from(out.stdout_str().trim());
+    // The user cannot reach the mirrors at all (an ACL grant's mask goes with the mode).
+    fs_chmod(&d.state.join("mirrors"), 0o700);
+    let host_log = |u: User| {
+        let mut c = as_user(u, "git");
+        c.arg("-C").arg(&ws).args(["log", "--format=%H %s"]);
+        run(&mut c, CMD_TIMEOUT)
+    };
+    assert_eq!(ok(&host_log(a)), history(&repo), "git on the host");
+    git_works_in(Some(a), &ws, &repo, &d.mirror("p"));
+
+    // Objects the mirror gains are found and listed at once (nothing of the subtree is cached,
+    // not even a miss).
+    repo.write("b.txt", "beta\n");
+    repo.commit_all("fourth", DATE2);
+    let new = repo.git(["rev-parse", "HEAD"]).trim().to_string();
+    let show =
+        format!("ls .git/octofs/objects | tr '\\n' ' '; echo; git cat-file -p {new}:b.txt || true");
+    let before = ok(&in_sandbox(Some(a), &ws, &show));
+    assert!(!before.contains("beta"), "{before}");
+    d.cli_ok(["mirror", "sync", "p"]);
+    let after = ok(&in_sandbox(Some(a), &ws, &show));
+    assert_eq!(
+        after,
+        format!("{}\nbeta\n", listing(&d.mirror("p").join(".git/objects"))),
+        "the mirror's new objects"
+    );
+
+    // Taken off the project: the owner's git no longer reads the history, here or in a sandbox
+    // (in a workspace that has not copied it: `repack -a` above did, as in any clone).
+    let out = d.cli_as(a, &["open", "t2", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let ws = PathBuf::from(out.stdout_str().trim());
+    let host_log = |u: User| {
+        let mut c = as_user(u, "git");
+        c.arg("-C").arg(&ws).args(["log", "--format=%s"]);
+        run(&mut c, CMD_TIMEOUT)
+    };
+    assert_eq!(ok(&host_log(a)), "fourth\nsecond\ninitial\n");
+    d.cli_ok(["mirror", "access", "p", "--allow-user", "octofs-test-other"]);
+    let revoked = host_log(a);
+    assert!(
+        !revoked.success(),
+        "a revoked owner still reads the history: {}",
+        revoked.describe()
+    );
+    let revoked = in_sandbox(Some(a), &ws, "git log --format=%s");
+    assert!(
+        !revoked.success(),
+        "a revoked owner still reads the history in a sandbox: {}",
+        revoked.describe()
+    );
+    // Nor does another user, even allowed on the project, read it through this workspace.
+    fs_chmod(&ws, 0o755);
+    let b = user_b();
+    let mut c = as_user(b, "cat");
+    c.arg(ws.join(".git/octofs/objects/info/packs"));
+    let out = run(&mut c, CMD_TIMEOUT);
+    assert!(
+        !out.success(),
+        "another user read the objects: {}",
+        out.describe()
+    );
+    fs_chmod(&ws, 0o700);
+    d.cli_ok(["release", "t"]);
+    d.cli_ok(["release", "t2"]);
+}
+
+#[test]
+fn git_works_in_a_sandbox_of_root_s_thread() {
+    let d = Daemon::start();
+    let repo = project(&d, "p", &[]);
+    let ws = PathBuf::from(d.cli_ok(["open", "r", "--project", "p"]).trim());
+    git_works_in(None, &ws, &repo, &d.mirror("p"));
+    d.cli_ok(["release", "r"]);
+}
