@@ -745,6 +745,28 @@ mod tests {
         assert_eq!(a.len(), 64);
     }
 
+    /// pnpm's store, virtual store and modules directory are the daemon's, whatever the project's
+    /// `pnpm-workspace.yaml` sets: given on the command line, which wins over it.
+    #[test]
+    fn pnpm_is_told_where_things_go() {
+        let dirs = BuildDirs {
+            staging: PathBuf::from("/s/deps/staging/k"),
+            home: PathBuf::from("/s/deps/staging/home-k"),
+            cache: PathBuf::from("/s/deps/cache"),
+        };
+        let steps = install_commands(Manager::Pnpm, &dirs);
+        let argv = steps[0].0.join(" ");
+        for want in [
+            "--modules-dir node_modules",
+            "--virtual-store-dir node_modules/.pnpm",
+            "--store-dir /s/deps/cache/pnpm",
+            "--ignore-scripts",
+            "--ignore-pnpmfile",
+        ] {
+            assert!(argv.contains(want), "{want} missing: {argv}");
+        }
+    }
+
     #[test]
     fn the_failure_line_is_the_managers_reason() {
         let npm = "npm error code E404\nnpm error 404 Not Found - GET https://r/x.tgz\nnpm error 404\n\
