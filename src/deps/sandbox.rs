@@ -198,6 +198,15 @@ fn install_prefixes(program: &str, state: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// uv's managed Pythons, when the daemon's environment names where they are
+/// (`UV_PYTHON_INSTALL_DIR`, passed on to uv): read and run there. The default place is under the
+/// daemon user's HOME, which the build user cannot reach; the venv's interpreter is then a system one.
+fn uv_python_dir() -> Option<PathBuf> {
+    std::env::var_os("UV_PYTHON_INSTALL_DIR")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && p != Path::new("/"))
+}
+
 /// The Landlock ruleset of a manager that may write `writable`: a ruleset fd to enforce in the
 /// child, or `None` when this kernel has no Landlock (then logged once: the manager still runs as
 /// the build user, without the filesystem sandbox). Best effort: a kernel with an older Landlock
@@ -217,6 +226,7 @@ pub fn ruleset(
     };
     let mut rx: Vec<PathBuf> = SYSTEM_RX.iter().map(PathBuf::from).collect();
     rx.extend(install_prefixes(program, state));
+    rx.extend(uv_python_dir());
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let created = Ruleset::default()
         .handle_access(AccessFs::from_all(abi))
@@ -293,6 +303,12 @@ fn manager_env(home: &Path, cache: Option<&Path>) -> Vec<(String, String)> {
         ),
         ("UV_NO_CONFIG".to_string(), "1".to_string()),
     ];
+    if let Some(dir) = uv_python_dir() {
+        env.push((
+            "UV_PYTHON_INSTALL_DIR".to_string(),
+            dir.to_string_lossy().into_owned(),
+        ));
+    }
     if let Some(cache) = cache {
         let c = |m: &str| cache.join(m).to_string_lossy().into_owned();
         env.push(("npm_config_cache".to_string(), c("npm")));
