@@ -342,7 +342,9 @@ fn install_commands(manager: Manager, dirs: &BuildDirs) -> Vec<Step> {
                 "node_modules/.pnpm",
                 "--store-dir",
             ]);
-            a.push(dirs.cache.join("pnpm").to_string_lossy().into_owned());
+            // `pnpm/store`, not `pnpm`: pnpm keeps its store operation locks beside the store, in
+            // a directory the build user must be able to create.
+            a.push(dirs.cache.join("pnpm/store").to_string_lossy().into_owned());
             vec![(a, vec![])]
         }
         Manager::Uv => {
@@ -759,7 +761,7 @@ mod tests {
         for want in [
             "--modules-dir node_modules",
             "--virtual-store-dir node_modules/.pnpm",
-            "--store-dir /s/deps/cache/pnpm",
+            "--store-dir /s/deps/cache/pnpm/store",
             "--ignore-scripts",
             "--ignore-pnpmfile",
         ] {

@@ -73,10 +73,11 @@ impl BuildDirs {
         }
     }
 
-    /// Every directory the manager may write.
-    pub fn writable(&self) -> Vec<PathBuf> {
+    /// Every directory the manager of a build as `id` may write.
+    pub fn writable(&self, id: Identity) -> Vec<PathBuf> {
         let mut v = vec![self.staging.clone(), self.home.clone()];
         v.extend(CACHES.iter().map(|c| self.cache.join(c)));
+        v.push(pnpm_locks(id));
         v
     }
 
@@ -100,6 +101,7 @@ impl BuildDirs {
             crate::layout::create_private_dir(&d).map_err(|e| fail(&d, e))?;
             own(&d, id).map_err(|e| fail(&d, e))?;
         }
+        prepare_pnpm_locks(id)?;
         let _ = std::fs::remove_dir_all(&self.home);
         crate::layout::create_private_dir(&self.home.join("tmp"))
             .map_err(|e| fail(&self.home, e))?;
@@ -125,6 +127,37 @@ impl BuildDirs {
                 tracing::warn!("cannot remove {}: {e}", d.display());
             }
         }
+    }
+}
+
+/// Where pnpm (12) keeps its store operation locks: a fixed path in `/tmp`, whatever `TMPDIR` says.
+fn pnpm_locks(id: Identity) -> PathBuf {
+    PathBuf::from(format!("/tmp/pnpm-store-operation-locks-{}", id.uid))
+}
+
+/// Makes [`pnpm_locks`] a directory of the build user's, 0700, the only place in `/tmp` the sandbox
+/// lets it write. One that exists already must be a real directory of the build user's: `/tmp` is
+/// everyone's, and one made by another user (or a symlink) would be theirs to tamper with.
+fn prepare_pnpm_locks(id: Identity) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let dir = pnpm_locks(id);
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => own(&dir, id).map_err(|e| format!("cannot prepare {}: {e}", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let m = std::fs::symlink_metadata(&dir)
+                .map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
+            if m.is_dir() && m.uid() == id.uid && m.mode() & 0o022 == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} is not a directory of the build user (uid {}) writable by it alone: \
+                     remove it",
+                    dir.display(),
+                    id.uid
+                ))
+            }
+        }
+        Err(e) => Err(format!("cannot create {}: {e}", dir.display())),
     }
 }
 
@@ -337,7 +370,7 @@ impl Sandbox {
     /// own process group.
     pub fn command(&self, program: &str, dir: &Path) -> Result<Command, String> {
         let (writable, home, cache) = match &self.dirs {
-            Some(d) => (d.writable(), d.home.clone(), Some(d.cache.as_path())),
+            Some(d) => (d.writable(self.id), d.home.clone(), Some(d.cache.as_path())),
             // A probe's HOME does not exist: it may write nothing anyway.
             None => (Vec::new(), PathBuf::from("/nonexistent"), None),
         };
