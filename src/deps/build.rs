@@ -207,6 +207,16 @@ fn probe(program: &str) -> Result<Command, String> {
     .command(program, Path::new("/"))
 }
 
+/// Why a manager the daemon finds on its `PATH` cannot be started by the build user: it lies in a
+/// place only the daemon's user reaches (a pyenv shim or nvm tree under `/root`).
+fn unreachable_manager(name: &str) -> String {
+    format!(
+        "{name} cannot be run by the build user (uid {}): install it where every user can run it \
+         (e.g. /usr/local/bin), not under a private HOME",
+        sandbox::identity().uid
+    )
+}
+
 /// The manager's version, as `<manager> --version` prints it (`uv 0.9.1 (...)` gives `0.9.1`).
 pub fn manager_version(manager: Manager) -> Result<String, String> {
     let name = manager.name();
@@ -217,7 +227,8 @@ pub fn manager_version(manager: Manager) -> Result<String, String> {
         .output()
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => format!("{name} is not installed on this host"),
-            _ => format!("cannot run {name} --version: {e}"),
+            _ if e.raw_os_error() == Some(libc::EACCES) => unreachable_manager(name),
+            _ => format!("cannot run {name} --version as the build user: {e}"),
         })?;
     if !out.status.success() {
         return Err(format!("{name} --version failed ({})", out.status));
@@ -406,7 +417,8 @@ fn run_logged(
         .spawn()
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => format!("{} is not installed on this host", argv[0]),
-            _ => format!("cannot run {}: {e}", argv[0]),
+            _ if e.raw_os_error() == Some(libc::EACCES) => unreachable_manager(&argv[0]),
+            _ => format!("cannot run {} as the build user: {e}", argv[0]),
         })?;
     let deadline = Instant::now() + timeout;
     loop {
