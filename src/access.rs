@@ -150,6 +150,15 @@ fn grant(path: &Path, mode: u32, uid: u32, perm: u16, default: bool) -> io::Resu
     Ok(())
 }
 
+/// Lets user `uid` search (not list) the directory `path`, by an entry of its access ACL: how the
+/// build identity of dependency layers reaches its own directories under the private
+/// `<state>/deps` (src/deps/sandbox.rs). Idempotent.
+pub fn grant_search(path: &Path, uid: u32) -> io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mode = std::fs::symlink_metadata(path)?.mode();
+    grant(path, mode, uid, X, false)
+}
+
 /// Whether both ACLs of `dir` already give `uid` read and search effectively. A chmod of `dir`
 /// (which narrows the access ACL's mask) makes this false, so it also tells whether something
 /// changed modes below it.

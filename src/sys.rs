@@ -915,6 +915,47 @@ pub fn open_beneath(dir: &std::fs::File, rel: &Path, flags: i32) -> io::Result<s
     Ok(unsafe { std::fs::File::from_raw_fd(fd as i32) })
 }
 
+/// Makes `cmd`'s child drop every authority before it execs: no supplementary groups, gid `gid`,
+/// uid `uid` (checked: a child still root fails to start), `PR_SET_NO_NEW_PRIVS`, then the
+/// Landlock domain of `ruleset` (a ruleset fd built by the parent; `None` when the kernel has no
+/// Landlock). The ruleset is built before the fork because the child of a threaded process may
+/// only make async-signal-safe calls: here, raw syscalls only. Used for the package managers that
+/// build dependency layers (src/deps/sandbox.rs).
+pub fn drop_privileges_on_exec(
+    cmd: &mut std::process::Command,
+    uid: u32,
+    gid: u32,
+    ruleset: Option<std::os::fd::OwnedFd>,
+) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let closure = move || -> io::Result<()> {
+        // SAFETY: each call is one raw syscall with plain integer arguments or a null pointer of
+        // length 0 (setgroups); none allocates or takes a lock, as a pre_exec closure requires.
+        // The ruleset fd stays open (owned by the closure) until the exec, which closes it
+        // (Landlock ruleset fds are close-on-exec).
+        unsafe {
+            check(libc::setgroups(0, std::ptr::null()))?;
+            check(libc::setgid(gid))?;
+            check(libc::setuid(uid))?;
+            if libc::getuid() != uid || libc::geteuid() != uid || libc::getegid() != gid {
+                return Err(io::Error::from_raw_os_error(libc::EPERM));
+            }
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            if let Some(fd) = &ruleset
+                && libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: the closure makes only async-signal-safe raw syscalls (see above).
+    unsafe {
+        cmd.pre_exec(closure);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -443,3 +443,149 @@ fn gc_removes_an_unused_layer_and_keeps_a_used_one_and_the_tips() {
             .exists()
     );
 }
+
+/// A dependency on a root-only repository of the host (`git+file://`): refused before npm runs,
+/// with the dependency named in the record, `deps list` and the log; nothing of the repository
+/// is sealed, nothing is cloned.
+#[test]
+fn a_git_file_dependency_on_a_root_only_repo_is_refused_and_nothing_of_it_is_sealed() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start();
+    // Root's secret repository: 0700, as /root is.
+    let secret_dir = d.base.join("root-only");
+    std::fs::create_dir(&secret_dir).expect("mkdir");
+    let secret = GitRepo::init(&secret_dir.join("secret-repo"));
+    secret.write("package.json", r#"{"name":"secret","version":"1.0.0"}"#);
+    secret.write("key.txt", "octofs-root-secret-4242\n");
+    let commit = secret.commit_all("secret", DATE1);
+    std::fs::set_permissions(&secret_dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let url = format!("git+file://{}", secret.path.display());
+    let repo = npm_project(&d.base.join("up"), &format!(r#""secret":"{url}""#));
+    repo.write(
+        "package-lock.json",
+        format!(
+            r#"{{"name":"demo","version":"1.0.0","lockfileVersion":3,"requires":true,"packages":{{"":{{"name":"demo","version":"1.0.0","dependencies":{{"secret":"{url}"}}}},"node_modules/secret":{{"version":"1.0.0","resolved":"{url}#{commit}"}}}}}}"#
+        ),
+    );
+    repo.commit_all("a git+file dependency", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "p", repo.path.to_str().expect("utf-8")]),
+        BUILD,
+    );
+    out.assert_ok();
+    let all = layers(&d);
+    assert_eq!(all.len(), 1, "{all:?}");
+    let l = &all[0];
+    assert_eq!(l["state"], "failed", "{l}\n{}", d.log_tail());
+    let message = l["message"].as_str().expect("message");
+    assert!(
+        message.contains("refused")
+            && message.contains("\"secret\"")
+            && message.contains(&url)
+            && !message.contains('\n'),
+        "the refusal does not name the dependency: {message}"
+    );
+    let listed = d.cli_ok(["deps", "list"]);
+    assert!(listed.contains(&url), "deps list: {listed}");
+    let log = std::fs::read_to_string(l["log"].as_str().expect("log")).expect("log");
+    assert!(log.contains(message), "{log}");
+    // Nothing ran: no npm command in the log.
+    assert!(!log.contains("$ npm"), "npm ran: {log}");
+    // Nothing of the repository is in the layer store.
+    let store = d.state.join("deps/store.git");
+    if store.exists() {
+        let objects = common::sh(
+            "git",
+            [
+                "--git-dir",
+                store.to_str().expect("utf-8"),
+                "cat-file",
+                "--batch-all-objects",
+                "--batch",
+            ],
+        );
+        assert!(
+            !objects.stdout_str().contains("octofs-root-secret-4242"),
+            "the secret was sealed"
+        );
+    }
+    // The workspace opens without the layer.
+    let ws = d.open_thread("t1", &["--project", "p"]);
+    assert!(!ws.join("node_modules").exists());
+    assert!(ws.join("package.json").is_file());
+    d.cli_ok(["release", "t1"]);
+}
+
+/// A layer that needs no registry (an npm workspace package, linked) builds in the sandbox: the
+/// log says which uid ran npm, and what the install wrote was that uid's; `<state>/deps` stays
+/// 0700 root with one search entry for it, and nothing else of the state gains one.
+#[test]
+fn a_registry_free_layer_builds_as_the_build_user() {
+    use std::os::unix::fs::MetadataExt;
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up"));
+    repo.write(
+        "package.json",
+        r#"{"name":"demo","version":"1.0.0","private":true,"workspaces":["packages/a"]}"#,
+    );
+    repo.write(
+        "packages/a/package.json",
+        r#"{"name":"a","version":"1.0.0"}"#,
+    );
+    repo.write(
+        "package-lock.json",
+        r#"{"name":"demo","version":"1.0.0","lockfileVersion":3,"requires":true,"packages":{"":{"name":"demo","version":"1.0.0","workspaces":["packages/a"]},"node_modules/a":{"resolved":"packages/a","link":true},"packages/a":{"version":"1.0.0"}}}"#,
+    );
+    repo.write(".gitignore", "node_modules/\n");
+    repo.commit_all("npm workspace", DATE1);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "p", repo.path.to_str().expect("utf-8")]),
+        BUILD,
+    );
+    out.assert_ok();
+    let l = the_built_layer(&d, "npm");
+    let entries = ls_tree(&d, l["tree"].as_str().expect("tree"));
+    assert!(entries.contains(&"120000 a".to_string()), "{entries:?}");
+    let log = std::fs::read_to_string(
+        d.state
+            .join("deps/logs")
+            .join(format!("{}.log", l["key"].as_str().expect("key"))),
+    )
+    .expect("log");
+    // The build user: `octofs-build` where scripts/install made it, else 65533; never root.
+    let uid: u32 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("octofs: running as uid "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|u| u.parse().ok())
+        .unwrap_or_else(|| panic!("no build user in the log: {log}"));
+    assert_ne!(uid, 0, "{log}");
+    assert!(log.contains("in the build sandbox"), "{log}");
+    let deps = std::fs::metadata(d.state.join("deps")).expect("deps");
+    assert_eq!((deps.uid(), deps.mode() & 0o707), (0, 0o700));
+    let cache = std::fs::metadata(d.state.join("deps/cache/npm")).expect("npm cache");
+    assert_eq!((cache.uid(), cache.mode() & 0o777), (uid, 0o700));
+    for private in ["deps/layers", "deps/logs", "mirrors"] {
+        let m = std::fs::metadata(d.state.join(private)).expect(private);
+        assert_eq!(m.mode() & 0o777, 0o700, "{private}");
+    }
+    // As the build user: `<state>/deps/logs` and the mirrors stay unreadable.
+    let probe = run(
+        Command::new("setpriv")
+            .arg(format!("--reuid={uid}"))
+            .arg(format!("--regid={}", cache.gid()))
+            .args(["--clear-groups", "sh", "-c"])
+            .arg(format!(
+                "ls {s}/deps/logs || echo logs-refused; ls {s}/mirrors || echo mirrors-refused; \
+                 ls {s}/deps || echo deps-unlisted",
+                s = d.state.display()
+            )),
+        Duration::from_secs(30),
+    );
+    let text = probe.stdout_str();
+    for refused in ["logs-refused", "mirrors-refused", "deps-unlisted"] {
+        assert!(text.contains(refused), "{refused}: {}", probe.describe());
+    }
+}

@@ -8,15 +8,15 @@
 
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::sandbox::{self, BuildDirs, Sandbox};
 use super::{
-    DepLayer, DepStore, LayerRecord, LayerState, Lockfile, Manager, NestedTree, detect, seal,
+    DepLayer, DepStore, LayerRecord, LayerState, Lockfile, Manager, NestedTree, detect, seal, vet,
 };
 use crate::git::objects::{EntryKind, ObjectStore};
 
@@ -196,64 +196,39 @@ pub fn layer_key(manager: Manager, major: &str, lockfile: &[u8]) -> String {
     h.finalize().to_hex().to_string()
 }
 
-/// The environment a manager runs with: the daemon's PATH, a HOME, LANG, and the proxy and CA
-/// variables of the daemon's environment; nothing else.
-fn manager_env() -> Vec<(String, String)> {
-    const CA: [&str; 6] = [
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "NODE_EXTRA_CA_CERTS",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "PIP_CERT",
-    ];
-    let mut env = vec![
-        (
-            "PATH".to_string(),
-            std::env::var("PATH").unwrap_or_else(|_| {
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
-            }),
-        ),
-        (
-            "HOME".to_string(),
-            std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
-        ),
-        (
-            "LANG".to_string(),
-            std::env::var("LANG").unwrap_or_else(|_| "C.UTF-8".into()),
-        ),
-    ];
-    for (k, v) in std::env::vars() {
-        if k.to_ascii_lowercase().ends_with("_proxy") || CA.contains(&k.as_str()) {
-            env.push((k, v));
-        }
+/// A probe of a manager (`--version`, `--help`): as the build user, in a sandbox that may write
+/// nothing.
+fn probe(program: &str) -> Result<Command, String> {
+    sandbox::Sandbox {
+        id: sandbox::identity(),
+        state: PathBuf::new(),
+        dirs: None,
     }
-    env
+    .command(program, Path::new("/"))
 }
 
-/// A manager command with the cleared environment, stdin null, in its own process group.
-fn command(program: &str, dir: &Path) -> Command {
-    let mut c = Command::new(program);
-    c.env_clear()
-        .envs(manager_env())
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .process_group(0);
-    c
+/// Why a manager the daemon finds on its `PATH` cannot be started by the build user: it lies in a
+/// place only the daemon's user reaches (a pyenv shim or nvm tree under `/root`).
+fn unreachable_manager(name: &str) -> String {
+    format!(
+        "{name} cannot be run by the build user (uid {}): install it where every user can run it \
+         (e.g. /usr/local/bin), not under a private HOME",
+        sandbox::identity().uid
+    )
 }
 
 /// The manager's version, as `<manager> --version` prints it (`uv 0.9.1 (...)` gives `0.9.1`).
 pub fn manager_version(manager: Manager) -> Result<String, String> {
     let name = manager.name();
-    let dir = std::env::temp_dir();
-    let out = command(name, &dir)
+    let out = probe(name)?
         .arg("--version")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .output()
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => format!("{name} is not installed on this host"),
-            _ => format!("cannot run {name} --version: {e}"),
+            _ if e.raw_os_error() == Some(libc::EACCES) => unreachable_manager(name),
+            _ => format!("cannot run {name} --version as the build user: {e}"),
         })?;
     if !out.status.success() {
         return Err(format!("{name} --version failed ({})", out.status));
@@ -343,48 +318,60 @@ fn stage(
 }
 
 /// One command of an install: its argv and the variables it gets besides the cleared environment.
-type Step = (Vec<&'static str>, Vec<(&'static str, &'static str)>);
+type Step = (Vec<String>, Vec<(&'static str, &'static str)>);
 
-/// The commands that install `manager`'s tree in the staging directory. No package code runs: the
-/// daemon is root and a lockfile is content an agent can push, so install scripts are not run
-/// (`--ignore-scripts`) and uv installs wheels only (`--no-build`); a package that needs them fails
-/// the build, with the manager's message, and the workspace is handed over without the layer.
-fn install_commands(manager: Manager) -> Vec<Step> {
+/// The commands that install `manager`'s tree in the staging directory. No package code runs: a
+/// lockfile is content an agent can push, so install scripts are not run (`--ignore-scripts`) and
+/// uv installs wheels only (`--no-build`); a package that needs them fails the build, with the
+/// manager's message, and the workspace is handed over without the layer. Where things go is the
+/// daemon's choice, never the project's: pnpm's store, virtual store and modules directory are
+/// given on the command line, over whatever `pnpm-workspace.yaml` says (npm's and uv's caches are
+/// set in the environment, `sandbox::manager_env`, and no `.npmrc` of the project is staged).
+fn install_commands(manager: Manager, dirs: &BuildDirs) -> Vec<Step> {
+    let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     match manager {
         Manager::Npm => vec![(
-            vec![
+            argv(&[
                 "npm",
                 "install",
                 "--no-audit",
                 "--no-fund",
                 "--ignore-scripts",
-            ],
+            ]),
             vec![],
         )],
-        Manager::Pnpm => vec![(
-            vec![
+        Manager::Pnpm => {
+            let mut a = argv(&[
                 "pnpm",
                 "install",
                 "--frozen-lockfile",
                 "--ignore-scripts",
                 "--ignore-pnpmfile",
-            ],
-            vec![],
-        )],
+                "--modules-dir",
+                "node_modules",
+                "--virtual-store-dir",
+                "node_modules/.pnpm",
+                "--store-dir",
+            ]);
+            // `pnpm/store`, not `pnpm`: pnpm keeps its store operation locks beside the store, in
+            // a directory the build user must be able to create.
+            a.push(dirs.cache.join("pnpm/store").to_string_lossy().into_owned());
+            vec![(a, vec![])]
+        }
         Manager::Uv => {
             let env = vec![("UV_PYTHON_DOWNLOADS", "never")];
-            let mut sync = vec![
+            let mut sync = argv(&[
                 "uv",
                 "sync",
                 "--frozen",
                 "--no-install-project",
                 "--no-build",
-            ];
+            ]);
             if uv_has_flag("--no-install-workspace") {
-                sync.push("--no-install-workspace");
+                sync.push("--no-install-workspace".to_string());
             }
             vec![
-                (vec!["uv", "venv", "--relocatable", ".venv"], env.clone()),
+                (argv(&["uv", "venv", "--relocatable", ".venv"]), env.clone()),
                 (sync, env),
             ]
         }
@@ -393,20 +380,24 @@ fn install_commands(manager: Manager) -> Vec<Step> {
 
 /// Whether this host's `uv sync` takes `flag`.
 fn uv_has_flag(flag: &str) -> bool {
-    command("uv", &std::env::temp_dir())
-        .args(["sync", "--help"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
-        .unwrap_or(false)
+    probe("uv")
+        .ok()
+        .and_then(|mut c| {
+            c.args(["sync", "--help"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .output()
+                .ok()
+        })
+        .is_some_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
 }
 
-/// Runs one command in `dir` with its output appended to `log`; kills its process group after
-/// `timeout`.
+/// Runs one command in `dir`, in `sandbox`, with its output appended to `log`; kills its process
+/// group after `timeout`.
 fn run_logged(
-    argv: &[&str],
+    argv: &[String],
     env: &[(&str, &str)],
+    sandbox: &Sandbox,
     dir: &Path,
     log: &std::fs::File,
     timeout: Duration,
@@ -417,7 +408,8 @@ fn run_logged(
     let err = log
         .try_clone()
         .map_err(|e| format!("cannot write the log: {e}"))?;
-    let mut child = command(argv[0], dir)
+    let mut child = sandbox
+        .command(&argv[0], dir)?
         .args(&argv[1..])
         .envs(env.iter().copied())
         .stdout(out)
@@ -425,7 +417,8 @@ fn run_logged(
         .spawn()
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => format!("{} is not installed on this host", argv[0]),
-            _ => format!("cannot run {}: {e}", argv[0]),
+            _ if e.raw_os_error() == Some(libc::EACCES) => unreachable_manager(&argv[0]),
+            _ => format!("cannot run {} as the build user: {e}", argv[0]),
         })?;
     let deadline = Instant::now() + timeout;
     loop {
@@ -675,7 +668,8 @@ fn build_locked(
     );
     plan.version.as_ref().map_err(String::clone)?;
     let staging = deps.staging(&plan.key);
-    let _ = std::fs::remove_dir_all(&staging);
+    let dirs = BuildDirs::of(deps, &plan.key);
+    dirs.remove();
     crate::layout::create_private_dir(&staging)
         .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
     let result = (|| {
@@ -685,10 +679,24 @@ fn build_locked(
             "octofs: staged {n} manifest file(s) in {}",
             staging.display()
         );
-        for (argv, env) in install_commands(manager) {
+        // Before anything runs: a dependency that is not a registry package is refused.
+        vet::check(manager, &staging)?;
+        let id = sandbox::identity();
+        dirs.hand_over(deps, id)?;
+        let _ = writeln!(
+            log,
+            "octofs: running as uid {} gid {} in the build sandbox",
+            id.uid, id.gid
+        );
+        let sandbox = Sandbox {
+            id,
+            state: deps.dir().parent().unwrap_or(deps.dir()).to_path_buf(),
+            dirs: Some(dirs.clone()),
+        };
+        for (argv, env) in install_commands(manager, &dirs) {
             let _ = writeln!(log, "$ {}", argv.join(" "));
             let start = log.stream_position().unwrap_or(0);
-            if let Err(e) = run_logged(&argv, &env, &staging, &log, timeout) {
+            if let Err(e) = run_logged(&argv, &env, &sandbox, &staging, &log, timeout) {
                 // The manager's own words, when it said why.
                 let mut out = String::new();
                 let _ = log.seek(std::io::SeekFrom::Start(start));
@@ -731,9 +739,7 @@ fn build_locked(
         let nested = all.map(|(path, tree)| NestedTree { path, tree }).collect();
         Ok((tree, nested, bytes, files))
     })();
-    if let Err(e) = std::fs::remove_dir_all(&staging) {
-        tracing::warn!(key = %plan.key, "cannot remove {}: {e}", staging.display());
-    }
+    dirs.remove();
     result
 }
 
@@ -751,6 +757,28 @@ mod tests {
         assert_ne!(a, layer_key(Manager::Pnpm, "11", b"{}"));
         assert_ne!(a, layer_key(Manager::Npm, "11", b"{ }"));
         assert_eq!(a.len(), 64);
+    }
+
+    /// pnpm's store, virtual store and modules directory are the daemon's, whatever the project's
+    /// `pnpm-workspace.yaml` sets: given on the command line, which wins over it.
+    #[test]
+    fn pnpm_is_told_where_things_go() {
+        let dirs = BuildDirs {
+            staging: PathBuf::from("/s/deps/staging/k"),
+            home: PathBuf::from("/s/deps/staging/home-k"),
+            cache: PathBuf::from("/s/deps/cache"),
+        };
+        let steps = install_commands(Manager::Pnpm, &dirs);
+        let argv = steps[0].0.join(" ");
+        for want in [
+            "--modules-dir node_modules",
+            "--virtual-store-dir node_modules/.pnpm",
+            "--store-dir /s/deps/cache/pnpm/store",
+            "--ignore-scripts",
+            "--ignore-pnpmfile",
+        ] {
+            assert!(argv.contains(want), "{want} missing: {argv}");
+        }
     }
 
     #[test]

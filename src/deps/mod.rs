@@ -10,7 +10,9 @@
 
 pub mod build;
 pub mod gc;
+pub mod sandbox;
 pub mod seal;
+pub mod vet;
 pub mod workspace;
 
 use std::path::{Path, PathBuf};

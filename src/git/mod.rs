@@ -173,3 +173,45 @@ macro_rules! git {
         $crate::git::git($dir, &[$(std::ffi::OsStr::new($arg)),+])
     };
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every git the daemon starts goes through [`super::Git`] (its one environment policy): no
+    /// file of `src/` outside this one starts `git` itself, in the code before its tests. Lists
+    /// the offenders, so a new one is named.
+    #[test]
+    fn every_git_of_the_daemon_is_started_through_git() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut stack = vec![src.clone()];
+        let mut offenders = Vec::new();
+        let mut seen = 0;
+        while let Some(dir) = stack.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read src") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    stack.push(path);
+                    continue;
+                }
+                if path.extension().is_none_or(|e| e != "rs") {
+                    continue;
+                }
+                seen += 1;
+                let text = std::fs::read_to_string(&path).expect("read");
+                let code = text.split("#[cfg(test)]").next().unwrap_or("");
+                let rel = path.strip_prefix(&src).expect("under src");
+                if rel != std::path::Path::new("git/mod.rs")
+                    && ["Command::new(\"git\")", "Command::new(\"/usr/bin/git\")"]
+                        .iter()
+                        .any(|n| code.contains(n))
+                {
+                    offenders.push(rel.display().to_string());
+                }
+            }
+        }
+        assert!(seen > 50, "src/ not found: {}", src.display());
+        assert!(
+            offenders.is_empty(),
+            "git started outside crate::git::Git: {offenders:?}"
+        );
+    }
+}

@@ -394,6 +394,10 @@ impl Daemon {
             .tempdir()
             .expect("tempdir");
         let base = dir.path().canonicalize().expect("canonicalize tempdir");
+        // Searchable, as a state directory's parents are on a host: the build user of dependency
+        // layers reaches `<state>/deps` through it (docs/deps.md "Build identity and sandbox").
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&base, fs::Permissions::from_mode(0o711)).expect("chmod tempdir");
         let state = base.join("state");
         let root = base.join("root");
         fs::create_dir(&state).expect("mkdir state");
