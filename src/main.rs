@@ -67,6 +67,10 @@ enum Cmd {
         /// for a warm open/read/close; no passthrough, page cache per mount); see docs/performance.md
         #[arg(long, default_value = "handles", env = "OCTOFS_IO")]
         io: octofs::fs::fuse::IoMode,
+        /// The most live threads one user may hold (root is not counted; 0: no cap); see
+        /// docs/lifecycle.md "Per-user limits"
+        #[arg(long, default_value_t = octofs::daemon::DEFAULT_MAX_THREADS_PER_USER, env = "OCTOFS_MAX_THREADS_PER_USER")]
+        max_threads_per_user: usize,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -541,6 +545,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             fetch_timeout,
             transport,
             io,
+            max_threads_per_user,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -559,6 +564,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     fetch_timeout_secs: fetch_timeout,
                     transport,
                     io,
+                    max_threads_per_user,
                 },
             )
             .map_err(|e| format!("{e:#}"))

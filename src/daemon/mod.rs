@@ -10,6 +10,7 @@
 //! - this file: the [`Daemon`] and its state, and [`serve`] (start-up and shutdown);
 //! - `server`: the control socket, its connection limits and worker pools, request dispatch;
 //! - `authz`: who may do what (peer credentials against thread owners and project access);
+//! - `limits`: what one user's threads may take of the host (live threads per user);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
 //! - `mounts`: mounting, unmounting and remounting workspaces;
 //! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
@@ -33,6 +34,7 @@ mod diff;
 pub mod error;
 mod export;
 mod layers;
+mod limits;
 mod mirrors;
 mod mounts;
 mod moves;
@@ -64,6 +66,7 @@ use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::workspace::Owner;
 use error::Error;
+pub use limits::DEFAULT_MAX_THREADS_PER_USER;
 pub use takeover::serve_takeover;
 
 /// Settings of one daemon.
@@ -83,6 +86,8 @@ pub struct Settings {
     pub transport: crate::fs::uring::Transport,
     /// How new mounts serve file I/O (`octofs serve --io`).
     pub io: crate::fs::fuse::IoMode,
+    /// The most live threads one user (not root) may hold; 0: no cap (`limits`).
+    pub max_threads_per_user: usize,
 }
 
 struct Mounted {
@@ -137,6 +142,8 @@ pub struct Daemon {
     /// Threads whose `release --when-idle` waits for their mount to be idle (their records say so
     /// too; this is what the timer walks). Held only to read or change the set.
     idle_waits: Mutex<HashSet<String>>,
+    /// Each user's live threads (`limits`). Held only to count or check, never across I/O.
+    live: Mutex<limits::LiveThreads>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -149,7 +156,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Daemon {
     fn new(layout: Layout, settings: Settings) -> anyhow::Result<Daemon> {
         let blobs = BlobCache::new(&layout.blobs()).context("cannot create the blob cache")?;
+        // The live threads each user holds now: their records (what an interrupted create left is
+        // dropped from the count when it matters, see `limits`).
+        let records = crate::workspace::WorkspaceRecord::list(&layout).unwrap_or_else(|e| {
+            tracing::error!("cannot count the live threads: {e}");
+            Vec::new()
+        });
         Ok(Daemon {
+            live: Mutex::new(limits::LiveThreads::from_records(&records)),
             layout,
             settings,
             blobs: Arc::new(blobs),

@@ -135,6 +135,9 @@ struct SettingsState {
     /// `serve --io` (absent from a handover of a daemon that had no such setting: handles).
     #[serde(default)]
     io: String,
+    /// `serve --max-threads-per-user` (absent from an older daemon's handover: the default).
+    #[serde(default)]
+    max_threads_per_user: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -454,6 +457,7 @@ impl Daemon {
                 fetch_timeout_secs: st.fetch_timeout_secs,
                 transport: transport_name(st.transport).into(),
                 io: st.io.to_string(),
+                max_threads_per_user: Some(st.max_threads_per_user),
             },
             fds: fds.len(),
             lock_fd: 0,
@@ -622,6 +626,10 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         sweep_every: h.settings.sweep_every,
         fetch_timeout_secs: h.settings.fetch_timeout_secs,
         transport,
+        max_threads_per_user: h
+            .settings
+            .max_threads_per_user
+            .unwrap_or(super::limits::DEFAULT_MAX_THREADS_PER_USER),
     };
     crate::git::mirror::set_fetch_timeout(settings.fetch_timeout_secs);
     let daemon = match Daemon::new(layout.clone(), settings) {
