@@ -12,7 +12,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use serde_json::Value;
 
-use cli::{AllowArgs, parse_duration, print_stats, print_status, resolve_upstream, short};
+use cli::{
+    AllowArgs, parse_duration, parse_size, print_stats, print_status, resolve_upstream, short,
+};
 use octofs::client;
 use octofs::daemon::proto::{
     Access, DiffAnswer, Exported, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer,
@@ -71,6 +73,10 @@ enum Cmd {
         /// docs/lifecycle.md "Per-user limits"
         #[arg(long, default_value_t = octofs::daemon::DEFAULT_MAX_THREADS_PER_USER, env = "OCTOFS_MAX_THREADS_PER_USER")]
         max_threads_per_user: usize,
+        /// The most bytes one user's workspaces may write to their upper layers (e.g. 10G, 512M;
+        /// root is not counted; default: no quota); see docs/overlay.md "Quota"
+        #[arg(long, value_parser = parse_size, env = "OCTOFS_QUOTA_PER_USER")]
+        quota_per_user: Option<u64>,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -546,6 +552,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             transport,
             io,
             max_threads_per_user,
+            quota_per_user,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -565,6 +572,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     transport,
                     io,
                     max_threads_per_user,
+                    quota_per_user,
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -781,13 +789,15 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             let list: Vec<WorkspaceStatus> = parse(v)?;
             for w in list {
+                // The bytes its upper layer holds last (`-` when not mounted).
                 println!(
-                    "{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}",
                     w.thread,
                     w.project,
                     short(&w.base_commit),
                     w.state,
-                    w.path
+                    w.path,
+                    w.bytes_used.map_or("-".into(), |b| b.to_string())
                 );
             }
             Ok(())

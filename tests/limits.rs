@@ -3,11 +3,47 @@
 //!
 //! 1. [`a_user_at_the_thread_cap_is_refused_and_others_are_not`]: an ordinary user opened 500
 //!    threads in 17 s (2,538 OS threads in the daemon); nothing bounded one user's live threads.
+//! 2. [`a_user_over_quota_gets_edquot_and_others_keep_writing`]: one workspace filled the state
+//!    file system and every other user's writes failed with ENOSPC; nothing bounded its bytes.
 
 mod common;
 
 use common::*;
 use std::path::Path;
+
+const MIB: u64 = 1 << 20;
+
+/// `sh -c script` as user `u` in directory `cwd` (a process of theirs, in their mount).
+fn sh_as(u: User, cwd: &Path, script: &str) -> Out {
+    let mut c = as_user(u, "sh");
+    c.args(["-c", &format!("cd \"$0\" && {script}")])
+        .arg(cwd)
+        .current_dir("/");
+    run(&mut c, CMD_TIMEOUT)
+}
+
+/// The size of `file` as user `u` sees it.
+fn size_as(u: User, file: &Path) -> u64 {
+    let out = run(as_user(u, "stat").args(["-c", "%s"]).arg(file), CMD_TIMEOUT);
+    assert!(out.success(), "stat {}: {}", file.display(), out.describe());
+    out.stdout_str().trim().parse().expect("a size")
+}
+
+/// Content of `file` as user `u` reads it.
+fn cat_as(u: User, file: &Path) -> String {
+    let out = run(as_user(u, "cat").arg(file), CMD_TIMEOUT);
+    assert!(out.success(), "cat {}: {}", file.display(), out.describe());
+    out.stdout_str()
+}
+
+#[track_caller]
+fn assert_edquot(out: &Out, what: &str) {
+    assert!(
+        !out.success() && out.stderr_str().contains("quota exceeded"),
+        "{what}: expected EDQUOT: {}",
+        out.describe()
+    );
+}
 
 /// The test's temp dir is root's 0700: both users must reach the socket and their mounts.
 fn open_to_users(d: &Daemon) {
@@ -88,4 +124,81 @@ fn a_user_at_the_thread_cap_is_refused_and_others_are_not() {
     for t in ["r1", "r2", "r3"] {
         d.cli_ok(["release", t]);
     }
+}
+
+#[test]
+fn a_user_over_quota_gets_edquot_and_others_keep_writing() {
+    let (a, b) = (user_a(), user_b());
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--quota-per-user", "1M"]);
+    open_to_users(&d);
+    project(&d, &[a, b]);
+    d.cli_as(a, &["open", "ta", "--project", "p"]).assert_ok();
+    d.cli_as(b, &["open", "tb", "--project", "p"]).assert_ok();
+    let (ma, mb) = (d.mount("ta"), d.mount("tb"));
+    sh_as(a, &ma, "printf hello > keep").assert_ok();
+
+    // 2 MiB against a 1 MiB quota: the writes past it fail with EDQUOT, and what was acknowledged
+    // before stays.
+    let out = sh_as(a, &ma, "dd if=/dev/zero of=big bs=64k count=32");
+    assert_edquot(&out, "dd past the quota");
+    let big = size_as(a, &ma.join("big"));
+    assert!(
+        big > MIB / 2 && big <= MIB && big % (64 << 10) == 0,
+        "big is {big} bytes"
+    );
+    // The rest, to the byte (a write request past the quota is refused whole; one write(2) may
+    // be several requests, and then it is short, as on any file system with quotas).
+    assert_edquot(
+        &sh_as(a, &ma, "dd if=/dev/zero of=fill bs=4k count=16"),
+        "dd of the rest",
+    );
+    assert_edquot(
+        &sh_as(a, &ma, "dd if=/dev/zero of=fill2 bs=1 count=4096"),
+        "dd of the last bytes",
+    );
+    // Nothing more fits: a refused append, truncate up or fallocate changes nothing.
+    assert_edquot(
+        &sh_as(a, &ma, "printf more | dd of=keep oflag=append conv=notrunc"),
+        "append",
+    );
+    assert_eq!(cat_as(a, &ma.join("keep")), "hello");
+    assert_edquot(&sh_as(a, &ma, "truncate -s 4M keep"), "truncate up");
+    assert_eq!(size_as(a, &ma.join("keep")), 5);
+    assert_edquot(&sh_as(a, &ma, "fallocate -l 4M keep"), "fallocate");
+    assert_eq!(size_as(a, &ma.join("keep")), 5);
+    // The user's count and the workspace's bytes are shown.
+    let status = d.cli_as(a, &["status", "ta"]);
+    status.assert_ok();
+    let text = status.stdout_str();
+    assert!(
+        text.contains("bytes used:") && text.contains(&format!("of {MIB} bytes")),
+        "status:\n{text}"
+    );
+
+    // The other user's mount still takes writes.
+    sh_as(b, &mb, "dd if=/dev/zero of=mine bs=64k count=8").assert_ok();
+    assert_eq!(size_as(b, &mb.join("mine")), 512 << 10);
+
+    // What is removed is given back.
+    sh_as(a, &ma, "rm big && dd if=/dev/zero of=half bs=64k count=8").assert_ok();
+    assert_eq!(size_as(a, &ma.join("half")), 512 << 10);
+
+    // The count survives a restart: rebuilt from the upper layer, the 512 KiB still count.
+    d.stop();
+    d.spawn_with(&["--quota-per-user", "1M"]);
+    assert_edquot(
+        &sh_as(a, &ma, "dd if=/dev/zero of=more bs=64k count=10"),
+        "dd past the quota after a restart",
+    );
+    assert_eq!(size_as(a, &ma.join("half")), 512 << 10);
+    sh_as(b, &mb, "printf ok > after").assert_ok();
+    assert_eq!(cat_as(b, &mb.join("after")), "ok");
+
+    // A released thread's bytes no longer count.
+    d.cli_as(a, &["release", "ta", "--discard"]).assert_ok();
+    d.cli_as(a, &["open", "ta2", "--project", "p"]).assert_ok();
+    sh_as(a, &d.mount("ta2"), "dd if=/dev/zero of=f bs=64k count=12").assert_ok();
+    d.cli_as(a, &["release", "ta2", "--discard"]).assert_ok();
+    d.cli_as(b, &["release", "tb", "--discard"]).assert_ok();
 }

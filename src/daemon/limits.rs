@@ -1,5 +1,7 @@
 //! What one user's threads may take of the host (DESIGN.md "Privilege separation"; docs/lifecycle.md
-//! "Per-user limits"): the cap on each user's live threads (`serve --max-threads-per-user`).
+//! "Per-user limits"): the cap on each user's live threads (`serve --max-threads-per-user`) and
+//! the quota on the bytes their workspaces hold (`serve --quota-per-user`, counted by
+//! `cow::quota`).
 //!
 //! Owns the daemon's count of each user's live threads: the names of the threads whose workspace
 //! record is theirs, plus the ones being created. It never writes a record; the records stay the
@@ -75,6 +77,29 @@ impl Drop for LiveSlot<'_> {
 }
 
 impl Daemon {
+    /// Counts the workspace `core` of owner `uid` against their quota (with one; root has none).
+    pub(super) fn count_bytes(&self, core: &crate::fs::WorkspaceFs, uid: u32) {
+        let Some(limit) = self.settings.quota_per_user.filter(|_| uid != 0) else {
+            return;
+        };
+        let user = lock(&self.quotas)
+            .entry(uid)
+            .or_insert_with(|| std::sync::Arc::new(crate::cow::quota::UserBytes::new(limit)))
+            .clone();
+        core.count_against(user);
+    }
+
+    /// Whether mounts of user `uid` may hand I/O to the kernel: not with a quota that counts
+    /// them, which must see every write (docs/overlay.md "Quota").
+    pub(super) fn passthrough_for(&self, uid: u32) -> bool {
+        self.settings.passthrough && (self.settings.quota_per_user.is_none() || uid == 0)
+    }
+
+    /// User `uid`'s bytes and quota, when one counts them.
+    pub(super) fn quota_of(&self, uid: u32) -> Option<(u64, u64)> {
+        lock(&self.quotas).get(&uid).map(|u| (u.used(), u.limit()))
+    }
+
     /// Counts `thread`, about to be created for user `uid`, among that user's live threads, or
     /// refuses it (one line naming the cap and the count) when they hold the most a user may.
     /// The check and the count are one step under the daemon's `live` lock, so concurrent creates

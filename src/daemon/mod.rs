@@ -10,7 +10,7 @@
 //! - this file: the [`Daemon`] and its state, and [`serve`] (start-up and shutdown);
 //! - `server`: the control socket, its connection limits and worker pools, request dispatch;
 //! - `authz`: who may do what (peer credentials against thread owners and project access);
-//! - `limits`: what one user's threads may take of the host (live threads per user);
+//! - `limits`: what one user's threads may take of the host (live threads, bytes);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
 //! - `mounts`: mounting, unmounting and remounting workspaces;
 //! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
@@ -88,6 +88,10 @@ pub struct Settings {
     pub io: crate::fs::fuse::IoMode,
     /// The most live threads one user (not root) may hold; 0: no cap (`limits`).
     pub max_threads_per_user: usize,
+    /// The most bytes one user's (not root's) workspaces may hold in their upper layers; none: no
+    /// quota (`limits`). With one, those users' mounts serve writes through the daemon (no
+    /// passthrough), so that every byte is counted.
+    pub quota_per_user: Option<u64>,
 }
 
 struct Mounted {
@@ -144,6 +148,9 @@ pub struct Daemon {
     idle_waits: Mutex<HashSet<String>>,
     /// Each user's live threads (`limits`). Held only to count or check, never across I/O.
     live: Mutex<limits::LiveThreads>,
+    /// Each user's bytes across their workspaces (`limits`), with the quota on. Held only to find
+    /// or insert a user's counter.
+    quotas: Mutex<HashMap<u32, Arc<crate::cow::quota::UserBytes>>>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -164,6 +171,7 @@ impl Daemon {
         });
         Ok(Daemon {
             live: Mutex::new(limits::LiveThreads::from_records(&records)),
+            quotas: Mutex::default(),
             layout,
             settings,
             blobs: Arc::new(blobs),
