@@ -144,7 +144,7 @@ fn a_user_over_quota_gets_edquot_and_others_keep_writing() {
     assert_edquot(&out, "dd past the quota");
     let big = size_as(a, &ma.join("big"));
     assert!(
-        big > MIB / 2 && big <= MIB && big % (64 << 10) == 0,
+        big > MIB / 2 && big <= MIB && big.is_multiple_of(64 << 10),
         "big is {big} bytes"
     );
     // The rest, to the byte (a write request past the quota is refused whole; one write(2) may
