@@ -5,6 +5,8 @@
 //!    threads in 17 s (2,538 OS threads in the daemon); nothing bounded one user's live threads.
 //! 2. [`a_user_over_quota_gets_edquot_and_others_keep_writing`]: one workspace filled the state
 //!    file system and every other user's writes failed with ENOSPC; nothing bounded its bytes.
+//! 3. [`concurrent_opens_of_one_user_do_not_pass_the_cap_together`]: the cap's check and count are
+//!    one step, whatever the threads' own locks.
 
 mod common;
 
@@ -201,4 +203,46 @@ fn a_user_over_quota_gets_edquot_and_others_keep_writing() {
     sh_as(a, &d.mount("ta2"), "dd if=/dev/zero of=f bs=64k count=12").assert_ok();
     d.cli_as(a, &["release", "ta2", "--discard"]).assert_ok();
     d.cli_as(b, &["release", "tb", "--discard"]).assert_ok();
+}
+
+#[test]
+fn concurrent_opens_of_one_user_do_not_pass_the_cap_together() {
+    let a = user_a();
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--max-threads-per-user", "2"]);
+    open_to_users(&d);
+    project(&d, &[a]);
+    // Six opens of new threads at once, each under its own thread's lock: two may pass.
+    let outs: Vec<(String, Out)> = std::thread::scope(|s| {
+        let d = &d;
+        let handles: Vec<_> = (0..6)
+            .map(|i| {
+                s.spawn(move || {
+                    let t = format!("c{i}");
+                    let out = d.cli_as(a, &["open", &t, "--project", "p"]);
+                    (t, out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("open thread"))
+            .collect()
+    });
+    let opened: Vec<&String> = outs
+        .iter()
+        .filter(|(_, o)| o.success())
+        .map(|(t, _)| t)
+        .collect();
+    assert_eq!(opened.len(), 2, "opened {opened:?}");
+    for (t, o) in &outs {
+        if !o.success() {
+            o.assert_one_line_error(&["live threads", "--max-threads-per-user 2"]);
+            assert!(!d.state.join("workspaces").join(t).exists(), "{t} was made");
+        }
+    }
+    for t in opened {
+        assert!(listing_as(a, &d.mount(t)).contains("README.md"));
+        d.cli_as(a, &["release", t]).assert_ok();
+    }
 }
