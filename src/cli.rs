@@ -70,6 +70,28 @@ pub fn parse_duration(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("duration {s:?} is too long"))
 }
 
+/// A size: bytes, or with a binary unit `K`, `M`, `G`, `T` (`10G` is 10 GiB; `B`/`iB` may follow).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let bad = || format!("bad size {s:?} (use e.g. 4096, 512M, 10G)");
+    let t = s.trim();
+    let (num, unit) = match t.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let shift = match unit.trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
 /// An upstream as the daemon must see it: a path is made absolute against the caller's working
 /// directory (the daemon's is another); a URL is sent as given. Refused up front: anything git could
 /// read as an option.
@@ -135,6 +157,12 @@ pub fn print_status(w: &WorkspaceStatus) {
         println!("dependencies:  {d}");
     }
     println!("changed paths: {}", w.changed_paths);
+    if let Some(b) = w.bytes_used {
+        println!("bytes used:    {b}");
+    }
+    if let (Some(b), Some(q)) = (w.owner_bytes, w.owner_quota) {
+        println!("owner's quota: {b} of {q} bytes");
+    }
     println!("base reads:    {}", w.base_content_opens);
     if w.quarantined > 0 {
         println!(

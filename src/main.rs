@@ -12,7 +12,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use serde_json::Value;
 
-use cli::{AllowArgs, parse_duration, print_stats, print_status, resolve_upstream, short};
+use cli::{
+    AllowArgs, parse_duration, parse_size, print_stats, print_status, resolve_upstream, short,
+};
 use octofs::client;
 use octofs::daemon::proto::{
     Access, DiffAnswer, Exported, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer,
@@ -67,6 +69,14 @@ enum Cmd {
         /// for a warm open/read/close; no passthrough, page cache per mount); see docs/performance.md
         #[arg(long, default_value = "handles", env = "OCTOFS_IO")]
         io: octofs::fs::fuse::IoMode,
+        /// The most live threads one user may hold (root is not counted; 0: no cap); see
+        /// docs/lifecycle.md "Per-user limits"
+        #[arg(long, default_value_t = octofs::daemon::DEFAULT_MAX_THREADS_PER_USER, env = "OCTOFS_MAX_THREADS_PER_USER")]
+        max_threads_per_user: usize,
+        /// The most bytes one user's workspaces may write to their upper layers (e.g. 10G, 512M;
+        /// root is not counted; default: no quota); see docs/overlay.md "Quota"
+        #[arg(long, value_parser = parse_size, env = "OCTOFS_QUOTA_PER_USER")]
+        quota_per_user: Option<u64>,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -588,6 +598,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             fetch_timeout,
             transport,
             io,
+            max_threads_per_user,
+            quota_per_user,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -606,6 +618,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     fetch_timeout_secs: fetch_timeout,
                     transport,
                     io,
+                    max_threads_per_user,
+                    quota_per_user,
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -822,13 +836,15 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             }
             let list: Vec<WorkspaceStatus> = parse(v)?;
             for w in list {
+                // The bytes its upper layer holds last (`-` when not mounted).
                 println!(
-                    "{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}",
                     w.thread,
                     w.project,
                     short(&w.base_commit),
                     w.state,
-                    w.path
+                    w.path,
+                    w.bytes_used.map_or("-".into(), |b| b.to_string())
                 );
             }
             Ok(())

@@ -6,4 +6,5 @@
 
 pub mod blobcache;
 pub mod catalog;
+pub mod quota;
 pub mod upper;

@@ -259,6 +259,8 @@ pub struct Upper {
     /// unclean stop creates nothing before it has); a crash before that leaves the old boot there.
     boot: Option<String>,
     boot_recorded: AtomicBool,
+    /// The bytes its data files hold, counted against the owner's quota (docs/overlay.md "Quota").
+    usage: super::quota::Usage,
 }
 
 /// The file recording the boot the upper layer was last opened on.
@@ -296,6 +298,19 @@ impl Upper {
         let boot = boot_id();
         let previous = std::fs::read_to_string(dir.join(BOOT)).ok();
         let same_boot = boot.is_some() && previous.as_deref().map(str::trim) == boot.as_deref();
+        // What the data files hold now: each counted at its apparent size, or at what it
+        // allocates when that is more (a `fallocate` that kept the size), so that a restart never
+        // counts less than was charged before it.
+        let usage = super::quota::Usage::default();
+        for e in std::fs::read_dir(dir.join("data"))? {
+            let e = e?;
+            let name = e.file_name();
+            if let Some(ino) = name.to_str().and_then(|n| u64::from_str_radix(n, 16).ok())
+                && let Ok(m) = e.metadata()
+            {
+                usage.counted(ino, m.len().max(m.blocks().saturating_mul(512)));
+            }
+        }
         Ok(Upper {
             dir: dir.to_path_buf(),
             pool,
@@ -303,6 +318,7 @@ impl Upper {
             damaged: AtomicBool::new(false),
             boot: if same_boot { None } else { boot },
             boot_recorded: AtomicBool::new(false),
+            usage,
         })
     }
 
@@ -333,6 +349,14 @@ impl Upper {
             std::fs::write(self.dir.join(BOOT), b)?;
             self.boot_recorded.store(true, Ordering::Release);
         }
+        // The whole copy is charged before anything is made (a new empty file is refused only
+        // when the owner's quota is full): a refused copy-up or create changes nothing.
+        let size = match &from {
+            Some(src) => src.metadata()?.len(),
+            None if self.usage.full() => return Err(io::Error::from_raw_os_error(libc::EDQUOT)),
+            None => 0,
+        };
+        self.usage.grow(ino, size)?;
         let path = self.data_path(ino);
         let result = (|| {
             let mut f = match self.take_pooled(&path) {
@@ -357,8 +381,14 @@ impl Upper {
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&path);
+            self.usage.removed(ino);
         }
         result
+    }
+
+    /// The bytes of this layer, and their count against the owner's quota.
+    pub fn usage(&self) -> &super::quota::Usage {
+        &self.usage
     }
 
     /// A pool file renamed to `path` and opened, or `None` (an empty pool, or a pool file that
@@ -429,10 +459,10 @@ impl Upper {
     }
 
     pub fn remove(&self, ino: u64) {
-        if let Err(e) = std::fs::remove_file(self.data_path(ino))
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(ino, "cannot remove data file: {e}");
+        match std::fs::remove_file(self.data_path(ino)) {
+            Ok(()) => self.usage.removed(ino),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.usage.removed(ino),
+            Err(e) => tracing::warn!(ino, "cannot remove data file: {e}"),
         }
     }
 
@@ -477,7 +507,10 @@ impl Upper {
         if self.same_boot && !self.damaged.load(Ordering::Relaxed) {
             match std::fs::remove_file(self.data_path(ino)) {
                 Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                _ => return Ok(None),
+                _ => {
+                    self.usage.removed(ino);
+                    return Ok(None);
+                }
             }
         }
         self.quarantine(ino, why).map(Some)

@@ -10,6 +10,7 @@
 //! - this file: the [`Daemon`] and its state, and [`serve`] (start-up and shutdown);
 //! - `server`: the control socket, its connection limits and worker pools, request dispatch;
 //! - `authz`: who may do what (peer credentials against thread owners and project access);
+//! - `limits`: what one user's threads may take of the host (live threads, bytes);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
 //! - `mounts`: mounting, unmounting and remounting workspaces, and whether the kernel still has a
 //!   mount (mountinfo, not the table);
@@ -35,6 +36,7 @@ mod diff;
 pub mod error;
 mod export;
 mod layers;
+mod limits;
 mod mirrors;
 mod mounts;
 mod moves;
@@ -67,6 +69,7 @@ use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::workspace::Owner;
 use error::Error;
+pub use limits::DEFAULT_MAX_THREADS_PER_USER;
 pub use takeover::serve_takeover;
 
 /// Settings of one daemon.
@@ -86,6 +89,12 @@ pub struct Settings {
     pub transport: crate::fs::uring::Transport,
     /// How new mounts serve file I/O (`octofs serve --io`).
     pub io: crate::fs::fuse::IoMode,
+    /// The most live threads one user (not root) may hold; 0: no cap (`limits`).
+    pub max_threads_per_user: usize,
+    /// The most bytes one user's (not root's) workspaces may hold in their upper layers; none: no
+    /// quota (`limits`). With one, those users' mounts serve writes through the daemon (no
+    /// passthrough), so that every byte is counted.
+    pub quota_per_user: Option<u64>,
 }
 
 struct Mounted {
@@ -146,6 +155,11 @@ pub struct Daemon {
     /// Counts `mirror access` changes: what a mount's objects gate decided holds until it moves
     /// (see [`Daemon::objects_gate`]).
     access_epoch: Arc<std::sync::atomic::AtomicU64>,
+    /// Each user's live threads (`limits`). Held only to count or check, never across I/O.
+    live: Mutex<limits::LiveThreads>,
+    /// Each user's bytes across their workspaces (`limits`), with the quota on. Held only to find
+    /// or insert a user's counter.
+    quotas: Mutex<HashMap<u32, Arc<crate::cow::quota::UserBytes>>>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -158,7 +172,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Daemon {
     fn new(layout: Layout, settings: Settings) -> anyhow::Result<Daemon> {
         let blobs = BlobCache::new(&layout.blobs()).context("cannot create the blob cache")?;
+        // The live threads each user holds now: their records (what an interrupted create left is
+        // dropped from the count when it matters, see `limits`).
+        let records = crate::workspace::WorkspaceRecord::list(&layout).unwrap_or_else(|e| {
+            tracing::error!("cannot count the live threads: {e}");
+            Vec::new()
+        });
         Ok(Daemon {
+            live: Mutex::new(limits::LiveThreads::from_records(&records)),
+            quotas: Mutex::default(),
             layout,
             settings,
             blobs: Arc::new(blobs),

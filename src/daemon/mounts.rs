@@ -92,6 +92,7 @@ impl Daemon {
             self.layout.state.clone(),
         )
         .context(|| format!("thread {}: cannot open its upper layer", rec.thread))?;
+        self.count_bytes(&core, rec.owner.uid);
         Ok(Arc::new(core))
     }
 
@@ -196,7 +197,7 @@ impl Daemon {
         let is_root = crate::sys::euid() == 0;
         let adapter = FuseAdapter::new(
             core.clone(),
-            is_root && self.settings.passthrough,
+            is_root && self.passthrough_for(rec.owner.uid),
             info.clone(),
         )
         .with_io(rec.io.unwrap_or(self.settings.io))

@@ -182,6 +182,9 @@ impl Daemon {
             uid: c.uid,
             gid: c.gid,
         };
+        // `to` is a new live thread of the caller's: counted against their cap before anything
+        // of it (its first snapshot, its binding) is written.
+        let slot = self.reserve_live(to, me.uid)?;
 
         let started = std::time::Instant::now();
         let checked_in = started.duration_since(entered);
@@ -307,6 +310,7 @@ impl Daemon {
                 return Err(e);
             }
         };
+        slot.keep();
         let made_in = started.elapsed();
         let mut warnings = left_out;
         warnings.extend(self.grant_owner(&project, me, false));

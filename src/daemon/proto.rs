@@ -289,6 +289,15 @@ pub struct WorkspaceStatus {
     pub transport: Option<String>,
     /// Paths that differ from the base (counted while mounted).
     pub changed_paths: u64,
+    /// The bytes the workspace's upper layer holds, as counted against its owner's quota
+    /// (docs/overlay.md "Quota"); `None` when not mounted.
+    #[serde(default)]
+    pub bytes_used: Option<u64>,
+    /// The owner's bytes across their workspaces and their quota, when one counts them.
+    #[serde(default)]
+    pub owner_bytes: Option<u64>,
+    #[serde(default)]
+    pub owner_quota: Option<u64>,
     /// Files moved to `<state>/workspaces/<thread>/upper/quarantine` after an unclean stop.
     #[serde(default)]
     pub quarantined: u64,

@@ -26,6 +26,7 @@ impl Daemon {
         // The kernel's word, not the table's: a mount can be gone while the daemon still has its
         // session (taken away behind it).
         let in_kernel = m.is_some() && self.kernel_has(&rec.thread);
+        let quota = self.quota_of(rec.owner.uid);
         WorkspaceStatus {
             thread: rec.thread.clone(),
             project: rec.project.clone(),
@@ -44,6 +45,9 @@ impl Daemon {
                 .and_then(|m| m.core.changes().ok())
                 .map(|c| c.len() as u64)
                 .unwrap_or(0),
+            bytes_used: m.map(|m| m.core.bytes_used()),
+            owner_bytes: quota.map(|q| q.0),
+            owner_quota: quota.map(|q| q.1),
             quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
             damaged: m.map(|m| m.core.damaged().to_vec()).unwrap_or_default(),
             base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
@@ -89,6 +93,9 @@ impl Daemon {
             passthrough: None,
             transport: None,
             changed_paths: 0,
+            bytes_used: None,
+            owner_bytes: None,
+            owner_quota: None,
             quarantined: 0,
             damaged: Vec::new(),
             base_content_opens: 0,

@@ -135,6 +135,12 @@ struct SettingsState {
     /// `serve --io` (absent from a handover of a daemon that had no such setting: handles).
     #[serde(default)]
     io: String,
+    /// `serve --max-threads-per-user` (absent from an older daemon's handover: the default).
+    #[serde(default)]
+    max_threads_per_user: Option<usize>,
+    /// `serve --quota-per-user` (absent from an older daemon's handover: none).
+    #[serde(default)]
+    quota_per_user: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -461,6 +467,8 @@ impl Daemon {
                 fetch_timeout_secs: st.fetch_timeout_secs,
                 transport: transport_name(st.transport).into(),
                 io: st.io.to_string(),
+                max_threads_per_user: Some(st.max_threads_per_user),
+                quota_per_user: st.quota_per_user,
             },
             fds: fds.len(),
             lock_fd: 0,
@@ -629,6 +637,11 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         sweep_every: h.settings.sweep_every,
         fetch_timeout_secs: h.settings.fetch_timeout_secs,
         transport,
+        max_threads_per_user: h
+            .settings
+            .max_threads_per_user
+            .unwrap_or(super::limits::DEFAULT_MAX_THREADS_PER_USER),
+        quota_per_user: h.settings.quota_per_user,
     };
     crate::git::mirror::set_fetch_timeout(settings.fetch_timeout_secs);
     let daemon = match Daemon::new(layout.clone(), settings) {
@@ -730,7 +743,7 @@ fn build(
     let is_root = crate::sys::euid() == 0;
     let adapter = FuseAdapter::new(
         core.clone(),
-        is_root && daemon.settings.passthrough,
+        is_root && daemon.passthrough_for(rec.owner.uid),
         info.clone(),
     )
     .with_io(rec.io.unwrap_or(daemon.settings.io))

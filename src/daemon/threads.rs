@@ -164,6 +164,8 @@ impl Daemon {
             return Ok((path, notes));
         }
         self.check_root()?;
+        // A new live thread of its owner: counted against their cap before anything is written.
+        let slot = self.reserve_live(thread, owner.uid)?;
         // A thread another host moved on: its snapshot comes from the project's share remote.
         let (binding, shared_warning) = if git_ref.is_none() {
             self.adopt_shared(thread, binding, project, owner, c)?
@@ -260,6 +262,7 @@ impl Daemon {
                 return Err(e);
             }
         };
+        slot.keep();
         if let Some(mut b) = binding.clone().filter(|b| b.io != fork_io) {
             // The mode asked for at a resume stays the thread's.
             b.io = fork_io;

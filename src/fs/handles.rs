@@ -374,6 +374,8 @@ impl<B> Handles<B> {
     /// Writes `data` at `offset` of `fh`.
     pub fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let (file, ino) = self.upper_file(fh)?;
+        self.core
+            .grow_data(ino, offset.saturating_add(data.len() as u64))?;
         file.write_all_at(data, offset)
             .context(|| self.what(ino, true, "write"))?;
         u32::try_from(data.len()).map_err(|_| Errno::EINVAL.into())
@@ -395,6 +397,8 @@ impl<B> Handles<B> {
 
     pub fn fallocate(&self, fh: u64, mode: i32, offset: u64, length: u64) -> Result<(), FsError> {
         let (file, ino) = self.upper_file(fh)?;
+        self.core
+            .grow_for_fallocate(ino, &file, mode, offset, length)?;
         crate::sys::fallocate(&file, mode, offset, length)
             .context(|| self.what(ino, true, "fallocate"))
     }
@@ -416,6 +420,7 @@ impl<B> Handles<B> {
         let (src, _, _) = self.file(fh_in)?;
         let (dst, ino) = self.upper_file(fh_out)?;
         let len = len.min(u64::from(u32::MAX) & !0xfff);
+        let len = self.core.grow_for_copy(ino, &src, off_in, off_out, len)?;
         let n = crate::sys::copy_file_range(&src, off_in, &dst, off_out, len)
             .context(|| self.what(ino, true, "copy_file_range into"))?;
         u32::try_from(n).map_err(|_| FsError::eio("copy_file_range copied more than asked"))

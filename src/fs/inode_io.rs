@@ -268,9 +268,13 @@ impl InodeIo {
     /// Writes `data` at `offset` of `ino` (copied up first if it is base content).
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, FsError> {
         let file = self.writing(ino)?;
-        let r = file
-            .write_all_at(data, offset)
-            .context(|| self.what(ino, true, "write"));
+        let r = self
+            .core()
+            .grow_data(ino, offset.saturating_add(data.len() as u64))
+            .and_then(|()| {
+                file.write_all_at(data, offset)
+                    .context(|| self.what(ino, true, "write"))
+            });
         self.written(ino);
         r?;
         u32::try_from(data.len()).map_err(|_| Errno::EINVAL.into())
@@ -300,8 +304,13 @@ impl InodeIo {
 
     pub fn fallocate(&self, ino: u64, mode: i32, offset: u64, length: u64) -> Result<(), FsError> {
         let file = self.writing(ino)?;
-        let r = crate::sys::fallocate(&file, mode, offset, length)
-            .context(|| self.what(ino, true, "fallocate"));
+        let r = self
+            .core()
+            .grow_for_fallocate(ino, &file, mode, offset, length)
+            .and_then(|()| {
+                crate::sys::fallocate(&file, mode, offset, length)
+                    .context(|| self.what(ino, true, "fallocate"))
+            });
         self.written(ino);
         r
     }
@@ -330,8 +339,13 @@ impl InodeIo {
             }
         };
         let len = len.min(u64::from(u32::MAX) & !0xfff);
-        let r = crate::sys::copy_file_range(&src, off_in, &dst, off_out, len)
-            .context(|| self.what(ino_out, true, "copy_file_range into"));
+        let r = self
+            .core()
+            .grow_for_copy(ino_out, &src, off_in, off_out, len)
+            .and_then(|len| {
+                crate::sys::copy_file_range(&src, off_in, &dst, off_out, len)
+                    .context(|| self.what(ino_out, true, "copy_file_range into"))
+            });
         self.written(ino_out);
         u32::try_from(r?).map_err(|_| FsError::eio("copy_file_range copied more than asked"))
     }

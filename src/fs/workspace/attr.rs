@@ -443,8 +443,12 @@ impl WorkspaceFs {
             let f = self.open_data(ino)?;
             let data_file = || format!("data file {}", self.data_path(ino).display());
             if let Some(size) = set.size {
+                // Growing is charged first (a refused truncate changes nothing); what a shrink
+                // frees is given back once it is done.
+                self.grow_data(ino, size)?;
                 f.set_len(size)
                     .context(|| format!("truncating {}", data_file()))?;
+                self.upper.usage().shrunk(ino, size);
             }
             if data_times {
                 let mut times = std::fs::FileTimes::new();

@@ -267,6 +267,7 @@ impl WorkspaceFs {
                 f.set_len(0).context(|| {
                     format!("truncating data file {}", self.data_path(ino).display())
                 })?;
+                self.upper.usage().shrunk(ino, 0);
             }
             return Ok(Opened {
                 file: f,
@@ -281,6 +282,63 @@ impl WorkspaceFs {
             upper: false,
             write: false,
         })
+    }
+
+    // ----- bytes (docs/overlay.md "Quota") -----
+
+    /// The bytes this workspace's upper layer holds (its data files, as charged).
+    pub fn bytes_used(&self) -> u64 {
+        self.upper.usage().used()
+    }
+
+    /// Counts this workspace's bytes against its owner's quota from now on.
+    pub fn count_against(&self, user: Arc<crate::cow::quota::UserBytes>) {
+        self.upper.usage().attach(user)
+    }
+
+    /// Before `ino`'s data file may extend to `end` bytes: what it grows by is charged to the
+    /// owner's quota, or `EDQUOT` and the caller writes nothing.
+    pub fn grow_data(&self, ino: u64, end: u64) -> Result<(), FsError> {
+        self.upper.usage().grow(ino, end).map_err(FsError::from)
+    }
+
+    /// Before a `fallocate` of `mode` on `ino`'s data file `file`: charges what it may extend the
+    /// file to (its end, or with `FALLOC_FL_INSERT_RANGE` the size plus `length`; a kept size is
+    /// charged too: the blocks are allocated). Freeing modes (punching a hole, collapsing a range)
+    /// cost nothing; what they free is given back at the next load.
+    pub fn grow_for_fallocate(
+        &self,
+        ino: u64,
+        file: &File,
+        mode: i32,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), FsError> {
+        if mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_COLLAPSE_RANGE) != 0 {
+            return Ok(());
+        }
+        let end = if mode & libc::FALLOC_FL_INSERT_RANGE != 0 {
+            file.metadata()?.len().saturating_add(length)
+        } else {
+            offset.saturating_add(length)
+        };
+        self.grow_data(ino, end)
+    }
+
+    /// Before a `copy_file_range` of `len` bytes from `src` at `off_in` into `ino` at `off_out`:
+    /// charges what the target may grow by (no more than the source has from `off_in`), and
+    /// returns the length to copy.
+    pub fn grow_for_copy(
+        &self,
+        ino: u64,
+        src: &File,
+        off_in: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u64, FsError> {
+        let len = len.min(src.metadata()?.len().saturating_sub(off_in));
+        self.grow_data(ino, off_out.saturating_add(len))?;
+        Ok(len)
     }
 
     /// Where `ino`'s data file is (or would be) in the upper layer, for error messages.
