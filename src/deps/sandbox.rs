@@ -205,7 +205,7 @@ const DEVICES: [&str; 5] = [
 /// that is outside the system paths already allowed (`~/.local/bin/uv`, an nvm tree): the prefix
 /// above each one's `bin/`, resolved through symlinks. Never `/`, nor a directory holding `state`.
 fn install_prefixes(program: &str, state: &Path) -> Vec<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path = build_path();
     let mut out: Vec<PathBuf> = Vec::new();
     for name in [program, "node", "python3"] {
         let Some(found) = std::env::split_paths(&path)
@@ -298,6 +298,31 @@ pub fn ruleset(
     Ok(fd)
 }
 
+/// Whether every user may search `dir` and every directory above it (the "other" execute bit of
+/// each): what a build user with no groups can reach without an ACL of its own.
+fn reachable_by_anyone(dir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    dir.is_absolute()
+        && dir.ancestors().all(|d| {
+            std::fs::metadata(d).is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o001 != 0)
+        })
+}
+
+/// The build user's PATH: the daemon's, less the directories the build user cannot reach (a pyenv
+/// shim or an nvm tree under a 0700 `/root`), so a manager and the interpreter it looks for
+/// (`python3` for uv, `node`) are found where every user can run them — and a layer's venv never
+/// names an interpreter only root can run (its owner could not use it).
+fn build_path() -> String {
+    let path = std::env::var_os("PATH")
+        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .filter(|d| reachable_by_anyone(d))
+        .collect();
+    std::env::join_paths(dirs)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
 /// The environment a manager runs with: the daemon's PATH and LANG, the proxy and CA variables of
 /// the daemon's environment, HOME and TMPDIR (and the XDG directories) in `home`, and where the
 /// caches are (`cache`, when the command builds); nothing else.
@@ -312,12 +337,7 @@ fn manager_env(home: &Path, cache: Option<&Path>) -> Vec<(String, String)> {
     ];
     let h = |rel: &str| home.join(rel).to_string_lossy().into_owned();
     let mut env = vec![
-        (
-            "PATH".to_string(),
-            std::env::var("PATH").unwrap_or_else(|_| {
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
-            }),
-        ),
+        ("PATH".to_string(), build_path()),
         ("HOME".to_string(), home.to_string_lossy().into_owned()),
         ("TMPDIR".to_string(), h("tmp")),
         ("XDG_CONFIG_HOME".to_string(), h(".config")),
@@ -390,6 +410,23 @@ impl Sandbox {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_build_path_keeps_only_directories_every_user_reaches() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let base = tmp.path().canonicalize().expect("canonicalize");
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let private = base.join("private");
+        let open = base.join("open");
+        for (d, mode) in [(&private, 0o700), (&open, 0o755)] {
+            std::fs::create_dir_all(d.join("bin")).expect("mkdir");
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        }
+        assert!(reachable_by_anyone(&open.join("bin")));
+        assert!(!reachable_by_anyone(&private.join("bin")));
+        assert!(!reachable_by_anyone(Path::new("relative/bin")));
+        assert!(!reachable_by_anyone(&base.join("missing")));
+    }
 
     /// The sandbox as a build gets it, around a shell that reports what it is and tries to reach
     /// what it must not: its uid, NoNewPrivs, a root-only file, a write outside its directories,
