@@ -19,7 +19,7 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -97,12 +97,6 @@ fn state_of(d: &Daemon, thread: &str) -> String {
         .find_map(|l| l.strip_prefix("state:"))
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|| panic!("no state in {st}"))
-}
-
-fn open_the_way(d: &Daemon) {
-    for (p, mode) in [(&d.base, 0o711), (&d.state, 0o711), (&d.root, 0o755)] {
-        fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
-    }
 }
 
 #[test]

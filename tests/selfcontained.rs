@@ -11,23 +11,10 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::*;
-
-/// Lets other users reach `<state>` and `<root>` (the test's temporary directory is private).
-fn open_the_way(d: &Daemon) {
-    for p in [&d.base, &d.state] {
-        fs_chmod(p, 0o711);
-    }
-    fs_chmod(&d.root, 0o755);
-}
-
-fn fs_chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
-}
 
 /// An upstream with two commits, added as `project`, every listed user allowed.
 fn project(d: &Daemon, project: &str, users: &[&str]) -> GitRepo {
@@ -198,7 +185,7 @@ fn git_works_in_a_sandbox_that_binds_only_the_workspace() {
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     let ws = PathBuf::from(out.stdout_str().trim());
     // The user cannot reach the mirrors at all (an ACL grant's mask goes with the mode).
-    fs_chmod(&d.state.join("mirrors"), 0o700);
+    chmod(&d.state.join("mirrors"), 0o700);
     let host_log = |u: User| {
         let mut c = as_user(u, "git");
         c.arg("-C").arg(&ws).args(["log", "--format=%H %s"]);
@@ -249,7 +236,7 @@ fn git_works_in_a_sandbox_that_binds_only_the_workspace() {
         revoked.describe()
     );
     // Nor does another user, even allowed on the project, read it through this workspace.
-    fs_chmod(&ws, 0o755);
+    chmod(&ws, 0o755);
     let b = user_b();
     let mut c = as_user(b, "cat");
     c.arg(ws.join(".git/octofs/objects/info/packs"));
@@ -259,7 +246,7 @@ fn git_works_in_a_sandbox_that_binds_only_the_workspace() {
         "another user read the objects: {}",
         out.describe()
     );
-    fs_chmod(&ws, 0o700);
+    chmod(&ws, 0o700);
     d.cli_ok(["release", "t"]);
     d.cli_ok(["release", "t2"]);
 }

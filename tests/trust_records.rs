@@ -19,7 +19,6 @@ mod common;
 
 use common::*;
 use octofs::git::posix_record::{PosixEntry, PosixKind, PosixRecord};
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 /// A `security.capability` value the kernel accepts (v2 header, CAP_SYS_ADMIN permitted and
@@ -27,18 +26,6 @@ use std::path::Path;
 const CAPABILITY: [u8; 20] = [
     0x01, 0x00, 0x00, 0x02, 0x00, 0x00, 0x20, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
 ];
-
-fn chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-/// Lets other users reach `<state>` and `<root>` (the test's temporary directory is private).
-fn open_the_way(d: &Daemon) {
-    for p in [&d.base, &d.state] {
-        chmod(p, 0o711);
-    }
-    chmod(&d.root, 0o755);
-}
 
 /// A Python script run by `u` (or root) in `dir`: what a process of that user sees.
 fn py_as(u: Option<User>, dir: &Path, script: &str) -> Out {
@@ -206,13 +193,41 @@ fn forge(d: &Daemon, base: &str) -> String {
     .trim()
     .to_string();
     git(&r, ["update-ref", "refs/snapshots/feat", &commit]);
-    // Readable by everyone (a's credentials may be the ones that read it).
+    // Readable by everyone (a's credentials are the ones that read it).
     run(
         std::process::Command::new("chmod").args(["-R", "a+rX", r.to_str().unwrap()]),
         CMD_TIMEOUT,
     )
     .assert_ok();
     r.display().to_string()
+}
+
+/// A copy of the repository at `from` owned by `u`: the attacker serves its own repository (a
+/// remote a caller names is read with the caller's authority, and git reads no repository
+/// another user owns).
+fn owned_copy(d: &Daemon, from: &str, u: User) -> String {
+    let to = d.base.join(format!("forged-{}.git", u.uid));
+    git(
+        &d.base,
+        [
+            "clone",
+            "-q",
+            "--mirror",
+            "--no-local",
+            from,
+            to.to_str().unwrap(),
+        ],
+    );
+    run(
+        std::process::Command::new("chown").args([
+            "-R",
+            &format!("{}:{}", u.uid, u.gid),
+            to.to_str().unwrap(),
+        ]),
+        CMD_TIMEOUT,
+    )
+    .assert_ok();
+    to.display().to_string()
 }
 
 #[test]
@@ -228,8 +243,9 @@ fn a_forged_record_sets_only_what_the_owner_could() {
         .trim()
         .to_string();
     let remote = forge(&d, &base);
+    let theirs = owned_copy(&d, &remote, a);
 
-    let out = d.cli_as(a, &["pull", "t", "--remote", &remote, "--name", "feat"]);
+    let out = d.cli_as(a, &["pull", "t", "--remote", &theirs, "--name", "feat"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     // What a process of `a` sees, in a process started after the pull.
     let (u, g) = (a.uid, a.gid);

@@ -18,21 +18,13 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-
-fn chmod(p: &Path, mode: u32) {
-    fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
-}
 
 /// A daemon whose base, state and root an ordinary user can traverse (as on a host), a project
 /// `p`, and `a`'s thread `t` of it.
 fn setup(a: User) -> (Daemon, PathBuf) {
     let d = Daemon::start();
-    for p in [&d.base, &d.state] {
-        chmod(p, 0o711);
-    }
-    chmod(&d.root, 0o755);
+    open_the_way(&d);
     add_project(&d, "p", &[("README.md", "# p\n", 0o644)]);
     let out = d.cli_as(a, &["open", "t", "--project", "p"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());

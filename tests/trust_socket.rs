@@ -10,7 +10,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -24,20 +24,11 @@ fn git_as(u: User, dir: &Path, args: &[&str]) -> Out {
     run(&mut c, CMD_TIMEOUT)
 }
 
-/// Lets other users reach `<state>` and `<root>`: the test's temporary directory is private (0700);
-/// the daemon's own state modes are its business.
-fn open_the_way(d: &Daemon) {
-    for p in [&d.base, &d.state] {
-        fs_chmod(p, 0o711);
-    }
-    fs_chmod(&d.root, 0o755);
-}
-
 /// Takes every permission of group and others off everything in `<state>` but the socket (as a
 /// daemon with private state keeps it), leaving `<state>` itself searchable.
 fn make_state_private(d: &Daemon) {
     make_private(&d.state, &d.socket());
-    fs_chmod(&d.state, 0o711);
+    chmod(&d.state, 0o711);
 }
 
 /// `chmod -R go-rwx dir`, sparing `sock`.
@@ -47,7 +38,7 @@ fn make_private(dir: &Path, sock: &Path) {
         if m.file_type().is_symlink() || p == sock {
             return;
         }
-        fs_chmod(p, m.mode() & 0o700);
+        chmod(p, m.mode() & 0o700);
         if m.is_dir() {
             for e in std::fs::read_dir(p).expect("readdir") {
                 walk(&e.expect("entry").path(), sock);
@@ -55,10 +46,6 @@ fn make_private(dir: &Path, sock: &Path) {
         }
     }
     walk(dir, sock);
-}
-
-fn fs_chmod(p: &Path, mode: u32) {
-    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).expect("chmod");
 }
 
 /// An upstream with a couple of commits, added as `project` by root (extra `mirror add` arguments

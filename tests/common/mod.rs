@@ -1141,6 +1141,22 @@ pub fn ensure_user(name: &str) -> User {
     panic!("cannot create local user {name}");
 }
 
+/// `chmod` of one path.
+#[track_caller]
+pub fn chmod(p: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(p, fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// Lets other users reach the daemon's `<state>` (its socket) and `<root>` (their mounts), as on a
+/// host: the test's temporary directory is private.
+pub fn open_the_way(d: &Daemon) {
+    for p in [&d.base, &d.state] {
+        chmod(p, 0o711);
+    }
+    chmod(&d.root, 0o755);
+}
+
 /// The first unprivileged test user (`octofs-test-user`).
 pub fn user_a() -> User {
     ensure_user("octofs-test-user")
