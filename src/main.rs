@@ -607,6 +607,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                         .unwrap_or_else(|_| "info".into()),
                 )
                 .with_writer(std::io::stderr)
+                // Colour only on a terminal: the daemon's log file is plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             octofs::daemon::serve(
                 layout.clone(),
@@ -1235,6 +1237,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                         .unwrap_or_else(|_| "info".into()),
                 )
                 .with_writer(std::io::stderr)
+                // Colour only on a terminal: the daemon's log file is plain text.
+                .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             octofs::daemon::serve_takeover(layout.clone(), &from).map_err(|e| format!("{e:#}"))
         }

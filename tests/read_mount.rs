@@ -505,3 +505,30 @@ fn two_refs_side_by_side_match_git_archive() {
     // The mirror is byte-identical after all of the above.
     assert_same_listing("mirror", &mirror_before, &tree_listing(&mirror));
 }
+
+/// The daemon's log is plain text (no colour codes in a file), and an ioctl nobody serves — the
+/// `TCGETS` that `isatty` sends for every file a shell or editor opens — gets `ENOTTY` without a
+/// warning in the log for each one (issue 32, item 8).
+#[test]
+fn the_log_is_plain_text_and_a_terminal_ioctl_is_answered_quietly() {
+    let d = Daemon::start();
+    add_project(&d, "p", &[("README.md", "# p\n", 0o644)]);
+    let m = d.open_thread("t", &["--project", "p"]);
+    let script = "import fcntl, sys, termios\n\
+                  try:\n    fcntl.ioctl(open(sys.argv[1]), termios.TCGETS, bytes(64))\n    print('answered')\n\
+                  except OSError as e:\n    print(e.errno)\n";
+    let out = sh(
+        "python3",
+        ["-c", script, m.join("README.md").to_str().unwrap()],
+    );
+    // ENOTTY is 25 on Linux.
+    assert_eq!(out.stdout_str().trim(), "25", "{}", out.describe());
+    d.cli_ok(["release", "t"]);
+    let log = d.log_text();
+    assert!(log.contains("mounted"), "{log}");
+    assert!(
+        !log.contains('\x1b'),
+        "colour codes in the log file:\n{log}"
+    );
+    assert!(!log.contains("Not Implemented"), "{log}");
+}

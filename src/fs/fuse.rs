@@ -25,10 +25,10 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     AccessFlags, BackingId, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle,
-    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
-    ReplyEntry, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus,
+    ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 
 use super::failures::{Cx, failed};
@@ -986,6 +986,23 @@ impl Filesystem for FuseAdapter {
         let _t = self.info.stats.time(Op::Fsyncdir);
         let cx = Cx::new(Op::Fsyncdir, _i.0, None);
         empty(&cx, reply, self.core.sync_catalog());
+    }
+
+    /// No ioctl is served: `ENOTTY`, what the kernel makes of fuser's default `ENOSYS` anyway and
+    /// what a regular file answers to a terminal's `TCGETS` (every shell and editor asks), without
+    /// the default's warning in the log for each one.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn statfs(&self, _req: &Request, _i: INodeNo, reply: ReplyStatfs) {
