@@ -73,15 +73,7 @@ fn in_sandbox(u: Option<User>, ws: &Path, script: &str) -> Out {
         Some(u) => as_user(u, "bwrap"),
         None => {
             let mut c = Command::new("bwrap");
-            c.env("HOME", "/nonexistent")
-                .env("GIT_CONFIG_GLOBAL", "/dev/null")
-                .env("GIT_CONFIG_NOSYSTEM", "1")
-                .env("GIT_AUTHOR_NAME", "Agent")
-                .env("GIT_AUTHOR_EMAIL", "agent@example.invalid")
-                .env("GIT_COMMITTER_NAME", "Agent")
-                .env("GIT_COMMITTER_EMAIL", "agent@example.invalid")
-                .env_remove("GIT_DIR")
-                .env_remove("GIT_WORK_TREE");
+            agent_env(&mut c);
             c
         }
     };

@@ -1183,20 +1183,25 @@ pub fn as_user_in(u: User, groups: &[u32], program: impl AsRef<std::ffi::OsStr>)
         let list: Vec<String> = groups.iter().map(u32::to_string).collect();
         c.arg(format!("--groups={}", list.join(",")));
     }
-    c.arg("--")
-        .arg(program)
-        .env("HOME", "/nonexistent")
+    c.arg("--").arg(program);
+    agent_env(&mut c)
+        .env_remove("OCTOFS_STATE")
+        .env_remove("OCTOFS_ROOT");
+    c
+}
+
+/// The neutral environment an agent's process gets in tests (no home, no host git configuration,
+/// a fixed identity, no repository named by the environment).
+pub fn agent_env(c: &mut Command) -> &mut Command {
+    c.env("HOME", "/nonexistent")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_AUTHOR_NAME", "Agent")
         .env("GIT_AUTHOR_EMAIL", "agent@example.invalid")
         .env("GIT_COMMITTER_NAME", "Agent")
         .env("GIT_COMMITTER_EMAIL", "agent@example.invalid")
-        .env_remove("OCTOFS_STATE")
-        .env_remove("OCTOFS_ROOT")
         .env_remove("GIT_DIR")
-        .env_remove("GIT_WORK_TREE");
-    c
+        .env_remove("GIT_WORK_TREE")
 }
 
 /// Raises this process's soft limit of open descriptors to at least `n` (as far as the hard limit
