@@ -814,7 +814,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let _t = self.info.stats.time(Op::Release);
         if let Some(v) = self.virt(i.0) {
-            v.release(fh.0);
+            v.release(i.0, fh.0);
             return reply.ok();
         }
         // No-open: handle 0 stands for no handle (files are held by inode, see inode_io.rs).

@@ -51,22 +51,41 @@ pub fn is_virtual(ino: u64) -> bool {
     ino & VIRTUAL == VIRTUAL
 }
 
+/// The number of the host file or directory `md` describes: derived from its identity (device,
+/// inode number and birth time), never from the order of lookups. The same file has the same number
+/// in every daemon, so the kernel's inodes (and their cached pages) stay right across `octofs
+/// restart`; a file replaced under its name (a rewritten `commit-graph`), or a new file that reuses
+/// a freed inode number, is another number, so the kernel never mixes their pages.
+fn number(md: &std::fs::Metadata) -> u64 {
+    let born = md
+        .created()
+        .ok()
+        .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let mut h = blake3::Hasher::new();
+    h.update(&md.dev().to_le_bytes());
+    h.update(&md.ino().to_le_bytes());
+    h.update(&born.as_secs().to_le_bytes());
+    h.update(&born.subsec_nanos().to_le_bytes());
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    // Below the two fixed numbers is never chosen.
+    VIRTUAL | (u64::from_le_bytes(b) & !VIRTUAL).max(2)
+}
+
 /// A name the kernel knows in the subtree below `objects`.
 struct Node {
     /// Relative to the mirror's `.git/objects`.
     rel: PathBuf,
-    /// The host file it stands for: a file replaced under the same name (a rewritten
-    /// `commit-graph`) is another inode, so the kernel never mixes their pages.
-    host: (u64, u64),
     lookups: u64,
 }
 
 #[derive(Default)]
 struct Table {
     nodes: HashMap<u64, Node>,
-    by_host: HashMap<(u64, u64), u64>,
-    next: u64,
-    files: HashMap<u64, Arc<File>>,
+    /// Open handles and the number each was opened for (a handle of a daemon before a restart
+    /// may be a number this one gave another file).
+    files: HashMap<u64, (u64, Arc<File>)>,
     next_fh: u64,
 }
 
@@ -108,8 +127,11 @@ impl MirrorObjects {
             gid,
             allowed,
             table: Mutex::new(Table {
-                next: 2,
-                next_fh: 1,
+                // Handles of a daemon before a restart reach this one: counting from the clock
+                // keeps the two ranges apart.
+                next_fh: SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64 | 1),
                 ..Table::default()
             }),
             refused: AtomicU64::new(0),
@@ -134,16 +156,49 @@ impl MirrorObjects {
 
     /// The host path of a virtual directory or file (relative to the objects directory).
     fn rel(&self, ino: u64) -> Result<PathBuf, FsError> {
-        match ino {
-            OBJECTS_INO => Ok(PathBuf::from(".")),
-            _ => self
-                .table()
-                .nodes
-                .get(&ino)
-                .map(|n| n.rel.clone())
-                // Forgotten, or known to a daemon before a restart: the kernel looks it up again.
-                .ok_or_else(|| Errno::ESTALE.into()),
+        if ino == OBJECTS_INO {
+            return Ok(PathBuf::from("."));
         }
+        if let Some(n) = self.table().nodes.get(&ino) {
+            return Ok(n.rel.clone());
+        }
+        // Known to the kernel from a daemon before a restart (an open file, a cwd): the same file
+        // has the same number here, so it is found by walking the directory once.
+        self.find(ino).ok_or_else(|| Errno::ESTALE.into())
+    }
+
+    /// Looks for the file or directory numbered `ino` in the objects directory (its layout is
+    /// shallow: `pack/`, `info/commit-graphs/`, the loose objects' fan-out), and remembers it.
+    fn find(&self, ino: u64) -> Option<PathBuf> {
+        let mut dirs = vec![PathBuf::from(".")];
+        for _depth in 0..3 {
+            let mut next = Vec::new();
+            for dir in dirs {
+                let Ok(f) = crate::sys::open_beneath(
+                    &self.root,
+                    &dir,
+                    libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+                ) else {
+                    continue;
+                };
+                for name in dir_names(&f).unwrap_or_default() {
+                    let rel = dir.join(&name);
+                    let Ok(md) = self.stat(&rel) else { continue };
+                    if number(&md) == ino {
+                        self.table().nodes.entry(ino).or_insert(Node {
+                            rel: rel.clone(),
+                            lookups: 0,
+                        });
+                        return Some(rel);
+                    }
+                    if md.is_dir() {
+                        next.push(rel);
+                    }
+                }
+            }
+            dirs = next;
+        }
+        None
     }
 
     fn attr(&self, ino: u64, md: &std::fs::Metadata) -> FileAttr {
@@ -196,19 +251,14 @@ impl MirrorObjects {
 
     /// The inode number for `rel`, counting `lookups` more references of the kernel.
     fn intern(&self, rel: PathBuf, md: &std::fs::Metadata, lookups: u64) -> u64 {
-        let host = (md.dev(), md.ino());
+        let ino = number(md);
         let mut t = self.table();
-        if let Some(&ino) = t.by_host.get(&host)
-            && let Some(n) = t.nodes.get_mut(&ino)
-        {
-            n.lookups += lookups;
-            n.rel = rel;
-            return ino;
-        }
-        let ino = VIRTUAL | t.next;
-        t.next += 1;
-        t.by_host.insert(host, ino);
-        t.nodes.insert(ino, Node { rel, host, lookups });
+        let n = t.nodes.entry(ino).or_insert(Node {
+            rel: PathBuf::new(),
+            lookups: 0,
+        });
+        n.lookups += lookups;
+        n.rel = rel;
         ino
     }
 
@@ -246,8 +296,8 @@ impl MirrorObjects {
             }
             None => false,
         };
-        if gone && let Some(node) = t.nodes.remove(&ino) {
-            t.by_host.remove(&node.host);
+        if gone {
+            t.nodes.remove(&ino);
         }
     }
 
@@ -278,8 +328,8 @@ impl MirrorObjects {
         let f = self.open_file(ino)?;
         let mut t = self.table();
         let fh = t.next_fh;
-        t.next_fh += 1;
-        t.files.insert(fh, f.clone());
+        t.next_fh = t.next_fh.wrapping_add(1).max(1);
+        t.files.insert(fh, (ino, f.clone()));
         Ok((fh, f))
     }
 
@@ -295,10 +345,20 @@ impl MirrorObjects {
             return Err(Errno::ENOENT.into());
         }
         // Replaced under its name since the lookup: this inode is gone.
-        if self.table().nodes.get(&ino).map(|n| n.host) != Some((md.dev(), md.ino())) {
+        if number(&md) != ino {
             return Err(Errno::ESTALE.into());
         }
         Ok(Arc::new(f))
+    }
+
+    /// The file open as `fh` for `ino`, or (a handle from before a restart, or none) the file
+    /// opened again by its number.
+    fn held(&self, ino: u64, fh: u64) -> Result<Arc<File>, FsError> {
+        let held = self.table().files.get(&fh).cloned();
+        match held {
+            Some((n, f)) if fh != 0 && n == ino => Ok(f),
+            _ => self.open_file(ino),
+        }
     }
 
     /// Reads from an open handle, or (no-open mounts, `fh` 0) from the file by inode.
@@ -311,11 +371,7 @@ impl MirrorObjects {
         size: u32,
     ) -> Result<Vec<u8>, FsError> {
         self.check(caller)?;
-        let held = self.table().files.get(&fh).cloned();
-        let f = match held {
-            Some(f) if fh != 0 => f,
-            _ => self.open_file(ino)?,
-        };
+        let f = self.held(ino, fh)?;
         let mut buf = vec![0u8; size as usize];
         let mut got = 0;
         while got < buf.len() {
@@ -340,16 +396,15 @@ impl MirrorObjects {
         whence: i32,
     ) -> Result<i64, FsError> {
         self.check(caller)?;
-        let held = self.table().files.get(&fh).cloned();
-        let f = match held {
-            Some(f) if fh != 0 => f,
-            _ => self.open_file(ino)?,
-        };
+        let f = self.held(ino, fh)?;
         crate::sys::lseek(&f, offset, whence).map_err(io)
     }
 
-    pub fn release(&self, fh: u64) {
-        self.table().files.remove(&fh);
+    pub fn release(&self, ino: u64, fh: u64) {
+        let mut t = self.table();
+        if t.files.get(&fh).is_some_and(|(n, _)| *n == ino) {
+            t.files.remove(&fh);
+        }
     }
 
     /// The entries of a virtual directory after `.` and `..`, sorted by name, each with its
