@@ -18,6 +18,7 @@
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 //! - [`hooks`]: commit hooks, run by the CLI in a mount as the workspace's owner (never by the daemon).
+//! - [`run`]: `octofs run`, a command in a bubblewrap sandbox that sees only the workspace.
 //! - [`doctor`]: finds (and with `--fix` repairs what is safe of) what crashes and kills left behind
 //!   in the state directory and under the root, reading them directly.
 
@@ -38,6 +39,7 @@ pub mod names;
 pub mod own_repo;
 pub mod records;
 pub mod repo;
+pub mod run;
 #[allow(unsafe_code)]
 pub mod sys;
 #[allow(unsafe_code)]

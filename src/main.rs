@@ -187,6 +187,34 @@ enum Cmd {
         #[arg(long)]
         since: Option<String>,
     },
+    /// Run CMD in a sandbox that sees only the thread's workspace (bubblewrap, as the caller):
+    /// the workspace read-write at /work (its working directory), /usr and /etc read-only, fresh
+    /// /proc, /dev and /tmp, no network, a clean environment. Opens the thread first if needed
+    /// (as `open`); `release --when-idle` waits for the sandbox. Exits with CMD's status.
+    Run {
+        thread: String,
+        /// The project the thread is bound to (as for `open`)
+        #[arg(long)]
+        project: Option<String>,
+        /// Revision to fork at when the thread is new (as for `open`)
+        #[arg(long = "ref")]
+        git_ref: Option<String>,
+        /// Where the workspace appears inside the sandbox
+        #[arg(long, value_name = "PATH", default_value = octofs::run::DEFAULT_AT)]
+        at: PathBuf,
+        /// A host path bound read-only at the same place (a toolchain, a package store); repeatable
+        #[arg(long = "ro", value_name = "PATH")]
+        ro: Vec<PathBuf>,
+        /// Share the host's network
+        #[arg(long)]
+        net: bool,
+        /// KEY=VALUE set inside (after the defaults PATH, HOME=/tmp, TERM, LANG); repeatable
+        #[arg(long = "env", value_name = "KEY=VALUE", value_parser = octofs::run::parse_env)]
+        env: Vec<(String, String)>,
+        /// The command and its arguments
+        #[arg(last = true, required = true, value_name = "CMD")]
+        cmd: Vec<std::ffi::OsString>,
+    },
     /// Find stale or hung mounts, orphaned or broken workspaces, corrupt cache files and indexes,
     /// and moved mirrors; exits non-zero while anything is left unresolved
     Doctor {
@@ -567,6 +595,53 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
         Cmd::Watch { thread, since } => {
             validate(NameKind::Thread, &thread)?;
             watch(layout, thread, since)
+        }
+        Cmd::Run {
+            thread,
+            project,
+            git_ref,
+            at,
+            ro,
+            net,
+            env,
+            cmd,
+        } => {
+            validate(NameKind::Thread, &thread)?;
+            if let Some(p) = &project {
+                validate(NameKind::Project, p)?;
+            }
+            if !at.is_absolute() {
+                return Err(format!("--at {} is not an absolute path", at.display()));
+            }
+            if let Some(p) = ro.iter().find(|p| !p.is_absolute()) {
+                return Err(format!("--ro {} is not an absolute path", p.display()));
+            }
+            let bwrap = octofs::run::bwrap()?;
+            let opened: Opened = parse(request(
+                layout,
+                Request::Open {
+                    thread,
+                    project,
+                    git_ref,
+                    io: None,
+                },
+            )?)?;
+            let sb = octofs::run::Sandbox {
+                at: Some(at),
+                ro,
+                net,
+                env,
+            };
+            let args = octofs::run::bwrap_args(
+                std::path::Path::new(&opened.path),
+                &sb,
+                &cmd,
+                std::env::var_os("TERM"),
+                std::env::var_os("LANG"),
+            );
+            use std::os::unix::process::CommandExt;
+            let e = std::process::Command::new(&bwrap).args(args).exec();
+            Err(format!("cannot start {}: {e}", bwrap.display()))
         }
         Cmd::Doctor { fix, json } => {
             let r = octofs::doctor::run(layout, fix);

@@ -251,6 +251,45 @@ pub fn fuse_mount_at(path: &Path) -> Option<(String, String)> {
     top
 }
 
+/// A place where the FUSE mount at `path` is also mounted, other than `path` itself: a bind of the
+/// workspace into a sandbox's mount namespace (bubblewrap's `--bind <ws> /work`, a container's
+/// volume) or elsewhere on the host. Such a copy holds the connection open and is used by processes
+/// the host mount's own busy check never sees (their references are on the copy). Copies at the same
+/// path in other namespaces (a service's namespace made while the workspace was mounted) are not
+/// counted: an unmount propagates to them. Found by reading the mountinfo of one process of every
+/// mount namespace (only mount tables are read); answers the first one found, as a pid and the path
+/// inside its namespace.
+pub fn bound_elsewhere(path: &Path) -> Option<(u32, PathBuf)> {
+    let (dev, _) = fuse_mount_at(path)?;
+    let mut seen = std::collections::HashSet::new();
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/mnt")) else {
+            continue;
+        };
+        if !seen.insert(ns) {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")) else {
+            continue;
+        };
+        for line in text.lines() {
+            let f: Vec<&str> = line.split(' ').take(5).collect();
+            if f.get(2) != Some(&dev.as_str()) {
+                continue;
+            }
+            let Some(mp) = f.get(4) else { continue };
+            let mp = PathBuf::from(unescape_mountinfo(mp));
+            if mp != path {
+                return Some((pid, mp));
+            }
+        }
+    }
+    None
+}
+
 /// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
 fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
     let b = s.as_bytes();

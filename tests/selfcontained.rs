@@ -251,3 +251,191 @@ fn git_works_in_a_sandbox_of_root_s_thread() {
     git_works_in(None, &ws, &repo, &d.mirror("p"));
     d.cli_ok(["release", "r"]);
 }
+
+/// The status line `state:` of a thread.
+fn state_of(d: &Daemon, thread: &str) -> String {
+    let st = d.cli_ok(["status", thread]);
+    st.lines()
+        .find_map(|l| l.strip_prefix("state:"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| panic!("no state in {st}"))
+}
+
+/// `octofs run` as an ordinary user: one command opens the thread and runs in a sandbox that
+/// sees the workspace at `/work` and nothing writable of the host. A loop in such a sandbox goes
+/// on across `octofs restart` without an error, and `release --when-idle` waits until the sandbox
+/// is gone — also while no process of it has its cwd in the workspace (its bind still reaches it)
+/// — then saves everything. Failed before: there was no `run`, and a sandbox's bind of the
+/// workspace was not seen by the busy check (its references are on the copy of the mount), so
+/// `release --when-idle` released at once under a working sandbox.
+#[test]
+fn octofs_run_sandboxes_a_command_across_a_restart_and_release_waits_for_it() {
+    let a = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    project(&d, "p", &["octofs-test-user"]);
+    let out = d.cli_as(
+        a,
+        &[
+            "run",
+            "t",
+            "--project",
+            "p",
+            "--",
+            "sh",
+            "-ec",
+            "pwd; git log --format=%s; git status --porcelain; echo made > made.txt; ls /",
+        ],
+    );
+    let text = ok(&out);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("/work"));
+    assert_eq!(lines.next(), Some("second"));
+    assert_eq!(lines.next(), Some("initial"));
+    let top: Vec<&str> = lines.collect();
+    let allowed = [
+        "bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "proc", "dev", "tmp",
+        "work",
+    ];
+    assert!(
+        top.iter().all(|n| allowed.contains(n)),
+        "the sandbox sees more of the host: {top:?}"
+    );
+    let ws = d.mount("t");
+    assert_eq!(read_ws(&ws.join("made.txt")).unwrap(), b"made\n");
+
+    // A working sandbox across a restart.
+    let log = d.base.join("sandbox.out");
+    let script = "n=0
+while [ ! -e stop ]; do
+  git status --porcelain >/dev/null || echo FAIL status
+  [ \"$(cat made.txt)\" = made ] || echo FAIL read
+  n=$((n+1)); echo $n > count.txt
+  sleep 0.05
+done
+cd /tmp
+sleep 1.5
+echo done";
+    let mut c = as_user(a, bin());
+    c.arg("--state")
+        .arg(&d.state)
+        .arg("--root")
+        .arg(&d.root)
+        .args(["run", "t", "--", "sh", "-c", script])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .current_dir("/");
+    let mut sandbox = c.spawn().expect("octofs run");
+    let count = |ws: &Path| -> u64 {
+        read_ws(&ws.join("count.txt"))
+            .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let t0 = std::time::Instant::now();
+    while count(&ws) < 3 {
+        assert!(
+            t0.elapsed() < CMD_TIMEOUT,
+            "the sandbox's loop did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // (Each `run` opens the thread; one caller counts once.)
+    let out = d.cli_as(a, &["release", "t", "--when-idle"]);
+    assert!(out.stdout_str().contains("pending"), "{}", out.describe());
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(is_mounted(&ws), "released under a working sandbox");
+    let out = d.cli(["restart"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let before = count(&ws);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        count(&ws) > before,
+        "the sandbox's loop stopped after the restart"
+    );
+
+    // The loop ends and the sandbox sleeps in its /tmp: its bind still holds the workspace.
+    let mut t = as_user(a, "touch");
+    t.arg(ws.join("stop"));
+    ok(&run(&mut t, CMD_TIMEOUT));
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(
+        is_mounted(&ws),
+        "released while the sandbox still had it bound"
+    );
+    assert_eq!(state_of(&d, "t"), "mounted");
+    let status = wait_timeout(&mut sandbox, CMD_TIMEOUT).expect("the sandbox ends");
+    assert!(status.success(), "octofs run: {status:?}");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!said.contains("FAIL") && said.ends_with("done\n"), "{said}");
+    let t0 = std::time::Instant::now();
+    while state_of(&d, "t") != "released" {
+        assert!(
+            t0.elapsed() < CMD_TIMEOUT,
+            "not released once the sandbox left"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let final_count = count(&ws);
+    assert_eq!(final_count, 0, "the mount point still shows files");
+    let out = d.cli_as(a, &["open", "t"]);
+    assert!(out.success(), "{}", out.describe());
+    assert_eq!(read_ws(&ws.join("made.txt")).unwrap(), b"made\n");
+    assert!(
+        count(&ws) > before,
+        "the sandbox's last writes were not saved"
+    );
+    d.cli_ok(["release", "t"]);
+}
+
+/// A from-scratch `cargo build` of a crate in `octofs run`, the toolchain bound read-only, its
+/// binary run, and `git status` clean (the target directory is ignored).
+#[test]
+fn a_from_scratch_cargo_build_runs_in_octofs_run() {
+    let d = Daemon::start();
+    let repo = GitRepo::init(&d.base.join("up-c"));
+    repo.write(
+        "Cargo.toml",
+        "[package]\nname = \"hello\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+    );
+    repo.write(
+        "src/main.rs",
+        "mod answer;\nfn main() {\n    println!(\"hello from octofs {}\", answer::ANSWER);\n}\n",
+    );
+    repo.write("src/answer.rs", "pub const ANSWER: u32 = 42;\n");
+    repo.write(".gitignore", "/target\n/Cargo.lock\n");
+    repo.commit_all("a crate", DATE1);
+    d.cli_ok(["mirror", "add", "c", repo.path.to_str().unwrap()]);
+    let sysroot = String::from_utf8(
+        Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()
+            .expect("rustc")
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_string();
+    let path = format!("PATH={sysroot}/bin:/usr/bin:/bin");
+    let out = run(
+        d.command().args([
+            "run",
+            "c",
+            "--project",
+            "c",
+            "--ro",
+            &sysroot,
+            "--env",
+            &path,
+            "--env",
+            "CARGO_HOME=/tmp/cargo",
+            "--",
+            "sh",
+            "-ec",
+            "cargo build --offline -q 2>&1; ./target/debug/hello; git status --porcelain",
+        ]),
+        std::time::Duration::from_secs(300),
+    );
+    assert_eq!(ok(&out), "hello from octofs 42\n");
+    d.cli_ok(["release", "c"]);
+}

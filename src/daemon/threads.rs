@@ -683,6 +683,16 @@ impl Daemon {
                 self.layout.mountpoint(thread).display()
             )));
         }
+        if !force
+            && served
+            && let Some((pid, at)) = crate::sys::bound_elsewhere(&self.layout.mountpoint(thread))
+        {
+            return Err(Error::Refused(format!(
+                "{} is busy: it is also mounted at {} for process {pid} (a sandbox or a bind); stop it or use --force",
+                self.layout.mountpoint(thread).display(),
+                at.display()
+            )));
+        }
         // A workspace created moments ago: its background sync ends before it is taken apart.
         let core = lock(&self.mounts).get(thread).map(|m| m.core.clone());
         if let Some(core) = core {
@@ -735,7 +745,7 @@ impl Daemon {
         // (`served` first, as a statement of its own: the guard of `mounts` must be gone before
         // `is_busy` walks the mount.)
         let served = lock(&self.mounts).contains_key(thread);
-        if !served || !crate::sys::is_busy(&self.layout.mountpoint(thread)) {
+        if !served || !self.in_use(thread) {
             // Idle now (checked once: a second check in a row would unmount it behind us).
             return self.release_locked(thread, true, false);
         }
@@ -754,6 +764,16 @@ impl Daemon {
             },
             vec![],
         ))
+    }
+
+    /// Whether a process uses the thread's mount: on the host (its cwd, root, open files or
+    /// mappings) or through a copy of the mount elsewhere, such as a sandbox's bind
+    /// (`sys::bound_elsewhere`).
+    fn in_use(&self, thread: &str) -> bool {
+        let at = self.layout.mountpoint(thread);
+        // The copies first: an idle answer of `is_busy` marks the mount expired, and a second one
+        // in a row would unmount it.
+        crate::sys::bound_elsewhere(&at).is_some() || crate::sys::is_busy(&at)
     }
 
     /// Whether any `release --when-idle` waits (the timer asks before it does any work).
@@ -779,7 +799,7 @@ impl Daemon {
                 }
             };
             let served = lock(&self.mounts).contains_key(&thread);
-            if served && crate::sys::is_busy(&self.layout.mountpoint(&thread)) {
+            if served && self.in_use(&thread) {
                 continue;
             }
             lock(&self.idle_waits).remove(&thread);
