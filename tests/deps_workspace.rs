@@ -172,6 +172,15 @@ fn npm_layer_is_ready_in_every_workspace_and_costs_no_disk() {
         "true"
     );
     assert!(in_dir(&ws, &["npm", "test"]).contains("tests pass"));
+    // And in a sandbox that sees only the workspace (`octofs run`, docs/sandbox.md): the layer is
+    // part of what the mount presents.
+    let sandboxed = run(d.command().args(["run", "w0", "--", "npm", "test"]), NET);
+    sandboxed.assert_ok();
+    assert!(
+        sandboxed.stdout_str().contains("tests pass"),
+        "{}",
+        sandboxed.describe()
+    );
     let status = parse_json("status", &d.cli_ok(["status", "w0", "--json"]));
     assert!(
         status["layers"].to_string().contains("node_modules"),
