@@ -402,3 +402,34 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A workspace mounted by an older daemon, whose alternates still name the mirror by its host path,
+/// is pointed at the objects inside the mount when `octofs restart` hands it over (as a mount
+/// does), so git in a sandbox finds its history without a release. Failed before: only a mount
+/// rewrote the path, and a handed-over workspace kept the host path until its next mount.
+#[test]
+fn a_handover_makes_an_old_workspace_s_alternates_relative() {
+    let d = Daemon::start();
+    let files: Vec<(&str, &str, u32)> = FILES.iter().map(|(p, c)| (*p, *c, 0o644)).collect();
+    add_project(&d, "p", &files);
+    let m = d.open_thread("old", &["--project", "p"]);
+    let alt = m.join(".git/objects/info/alternates");
+    let host = format!("{}\n", d.mirror("p").join(".git/objects").display());
+    let a = alt.clone();
+    let h = host.clone();
+    fsop("write the old alternates", move || {
+        fs::write(&a, h).unwrap()
+    });
+    assert_eq!(read_ws(&alt).unwrap(), host.as_bytes());
+    let out = d.cli(["restart"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let got = in_mount(None, &m, "cat", &[".git/objects/info/alternates"]);
+    assert_eq!(
+        got.stdout_str(),
+        "../octofs/objects\n",
+        "{}",
+        got.describe()
+    );
+    let log = in_mount(None, &m, "git", &["log", "--format=%s"]);
+    assert_eq!(log.stdout_str(), "initial\n", "{}", log.describe());
+}

@@ -119,7 +119,7 @@ impl Daemon {
     /// sandbox that binds only the workspace finds the history too. Anything else there (the
     /// owner's own alternates) is left alone. A failure is logged: the old path still works on
     /// the host.
-    fn relative_alternates(&self, rec: &WorkspaceRecord, core: &WorkspaceFs) {
+    pub(super) fn relative_alternates(&self, rec: &WorkspaceRecord, core: &WorkspaceFs) {
         let path: [&[u8]; 4] = [b".git", b"objects", b"info", b"alternates"];
         let host = self
             .layout

@@ -680,6 +680,8 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
             lock(&daemon.idle_waits).insert(thread.clone());
         }
         let dev = super::mounts::kernel_dev(&path, &thread);
+        let name = thread.clone();
+        let relative = core.clone();
         lock(&daemon.mounts).insert(
             thread,
             Mounted {
@@ -691,6 +693,12 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
                 dev,
             },
         );
+        // A workspace an older daemon mounted may still name the mirror by its host path: pointed
+        // at the objects inside the mount as a mount does, now that it is served here.
+        if let Ok(Some(rec)) = WorkspaceRecord::load(&layout, &name) {
+            daemon.relative_alternates(&rec, &relative);
+            daemon.tell_kernel(&name);
+        }
     }
     tracing::info!(old_pid = h.old_pid, "took over every mount");
     *lock(&ACK) = Some(s);
