@@ -254,11 +254,17 @@ impl Daemon {
             HeadRef::Branch(_) => HeadRef::Branch(own),
             HeadRef::Detached => HeadRef::Detached,
         };
+        // The source's repository (refs, stash, config) comes along, without the source's own
+        // branch: `to` has its own.
+        let record = record
+            .map(|r| {
+                super::repo_record::without_ref(&repo, r, &format!("refs/heads/octofs/{from}"), to)
+            })
+            .transpose()?;
         let mut message = snap::message(to, &head_ref, &snap::SnapshotOwner::local(me.uid));
         if let Some(b) = posix {
             message.push_str(&posix_record::trailer(b));
         }
-        // The source's repository (refs, stash, config) comes along: `to` keeps the same record.
         if let Some(r) = record {
             message.push_str(&super::repo_record::trailer(r));
         }

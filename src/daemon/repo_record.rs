@@ -16,7 +16,8 @@
 //! commit the refs and reflogs name, after the previous record: so the record and all it needs are
 //! reachable from one ref, and a push or fetch of that ref moves them. The snapshot commit names
 //! its record with the trailer `Octofs-Repo: <id>`. An unchanged record (same tree) is the
-//! previous commit: nothing is written.
+//! previous commit: nothing is written. A fork or teleport files the source's record for the new
+//! thread without the source's own branch `octofs/<from>` ([`without_ref`]).
 //!
 //! Privilege (DESIGN.md "Privilege separation"): the daemon reads the workspace's `.git` only
 //! through the core (no symlink followed, every file bounded), never runs git there and never
@@ -464,6 +465,58 @@ pub(super) fn set_ref(repo: &gix::Repository, thread: &str, record: ObjectId) ->
     Ok(())
 }
 
+/// The record `record` without the ref `name` (the same commit when it has none): a fork's or a
+/// teleport's record, without the source thread's own branch `octofs/<from>` (HEAD goes on the
+/// new thread's own). Same parents: everything stays reachable.
+pub(super) fn without_ref(
+    repo: &gix::Repository,
+    record: ObjectId,
+    name: &str,
+    thread: &str,
+) -> Result<ObjectId, Error> {
+    let what = || format!("the repository record {record} is missing or unreadable");
+    let (tree, parents, ..) = snap::commit_info(repo, record).context(what)?;
+    let t = repo.find_tree(tree).context(what)?;
+    let mut entries: Vec<Entry> = t
+        .decode()
+        .context(what)?
+        .entries
+        .iter()
+        .map(|e| Entry {
+            mode: e.mode,
+            filename: e.filename.to_owned(),
+            oid: e.oid.to_owned(),
+        })
+        .collect();
+    let Some(refs) = entries.iter_mut().find(|e| e.filename == "refs") else {
+        return Ok(record);
+    };
+    let text = repo.find_object(refs.oid).context(what)?.detach().data;
+    let suffix = format!(" {name}");
+    let kept: Vec<u8> = text
+        .split_inclusive(|b| *b == b'\n')
+        .filter(|l| {
+            !l.strip_suffix(b"\n")
+                .unwrap_or(l)
+                .ends_with(suffix.as_bytes())
+        })
+        .flatten()
+        .copied()
+        .collect();
+    if kept == text {
+        return Ok(record);
+    }
+    refs.oid = put(repo, Kind::Blob, &kept)?;
+    let tree = put_tree(repo, entries)?;
+    snap::write_commit(
+        repo,
+        tree,
+        parents,
+        &format!("octofs repository record of thread {thread}\n"),
+    )
+    .map_err(Into::into)
+}
+
 /// A record, admitted: what a resume writes into the new workspace's `.git`.
 #[derive(Debug, Default)]
 pub(super) struct Restore {
@@ -698,6 +751,54 @@ mod tests {
         );
         assert_eq!(record_of(msg.as_bytes()), Some(id));
         assert_eq!(record_of(b"octofs snapshot of thread t\n"), None);
+    }
+
+    /// A forged record (as a share remote may hand over) gives nothing the owner's git could not
+    /// make: refs outside `refs/`, inside `refs/octomate/`, with `..`, to missing objects, and a
+    /// tag whose bytes are another object's are each left out and named.
+    #[test]
+    fn a_forged_record_keeps_only_plain_refs_to_objects_the_mirror_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path()).unwrap();
+        let empty = put_tree(&repo, vec![]).unwrap();
+        let c = snap::write_commit(&repo, empty, vec![], "base\n").unwrap();
+        let missing = ObjectId::from_hex(b"1234567890123456789012345678901234567890").unwrap();
+        let refs = format!(
+            "{c} refs/heads/ok\n{c} refs/octomate/threads/x\n{c} refs/heads/../../evil\n\
+             {c} HEAD\nsymref refs/heads/ok refs/remotes/u/HEAD\nsymref ../x refs/heads/s\n\
+             {missing} refs/heads/gone\nnot a ref at all\n"
+        );
+        let forged_tag = put(&repo, Kind::Blob, b"object 0\ntype commit\n").unwrap();
+        let tags = put_tree(
+            &repo,
+            vec![entry(&missing.to_string(), EntryKind::Blob, forged_tag)],
+        )
+        .unwrap();
+        let tree = put_tree(
+            &repo,
+            vec![
+                entry(
+                    "refs",
+                    EntryKind::Blob,
+                    put(&repo, Kind::Blob, refs.as_bytes()).unwrap(),
+                ),
+                entry("tags", EntryKind::Tree, tags),
+            ],
+        )
+        .unwrap();
+        let record = snap::write_commit(&repo, tree, vec![c], "record\n").unwrap();
+        let r = load(&repo, record, "snapshot x").unwrap();
+        assert_eq!(r.refs, vec![("refs/heads/ok".to_string(), c, None)]);
+        assert_eq!(
+            r.symbolic,
+            vec![(
+                "refs/remotes/u/HEAD".to_string(),
+                "refs/heads/ok".to_string()
+            )]
+        );
+        assert_eq!(r.left_out.len(), 7, "{:?}", r.left_out);
+        assert!(!repo.has_object(missing), "a forged tag reached the mirror");
+        assert!(r.left_out.iter().all(|w| !w.contains('\n')));
     }
 
     #[test]
