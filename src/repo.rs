@@ -189,23 +189,26 @@ pub fn refresh_fsmonitor(
     let Some(config) = workspace_config_bytes(core).map_err(e)? else {
         return Ok(false);
     };
-    let link = layout.fsmonitor_link(thread);
-    let ours = |value: &str| {
-        value == link.to_string_lossy()
-            || (value.ends_with(&format!(" fsmonitor {thread}"))
-                && value.contains(" --state ")
-                && value.contains(" --root ")
-                && value
-                    .split(' ')
-                    .next()
-                    .is_some_and(|exe| exe.trim_end_matches('\'').ends_with("octofs")))
-    };
+    let ours = |value: &str| octofs_fsmonitor(layout, thread, value);
     let Some(updated) = replace_core_fsmonitor(&config, &cmd, ours) else {
         return Ok(false);
     };
     core.put_file_quietly(&[".git"], "config", &updated)
         .map_err(e)?;
     Ok(true)
+}
+
+/// Whether `value` of `core.fsmonitor` is a command octofs wrote for `thread`: the link
+/// `<state>/fsmonitor-<thread>`, or `<octofs> --state … --root … fsmonitor <thread>`.
+pub fn octofs_fsmonitor(layout: &Layout, thread: &str, value: &str) -> bool {
+    value == layout.fsmonitor_link(thread).to_string_lossy()
+        || (value.ends_with(&format!(" fsmonitor {thread}"))
+            && value.contains(" --state ")
+            && value.contains(" --root ")
+            && value
+                .split(' ')
+                .next()
+                .is_some_and(|exe| exe.trim_end_matches('\'').ends_with("octofs")))
 }
 
 /// The largest `.git/config` the daemon reads (bigger ones are not a git config).
@@ -228,7 +231,7 @@ pub fn workspace_config_bytes(core: &WorkspaceFs) -> Result<Option<Vec<u8>>, cra
 /// `config` with the value of `core.fsmonitor` replaced by `cmd` where `ours` says octofs wrote
 /// it; `None` when nothing changes. Only the simple `key = value` lines octofs writes are
 /// considered (a value with quotes, escapes or a continuation is the owner's).
-fn replace_core_fsmonitor(
+pub fn replace_core_fsmonitor(
     config: &[u8],
     cmd: &str,
     ours: impl Fn(&str) -> bool,
@@ -294,6 +297,15 @@ fn fsmonitor_link(layout: &Layout, thread: &str, exe: &Path) -> std::io::Result<
     Ok(Some(text.to_string()))
 }
 
+/// Whether a workspace presents the mirror's ref `name` (its tags, and its upstream's branches:
+/// `refs/remotes/origin/*` when the project has an origin, else `refs/heads/*`).
+pub fn presented(name: &str, has_origin: bool) -> bool {
+    !name.starts_with("refs/octomate/")
+        && (name.starts_with("refs/tags/")
+            || (has_origin && name.starts_with("refs/remotes/origin/"))
+            || (!has_origin && name.starts_with("refs/heads/")))
+}
+
 /// Plans the `.git` of a new workspace of `project` with HEAD at `head_commit`, on `branch` (or
 /// detached), from `repo`, the project's mirror (the daemon's open handle: its refs are read
 /// from disk at each call).
@@ -308,12 +320,7 @@ pub fn plan(
 ) -> Result<RepoPlan, Error> {
     let mirror = layout.mirror(&project.project);
     let has_origin = project.kind != UpstreamKind::Directory;
-    let keep = |name: &str| {
-        !name.starts_with("refs/octomate/")
-            && (name.starts_with("refs/tags/")
-                || (has_origin && name.starts_with("refs/remotes/origin/"))
-                || (!has_origin && name.starts_with("refs/heads/")))
-    };
+    let keep = |name: &str| presented(name, has_origin);
     let listed = mirror_refs(repo)?;
     let origin_head = listed.symbolic.into_iter().find_map(|(name, target)| {
         (name == "refs/remotes/origin/HEAD" && keep(&name)).then_some(target)

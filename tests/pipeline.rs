@@ -530,6 +530,27 @@ fn commits_carry_the_workspaces_identity() {
     );
 }
 
+/// Issue 30, item 1: the identity the agent configured survives release and open (its
+/// `.git/config` is kept, as data), so `octofs commit` after a resume authors as the agent, as
+/// `git commit` there does. Failed before: the resumed config had no `user.name`, and the commit
+/// was `octofs <octofs@localhost>`.
+#[test]
+fn commits_after_a_resume_carry_the_workspaces_identity() {
+    let d = Daemon::start();
+    bare_project(&d, "p", FILES);
+    let ws = d.open_thread("tr", &["--project", "p"]);
+    g(&ws, &["config", "user.name", "Agent Smith"]);
+    g(&ws, &["config", "user.email", "smith@example.invalid"]);
+    d.cli_ok(["release", "tr"]);
+    let ws = d.open_thread("tr", &[]);
+    put(&ws, "a.txt", b"alpha 3\n");
+    d.cli_ok(["commit", "tr", "-m", "after the resume"]);
+    assert_eq!(
+        g(&ws, &["log", "-1", "--format=%an <%ae>|%cn <%ce>"]),
+        "Agent Smith <smith@example.invalid>|Agent Smith <smith@example.invalid>"
+    );
+}
+
 #[test]
 fn hooks_run_in_the_workspace_as_its_owner() {
     let d = Daemon::start();

@@ -347,3 +347,175 @@ fn a_shared_thread_opens_only_for_its_owner() {
     out.assert_failed();
     h2.cli_ok(["release", "theirs"]);
 }
+
+/// What `git` shows of a workspace's repository besides its files (issue 30, item 1).
+#[derive(Debug, PartialEq, Clone)]
+struct Repository {
+    refs: Vec<String>,
+    stash: String,
+    config: Vec<String>,
+    exclude: String,
+    logs: Vec<String>,
+    head_reflog: String,
+}
+
+#[track_caller]
+fn repository(mount: &Path) -> Repository {
+    let refs: Vec<String> = g(
+        mount,
+        &[
+            "for-each-ref",
+            "--format=%(refname) %(objectname) %(*objectname)",
+        ],
+    )
+    .lines()
+    // (`refs/octomate/saved` is octofs's mark of the last snapshot.)
+    .filter(|l| !l.starts_with("refs/octomate/"))
+    .map(str::to_string)
+    .collect();
+    let logs = refs
+        .iter()
+        .filter(|r| r.starts_with("refs/heads/") || r.starts_with("refs/tags/"))
+        .map(|r| {
+            let name = r.split(' ').next().unwrap();
+            format!("{name}: {}", g(mount, &["log", "--format=%H %an %s", name]))
+        })
+        .collect();
+    Repository {
+        refs,
+        stash: g(mount, &["stash", "list", "--format=%H %gd %gs"]),
+        config: g(mount, &["config", "--local", "--list"])
+            .lines()
+            .map(str::to_string)
+            .collect(),
+        exclude: String::from_utf8(read_ws(&mount.join(".git/info/exclude")).unwrap()).unwrap(),
+        logs,
+        head_reflog: g(mount, &["reflog", "--format=%H %gs"]),
+    }
+}
+
+/// The same repository in another workspace: `core.fsmonitor` names that workspace's hook, and
+/// the branch HEAD is on there (`own`) is that workspace's.
+fn elsewhere(r: &Repository, own: Option<&str>) -> Repository {
+    let mut r = r.clone();
+    r.config.retain(|l| !l.starts_with("core.fsmonitor="));
+    if let Some(own) = own {
+        let own = format!("refs/heads/{own} ");
+        r.refs.retain(|l| !l.starts_with(&own));
+        r.logs.retain(|l| !l.starts_with(&own.replace(' ', ":")));
+    }
+    r
+}
+
+/// Issue 30, item 1: a release keeps the whole repository — other branches (also one made by
+/// `git worktree add -b`), a lightweight and an annotated tag, two stashes (one with a staged new
+/// file), the agent's config (identity, a remote it added), `.git/info/exclude` and HEAD's reflog —
+/// through release and open, fork, teleport and a move to another host through the share, in both
+/// I/O modes; `git stash pop` works at the end. Failed before: after release and open only HEAD's
+/// branch was there (`refs` differed: no `work`, `side`, tags or `refs/stash`).
+#[test]
+fn a_release_keeps_the_whole_repository() {
+    for io in [&[][..], &["--io", "no-open"][..]] {
+        let Hosts { h1, h2, share: _ } = hosts(&[("a.txt", "alpha\n"), ("b.txt", "bravo\n")]);
+        let mut args = vec!["--project", "p"];
+        args.extend_from_slice(io);
+        let m = h1.open_thread("r", &args);
+        let outside = h1.base.join("linked");
+        g(&m, &["checkout", "-q", "-b", "work"]);
+        in_ws(&m, "printf 'work\\n' > w.txt");
+        g(&m, &["add", "w.txt"]);
+        g(&m, &["commit", "-q", "-m", "on work"]);
+        g(&m, &["checkout", "-q", "-b", "side"]);
+        in_ws(&m, "printf 'side\\n' > s.txt");
+        g(&m, &["add", "s.txt"]);
+        g(&m, &["commit", "-q", "-m", "on side"]);
+        g(&m, &["tag", "-a", "v-agent", "-m", "an annotated tag"]);
+        g(&m, &["tag", "light", "HEAD~1"]);
+        g(&m, &["checkout", "-q", "work"]);
+        g(
+            &m,
+            &[
+                "worktree",
+                "add",
+                "-q",
+                "-b",
+                "linked",
+                outside.to_str().unwrap(),
+            ],
+        );
+        in_ws(&outside, "printf 'linked\\n' > l.txt");
+        g(&outside, &["add", "l.txt"]);
+        g(&outside, &["commit", "-q", "-m", "in the linked worktree"]);
+        in_ws(&m, "printf 'first stash\\n' > a.txt");
+        g(&m, &["stash", "push", "-q", "-m", "first"]);
+        in_ws(&m, "printf 'staged\\n' > new.txt");
+        g(&m, &["add", "new.txt"]);
+        in_ws(&m, "printf 'second stash\\n' > b.txt");
+        g(&m, &["stash", "push", "-q", "-m", "second"]);
+        g(&m, &["config", "user.name", "Agent Smith"]);
+        g(&m, &["config", "user.email", "smith@example.invalid"]);
+        g(
+            &m,
+            &[
+                "remote",
+                "add",
+                "upstream2",
+                "https://example.invalid/x.git",
+            ],
+        );
+        in_ws(&m, "printf 'secret.txt\\n' >> .git/info/exclude");
+        in_ws(&m, "printf 'uncommitted\\n' > u.txt");
+        let before = repository(&m);
+        assert_eq!(before.stash.lines().count(), 2, "{before:?}");
+        assert!(
+            before
+                .refs
+                .iter()
+                .any(|r| r.starts_with("refs/heads/linked "))
+        );
+
+        // Release and open: everything, the config byte for byte.
+        h1.cli_ok(["release", "r"]);
+        let m = h1.open_thread("r", &[]);
+        assert_eq!(repository(&m), before, "after release and open ({io:?})");
+        assert_eq!(read_ws(&m.join("u.txt")).unwrap(), b"uncommitted\n");
+
+        // Fork and teleport: the same repository (HEAD on the fork's own branch).
+        h1.cli_ok(["fork", "r", "r2"]);
+        let m2 = h1.mount("r2");
+        // (The source's own branch `octofs/r` stays the source's.)
+        let carried = elsewhere(&before, Some("octofs/r"));
+        assert_eq!(
+            elsewhere(&repository(&m2), Some("octofs/r2")),
+            carried,
+            "after fork ({io:?})"
+        );
+        h1.cli_ok(["teleport", "r", "r3"]);
+        let m3 = h1.mount("r3");
+        assert_eq!(
+            elsewhere(&repository(&m3), None),
+            carried,
+            "after teleport ({io:?})"
+        );
+        assert!(
+            g(&m3, &["config", "core.fsmonitor"]).ends_with("fsmonitor-r3"),
+            "the teleported config runs another thread's hook"
+        );
+
+        // To host 2 through the share; the stash pops there.
+        h1.cli_ok(["release", "r"]);
+        let m = h2.open_thread("r", &["--project", "p"]);
+        assert_eq!(
+            elsewhere(&repository(&m), None),
+            elsewhere(&before, None),
+            "on host 2 ({io:?})"
+        );
+        g(&m, &["stash", "pop", "-q"]);
+        assert_eq!(read_ws(&m.join("b.txt")).unwrap(), b"second stash\n");
+        assert_eq!(read_ws(&m.join("new.txt")).unwrap(), b"staged\n");
+        assert_eq!(g(&m, &["stash", "list", "--format=%gs"]), "On work: first");
+        for (d, t) in [(&h1, "r2"), (&h1, "r3"), (&h2, "r")] {
+            d.cli_ok(["release", t]);
+        }
+    }
+}

@@ -45,6 +45,7 @@ mod posix;
 pub mod proto;
 mod pull;
 mod push;
+mod repo_record;
 mod resync;
 mod server;
 mod share;

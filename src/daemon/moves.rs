@@ -214,7 +214,7 @@ impl Daemon {
 
         // 2. Filed as `to`'s first snapshot: same tree and parent, `to`'s branch in its trailer.
         let repo = snap::open(&self.layout.mirror(&project))?;
-        let (head, head_ref, tree, posix) = match state {
+        let (head, head_ref, tree, posix, record) = match state {
             Some(s) => {
                 let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
                 let head = *parents
@@ -225,6 +225,7 @@ impl Daemon {
                     snap::head_of(&message),
                     tree,
                     posix_record::blob_of(&message),
+                    super::repo_record::record_of(&message),
                 )
             }
             None => {
@@ -240,7 +241,7 @@ impl Daemon {
                     .clone()
                     .map(HeadRef::Branch)
                     .unwrap_or(HeadRef::Detached);
-                (head, head_ref, tree, None)
+                (head, head_ref, tree, None, None)
             }
         };
         let own = format!("octofs/{to}");
@@ -253,13 +254,26 @@ impl Daemon {
             HeadRef::Branch(_) => HeadRef::Branch(own),
             HeadRef::Detached => HeadRef::Detached,
         };
+        // The source's repository (refs, stash, config) comes along, without the source's own
+        // branch: `to` has its own.
+        let record = record
+            .map(|r| {
+                super::repo_record::without_ref(&repo, r, &format!("refs/heads/octofs/{from}"), to)
+            })
+            .transpose()?;
         let mut message = snap::message(to, &head_ref, &snap::SnapshotOwner::local(me.uid));
         if let Some(b) = posix {
             message.push_str(&posix_record::trailer(b));
         }
+        if let Some(r) = record {
+            message.push_str(&super::repo_record::trailer(r));
+        }
         let commit = snap::write_commit(&repo, tree, vec![head], &message)?;
         if let Some(b) = posix {
             posix_record::keep(&repo, to, commit, b)?;
+        }
+        if let Some(r) = record {
+            super::repo_record::set_ref(&repo, to, r)?;
         }
         let tref = snap::thread_ref(to);
         snap::cas_ref(
@@ -510,6 +524,7 @@ impl Daemon {
         if posix {
             refs.push((posix_record::posix_ref(to), None));
         }
+        refs.push((super::repo_record::repo_ref(to), None));
         for (name, expected) in refs {
             let mut git = crate::git::Git::new(Some(&mirror)).args(["update-ref", "-d", &name]);
             if let Some(e) = expected {

@@ -1,7 +1,8 @@
 //! Threads that move between hosts: a project's share remote (a bare repository or any git
 //! server; `mirror add … --share` or `mirror set … --share`) holds every thread's last snapshot as
-//! `refs/octomate/threads/<thread>`, and the record of what its tree cannot hold as
-//! `refs/octomate/posix/<thread>`.
+//! `refs/octomate/threads/<thread>`, the record of what its tree cannot hold as
+//! `refs/octomate/posix/<thread>`, and the rest of its repository (refs, stash, config) as
+//! `refs/octomate/repo/<thread>` (`repo_record`).
 //!
 //! Two moves, both plain git: after every snapshot of a project's thread (explicit, release,
 //! fork/teleport, the sweep) the thread's ref is pushed to the share as a fast-forward only — a
@@ -81,11 +82,13 @@ impl Daemon {
         let pushed = (|| {
             let target = mirror::share_target(&share)?;
             let repo = snap::open(&mirror)?;
-            let forced: Vec<(gix::ObjectId, String)> =
-                snap::read_ref(&repo, &posix_record::posix_ref(thread))
-                    .map(|id| (id, posix_record::posix_ref(thread)))
-                    .into_iter()
-                    .collect();
+            let forced: Vec<(gix::ObjectId, String)> = [
+                posix_record::posix_ref(thread),
+                super::repo_record::repo_ref(thread),
+            ]
+            .into_iter()
+            .filter_map(|name| snap::read_ref(&repo, &name).map(|id| (id, name)))
+            .collect();
             Ok::<_, Error>(mirror::push_ref(
                 &mirror,
                 &target,
@@ -149,6 +152,12 @@ impl Daemon {
                     &posix_record::posix_ref(thread),
                     &fetched_posix_ref(thread),
                 )?;
+                mirror::fetch_ref(
+                    &mirror_dir,
+                    &target,
+                    &super::repo_record::repo_ref(thread),
+                    &super::repo_record::fetched_repo_ref(thread),
+                )?;
             }
             Ok::<_, Error>(tip)
         })();
@@ -209,6 +218,13 @@ impl Daemon {
             theirs,
             &format!("octofs: snapshot of {thread} from the share"),
         )?;
+        // Its repository record (fetched above) becomes the thread's here: the next snapshot
+        // builds on it, and it stays reachable.
+        if let Some(r) = super::repo_record::record_of(&message)
+            && repo.has_object(r)
+        {
+            super::repo_record::set_ref(&repo, thread, r)?;
+        }
         tracing::info!(
             %thread, snapshot = %theirs, %share,
             ms = started.elapsed().as_millis() as u64,

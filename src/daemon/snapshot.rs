@@ -435,6 +435,10 @@ impl Daemon {
             tracing::info!(%thread, %head, objects = n, "carried the agent's commits");
             repo = snap::open(&mirror)?;
         }
+        // The rest of the workspace's repository: its refs, stash, config (`repo_record`).
+        let has_origin = crate::git::mirror::require(&self.layout, project)?.kind
+            != crate::git::mirror::UpstreamKind::Directory;
+        let record = super::repo_record::save(&core, &self.layout, &repo, thread, has_origin)?;
         spans.mark(Span::Keep);
         let tree = snap::build_tree(&repo, onto, &edits, clock)?;
         spans.mark(Span::Tree);
@@ -451,6 +455,7 @@ impl Daemon {
         if let Some(b) = posix {
             message.push_str(&posix_record::trailer(b));
         }
+        message.push_str(&super::repo_record::trailer(record));
         spans.mark(Span::Posix);
         if let Some(p) = prev {
             let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
@@ -458,6 +463,7 @@ impl Daemon {
                 && pparents.first() == Some(&head)
                 && snap::head_of(&pmsg) == head_ref
                 && posix_record::blob_of(&pmsg) == posix
+                && super::repo_record::record_of(&pmsg) == Some(record)
             {
                 self.mark_saved(rec, &core, &p.to_string(), view.generation, view.taken_at)?;
                 core.snapshot_saved(view.epoch, tree);

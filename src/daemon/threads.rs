@@ -424,6 +424,24 @@ impl Daemon {
                 )
             })?;
             plan.installed = super::layers::installed_stamp(&rec.layers);
+            // The rest of the resumed snapshot's repository (refs, stash, config): its refs go
+            // into the plan, its files after the seed (`repo_record`).
+            let record = match &fork.saved {
+                Some(s) => {
+                    let id = gix::ObjectId::from_hex(s.as_bytes())
+                        .context(|| format!("saved snapshot id {s:?}"))?;
+                    let repo = snap::open(&self.layout.mirror(&fork.project))?;
+                    let (_, _, message, _) = snap::commit_info(&repo, id)?;
+                    let shown = format!("snapshot {}", s.get(..12).unwrap_or(s));
+                    super::repo_record::record_of(&message)
+                        .map(|r| super::repo_record::load(&repo, r, &shown))
+                        .transpose()?
+                }
+                None => None,
+            };
+            if let Some(r) = &record {
+                r.amend(&mut plan);
+            }
             let planned = us(t0);
             let index = {
                 let il = self.locks.get(&super::mirrors::index_lock_key(
@@ -446,6 +464,9 @@ impl Daemon {
             let seeded = core.seeding(
                 || {
                     crate::repo::seed(&core, &plan, &index, fork.base_time)?;
+                    if let Some(r) = &record {
+                        r.write(&core, &plan.fsmonitor)?;
+                    }
                     let seeded = us(t0);
                     let mut diffed = seeded;
                     if let Some((from, to)) = fork.apply {
@@ -456,7 +477,10 @@ impl Daemon {
                     }
                     let applied = us(t0);
                     let mut bookkeeping = Vec::new();
-                    let mut left = Vec::new();
+                    let mut left: Vec<String> = record
+                        .as_ref()
+                        .map(|r| r.left_out.clone())
+                        .unwrap_or_default();
                     if let Some(s) = &fork.saved {
                         let id = gix::ObjectId::from_hex(s.as_bytes())
                             .context(|| format!("saved snapshot id {s:?}"))?;
@@ -465,11 +489,11 @@ impl Daemon {
                         // remote (DESIGN.md "Privilege separation").
                         let who = super::posix::authority(&owner);
                         let parts = super::posix::restore(&core, &repo, id, &who)?;
-                        left = super::posix::left_out_warnings(
+                        left.extend(super::posix::left_out_warnings(
                             &format!("snapshot {}", s.get(..12).unwrap_or(s)),
                             &who,
                             &parts,
-                        );
+                        ));
                         // The saved mark goes with the same batch (it is octofs's bookkeeping,
                         // not a change of the workspace's state).
                         bookkeeping.push(

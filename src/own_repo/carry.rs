@@ -42,6 +42,22 @@ pub fn carry(
     thread: &str,
     head: ObjectId,
 ) -> Result<usize, Error> {
+    let written = carry_reachable(core, state, repo, &[head], &HashSet::new())?;
+    set_ref(repo, &heads_ref(thread), head)?;
+    Ok(written)
+}
+
+/// Copies every object reachable from `tips` that the mirror `repo` lacks out of the workspace
+/// into the mirror (as [`carry`], no ref moves). A tip in `optional` that the workspace no longer
+/// has (a reflog's old entry after a gc) is skipped; any other missing object is an error.
+/// Returns how many objects were written.
+pub fn carry_reachable(
+    core: &WorkspaceFs,
+    state: &Path,
+    repo: &gix::Repository,
+    tips: &[ObjectId],
+    optional: &HashSet<ObjectId>,
+) -> Result<usize, Error> {
     let scratch = Scratch::new(state, "objects")?;
     let objects = scratch.path().join("objects");
     std::fs::create_dir_all(objects.join("pack")).map_err(|source| Error::CreatePrivate {
@@ -54,7 +70,7 @@ pub fn carry(
             source,
         })?;
     let mut packs_copied = false;
-    let mut todo = vec![head];
+    let mut todo = tips.to_vec();
     let mut seen = HashSet::new();
     let mut written = 0;
     let mut buf = Vec::new();
@@ -82,6 +98,9 @@ pub fn carry(
             kind = find(&odb, &id, &mut buf)?;
         }
         let Some(kind) = kind else {
+            if optional.contains(&id) {
+                continue;
+            }
             return Err(Error::ObjectMissing { id });
         };
         let data = buf.as_slice();
@@ -111,7 +130,6 @@ pub fn carry(
             .map_err(|source| Error::WriteObject { id, source })?;
         written += 1;
     }
-    set_ref(repo, &heads_ref(thread), head)?;
     Ok(written)
 }
 
