@@ -62,6 +62,15 @@ impl Daemon {
             }
             .into(),
             users: if m.is_some() { rec.users.max(1) } else { 0 },
+            user_names: if m.is_some() {
+                rec.holders()
+                    .iter()
+                    .map(|u| crate::access::user_label(*u))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            owner: crate::access::user_label(rec.owner.uid),
             chat: rec.chat,
             release_when_idle: rec.release_when_idle,
             layers: rec.layers.clone(),
@@ -102,6 +111,8 @@ impl Daemon {
             last_snapshot: last,
             state: "released".into(),
             users: 0,
+            user_names: Vec::new(),
+            owner: crate::access::user_label(b.owner.uid),
             chat: false,
             release_when_idle: false,
             layers: Vec::new(),
