@@ -3,7 +3,7 @@
 //! takes it from the socket's peer credentials.
 //!
 //! Every command's answer (the response's `result`) has a type here, which the daemon serializes
-//! and the CLI reads: `mirror add` and `mirror list` [`MirrorInfo`], `mirror access` [`Access`],
+//! and the CLI reads: `mirror add` and `mirror list` [`MirrorInfo`], `mirror access` [`AccessAnswer`],
 //! `mirror sync` [`SyncOutcome`], `open` [`Opened`], `list` and `status` [`WorkspaceStatus`],
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
