@@ -215,6 +215,9 @@ pub fn print_status(w: &WorkspaceStatus) {
     if !w.owner.is_empty() {
         println!("owner:         {}", w.owner);
     }
+    if let Some(a) = &w.access {
+        println!("access:        {a}");
+    }
     if w.users > 1 {
         println!("users:         {} ({})", w.users, w.user_names.join(", "));
     }

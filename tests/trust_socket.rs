@@ -379,9 +379,25 @@ fn revoking_a_user_takes_back_the_objects_grant() {
         "a revoked user still reads the project's history: {}",
         revoked.describe()
     );
-    // git says why: the history it cannot reach is octofs's alternate of the project's objects.
+    // git says what it cannot reach (octofs's alternate of the project's objects), and the
+    // thread's status says why.
     let err = revoked.stderr_str();
     assert!(err.contains("octofs/objects"), "{}", revoked.describe());
+    let st = d.cli_as(b, &["status", "tb"]);
+    st.assert_ok();
+    assert!(
+        st.stdout_str()
+            .lines()
+            .any(|l| l.starts_with("access:") && l.contains("revoked") && l.contains("project p")),
+        "{}",
+        st.describe()
+    );
+    assert!(
+        !d.cli_as(a, &["status", "ta"])
+            .stdout_str()
+            .contains("access:"),
+        "the user still allowed is told of a revocation"
+    );
     // Granting it back applies to the same mount at once: no reopen.
     let said = d.cli_ok([
         "mirror",
@@ -411,6 +427,11 @@ fn revoking_a_user_takes_back_the_objects_grant() {
         status.describe()
     );
     assert_eq!(status.stdout_str(), "");
+    assert!(
+        !d.cli_as(b, &["status", "tb"])
+            .stdout_str()
+            .contains("access:")
+    );
     // Nothing else changed: both threads are still their owners' to save and release.
     d.cli_as(a, &["release", "ta"]).assert_ok();
     d.cli_as(b, &["release", "tb"]).assert_ok();

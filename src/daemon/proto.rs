@@ -321,6 +321,10 @@ pub struct WorkspaceStatus {
     /// The thread's owner: a user name, or a uid without a name.
     #[serde(default)]
     pub owner: String,
+    /// Set when the owner may no longer bind the project (`mirror access`): why git in the
+    /// workspace cannot read the history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<String>,
     /// A chat workspace (no project; never saved).
     #[serde(default)]
     pub chat: bool,
