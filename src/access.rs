@@ -38,6 +38,11 @@ pub fn describe_uid(uid: u32) -> String {
     }
 }
 
+/// `uid`'s user name, or the number when it has none (a column of `list`).
+pub fn user_label(uid: u32) -> String {
+    crate::sys::user_name(uid).unwrap_or_else(|| uid.to_string())
+}
+
 const ACCESS: &str = "system.posix_acl_access";
 const DEFAULT: &str = "system.posix_acl_default";
 const VERSION: u32 = 2;

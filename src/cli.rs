@@ -2,6 +2,8 @@
 //! request is sent (durations, upstreams, who may bind a project) and how answers are printed for
 //! people. Nothing here talks to the daemon.
 
+use std::time::{Duration, Instant};
+
 use octofs::daemon::proto::{self, Access, StatsReport, WorkspaceStatus};
 
 /// Who may bind a project; without any, every local user may.
@@ -115,6 +117,86 @@ pub fn short(id: &str) -> &str {
     id.get(..12).unwrap_or(id)
 }
 
+/// Who may bind a project, on one line: `anyone`, or `users=a,b groups=g` (names where the host
+/// has them).
+pub fn access_line(a: &Access) -> String {
+    if a.is_open() {
+        return "anyone".into();
+    }
+    let mut parts = Vec::new();
+    if !a.users.is_empty() {
+        let users: Vec<String> = a
+            .users
+            .iter()
+            .map(|u| octofs::access::user_label(*u))
+            .collect();
+        parts.push(format!("users={}", users.join(",")));
+    }
+    if !a.groups.is_empty() {
+        let groups: Vec<String> = a.groups.iter().map(|g| g.to_string()).collect();
+        parts.push(format!("groups={}", groups.join(",")));
+    }
+    parts.join(" ")
+}
+
+/// How often `octofs watch` asks the daemon for new journal entries.
+pub const WATCH_POLL: Duration = Duration::from_millis(100);
+/// The most a line of `octofs watch` is held back while its path keeps changing.
+pub const WATCH_HOLD_MAX: Duration = Duration::from_secs(1);
+
+/// The lines of `octofs watch` held back until their paths have been quiet for one poll
+/// ([`WATCH_POLL`], 100 ms): one change made of several requests (`echo x > file` is an open
+/// with truncation, a write and a close; `sed -i` creates, writes, chmods and renames its temp
+/// file) is one line per path, the last, whose kind says what the path is now and whose token
+/// resumes after all of them. Paths keep the order of their last change. A path changing without
+/// pause is still reported every [`WATCH_HOLD_MAX`].
+#[derive(Default)]
+pub struct Coalesce {
+    /// (path key, line), oldest first.
+    held: Vec<(String, serde_json::Value)>,
+    /// When the oldest held line arrived, and whether the last poll brought anything.
+    since: Option<Instant>,
+    fresh: bool,
+}
+
+impl Coalesce {
+    /// Takes one poll's lines (each replaces a held line of the same path).
+    pub fn add(&mut self, lines: impl IntoIterator<Item = serde_json::Value>) {
+        self.fresh = false;
+        for v in lines {
+            let key = match v.get("path_hex").and_then(|h| h.as_str()) {
+                Some(h) => format!("hex:{h}"),
+                None => format!("path:{}", v["path"].as_str().unwrap_or("")),
+            };
+            self.held.retain(|(k, _)| *k != key);
+            self.held.push((key, v));
+            self.fresh = true;
+        }
+        if self.fresh && self.since.is_none() {
+            self.since = Some(Instant::now());
+        }
+    }
+
+    /// The lines to print after a poll: every held line once a poll brought nothing new, or once
+    /// the oldest has waited [`WATCH_HOLD_MAX`].
+    pub fn due(&mut self, now: Instant) -> Vec<serde_json::Value> {
+        let waited = self
+            .since
+            .is_some_and(|t| now.duration_since(t) >= WATCH_HOLD_MAX);
+        if self.fresh && !waited {
+            return Vec::new();
+        }
+        self.flush()
+    }
+
+    /// Every held line, now.
+    pub fn flush(&mut self) -> Vec<serde_json::Value> {
+        self.since = None;
+        self.fresh = false;
+        self.held.drain(..).map(|(_, v)| v).collect()
+    }
+}
+
 /// `octofs status` for people: one line per field.
 pub fn print_status(w: &WorkspaceStatus) {
     println!("thread:        {}", w.thread);
@@ -130,8 +212,14 @@ pub fn print_status(w: &WorkspaceStatus) {
         w.state,
         if w.chat { " (chat)" } else { "" }
     );
+    if !w.owner.is_empty() {
+        println!("owner:         {}", w.owner);
+    }
+    if let Some(a) = &w.access {
+        println!("access:        {a}");
+    }
     if w.users > 1 {
-        println!("users:         {}", w.users);
+        println!("users:         {} ({})", w.users, w.user_names.join(", "));
     }
     if w.release_when_idle {
         println!("release:       pending (when no process uses the mount)");
@@ -210,6 +298,27 @@ pub fn print_stats(s: &StatsReport) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_lines_of_one_change_are_one() {
+        let line = |p: &str, k: &str, t: u32| serde_json::json!({"path": p, "kind": k, "token": t});
+        let mut c = Coalesce::default();
+        let t0 = Instant::now();
+        c.add([line("f", "changed", 1), line("f", "changed", 2)]);
+        c.add([line(".sedX", "removed", 3), line("f", "changed", 4)]);
+        c.add([line(".sedX", "removed", 5)]);
+        assert!(c.due(t0).is_empty(), "held while the paths change");
+        c.add([]);
+        let out = c.due(Instant::now());
+        assert_eq!(
+            out,
+            vec![line("f", "changed", 4), line(".sedX", "removed", 5)]
+        );
+        assert!(c.flush().is_empty());
+        // A path that never pauses is still reported once the oldest line has waited long enough.
+        c.add([line("g", "changed", 6)]);
+        assert_eq!(c.due(Instant::now() + WATCH_HOLD_MAX).len(), 1);
+    }
 
     #[test]
     fn short_ids_never_cut_a_character() {

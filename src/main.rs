@@ -17,8 +17,8 @@ use cli::{
 };
 use octofs::client;
 use octofs::daemon::proto::{
-    Access, DiffAnswer, Exported, Forked, FsmonitorAnswer, MirrorInfo, Opened, ReleaseAnswer,
-    Request, Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
+    Access, AccessAnswer, DiffAnswer, Exported, Forked, FsmonitorAnswer, MirrorInfo, Opened,
+    ReleaseAnswer, Request, Snapshotted, StatsAnswer, SweepAnswer, SyncOutcome, WorkspaceStatus,
 };
 use octofs::daemon::proto::{CommitMode, Committed, Pushed, Resynced};
 use octofs::daemon::proto::{DiffFormat, NamedSnapshot, Pulled};
@@ -32,11 +32,14 @@ use octofs::names::{NameKind, validate};
     about = "Per-thread copy-on-write git workspaces as FUSE mounts"
 )]
 struct Cli {
-    /// State directory (mirrors, workspaces, blob cache, control socket)
-    #[arg(long, global = true, env = "OCTOFS_STATE")]
+    /// State directory (mirrors, workspaces, blob cache, control socket) [env: OCTOFS_STATE]
+    // The environment is read in `main`, not by clap: clap names an argument taken from the
+    // environment in every usage line (`Usage: octofs open --state <STATE> --root <ROOT>
+    // <THREAD>`), as if it were required.
+    #[arg(long, global = true)]
     state: Option<PathBuf>,
-    /// Directory under which workspaces are mounted as <root>/<thread>
-    #[arg(long, global = true, env = "OCTOFS_ROOT")]
+    /// Directory under which workspaces are mounted as <root>/<thread> [env: OCTOFS_ROOT]
+    #[arg(long, global = true)]
     root: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
@@ -104,6 +107,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print where the thread's workspace is mounted (changes nothing: no open, no user counted)
+    Path { thread: String },
     /// Show one workspace
     Status {
         thread: String,
@@ -475,7 +480,15 @@ fn main() -> ExitCode {
     if !matches!(cli.cmd, Cmd::Serve { .. } | Cmd::TakeoverServe { .. }) {
         octofs::sys::default_sigpipe();
     }
-    let layout = Layout::resolve(cli.state, cli.root);
+    let from_env = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let layout = Layout::resolve(
+        cli.state.or_else(|| from_env("OCTOFS_STATE")),
+        cli.root.or_else(|| from_env("OCTOFS_ROOT")),
+    );
     match run(&layout, cli.cmd) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -514,13 +527,23 @@ fn request(layout: &Layout, req: Request) -> Result<Value, String> {
 
 /// `octofs watch`: polls the daemon's journal of the thread every 100 ms and prints one JSON line per
 /// change — `{"path", "kind", "token"}`, kind `changed`, `removed` or `directory` as the path is now
-/// in the workspace (the daemon's answer: nothing here looks through the mount) — a `rescan` line when the token cannot be trusted, and a `released` line (exit 0)
-/// when the workspace goes away. Each line's token resumes the stream after it (`--since`).
+/// in the workspace (the daemon's answer: nothing here looks through the mount) — a `rescan` line
+/// when the token cannot be trusted, and a `released` line (exit 0) when the workspace goes away.
+/// Each line's token resumes the stream after it (`--since`). The requests of one change (`echo >
+/// file`: open, truncate, write, close) are one line: see [`cli::Coalesce`].
 fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), String> {
     use octofs::daemon::proto::WatchAnswer;
     use std::io::Write;
     let mut token = since.unwrap_or_default();
     let mut first = true;
+    let mut held = cli::Coalesce::default();
+    let print = |lines: Vec<Value>| -> bool {
+        let mut out = std::io::stdout().lock();
+        lines
+            .into_iter()
+            .try_for_each(|v| writeln!(out, "{v}").and_then(|()| out.flush()))
+            .is_ok()
+    };
     loop {
         let req = Request::Watch {
             thread: thread.clone(),
@@ -539,34 +562,33 @@ fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), S
             if first {
                 return Err(resp.error.unwrap_or_default());
             }
-            println!(
-                "{}",
-                serde_json::json!({"kind": "released", "token": token})
-            );
+            let mut lines = held.flush();
+            lines.push(serde_json::json!({"kind": "released", "token": token}));
+            print(lines);
             return Ok(());
         }
         first = false;
         let a: WatchAnswer = parse(resp.result)?;
-        let mut out = std::io::stdout().lock();
-        let mut line = |v: Value| writeln!(out, "{v}").and_then(|()| out.flush());
-        let written = if a.everything {
-            line(serde_json::json!({"kind": "rescan", "token": a.token}))
+        let lines = if a.everything {
+            let mut lines = held.flush();
+            lines.push(serde_json::json!({"kind": "rescan", "token": a.token}));
+            lines
         } else {
-            a.entries.iter().try_for_each(|e| {
-                let kind = &e.kind;
-                let mut v = serde_json::json!({"path": e.path, "kind": kind, "token": e.token});
+            held.add(a.entries.iter().map(|e| {
+                let mut v = serde_json::json!({"path": e.path, "kind": e.kind, "token": e.token});
                 if let Some(h) = &e.path_hex {
                     v["path_hex"] = Value::String(h.clone());
                 }
-                line(v)
-            })
+                v
+            }));
+            held.due(std::time::Instant::now())
         };
-        if written.is_err() {
+        if !print(lines) {
             // The reader went away.
             return Ok(());
         }
         token = a.token;
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        std::thread::sleep(cli::WATCH_POLL);
     }
 }
 
@@ -769,7 +791,14 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 } else {
                     Some(allow.resolve()?)
                 };
-                let a: Access = parse(request(layout, Request::MirrorAccess { project, access })?)?;
+                let answer: AccessAnswer = parse(request(
+                    layout,
+                    Request::MirrorAccess {
+                        project: project.clone(),
+                        access,
+                    },
+                )?)?;
+                let a = answer.access;
                 if a.is_open() {
                     println!("any local user");
                 }
@@ -778,6 +807,19 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 }
                 for gid in a.groups {
                     println!("group {gid}");
+                }
+                for t in answer.affected {
+                    if t.change == "revoked" {
+                        println!(
+                            "revoked: live thread {} of {} ({}): its git can no longer read {project}'s history (git log, status and diff fail on the base's objects) until access is granted again; its files stay, and release still saves them",
+                            t.thread, t.owner, t.path
+                        );
+                    } else {
+                        println!(
+                            "granted: live thread {} of {} ({}): its git reads {project}'s history again, in the same mount",
+                            t.thread, t.owner, t.path
+                        );
+                    }
                 }
                 Ok(())
             }
@@ -812,6 +854,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     return Ok(());
                 }
                 let list: Vec<MirrorInfo> = parse(v)?;
+                println!("PROJECT\tKIND\tBRANCH\tHEAD\tUPSTREAM\tACCESS");
                 for m in list {
                     let share = m
                         .project
@@ -820,12 +863,13 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                         .map(|s| format!("\tshare={s}"))
                         .unwrap_or_default();
                     println!(
-                        "{}\t{:?}\t{}\t{}\t{}{share}",
+                        "{}\t{:?}\t{}\t{}\t{}\t{}{share}",
                         m.project.project,
                         m.project.kind,
                         m.project.default_branch,
                         m.head.as_deref().map(short).unwrap_or("-"),
-                        m.project.upstream
+                        m.project.upstream,
+                        cli::access_line(&m.project.access)
                     );
                 }
                 Ok(())
@@ -912,16 +956,19 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 return Ok(());
             }
             let list: Vec<WorkspaceStatus> = parse(v)?;
+            // Tab-separated under a header; new columns go last (scripts cut by position).
+            println!("THREAD\tPROJECT\tBASE\tSTATE\tPATH\tBYTES\tOWNER");
             for w in list {
-                // The bytes its upper layer holds last (`-` when not mounted).
+                // The bytes its upper layer holds (`-` when not mounted), then its owner.
                 println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
                     w.thread,
                     w.project,
                     short(&w.base_commit),
                     w.state,
                     w.path,
-                    w.bytes_used.map_or("-".into(), |b| b.to_string())
+                    w.bytes_used.map_or("-".into(), |b| b.to_string()),
+                    if w.owner.is_empty() { "-" } else { &w.owner }
                 );
             }
             Ok(())
@@ -965,6 +1012,11 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 }
             };
             let r: ReleaseAnswer = parse(request(layout, req)?)?;
+            let who = if r.user_names.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", r.user_names.join(", "))
+            };
             if r.pending {
                 println!("{thread}: release pending until no process uses the mount");
             } else if r.released {
@@ -975,7 +1027,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 }
             } else {
                 println!(
-                    "{thread} is still in use by {} other user(s)",
+                    "{thread} is still in use by {} other user(s){who} (each releases it, or release --force)",
                     r.users.unwrap_or_default()
                 );
             }
@@ -1126,6 +1178,18 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 )?,
                 json,
             )
+        }
+        Cmd::Path { thread } => {
+            validate(NameKind::Thread, &thread)?;
+            let w: WorkspaceStatus = parse(request(layout, Request::Status { thread })?)?;
+            if w.state != "mounted" {
+                return Err(format!(
+                    "thread {} is {} (octofs open {} mounts it)",
+                    w.thread, w.state, w.thread
+                ));
+            }
+            println!("{}", w.path);
+            Ok(())
         }
         Cmd::Status { thread, json } => {
             validate(NameKind::Thread, &thread)?;
@@ -1464,9 +1528,10 @@ fn deps(layout: &Layout, cmd: DepsCmd) -> Result<(), String> {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
                 .unwrap_or(0);
+            println!("KEY\tMANAGER\tPATH\tSTATE\tSIZE\tFILES\tBUILT\tTHREADS\tOWNERS");
             for l in list {
                 println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
                     short(&l.key),
                     l.manager.name(),
                     l.path,
@@ -1478,6 +1543,11 @@ fn deps(layout: &Layout, cmd: DepsCmd) -> Result<(), String> {
                         "-".to_string()
                     } else {
                         l.users.join(",")
+                    },
+                    if l.owners.is_empty() {
+                        "-".to_string()
+                    } else {
+                        l.owners.join(",")
                     }
                 );
                 if let (Some(m), Some(log)) = (&l.message, &l.log) {

@@ -44,6 +44,11 @@ pub struct WorkspaceRecord {
     /// (records written before it was kept count as one).
     #[serde(default)]
     pub users: u32,
+    /// Who those users are: each caller's uid once (a second `open` by the same caller is not
+    /// another user). Records written before it was kept hold only the count: their users are
+    /// taken as the owner.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_uids: Vec<u32>,
     /// `release --when-idle` was asked: the daemon releases the workspace once no process uses the
     /// mount; a new `open` clears it. Kept here so that a daemon restart keeps waiting.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -135,6 +140,28 @@ impl Binding {
 }
 
 impl WorkspaceRecord {
+    /// The uids holding the thread, each once (a record from before they were kept: its owner,
+    /// when it counted any user).
+    pub fn holders(&self) -> Vec<u32> {
+        if self.user_uids.is_empty() && self.users > 0 {
+            vec![self.owner.uid]
+        } else {
+            self.user_uids.clone()
+        }
+    }
+
+    /// Sets who holds the thread (and the count kept beside them).
+    pub fn set_holders(&mut self, mut uids: Vec<u32>) {
+        let mut seen = Vec::with_capacity(uids.len());
+        uids.retain(|u| {
+            let new = !seen.contains(u);
+            seen.push(*u);
+            new
+        });
+        self.users = uids.len() as u32;
+        self.user_uids = uids;
+    }
+
     /// Records live at `<state>/workspaces/<thread>/workspace.json`.
     fn store(layout: &Layout) -> RecordDir {
         RecordDir::in_dirs(layout.workspaces(), "workspace.json", "thread", "workspace")

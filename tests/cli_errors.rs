@@ -652,3 +652,39 @@ fn names_that_are_not_valid_ref_components_are_refused() {
         d.cli_ok(["release", "--", thread]);
     }
 }
+
+/// Usage lines do not name `--state` and `--root` as if they were required (issue 32, item 8):
+/// taken from `OCTOFS_STATE`/`OCTOFS_ROOT` (as the demo sets them), clap named them in every usage
+/// line ("Usage: octofs open --state <STATE> --root <ROOT> <THREAD>"). The environment still
+/// chooses the state.
+#[test]
+fn usage_lines_do_not_show_the_global_options_as_required() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = std::process::Command::new(bin());
+    c.env("OCTOFS_STATE", dir.path().join("state"))
+        .env("OCTOFS_ROOT", dir.path().join("root"))
+        .arg("open");
+    let out = run(&mut c, CMD_TIMEOUT);
+    out.assert_failed();
+    let err = out.stderr_str();
+    assert!(
+        err.contains("Usage: octofs open <THREAD>") && !err.contains("--state"),
+        "{err}"
+    );
+    // `path` of an unknown thread: the daemon the environment names answers (started on demand).
+    let mut c = std::process::Command::new(bin());
+    c.env("OCTOFS_STATE", dir.path().join("state"))
+        .env("OCTOFS_ROOT", dir.path().join("root"))
+        .args(["path", "nosuch"]);
+    let out = run(&mut c, CMD_TIMEOUT);
+    out.assert_one_line_error(&["nosuch"]);
+    assert!(
+        dir.path().join("state").join("octofs.sock").exists(),
+        "OCTOFS_STATE was not used"
+    );
+    let mut c = std::process::Command::new(bin());
+    c.env("OCTOFS_STATE", dir.path().join("state"))
+        .env("OCTOFS_ROOT", dir.path().join("root"))
+        .arg("stop");
+    run(&mut c, CMD_TIMEOUT).assert_ok();
+}

@@ -1386,3 +1386,61 @@ fn index_lock_contention_and_atomic_index_rename() {
         fsck.describe()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// `git fsck` in a workspace (issue 32, item 8)
+
+/// `git fsck` in a workspace calls none of the mirror's commits dangling: the snapshots of other
+/// threads, a named snapshot and the thread's own are reachable from the reflog of its
+/// `refs/octomate/saved` mark (written with the mark), while `git log --all` and `for-each-ref`
+/// still show only what a clone has. Before: `dangling commit <id>` for the other thread's snapshot
+/// and the named one.
+#[test]
+fn fsck_in_a_workspace_finds_nothing_dangling() {
+    let d = Daemon::start();
+    add_project(&d, "p", &[("a.txt", "a\n", 0o644)]);
+    let other = d.open_thread("other", &["--project", "p"]);
+    let o = other.clone();
+    with_timeout("write", FS_TIMEOUT, move || {
+        write_file(&o.join("o.txt"), b"other\n", 0o644)
+    });
+    let other_snap = d.cli_ok(["snapshot", "other"]).trim().to_string();
+    let named = d
+        .cli_ok(["snapshot", "other", "--name", "n"])
+        .trim()
+        .to_string();
+    let ws = d.open_thread("t", &["--project", "p"]);
+    let w = ws.clone();
+    with_timeout("write", FS_TIMEOUT, move || {
+        write_file(&w.join("t.txt"), b"mine\n", 0o644)
+    });
+    d.cli_ok(["snapshot", "t"]);
+    let check = |ws: &Path, when: &str| {
+        let out = git_out(ws, DATE1, &["fsck"]);
+        out.assert_ok();
+        let said = format!("{}{}", out.stdout_str(), out.stderr_str());
+        assert!(
+            !said.contains("dangling") && !said.contains("error"),
+            "{when}: git fsck says:\n{said}"
+        );
+        let all = git_ok(ws, &["log", "--all", "--format=%H %D"]);
+        assert!(
+            !all.contains(&other_snap) && !all.contains(&named) && !all.contains("octomate"),
+            "{when}: git log --all shows the mirror's snapshots:\n{all}"
+        );
+        // (The workspace's own mark, refs/octomate/saved, is its only octofs ref, as before.)
+        let refs = git_ok(ws, &["for-each-ref", "--format=%(refname)"]);
+        assert!(
+            refs.lines()
+                .all(|r| r == "refs/octomate/saved" || !r.contains("octomate"))
+                && !refs.contains("refs/snapshots"),
+            "{when}: {refs}"
+        );
+    };
+    check(&ws, "after a snapshot");
+    d.cli_ok(["release", "t"]);
+    let ws = d.open_thread("t", &[]);
+    check(&ws, "resumed");
+    d.cli_ok(["release", "t"]);
+    d.cli_ok(["release", "other"]);
+}

@@ -749,32 +749,40 @@ fn release_drops_the_upper_layer_and_respects_busy_mounts_and_users() {
     again.assert_ok();
     assert_eq!(list_entry(&d, t)["last_snapshot"], snap.as_str());
 
-    // Two opens, two releases (counted users).
+    // The same caller opening it twice is one user (`cd $(octofs open t)` after an open, doctor's
+    // advice): one release releases it (issue 32, item 5).
     let ws = d.open_thread(t, &[]);
     assert_eq!(d.open_thread(t, &[]), ws);
-    assert_eq!(status(&d, t)["users"], 2);
-    let first = d.cli_ok(["release", t]);
-    assert!(
-        is_mounted(&ws),
-        "the first of two releases unmounted: {first}"
-    );
+    assert_eq!(status(&d, t)["users"], 1);
+    // `octofs path` says where it is and counts nobody.
+    assert_eq!(d.cli_ok(["path", t]).trim(), ws.display().to_string());
     assert_eq!(status(&d, t)["users"], 1);
     assert!(d.state.join("workspaces").join(t).is_dir());
-    d.cli_ok(["release", t]);
+    let out = d.cli_ok(["release", t]);
+    assert!(out.starts_with("released"), "{out}");
     assert!(!is_mounted(&ws));
+    // A released thread and an unknown one: `path` refuses in one line.
+    d.cli(["path", t])
+        .assert_one_line_error(&["released", "octofs open"]);
+    d.cli(["path", "nosuch"]).assert_one_line_error(&["nosuch"]);
     assert!(!d.state.join("workspaces").join(t).exists());
     assert!(!ws.exists());
     let e = list_entry(&d, t);
     assert_eq!(e["state"], "released", "{e}");
     assert_eq!(e["last_snapshot"], snap.as_str(), "{e}");
-    // The plain `list` says so too.
+    // The plain `list` says so too, under a header, with the owner last.
     let text = d.cli_ok(["list"]);
+    assert_eq!(
+        text.lines().next(),
+        Some("THREAD\tPROJECT\tBASE\tSTATE\tPATH\tBYTES\tOWNER"),
+        "{text}"
+    );
     let line = text
         .lines()
         .find(|l| l.starts_with(&format!("{t}\t")))
         .unwrap_or_else(|| panic!("{t} not in list:\n{text}"));
     assert!(
-        line.contains("released") && line.contains(&snap[..12]),
+        line.contains("released") && line.contains(&snap[..12]) && line.ends_with("\troot"),
         "list line {line:?}"
     );
 }

@@ -345,7 +345,28 @@ fn revoking_a_user_takes_back_the_objects_grant() {
         assert!(out.success(), "{}", out.describe());
         assert_eq!(out.stdout_str(), "second\ninitial\n");
     }
-    d.cli_ok(["mirror", "access", "p", "--allow-user", "octofs-test-user"]);
+    // The revocation names the live thread it affects and what happens to it.
+    let said = d.cli_ok(["mirror", "access", "p", "--allow-user", "octofs-test-user"]);
+    let revoked_line = said
+        .lines()
+        .find(|l| l.starts_with("revoked: live thread tb of octofs-test-other"))
+        .unwrap_or_else(|| panic!("the revocation does not list tb: {said}"));
+    assert!(
+        revoked_line.contains(&mounts[1].display().to_string())
+            && revoked_line.contains("history")
+            && revoked_line.contains("granted again"),
+        "{revoked_line}"
+    );
+    assert!(!said.contains("thread ta"), "ta is not affected: {said}");
+    // `mirror list` shows each project's access.
+    let list = d.cli_ok(["mirror", "list"]);
+    assert!(
+        list.lines().next().is_some_and(|h| h.contains("ACCESS"))
+            && list
+                .lines()
+                .any(|l| l.starts_with("p\t") && l.contains("users=octofs-test-user")),
+        "mirror list does not show the access: {list}"
+    );
     let kept = history(a, &mounts[0]);
     assert!(
         kept.success(),
@@ -357,6 +378,59 @@ fn revoking_a_user_takes_back_the_objects_grant() {
         !revoked.success(),
         "a revoked user still reads the project's history: {}",
         revoked.describe()
+    );
+    // git says what it cannot reach (octofs's alternate of the project's objects), and the
+    // thread's status says why.
+    let err = revoked.stderr_str();
+    assert!(err.contains("octofs/objects"), "{}", revoked.describe());
+    let st = d.cli_as(b, &["status", "tb"]);
+    st.assert_ok();
+    assert!(
+        st.stdout_str()
+            .lines()
+            .any(|l| l.starts_with("access:") && l.contains("revoked") && l.contains("project p")),
+        "{}",
+        st.describe()
+    );
+    assert!(
+        !d.cli_as(a, &["status", "ta"])
+            .stdout_str()
+            .contains("access:"),
+        "the user still allowed is told of a revocation"
+    );
+    // Granting it back applies to the same mount at once: no reopen.
+    let said = d.cli_ok([
+        "mirror",
+        "access",
+        "p",
+        "--allow-user",
+        "octofs-test-user",
+        "--allow-user",
+        "octofs-test-other",
+    ]);
+    assert!(
+        said.lines()
+            .any(|l| l.starts_with("granted: live thread tb of octofs-test-other")),
+        "the grant does not list tb: {said}"
+    );
+    let back = history(b, &mounts[1]);
+    assert!(
+        back.success(),
+        "git log after the grant: {}",
+        back.describe()
+    );
+    assert_eq!(back.stdout_str(), "second\ninitial\n");
+    let status = git_as(b, &mounts[1], &["status", "--porcelain"]);
+    assert!(
+        status.success(),
+        "git status after the grant: {}",
+        status.describe()
+    );
+    assert_eq!(status.stdout_str(), "");
+    assert!(
+        !d.cli_as(b, &["status", "tb"])
+            .stdout_str()
+            .contains("access:")
     );
     // Nothing else changed: both threads are still their owners' to save and release.
     d.cli_as(a, &["release", "ta"]).assert_ok();
@@ -385,26 +459,47 @@ fn a_daemon_started_under_umask_000_still_refuses_others() {
     assert!(!d.mirror("q").exists());
 }
 
+/// Users of a thread are callers, each counted once (issue 32, item 5): its owner opening it again
+/// (`cd $(octofs open t)`, doctor's advice) is not another user, root opening it is; the count
+/// survives a restart, and a release that leaves others names them.
 #[test]
 fn users_of_a_shared_thread_survive_a_restart() {
+    let a = user_a();
     let mut d = Daemon::start();
+    open_the_way(&d);
     project(&d, "p", &[]);
-    d.cli_ok(["open", "t", "--project", "p"]);
-    d.cli_ok(["open", "t"]);
+    let path = d.cli_as(a, &["open", "t", "--project", "p"]);
+    assert!(path.success(), "{}\n{}", path.describe(), d.log_tail());
+    for _ in 0..2 {
+        d.cli_as(a, &["open", "t"]).assert_ok();
+    }
+    let st = parse_json("status", &d.cli_ok(["status", "t", "--json"]));
+    assert_eq!(
+        st["users"], 1,
+        "the owner's second open counted another user: {st}"
+    );
     d.cli_ok(["open", "t"]);
     d.stop();
     d.spawn();
     assert!(is_mounted(&d.mount("t")), "not remounted");
     let st = parse_json("status", &d.cli_ok(["status", "t", "--json"]));
-    assert_eq!(st["users"], 3, "{st}");
-    let out = d.cli_ok(["release", "t"]);
-    assert!(out.contains("still in use"), "{out}");
+    assert_eq!(st["users"], 2, "{st}");
+    assert_eq!(
+        st["user_names"],
+        serde_json::json!(["octofs-test-user", "root"]),
+        "{st}"
+    );
+    let out = d.cli_as(a, &["release", "t"]);
+    out.assert_ok();
+    let text = out.stdout_str();
+    assert!(
+        text.contains("still in use by 1 other user(s): root"),
+        "the release does not name who still uses the thread: {text}"
+    );
     assert!(
         is_mounted(&d.mount("t")),
         "one release unmounted a shared thread"
     );
-    d.cli_ok(["release", "t"]);
-    assert!(is_mounted(&d.mount("t")));
     let out = d.cli_ok(["release", "t"]);
     assert!(out.starts_with("released"), "{out}");
     assert!(!is_mounted(&d.mount("t")));

@@ -66,6 +66,21 @@ impl Drop for Watcher {
     }
 }
 
+impl Watcher {
+    /// Every line that comes within `d`.
+    fn lines_for(&self, d: Duration) -> Vec<Value> {
+        let mut got = Vec::new();
+        let deadline = Instant::now() + d;
+        while let Ok(v) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            got.push(v);
+        }
+        got
+    }
+}
+
 fn last_kind(lines: &[Value], path: &str) -> Option<String> {
     lines
         .iter()
@@ -198,4 +213,54 @@ fn kinds_never_follow_a_planted_symlink() {
         "{lines:?}"
     );
     d.cli_ok(["release", "t2"]);
+}
+
+/// One change is one line (issue 32, item 7): `echo x > file` (open with truncation, write, close)
+/// printed three `changed` lines, and `sed -i` six `removed` lines for its temporary file. The
+/// lines of a path are held until it has been quiet for one poll (100 ms), then printed once.
+#[test]
+fn one_change_is_one_line() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = GitRepo::init(&src.path().join("repo"));
+    repo.write("f.txt", "x\n");
+    repo.commit_all("initial", DATE);
+    let d = Daemon::start();
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    let mnt = d.open_thread("t3", &["--project", "proj"]);
+    let w = Watcher::start(&d, &["t3"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let shell = |script: &str| {
+        let mut c = std::process::Command::new("sh");
+        c.arg("-c").arg(script).current_dir(&mnt);
+        run(&mut c, CMD_TIMEOUT).assert_ok();
+    };
+    let settle = Duration::from_millis(1500);
+
+    shell("echo x > f.txt");
+    let lines = w.lines_for(settle);
+    assert_eq!(lines.len(), 1, "echo > an existing file: {lines:?}");
+    assert_eq!(
+        (lines[0]["path"].as_str(), lines[0]["kind"].as_str()),
+        (Some("f.txt"), Some("changed"))
+    );
+
+    shell("echo new > g.txt");
+    let lines = w.lines_for(settle);
+    assert_eq!(lines.len(), 1, "echo > a new file: {lines:?}");
+    assert_eq!(
+        (lines[0]["path"].as_str(), lines[0]["kind"].as_str()),
+        (Some("g.txt"), Some("changed"))
+    );
+
+    shell("sed -i s/x/y/ f.txt");
+    let lines = w.lines_for(settle);
+    let of = |path: &str| lines.iter().filter(|v| v["path"] == path).count();
+    assert_eq!(of("f.txt"), 1, "sed -i: {lines:?}");
+    assert_eq!(last_kind(&lines, "f.txt").as_deref(), Some("changed"));
+    let removed: Vec<&Value> = lines.iter().filter(|v| v["kind"] == "removed").collect();
+    assert!(removed.len() <= 1, "sed -i's temporary file: {removed:?}");
+    assert!(lines.len() <= 2, "sed -i: {lines:?}");
+    assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "y\n");
+    drop(w);
+    d.cli_ok(["release", "t3"]);
 }

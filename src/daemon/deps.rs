@@ -124,8 +124,10 @@ impl Daemon {
                 .filter(|r| r.owner.uid == c.uid)
                 .map(|r| r.thread)
                 .collect();
+            let me = crate::access::user_label(c.uid);
             for i in &mut l {
                 i.users.retain(|t| own.contains(t));
+                i.owners.retain(|o| *o == me);
             }
         }
         Ok((l, vec![]))

@@ -13,7 +13,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use super::error::{Context, Error};
-use super::proto::{Access, Ack, FetchProgress, MirrorInfo, SyncOutcome};
+use super::proto::{
+    Access, AccessAnswer, AccessChange, Ack, FetchProgress, MirrorInfo, SyncOutcome,
+};
 use super::{Daemon, KeyedLocks, Reply, lock};
 use crate::access::Caller;
 use crate::git::Git;
@@ -221,29 +223,44 @@ impl Daemon {
         self.spawn_index_builds(jobs);
     }
 
-    /// Who may bind `project`; replaced first when `access` is given.
-    pub(super) fn mirror_access(&self, project: &str, access: Option<Access>) -> Reply<Access> {
+    /// Who may bind `project`; replaced first when `access` is given. Applies at once to the
+    /// project's live threads: an owner who may no longer bind it loses the read grant on its
+    /// objects (their workspace's git cannot read the history, `.git/octofs/objects` refuses
+    /// them), an owner allowed again gets it back (the same mount's git works again); the answer
+    /// lists both.
+    pub(super) fn mirror_access(
+        &self,
+        project: &str,
+        access: Option<Access>,
+    ) -> Reply<AccessAnswer> {
         validate(NameKind::Project, project)?;
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
+        let before = mirror::require(&self.layout, project)?.access;
         let Some(a) = access else {
-            let p = mirror::require(&self.layout, project)?;
-            return Ok((p.access, vec![]));
+            return Ok((
+                AccessAnswer {
+                    access: before,
+                    affected: Vec::new(),
+                },
+                vec![],
+            ));
         };
         let p = mirror::set_access(&self.layout, project, a)?;
         // Every mount's objects gate decides again at its next request (`.git/octofs`).
         self.access_epoch
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        // Who may no longer bind the project loses the read grant on its objects at once (their
-        // workspaces' git then cannot read the project's history: revoking is revoking).
-        let keep = |uid: u32| {
+        let allowed = |uid: u32, access: &Access| {
             let user = Caller {
                 uid,
                 gid: u32::MAX,
                 groups: crate::sys::user_groups(uid),
             };
-            super::authz::may_bind(&user, &p.access)
+            uid == 0 || uid == crate::sys::euid() || super::authz::may_bind(&user, access)
         };
+        // Who may no longer bind the project loses the read grant on its objects at once (their
+        // workspaces' git then cannot read the project's history: revoking is revoking).
+        let keep = |uid: u32| allowed(uid, &p.access);
         let mut warnings = Vec::new();
         match crate::access::revoke_objects(&self.layout.mirror(project), &keep) {
             Ok(gone) if !gone.is_empty() => {
@@ -258,7 +275,43 @@ impl Daemon {
                 "cannot take back the read grant on {project}'s objects: {e}"
             )),
         }
-        Ok((p.access, warnings))
+        let mut affected = Vec::new();
+        let mut regranted: Vec<u32> = Vec::new();
+        let live = WorkspaceRecord::list(&self.layout)?;
+        for rec in live.iter().filter(|r| r.project == project && !r.chat) {
+            let (was, is) = (
+                allowed(rec.owner.uid, &before),
+                allowed(rec.owner.uid, &p.access),
+            );
+            if was == is {
+                continue;
+            }
+            if is && !regranted.contains(&rec.owner.uid) {
+                // Allowed again: the read grant comes back now, not at the next open.
+                regranted.push(rec.owner.uid);
+                warnings.extend(self.grant_owner(project, rec.owner, true));
+            }
+            tracing::info!(
+                %project,
+                thread = %rec.thread,
+                uid = rec.owner.uid,
+                "live thread's access {}",
+                if is { "granted" } else { "revoked" }
+            );
+            affected.push(AccessChange {
+                thread: rec.thread.clone(),
+                owner: crate::access::user_label(rec.owner.uid),
+                path: self.layout.mountpoint(&rec.thread).display().to_string(),
+                change: if is { "granted" } else { "revoked" }.into(),
+            });
+        }
+        Ok((
+            AccessAnswer {
+                access: p.access,
+                affected,
+            },
+            warnings,
+        ))
     }
 
     /// Every project the caller may bind (every project, for root).

@@ -3,7 +3,7 @@
 //! takes it from the socket's peer credentials.
 //!
 //! Every command's answer (the response's `result`) has a type here, which the daemon serializes
-//! and the CLI reads: `mirror add` and `mirror list` [`MirrorInfo`], `mirror access` [`Access`],
+//! and the CLI reads: `mirror add` and `mirror list` [`MirrorInfo`], `mirror access` [`AccessAnswer`],
 //! `mirror sync` [`SyncOutcome`], `open` [`Opened`], `list` and `status` [`WorkspaceStatus`],
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
@@ -312,9 +312,19 @@ pub struct WorkspaceStatus {
     /// such mount: `open` or `doctor --fix` mounts it again).
     #[serde(default)]
     pub state: String,
-    /// Overlapping users sharing the mount.
+    /// Overlapping users sharing the mount (each caller once).
     #[serde(default)]
     pub users: u32,
+    /// Who they are: user names, or uids without a name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_names: Vec<String>,
+    /// The thread's owner: a user name, or a uid without a name.
+    #[serde(default)]
+    pub owner: String,
+    /// Set when the owner may no longer bind the project (`mirror access`): why git in the
+    /// workspace cannot read the history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<String>,
     /// A chat workspace (no project; never saved).
     #[serde(default)]
     pub chat: bool,
@@ -400,6 +410,29 @@ pub struct Snapshotted {
     pub commit: String,
 }
 
+/// The answer to `mirror access`: who may bind the project (the fields of [`Access`], so an
+/// older reader of the answer still reads it), and the live threads the change concerns.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessAnswer {
+    #[serde(flatten)]
+    pub access: Access,
+    /// Live threads of the project whose owner lost (`revoked`) or regained (`granted`) the right
+    /// to bind it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub affected: Vec<AccessChange>,
+}
+
+/// One live thread a `mirror access` change concerns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessChange {
+    pub thread: String,
+    /// Its owner (a user name, or a uid without a name).
+    pub owner: String,
+    pub path: String,
+    /// `revoked` or `granted`.
+    pub change: String,
+}
+
 /// The answer to `release`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseAnswer {
@@ -412,6 +445,9 @@ pub struct ReleaseAnswer {
     /// The users still sharing the workspace, when it was not released.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub users: Option<u32>,
+    /// Who they are (user names, or uids without a name), when it was not released.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub user_names: Vec<String>,
     /// The snapshot saved on the way out (none: discarded, a chat workspace, or not released).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
@@ -577,6 +613,7 @@ mod tests {
             released: false,
             already: false,
             users: Some(2),
+            user_names: Vec::new(),
             snapshot: None,
             pending: false,
         };

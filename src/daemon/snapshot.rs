@@ -511,6 +511,30 @@ impl Daemon {
         Ok(commit)
     }
 
+    /// Writes the mirror's tips as the reflog of the workspace's `refs/octomate/saved`
+    /// (`git::tips`: `git fsck` in the workspace then calls none of the project's snapshots
+    /// dangling); returns the file's inode (bookkeeping). The caller writes the mark itself with
+    /// it. A failure is logged: it costs only that.
+    pub(super) fn write_tips(
+        &self,
+        core: &WorkspaceFs,
+        thread: &str,
+        project: &str,
+    ) -> Option<u64> {
+        let written = crate::git::tips::reflog(&self.layout.mirror(project), super::now() as i64)
+            .and_then(|log| {
+                core.put_file_quietly(&[".git", "logs", "refs", "octomate"], "saved", &log)
+                    .map_err(|e| e.to_string())
+            });
+        match written {
+            Ok(ino) => Some(ino),
+            Err(e) => {
+                tracing::warn!(%thread, "cannot write the mirror's tips as the reflog of refs/octomate/saved: {e}");
+                None
+            }
+        }
+    }
+
     fn mark_saved(
         &self,
         rec: &mut WorkspaceRecord,
@@ -526,13 +550,15 @@ impl Daemon {
                 format!("{commit}\n").as_bytes(),
             )
             .map_err(on_workspace("cannot record refs/octomate/saved"))?;
+        let mut bookkeeping = vec![ino];
+        bookkeeping.extend(self.write_tips(core, &rec.thread, &rec.project));
         // A process in the mount reads the new mark as soon as the snapshot is answered.
         self.tell_kernel(&rec.thread);
         rec.saved = Some(SavedMark {
             commit: Some(commit.into()),
             generation,
             at,
-            bookkeeping: vec![ino],
+            bookkeeping,
         });
         // The new record's bytes are synced before they replace the old ones (a power loss never
         // leaves a torn or empty record), but the rename is not (no sync of the directory): the

@@ -62,6 +62,17 @@ impl Daemon {
             }
             .into(),
             users: if m.is_some() { rec.users.max(1) } else { 0 },
+            user_names: if m.is_some() {
+                rec.holders()
+                    .iter()
+                    .map(|u| crate::access::user_label(*u))
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            owner: crate::access::user_label(rec.owner.uid),
+            // Asked by `status` only (`list` reads no project record per thread).
+            access: None,
             chat: rec.chat,
             release_when_idle: rec.release_when_idle,
             layers: rec.layers.clone(),
@@ -72,6 +83,28 @@ impl Daemon {
             },
             io: m.map(|m| m.info.io_mode().to_string()),
         }
+    }
+
+    /// Why git in a live workspace cannot read its project's history: its owner may no longer
+    /// bind the project (`mirror access` took them off); none while they may.
+    fn access_note(&self, rec: &WorkspaceRecord) -> Option<String> {
+        let admin = rec.owner.uid == 0 || rec.owner.uid == crate::sys::euid();
+        if rec.chat || admin {
+            return None;
+        }
+        let p = crate::git::mirror::load(&self.layout, &rec.project).ok()??;
+        let owner = Caller {
+            uid: rec.owner.uid,
+            gid: rec.owner.gid,
+            groups: crate::sys::user_groups(rec.owner.uid),
+        };
+        (!super::authz::may_bind(&owner, &p.access)).then(|| {
+            format!(
+                "revoked: {} may no longer bind project {}, so git here cannot read its history (.git/octofs/objects) until root grants it again (octofs mirror access); the files stay and release saves them",
+                crate::access::user_label(rec.owner.uid),
+                rec.project
+            )
+        })
     }
 
     /// A released thread: bound to its project, no workspace until it is opened again.
@@ -102,6 +135,9 @@ impl Daemon {
             last_snapshot: last,
             state: "released".into(),
             users: 0,
+            user_names: Vec::new(),
+            owner: crate::access::user_label(b.owner.uid),
+            access: None,
             chat: false,
             release_when_idle: false,
             layers: Vec::new(),
@@ -258,7 +294,9 @@ impl Daemon {
         validate(NameKind::Thread, thread)?;
         if let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? {
             self.require_owner(c, thread, rec.owner)?;
-            return Ok((self.status_of(&rec), vec![]));
+            let mut st = self.status_of(&rec);
+            st.access = self.access_note(&rec);
+            return Ok((st, vec![]));
         }
         let b = crate::workspace::Binding::load(&self.layout, thread)?
             .ok_or_else(|| Error::UnknownThread(thread.to_string()))?;

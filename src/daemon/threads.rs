@@ -12,7 +12,7 @@ use super::error::{Context, Error, on_workspace};
 use super::mirrors::{BLANK, blank_project};
 use super::proto::{Kept, Opened, ReleaseAnswer, SweepAnswer};
 use super::{Daemon, Reply, lock, now};
-use crate::access::Caller;
+use crate::access::{Caller, user_label};
 use crate::fs::{Durable, WorkspaceFs};
 use crate::git::mirror;
 use crate::git::objects::{EntryKind, ObjectStore, TreeEntry};
@@ -133,16 +133,21 @@ impl Daemon {
             if io.is_some() {
                 rec.io = io;
             }
-            rec.users = if rec.release_when_idle {
+            // Each caller counts once: the same user opening it again (`cd $(octofs open t)`,
+            // doctor's advice) is no other user.
+            let holders = if rec.release_when_idle {
                 // A pending `release --when-idle` was its last user's release: this open cancels
                 // it and is the one user now.
                 tracing::info!(%thread, "pending release cancelled by open");
-                1
+                vec![c.uid]
             } else if served || rec.mounted {
-                rec.users.max(1) + 1
+                let mut h = rec.holders();
+                h.push(c.uid);
+                h
             } else {
-                1
+                vec![c.uid]
             };
+            rec.set_holders(holders);
             rec.release_when_idle = false;
             rec.mounted = true;
             rec.save(&self.layout)?;
@@ -376,6 +381,7 @@ impl Daemon {
             saved: None,
             owner,
             users: 1,
+            user_uids: vec![owner.uid],
             release_when_idle: false,
             io: fork.io,
             layers: if fork.chat {
@@ -504,6 +510,7 @@ impl Daemon {
                             )
                             .map_err(on_workspace("cannot record refs/octomate/saved"))?,
                         );
+                        bookkeeping.extend(self.write_tips(&core, thread, &fork.project));
                     }
                     let restored = us(t0);
                     Ok::<_, Error>((seeded, diffed, applied, restored, bookkeeping, left))
@@ -653,11 +660,18 @@ impl Daemon {
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
-        self.release_locked(thread, force, discard)
+        self.release_locked(thread, force, discard, Some(c.uid))
     }
 
-    /// `release` with the thread's lock held and the caller checked.
-    fn release_locked(&self, thread: &str, force: bool, discard: bool) -> Reply<ReleaseAnswer> {
+    /// `release` with the thread's lock held and the caller checked. `by`: the caller whose hold
+    /// ends (none: the daemon's own release, of the last user).
+    fn release_locked(
+        &self,
+        thread: &str,
+        force: bool,
+        discard: bool,
+        by: Option<u32>,
+    ) -> Reply<ReleaseAnswer> {
         let mut rec = match WorkspaceRecord::load(&self.layout, thread)? {
             Some(r) => r,
             None if Binding::load(&self.layout, thread)?.is_some() => {
@@ -667,6 +681,7 @@ impl Daemon {
                         released: true,
                         already: true,
                         users: None,
+                        user_names: Vec::new(),
                         snapshot: None,
                         pending: false,
                     },
@@ -675,8 +690,10 @@ impl Daemon {
             }
             None => return Err(Error::UnknownThread(thread.to_string())),
         };
-        if rec.users > 1 && !force {
-            rec.users -= 1;
+        let holders = after_release(&rec, by);
+        if !holders.is_empty() && !force {
+            let names = holders.iter().map(|u| user_label(*u)).collect();
+            rec.set_holders(holders);
             rec.save(&self.layout)?;
             return Ok((
                 ReleaseAnswer {
@@ -684,6 +701,7 @@ impl Daemon {
                     released: false,
                     already: false,
                     users: Some(rec.users),
+                    user_names: names,
                     snapshot: None,
                     pending: false,
                 },
@@ -743,6 +761,7 @@ impl Daemon {
                 released: true,
                 already: false,
                 users: None,
+                user_names: Vec::new(),
                 snapshot: saved,
                 pending: false,
             },
@@ -761,17 +780,17 @@ impl Daemon {
         let _g = lock(&l);
         self.check_thread(c, thread)?;
         let Some(mut rec) = WorkspaceRecord::load(&self.layout, thread)? else {
-            return self.release_locked(thread, false, false);
+            return self.release_locked(thread, false, false, Some(c.uid));
         };
-        if rec.users > 1 {
-            return self.release_locked(thread, false, false);
+        if !after_release(&rec, Some(c.uid)).is_empty() {
+            return self.release_locked(thread, false, false, Some(c.uid));
         }
         // (`served` first, as a statement of its own: the guard of `mounts` must be gone before
         // `is_busy` walks the mount.)
         let served = lock(&self.mounts).contains_key(thread);
         if !served || !self.in_use(thread) {
             // Idle now (checked once: a second check in a row would unmount it behind us).
-            return self.release_locked(thread, true, false);
+            return self.release_locked(thread, true, false, Some(c.uid));
         }
         rec.release_when_idle = true;
         rec.save(&self.layout)?;
@@ -783,6 +802,7 @@ impl Daemon {
                 released: false,
                 already: false,
                 users: None,
+                user_names: Vec::new(),
                 snapshot: None,
                 pending: true,
             },
@@ -827,7 +847,7 @@ impl Daemon {
                 continue;
             }
             lock(&self.idle_waits).remove(&thread);
-            match self.release_locked(&thread, true, false) {
+            match self.release_locked(&thread, true, false, None) {
                 Ok(_) => {
                     tracing::info!(%thread, "released when idle");
                     released.push(thread);
@@ -1275,6 +1295,22 @@ fn leaf(e: &TreeEntry) -> crate::fs::TreeChange {
         EntryKind::Symlink => TreeChange::Symlink { id: e.id },
         EntryKind::Gitlink | EntryKind::Tree => TreeChange::Gitlink { id: e.id },
     }
+}
+
+/// Who still holds `rec`'s thread once `by` releases it: the caller's hold ends; a caller who holds
+/// none (root releasing a user's thread) ends the oldest one.
+fn after_release(rec: &WorkspaceRecord, by: Option<u32>) -> Vec<u32> {
+    let mut holders = rec.holders();
+    match by.and_then(|u| holders.iter().position(|h| *h == u)) {
+        Some(i) => {
+            holders.remove(i);
+        }
+        None if !holders.is_empty() => {
+            holders.remove(0);
+        }
+        None => {}
+    }
+    holders
 }
 
 #[cfg(test)]

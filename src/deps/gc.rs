@@ -40,6 +40,9 @@ pub struct LayerInfo {
     pub log: Option<PathBuf>,
     /// The threads whose workspace records hold this layer.
     pub users: Vec<String>,
+    /// Those threads' owners (user names, or uids without a name).
+    #[serde(default)]
+    pub owners: Vec<String>,
 }
 
 /// A layer `deps gc` removed.
@@ -100,17 +103,21 @@ fn info(rec: LayerRecord, users: Vec<String>) -> LayerInfo {
         message,
         log,
         users,
+        owners: Vec::new(),
     }
 }
 
-/// `(key, thread)` for every layer a workspace record holds.
-fn uses(layout: &Layout) -> std::io::Result<Vec<(String, String)>> {
+/// `(key, thread, owner's uid)` for every layer a workspace record holds.
+fn uses(layout: &Layout) -> std::io::Result<Vec<(String, String, u32)>> {
     let recs = WorkspaceRecord::list(layout).map_err(|e| std::io::Error::other(e.to_string()))?;
     Ok(recs
         .into_iter()
         .flat_map(|r| {
             let thread = r.thread.clone();
-            r.layers.into_iter().map(move |l| (l.key, thread.clone()))
+            let uid = r.owner.uid;
+            r.layers
+                .into_iter()
+                .map(move |l| (l.key, thread.clone(), uid))
         })
         .collect())
 }
@@ -123,14 +130,18 @@ pub fn list(layout: &Layout) -> std::io::Result<Vec<LayerInfo>> {
         .list()?
         .into_iter()
         .map(|rec| {
-            let mut users: Vec<String> = uses
-                .iter()
-                .filter(|(k, _)| *k == rec.key)
-                .map(|(_, t)| t.clone())
-                .collect();
+            let mine = uses.iter().filter(|(k, _, _)| *k == rec.key);
+            let mut users: Vec<String> = mine.clone().map(|(_, t, _)| t.clone()).collect();
             users.sort();
             users.dedup();
-            info(rec, users)
+            let mut owners: Vec<String> = mine
+                .map(|(_, _, u)| crate::access::user_label(*u))
+                .collect();
+            owners.sort();
+            owners.dedup();
+            let mut i = info(rec, users);
+            i.owners = owners;
+            i
         })
         .collect();
     out.sort_by(|a, b| b.built_at.cmp(&a.built_at).then(a.key.cmp(&b.key)));
@@ -169,7 +180,7 @@ pub fn gc(layout: &Layout, needed: &Needed) -> Result<GcAnswer, String> {
     let used: HashSet<String> = uses(layout)
         .map_err(|e| format!("cannot read the workspace records: {e}"))?
         .into_iter()
-        .map(|(k, _)| k)
+        .map(|(k, _, _)| k)
         .collect();
     let records = deps
         .list()

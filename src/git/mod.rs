@@ -17,6 +17,7 @@ pub mod objects;
 pub mod pack;
 pub mod posix_record;
 pub mod snapshot;
+pub mod tips;
 
 use std::ffi::OsStr;
 use std::path::Path;
