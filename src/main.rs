@@ -77,6 +77,10 @@ enum Cmd {
         /// root is not counted; default: no quota); see docs/overlay.md "Quota"
         #[arg(long, value_parser = parse_size, env = "OCTOFS_QUOTA_PER_USER")]
         quota_per_user: Option<u64>,
+        /// Keep every mount's connection in a keeper process, so that the mounts outlive a crash
+        /// of the daemon and the next one adopts them; see docs/restart.md "A crash"
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "OCTOFS_KEEP_CONNECTIONS")]
+        keep_connections: bool,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -337,6 +341,9 @@ enum Cmd {
         #[arg(long)]
         from: PathBuf,
     },
+    /// The connection keeper, started by the daemon (not for use by hand)
+    #[command(hide = true)]
+    FdKeeper,
 }
 
 #[derive(Subcommand)]
@@ -444,7 +451,10 @@ fn main() -> ExitCode {
             rest,
         });
     }
-    if !matches!(cli.cmd, Cmd::Serve { .. } | Cmd::TakeoverServe { .. }) {
+    if !matches!(
+        cli.cmd,
+        Cmd::Serve { .. } | Cmd::TakeoverServe { .. } | Cmd::FdKeeper
+    ) {
         octofs::sys::default_sigpipe();
     }
     let layout = Layout::resolve(cli.state, cli.root);
@@ -600,6 +610,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             io,
             max_threads_per_user,
             quota_per_user,
+            keep_connections,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -622,6 +633,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     io,
                     max_threads_per_user,
                     quota_per_user,
+                    keep_connections,
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -1241,6 +1253,17 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             octofs::daemon::serve_takeover(layout.clone(), &from).map_err(|e| format!("{e:#}"))
+        }
+        Cmd::FdKeeper => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("OCTOFS_LOG")
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .init();
+            octofs::daemon::run_keeper(layout).map_err(|e| format!("{e:#}"))
         }
         Cmd::TransportAs { .. } => Err("transport-as is run by the daemon's git only".into()),
     }

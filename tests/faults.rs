@@ -844,13 +844,16 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
     eprintln!("sigkill test: {:.2?}", started.elapsed());
 }
 
-/// A daemon killed with SIGKILL leaves its mount behind, answering `ENOTCONN`. A new `serve` on the
-/// same state must clear it and remount the workspace by itself (DESIGN.md: "On restart the daemon
-/// remounts every workspace that was mounted"), with what was written before the kill.
+/// A daemon killed with SIGKILL without the connection keeper (`--keep-connections false`; with
+/// it the next daemon adopts the mount: restart_idle.rs) leaves its mount behind, answering
+/// `ENOTCONN`. A new `serve` on the same state must clear it and remount the workspace by itself
+/// (DESIGN.md: "On restart the daemon remounts every workspace that was mounted"), with what was
+/// written before the kill.
 #[test]
 fn serve_clears_a_dead_mount_left_by_sigkill() {
     let fx = fixture();
-    let mut d = Daemon::start();
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--keep-connections", "false"]);
     d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
     let mirror = d.mirror(PROJECT);
     let mirror_before = mirror_digest(&mirror);
