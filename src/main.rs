@@ -498,17 +498,41 @@ fn request(layout: &Layout, req: Request) -> Result<Value, String> {
 /// change — `{"path", "kind", "token"}`, kind `changed`, `removed` or `directory` as the path is now
 /// in the workspace (the daemon's answer: nothing here looks through the mount) — a `rescan` line when the token cannot be trusted, and a `released` line (exit 0)
 /// when the workspace goes away. Each line's token resumes the stream after it (`--since`).
+/// Across `octofs restart` (or a crash the next daemon recovers from) the stream goes on: while the
+/// daemon cannot be reached or says it is restarting, the same token is asked again, for up to
+/// [`WATCH_RECONNECT`] (1 s once the control socket is gone: a `stop`); the new daemon's journal
+/// starts afresh, so its first answer is a `rescan` line, then changes as before.
 fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), String> {
     use octofs::daemon::proto::WatchAnswer;
     use std::io::Write;
+    const WATCH_RECONNECT: std::time::Duration = std::time::Duration::from_secs(15);
     let mut token = since.unwrap_or_default();
     let mut first = true;
+    let mut unreachable_since: Option<std::time::Instant> = None;
     loop {
         let req = Request::Watch {
             thread: thread.clone(),
             token: token.clone(),
         };
-        let resp = match client::call(layout, &req, false) {
+        let resp = client::call(layout, &req, false);
+        let between_daemons = match &resp {
+            Err(_) => true,
+            Ok(r) => !r.ok && r.error.as_deref().is_some_and(|e| e.contains("restarting")),
+        };
+        if between_daemons && !first {
+            let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);
+            let budget = if layout.socket().exists() {
+                WATCH_RECONNECT
+            } else {
+                std::time::Duration::from_secs(1)
+            };
+            if since.elapsed() < budget {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+        }
+        unreachable_since = None;
+        let resp = match resp {
             Ok(r) => r,
             // The daemon stopped: the workspace is gone with it.
             Err(_) if !first => octofs::daemon::proto::Response {
