@@ -467,7 +467,8 @@ fn numbered(text: &str, n: usize) -> bool {
 /// every mount's descriptors, the next daemon adopts them. A busy workspace (a read/append loop, a
 /// file held open, a process whose cwd is in it) and idle ones (default, no-open, an ordinary
 /// user's); processes started after the new daemon see every tree byte-identical, `git status` as
-/// before, and the loop saw no error and lost no line. Failed before: every mount died with the
+/// before, and the loop saw no error and lost no line; meanwhile `doctor` reports the four mounts as
+/// kept for the next daemon (without probing them). Failed before: every mount died with the
 /// daemon (the loop's reads failed with ENOTCONN, "Transport endpoint is not connected").
 #[test]
 fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
@@ -519,8 +520,18 @@ fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
     std::thread::sleep(Duration::from_millis(500));
 
     d.kill9();
-    // Nobody serves for a while: the loop's requests wait.
-    std::thread::sleep(Duration::from_millis(300));
+    // Nobody serves for a while: the loop's requests wait. `doctor` says so, in bounded time,
+    // without probing (a probe would wait too) or unmounting anything.
+    let doc = d.cli(["doctor", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&doc.stdout_str())
+        .unwrap_or_else(|e| panic!("doctor: {e}: {}", doc.describe()));
+    let kinds: Vec<&str> = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter_map(|f| f["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, vec!["kept-mount"; 4], "{v}");
     d.spawn();
     std::thread::sleep(Duration::from_millis(700));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);

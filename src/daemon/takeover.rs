@@ -396,6 +396,9 @@ impl Daemon {
                         tracing::error!(thread = %t.thread, "catalog: {e}");
                     }
                     t.m.session.resume_readers();
+                    // The new process may have given the keeper its own descriptors before it
+                    // was stopped: the keeper gets this daemon's again.
+                    super::mounts::keep_mount(&t.thread, &t.m);
                 }
                 Err(why)
             }
