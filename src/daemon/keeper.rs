@@ -258,6 +258,8 @@ struct State {
     mounts: BTreeMap<String, Entry>,
     /// Daemons attached now.
     attached: usize,
+    /// The keeper's socket, removed at quit.
+    socket: PathBuf,
     /// When the last daemon went (or the keeper started).
     alone_since: Option<Instant>,
     quit: bool,
@@ -281,6 +283,7 @@ pub fn run_keeper(layout: &Layout) -> anyhow::Result<()> {
         .unwrap_or(GRACE);
     let state = Arc::new(Mutex::new(State {
         alone_since: Some(Instant::now()),
+        socket: path.clone(),
         ..State::default()
     }));
     tracing::info!(pid = std::process::id(), "connection keeper started");
@@ -394,6 +397,9 @@ fn serve_link(mut s: UnixStream, state: &Mutex<State>) {
                     let mut st = lock(state);
                     st.mounts.clear();
                     st.quit = true;
+                    // Gone before the daemon sees this link close: a stopped daemon leaves no
+                    // keeper socket behind.
+                    let _ = std::fs::remove_file(&st.socket);
                     return Ok(());
                 }
             }
