@@ -35,7 +35,7 @@ pub const PROBE: Duration = Duration::from_secs(3);
 /// One thing found wrong.
 #[derive(Debug, Serialize)]
 pub struct Finding {
-    /// A stable name: `stale-mount`, `hung-mount`, `unknown-mount`, `daemon-unresponsive`,
+    /// A stable name: `stale-mount`, `hung-mount`, `kept-mount`, `unknown-mount`, `daemon-unresponsive`,
     /// `orphaned-workspace`, `bad-record`, `missing-upper`, `missing-binding`, `not-mounted`,
     /// `index-leftover`, `corrupt-index`, `blob-leftover`, `corrupt-blob`, `mirror-broken`,
     /// `mirror-changed`.
@@ -196,9 +196,27 @@ fn probe_mount(path: &Path) -> Probe {
 }
 
 fn check_mounts(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report) {
+    // A daemon died and its connection keeper holds the mounts for the next one: they wait for a
+    // server (a probe would hang), and must not be unmounted (docs/restart.md "A crash").
+    let kept = daemon != DaemonState::Running
+        && UnixStream::connect(layout.state.join("keeper.sock")).is_ok();
     for mp in crate::sys::fuse_mounts_under(&layout.root) {
         r.checked.mounts += 1;
         let path = mp.display().to_string();
+        if kept {
+            r.findings.push(Finding {
+                kind: "kept-mount",
+                path,
+                detail: "the daemon is gone; its connection keeper holds this mount for the next \
+                         one (requests wait meanwhile)"
+                    .into(),
+                remedy: "start the daemon (octofs serve, or any octofs command): it adopts the \
+                         mount, nothing is lost"
+                    .into(),
+                fixed: false,
+            });
+            continue;
+        }
         match probe_mount(&mp) {
             Probe::Ok => {
                 let known = mp

@@ -80,6 +80,10 @@ enum Cmd {
         /// root is not counted; default: no quota); see docs/overlay.md "Quota"
         #[arg(long, value_parser = parse_size, env = "OCTOFS_QUOTA_PER_USER")]
         quota_per_user: Option<u64>,
+        /// Keep every mount's connection in a keeper process, so that the mounts outlive a crash
+        /// of the daemon and the next one adopts them; see docs/restart.md "A crash"
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "OCTOFS_KEEP_CONNECTIONS")]
+        keep_connections: bool,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -370,6 +374,9 @@ enum Cmd {
         #[arg(long)]
         from: PathBuf,
     },
+    /// The connection keeper, started by the daemon (not for use by hand)
+    #[command(hide = true)]
+    FdKeeper,
 }
 
 #[derive(Subcommand)]
@@ -477,7 +484,10 @@ fn main() -> ExitCode {
             rest,
         });
     }
-    if !matches!(cli.cmd, Cmd::Serve { .. } | Cmd::TakeoverServe { .. }) {
+    if !matches!(
+        cli.cmd,
+        Cmd::Serve { .. } | Cmd::TakeoverServe { .. } | Cmd::FdKeeper
+    ) {
         octofs::sys::default_sigpipe();
     }
     let from_env = |name: &str| {
@@ -531,11 +541,17 @@ fn request(layout: &Layout, req: Request) -> Result<Value, String> {
 /// when the token cannot be trusted, and a `released` line (exit 0) when the workspace goes away.
 /// Each line's token resumes the stream after it (`--since`). The requests of one change (`echo >
 /// file`: open, truncate, write, close) are one line: see [`cli::Coalesce`].
+/// Across `octofs restart` (or a crash the next daemon recovers from) the stream goes on: while the
+/// daemon cannot be reached or says it is restarting, the same token is asked again, for up to
+/// `WATCH_RECONNECT` (1 s once the control socket is gone: a `stop`); the new daemon's journal
+/// starts afresh, so its first answer is a `rescan` line, then changes as before.
 fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), String> {
     use octofs::daemon::proto::WatchAnswer;
     use std::io::Write;
+    const WATCH_RECONNECT: std::time::Duration = std::time::Duration::from_secs(15);
     let mut token = since.unwrap_or_default();
     let mut first = true;
+    let mut unreachable_since: Option<std::time::Instant> = None;
     let mut held = cli::Coalesce::default();
     let print = |lines: Vec<Value>| -> bool {
         let mut out = std::io::stdout().lock();
@@ -549,7 +565,25 @@ fn watch(layout: &Layout, thread: String, since: Option<String>) -> Result<(), S
             thread: thread.clone(),
             token: token.clone(),
         };
-        let resp = match client::call(layout, &req, false) {
+        let resp = client::call(layout, &req, false);
+        let between_daemons = match &resp {
+            Err(_) => true,
+            Ok(r) => !r.ok && r.error.as_deref().is_some_and(|e| e.contains("restarting")),
+        };
+        if between_daemons && !first {
+            let since = *unreachable_since.get_or_insert_with(std::time::Instant::now);
+            let budget = if layout.socket().exists() {
+                WATCH_RECONNECT
+            } else {
+                std::time::Duration::from_secs(1)
+            };
+            if since.elapsed() < budget {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                continue;
+            }
+        }
+        unreachable_since = None;
+        let resp = match resp {
             Ok(r) => r,
             // The daemon stopped: the workspace is gone with it.
             Err(_) if !first => octofs::daemon::proto::Response {
@@ -697,6 +731,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             io,
             max_threads_per_user,
             quota_per_user,
+            keep_connections,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -719,6 +754,7 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     io,
                     max_threads_per_user,
                     quota_per_user,
+                    keep_connections,
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -1380,6 +1416,17 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
                 .init();
             octofs::daemon::serve_takeover(layout.clone(), &from).map_err(|e| format!("{e:#}"))
+        }
+        Cmd::FdKeeper => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_env("OCTOFS_LOG")
+                        .unwrap_or_else(|_| "info".into()),
+                )
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .init();
+            octofs::daemon::run_keeper(layout).map_err(|e| format!("{e:#}"))
         }
         Cmd::TransportAs { .. } => Err("transport-as is run by the daemon's git only".into()),
     }

@@ -61,7 +61,10 @@ fn kinds(v: &Value) -> Vec<(String, bool)> {
 fn a_healthy_host_has_no_findings_and_a_killed_daemon_leaves_a_stale_mount_to_fix() {
     let src = tempfile::tempdir().unwrap();
     let repo = project(&src.path().join("repo"));
-    let mut d = Daemon::start();
+    // Without the connection keeper: a killed daemon's mount dies with it (with one, the next
+    // daemon adopts it: restart_idle.rs).
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--keep-connections", "false"]);
     d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
     let mnt = d.open_thread("t1", &["--project", "proj"]);
     fs::write(mnt.join("mine.txt"), "written before the crash\n").unwrap();

@@ -237,6 +237,17 @@ fn live_errno(mount: &Path) -> Option<i32> {
 /// After the daemon was SIGKILLed: its mounts answer `ENOTCONN` (not a hang); they are detached
 /// with `umount -l` (what a supervisor does; that `serve` clears them by itself is
 /// [`serve_clears_a_dead_mount_left_by_sigkill`]), and a new daemon remounts them by itself.
+/// A daemon without the connection keeper (`--keep-connections false`): its mounts die with it,
+/// which is what the SIGKILL tests here look at (with the keeper the next daemon adopts them:
+/// restart_idle.rs).
+fn start_without_keeper() -> Daemon {
+    let mut d = Daemon::unstarted();
+    d.spawn_with(NO_KEEPER);
+    d
+}
+
+const NO_KEEPER: &[&str] = &["--keep-connections", "false"];
+
 #[track_caller]
 fn restart_after_kill(d: &mut Daemon, mounts: &[PathBuf], serve_args: &[&str]) {
     for m in mounts {
@@ -253,7 +264,9 @@ fn restart_after_kill(d: &mut Daemon, mounts: &[PathBuf], serve_args: &[&str]) {
         .assert_ok();
         assert!(!mount_points().contains(m), "umount -l {}", m.display());
     }
-    d.spawn_with(serve_args);
+    let mut args = serve_args.to_vec();
+    args.extend_from_slice(NO_KEEPER);
+    d.spawn_with(&args);
     wait_mounted(mounts, Duration::from_secs(10));
     for m in mounts {
         mounted_once(m);
@@ -748,7 +761,7 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
     ];
     assert!(plans[0].passthrough, "the first daemon is a default one");
 
-    let mut d = Daemon::start();
+    let mut d = start_without_keeper();
     d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
     let mirror = d.mirror(PROJECT);
     let mirror_before = mirror_digest(&mirror);
@@ -829,7 +842,7 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
 
     // A clean stop and start after all the crashes: nothing changes.
     d.stop();
-    d.spawn();
+    d.spawn_with(NO_KEEPER);
     let all: Vec<PathBuf> = done.iter().map(|(t, ..)| d.mount(t)).collect();
     wait_mounted(&all, Duration::from_secs(10));
     for m in &all {
@@ -844,13 +857,16 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
     eprintln!("sigkill test: {:.2?}", started.elapsed());
 }
 
-/// A daemon killed with SIGKILL leaves its mount behind, answering `ENOTCONN`. A new `serve` on the
-/// same state must clear it and remount the workspace by itself (DESIGN.md: "On restart the daemon
-/// remounts every workspace that was mounted"), with what was written before the kill.
+/// A daemon killed with SIGKILL without the connection keeper (`--keep-connections false`; with
+/// it the next daemon adopts the mount: restart_idle.rs) leaves its mount behind, answering
+/// `ENOTCONN`. A new `serve` on the same state must clear it and remount the workspace by itself
+/// (DESIGN.md: "On restart the daemon remounts every workspace that was mounted"), with what was
+/// written before the kill.
 #[test]
 fn serve_clears_a_dead_mount_left_by_sigkill() {
     let fx = fixture();
-    let mut d = Daemon::start();
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--keep-connections", "false"]);
     d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
     let mirror = d.mirror(PROJECT);
     let mirror_before = mirror_digest(&mirror);
@@ -1070,7 +1086,7 @@ fn full_state_dir_returns_enospc_and_keeps_every_acknowledged_write() {
         ],
     )
     .assert_ok();
-    d.spawn();
+    d.spawn_with(NO_KEEPER);
     d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
     let mirror = d.mirror(PROJECT);
     let mirror_before = mirror_digest(&mirror);
@@ -1304,7 +1320,7 @@ fn full_state_dir_returns_enospc_and_keeps_every_acknowledged_write() {
 
     // 5. Stop and start: the catalog loads with every write.
     d.stop();
-    d.spawn();
+    d.spawn_with(NO_KEEPER);
     wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
     mounted_once(&mount);
     verify_exact("after stop + start", m, &model);
@@ -1314,7 +1330,7 @@ fn full_state_dir_returns_enospc_and_keeps_every_acknowledged_write() {
     fill_until_enospc(m, "fill2", &mut model, umask, &mut violations);
     d.stop();
     print_log_problems(&d, "stop on a full disk");
-    d.spawn();
+    d.spawn_with(NO_KEEPER);
     wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
     mounted_once(&mount);
     verify_exact("after a stop on a full disk", m, &model);
@@ -1352,7 +1368,7 @@ fn full_state_dir_returns_enospc_and_keeps_every_acknowledged_write() {
     };
     must(m, &mut model, op, umask);
     d.stop();
-    d.spawn();
+    d.spawn_with(NO_KEEPER);
     wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
     mounted_once(&mount);
     verify_exact("at the end", m, &model);
@@ -1409,7 +1425,7 @@ fn create_and_stat(mount: &Path, rel: &str) -> u64 {
 fn inode_numbers_survive_copy_up_rename_link_and_restart() {
     let started = Instant::now();
     let fx = fixture();
-    let mut d = Daemon::start();
+    let mut d = start_without_keeper();
     d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
     let mirror = d.mirror(PROJECT);
     let mirror_before = mirror_digest(&mirror);
@@ -1608,7 +1624,7 @@ fn inode_numbers_survive_copy_up_rename_link_and_restart() {
 
     // A clean restart, then one by SIGKILL: every number stays; new files get numbers never seen.
     d.stop();
-    d.spawn();
+    d.spawn_with(NO_KEEPER);
     wait_mounted(std::slice::from_ref(&mount), Duration::from_secs(10));
     mounted_once(&mount);
     check_inos("after stop + start", &mount, &want);
@@ -1871,7 +1887,7 @@ fn reader_across_copy_up_without_passthrough() {
 #[test]
 fn a_damaged_catalog_record_costs_that_record_alone() {
     let fx = fixture();
-    let mut d = Daemon::start();
+    let mut d = start_without_keeper();
     d.cli_ok(["mirror", "add", PROJECT, &fx.repo.file_url()]);
     d.cli_ok(["open", "dmg", "--project", PROJECT]);
     let mount = d.mount("dmg");
@@ -1944,7 +1960,7 @@ fn a_damaged_catalog_record_costs_that_record_alone() {
     );
     // A later restart still reports it, and nothing more is lost.
     d.stop();
-    d.spawn();
+    d.spawn_with(NO_KEEPER);
     let v = parse_json("status --json", &d.cli_ok(["status", "dmg", "--json"]));
     assert!(v["damaged"].to_string().contains("new3.txt"), "{v}");
     let m = mount.clone();

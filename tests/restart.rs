@@ -445,3 +445,102 @@ fn a_daemon_with_ring_mounts_refuses_to_restart_and_keeps_serving() {
     fs::write(mount.join("new.txt"), "still serving\n").expect("write after the refusal");
     d.stop();
 }
+
+/// A `cargo build` of a small crate in a workspace spans two restarts and a `kill -9` of the
+/// daemon: a shell builds it from scratch over and over (`cargo clean` first: rustc and cargo
+/// write, rename and read hundreds of files in `target/`) while `octofs restart` runs twice, then
+/// the daemon is killed and a new one started on the same state (it adopts the mount from the
+/// connection keeper); every build succeeds and the binary built last runs.
+#[test]
+fn a_cargo_build_spanning_two_restarts_and_a_crash_succeeds() {
+    let mut d = Daemon::start();
+    let files = [
+        (
+            "Cargo.toml",
+            "[package]\nname = \"small\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\n",
+            0o644,
+        ),
+        (
+            "src/main.rs",
+            "mod util;\nfn main() {\n    println!(\"{}\", util::greet(\"restart\"));\n}\n",
+            0o644,
+        ),
+        (
+            "src/util.rs",
+            "pub fn greet(who: &str) -> String {\n    format!(\"built across {who}\")\n}\n",
+            0o644,
+        ),
+    ];
+    add_project(&d, "p", &files);
+    let mnt = d.open_thread("build", &["--project", "p"]);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let script = "n=0; while [ ! -e \"$1\" ] || [ $n -lt 2 ]; do \
+                  \"$0\" clean -q --offline && \"$0\" build -q --offline || exit 1; \
+                  n=$((n+1)); done; echo \"$n builds\"";
+    let stop = tempfile::tempdir().unwrap();
+    let flag = stop.path().join("stop");
+    let mut builder = Command::new("sh")
+        .args(["-c", script])
+        .arg(&cargo)
+        .arg(&flag)
+        .current_dir(&mnt)
+        .env("CARGO_TARGET_DIR", mnt.join("target"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the build loop");
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut serving = 0;
+    for round in 0..2 {
+        let (out, pids) = restart(&d, &[]);
+        let Some((_, new)) = pids.filter(|_| out.success()) else {
+            panic!("restart {round}: {}\n{}", out.describe(), d.log_tail());
+        };
+        serving = new;
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    // The daemon serving now is the second restart's (the test's child exited at the first).
+    // SAFETY: kill(2) of the pid `restart` reported, alive (it answered); errors are irrelevant.
+    unsafe {
+        libc::kill(serving as libc::pid_t, libc::SIGKILL);
+    }
+    d.reap_killed();
+    let proc_dir = PathBuf::from(format!("/proc/{serving}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proc_dir.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    d.spawn();
+    std::thread::sleep(Duration::from_millis(1500));
+    fs::write(&flag, b"").unwrap();
+    let status = wait_timeout(&mut builder, Duration::from_secs(300));
+    if status.is_none() {
+        let _ = builder.kill();
+    }
+    let out = builder.wait_with_output().expect("the build loop");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the build loop failed ({status:?}): {}\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log_tail()
+    );
+    eprintln!(
+        "cargo across restarts: {}",
+        String::from_utf8_lossy(&out.stdout).trim()
+    );
+    let ran = run(
+        &mut Command::new(mnt.join("target/debug/small")),
+        Duration::from_secs(30),
+    );
+    assert!(ran.success(), "{}", ran.describe());
+    assert_eq!(ran.stdout_str(), "built across restart\n");
+    assert!(
+        d.log_text()
+            .contains("adopted the mount of a daemon that died"),
+        "{}",
+        d.log_tail()
+    );
+}

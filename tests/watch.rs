@@ -263,4 +263,54 @@ fn one_change_is_one_line() {
     assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "y\n");
     drop(w);
     d.cli_ok(["release", "t3"]);
+
+/// A stream goes on across `octofs restart`: the CLI asks again with its token while the daemons
+/// change hands; the new daemon's journal starts afresh (one `rescan` line), then a change made
+/// after the restart is reported, and the stream still ends cleanly at release. Failed before: the
+/// stream ended with `{"kind":"released"}` at the restart (the refusal "the daemon is restarting"
+/// and the gap between the daemons were taken for the end of the workspace).
+#[test]
+fn a_stream_goes_on_across_a_restart() {
+    let src = tempfile::tempdir().unwrap();
+    let repo = GitRepo::init(&src.path().join("repo"));
+    repo.write("README.md", "watch\n");
+    repo.commit_all("initial", DATE);
+    let d = Daemon::start();
+    d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
+    let mnt = d.open_thread("t1", &["--project", "proj"]);
+    let w = Watcher::start(&d, &["t1"]);
+    std::thread::sleep(Duration::from_millis(500));
+    std::fs::write(mnt.join("before.txt"), "b\n").unwrap();
+    let lines = w.until(|l| last_kind(l, "before.txt").is_some());
+    assert_eq!(last_kind(&lines, "before.txt").as_deref(), Some("changed"));
+
+    for round in 0..2 {
+        let out = d.cli(["restart"]);
+        assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+        // The CLI asks the new daemon within a poll; a change made before that is in its rescan.
+        std::thread::sleep(Duration::from_millis(1000));
+        let name = format!("after-{round}.txt");
+        std::fs::write(mnt.join(&name), "a\n").unwrap();
+        let lines =
+            w.until(|l| l.iter().any(|v| v["kind"] == "released") || last_kind(l, &name).is_some());
+        assert!(
+            lines.iter().all(|v| v["kind"] != "released"),
+            "restart {round} ended the stream: {lines:?}"
+        );
+        assert_eq!(
+            last_kind(&lines, &name).as_deref(),
+            Some("changed"),
+            "{lines:?}"
+        );
+    }
+
+    d.cli_ok(["release", "t1"]);
+    let end = w.until(|l| l.iter().any(|v| v["kind"] == "released"));
+    assert!(
+        end.last().is_some_and(|v| v["kind"] == "released"),
+        "{end:?}"
+    );
+    let mut w = w;
+    let status = wait_timeout(&mut w.child, Duration::from_secs(10)).expect("watch exits");
+    assert!(status.success(), "{status:?}");
 }

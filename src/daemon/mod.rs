@@ -26,6 +26,7 @@
 //! - `status`: list, status, fsmonitor answers and request statistics;
 //! - `layers`: the dependency layers a workspace presents, and their absence from what leaves it;
 //! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
+//! - `keeper`: the connection keeper process, which lets the mounts outlive a crash of the daemon;
 //! - `takeover`: graceful restart: every mount's connection and state handed to a new process;
 //! - [`proto`]: the request and reply types of the control protocol.
 
@@ -35,6 +36,7 @@ mod deps;
 mod diff;
 pub mod error;
 mod export;
+mod keeper;
 mod layers;
 mod limits;
 mod mirrors;
@@ -70,6 +72,7 @@ use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::workspace::Owner;
 use error::Error;
+pub use keeper::run_keeper;
 pub use limits::DEFAULT_MAX_THREADS_PER_USER;
 pub use takeover::serve_takeover;
 
@@ -96,6 +99,9 @@ pub struct Settings {
     /// quota (`limits`). With one, those users' mounts serve writes through the daemon (no
     /// passthrough), so that every byte is counted.
     pub quota_per_user: Option<u64>,
+    /// Keep every mount's connection in the keeper process, so that the mounts outlive a crash
+    /// of this daemon and the next one adopts them (`octofs serve --keep-connections`).
+    pub keep_connections: bool,
 }
 
 struct Mounted {
@@ -255,7 +261,6 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     // Not state: every workspace owner must reach its mount point under it.
     crate::layout::create_public_dir(&layout.root)
         .with_context(|| format!("cannot create root {}", layout.root.display()))?;
-    mounts::clear_stale_mounts(&layout.root);
     mirror::set_fetch_timeout(settings.fetch_timeout_secs);
     // Made once here, so that a refused or failed `mirror add` leaves the state as it found it.
     for dir in [layout.mirrors(), layout.projects()] {
@@ -291,6 +296,13 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     if let Err(e) = std::fs::write(&serving, b"") {
         tracing::warn!("cannot write {}: {e}", serving.display());
     }
+    // A daemon that died left its mounts' connections with the keeper: they are adopted before
+    // anything looks at a mount point (a request to a kept mount waits for a server).
+    if daemon.settings.keep_connections {
+        let kept = keeper::attach(&layout);
+        takeover::adopt_kept(&daemon, &layout, kept);
+    }
+    mounts::clear_stale_mounts(&layout.root);
     daemon.remount_all();
     daemon.prebuild_all_indexes();
 
@@ -304,6 +316,8 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     notify::stopping();
     daemon.settle_all();
     daemon.unmount_all();
+    // Nothing holding a mount's descriptor outlives a stop.
+    keeper::quit();
     let _ = std::fs::remove_file(serving);
     let _ = std::fs::remove_file(layout.socket());
     drop(lock_file);

@@ -209,17 +209,16 @@ impl Daemon {
             .context(|| format!("cannot mount {}", path.display()))?;
         tracing::info!(thread = %rec.thread, path = %path.display(), "mounted");
         let dev = kernel_dev(&path, &rec.thread);
-        lock(&self.mounts).insert(
-            rec.thread.clone(),
-            Mounted {
-                path,
-                session,
-                info,
-                core,
-                owner: rec.owner,
-                dev,
-            },
-        );
+        let m = Mounted {
+            path,
+            session,
+            info,
+            core,
+            owner: rec.owner,
+            dev,
+        };
+        keep_mount(&rec.thread, &m);
+        lock(&self.mounts).insert(rec.thread.clone(), m);
         Ok(note)
     }
 
@@ -292,6 +291,7 @@ impl Daemon {
         }
         if let Some(m) = lock(&self.mounts).remove(thread) {
             m.session.disown();
+            super::keeper::forget(thread);
         }
         Ok(())
     }
@@ -318,6 +318,7 @@ impl Daemon {
         };
         match crate::sys::unmount(&m.path) {
             Ok(()) => {
+                super::keeper::forget(thread);
                 let (tx, rx) = std::sync::mpsc::channel();
                 let session = m.session;
                 std::thread::spawn(move || {
@@ -340,6 +341,7 @@ impl Daemon {
                 }
                 let _ = crate::sys::lazy_unmount(&m.path);
                 drop(m.session);
+                super::keeper::forget(thread);
                 Ok(())
             }
         }
@@ -367,6 +369,10 @@ impl Daemon {
             Err(e) => return tracing::error!("cannot list workspaces: {e}"),
         };
         for rec in records.into_iter().filter(|r| r.mounted) {
+            // Adopted from the keeper: served already.
+            if lock(&self.mounts).contains_key(&rec.thread) {
+                continue;
+            }
             if let Err(e) = self.mount(&rec) {
                 tracing::error!(thread = %rec.thread, "cannot remount: {e}");
             } else if rec.release_when_idle {
@@ -388,6 +394,37 @@ impl Daemon {
     }
 }
 
+/// Gives the connection keeper the descriptors `m`'s requests are read from, with what the next
+/// daemon needs to serve them (docs/restart.md "A crash"). A mount on the io_uring transport is
+/// not kept: its rings belong to this process and cannot be adopted.
+pub(super) fn keep_mount(thread: &str, m: &Mounted) {
+    use std::sync::atomic::Ordering;
+    if !super::keeper::attached()
+        || m.info
+            .transport
+            .get()
+            .is_some_and(|t| t.starts_with("uring"))
+    {
+        return;
+    }
+    let Some(negotiated) = m.session.negotiated() else {
+        return;
+    };
+    let fds = match m.session.dup_reader_fds() {
+        Ok(f) => f,
+        Err(e) => {
+            return tracing::warn!(%thread, "cannot keep its connection: {e}");
+        }
+    };
+    let meta = super::keeper::KeptMeta {
+        negotiated: negotiated.into(),
+        passthrough: m.info.passthrough.load(Ordering::Relaxed),
+        no_opendir: m.info.no_opendir.load(Ordering::Relaxed),
+        no_open: m.info.no_open.load(Ordering::Relaxed),
+    };
+    super::keeper::keep(thread, &m.path, meta, &fds);
+}
+
 fn unmount(thread: &str, m: Mounted) {
     // fuser unmounts and joins the session threads; a busy mount fails fast with EBUSY and is then
     // detached lazily, so its users see the daemon gone instead of a hang.
@@ -396,6 +433,7 @@ fn unmount(thread: &str, m: Mounted) {
     std::thread::spawn(move || {
         let _ = tx.send(session.umount_and_join());
     });
+    super::keeper::forget(thread);
     match rx.recv_timeout(Duration::from_secs(5)) {
         Ok(Ok(())) => tracing::info!(%thread, "unmounted"),
         outcome => {

@@ -141,15 +141,34 @@ struct SettingsState {
     /// `serve --quota-per-user` (absent from an older daemon's handover: none).
     #[serde(default)]
     quota_per_user: Option<u64>,
+    /// `serve --keep-connections` (absent from an older daemon's handover: on).
+    #[serde(default = "yes")]
+    keep_connections: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-struct NegotiatedState {
+pub(super) struct NegotiatedState {
     kernel_major: u32,
     kernel_minor: u32,
     flags: u64,
     max_write: u32,
     max_readahead: u32,
+}
+
+impl From<fuser::Negotiated> for NegotiatedState {
+    fn from(n: fuser::Negotiated) -> Self {
+        NegotiatedState {
+            kernel_major: n.kernel_major,
+            kernel_minor: n.kernel_minor,
+            flags: n.flags,
+            max_write: n.max_write,
+            max_readahead: n.max_readahead,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -176,13 +195,13 @@ struct Handover {
     mounts: Vec<MountHandover>,
 }
 
-fn write_frame(s: &mut UnixStream, v: &impl Serialize) -> std::io::Result<()> {
+pub(super) fn write_frame(s: &mut UnixStream, v: &impl Serialize) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(v).map_err(std::io::Error::other)?;
     s.write_all(&(bytes.len() as u64).to_le_bytes())?;
     s.write_all(&bytes)
 }
 
-fn read_frame(s: &mut UnixStream) -> std::io::Result<serde_json::Value> {
+pub(super) fn read_frame(s: &mut UnixStream) -> std::io::Result<serde_json::Value> {
     let mut len = [0u8; 8];
     s.read_exact(&mut len)?;
     let len = u64::from_le_bytes(len);
@@ -377,6 +396,9 @@ impl Daemon {
                         tracing::error!(thread = %t.thread, "catalog: {e}");
                     }
                     t.m.session.resume_readers();
+                    // The new process may have given the keeper its own descriptors before it
+                    // was stopped: the keeper gets this daemon's again.
+                    super::mounts::keep_mount(&t.thread, &t.m);
                 }
                 Err(why)
             }
@@ -469,6 +491,7 @@ impl Daemon {
                 io: st.io.to_string(),
                 max_threads_per_user: Some(st.max_threads_per_user),
                 quota_per_user: st.quota_per_user,
+                keep_connections: st.keep_connections,
             },
             fds: fds.len(),
             lock_fd: 0,
@@ -642,6 +665,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
             .max_threads_per_user
             .unwrap_or(super::limits::DEFAULT_MAX_THREADS_PER_USER),
         quota_per_user: h.settings.quota_per_user,
+        keep_connections: h.settings.keep_connections,
     };
     crate::git::mirror::set_fetch_timeout(settings.fetch_timeout_secs);
     let daemon = match Daemon::new(layout.clone(), settings) {
@@ -701,6 +725,14 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         }
     }
     tracing::info!(old_pid = h.old_pid, "took over every mount");
+    // The keeper holds the old daemon's descriptors (its readers are paused: none holds a
+    // request); it gets this one's instead.
+    if daemon.settings.keep_connections {
+        drop(super::keeper::attach(&layout));
+        for (thread, m) in lock(&daemon.mounts).iter() {
+            super::mounts::keep_mount(thread, m);
+        }
+    }
     *lock(&ACK) = Some(s);
     remember_lock(&lock_file);
     if let Err(e) = crate::git::mirror::list(&layout) {
@@ -716,6 +748,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     let result = rt.block_on(super::server::run(daemon.clone()));
     super::notify::stopping();
     daemon.unmount_all();
+    super::keeper::quit();
     let _ = std::fs::remove_file(layout.socket());
     drop(lock_file);
     result
@@ -778,4 +811,101 @@ fn build(
         when_idle: rec.release_when_idle,
     });
     Ok(())
+}
+
+/// A daemon that died left its mounts' connections with the keeper (`keeper`): this one serves
+/// them, through the same adoption as a handover (`build`), with what the durable state gives
+/// (record, catalog, upper layer) instead of the old daemon's memory. Each workspace's visible
+/// names are registered (the kernel still refers to the old daemon's inodes by their stable
+/// numbers), the requests the dead daemon read and never answered are asked for again
+/// (`FUSE_NOTIFY_RESEND`, before a reader runs), then the session serves and the keeper gets this
+/// daemon's descriptors. A mount that cannot be adopted is detached and let go (it is mounted
+/// again from its record, as after a crash without a keeper).
+pub(super) fn adopt_kept(daemon: &Daemon, layout: &Layout, kept: Vec<super::keeper::Kept>) {
+    for k in kept {
+        let thread = k.thread.clone();
+        let path = k.path.clone();
+        let started = Instant::now();
+        match adopt_one(daemon, layout, k) {
+            Ok(names) => tracing::info!(
+                %thread,
+                names,
+                ms = started.elapsed().as_millis() as u64,
+                "adopted the mount of a daemon that died"
+            ),
+            Err(why) => {
+                tracing::error!(%thread, "cannot adopt its mount ({why}): letting it go");
+                let _ = crate::sys::lazy_unmount(&path);
+                super::keeper::forget(&thread);
+            }
+        }
+    }
+}
+
+fn adopt_one(daemon: &Daemon, layout: &Layout, k: super::keeper::Kept) -> Result<usize, String> {
+    let thread = k.thread;
+    let rec = WorkspaceRecord::load(layout, &thread)
+        .map_err(|e| e.to_string())?
+        .ok_or("no workspace record")?;
+    if !rec.mounted {
+        return Err("not recorded as mounted".into());
+    }
+    if k.path != layout.mountpoint(&thread) {
+        return Err(format!(
+            "kept for {}, not its mount point",
+            k.path.display()
+        ));
+    }
+    let mut fds = k.fds.into_iter();
+    let dev = fds.next().ok_or("no descriptor kept")?;
+    // The dead daemon's clones: requests it read from them are queued again below.
+    let old_clones: Vec<OwnedFd> = fds.collect();
+    let ask = dev.try_clone().map_err(|e| e.to_string())?;
+    let m = MountHandover {
+        thread: thread.clone(),
+        path: k.path,
+        dev_fd: 0,
+        negotiated: k.meta.negotiated,
+        adapter: AdapterState {
+            passthrough: k.meta.passthrough,
+            no_opendir: k.meta.no_opendir,
+            no_open: k.meta.no_open,
+            handles: Default::default(),
+            nodes: Vec::new(),
+        },
+        files: Vec::new(),
+    };
+    let mut slots = vec![Some(dev)];
+    let mut built = Vec::new();
+    build(daemon, layout, m, &mut slots, &mut built)?;
+    let b = built.pop().ok_or("nothing built")?;
+    let names = b.core.register_all().map_err(|e| format!("{e:?}"))?;
+    // Before any reader runs: a request read by a new reader and queued again would be served
+    // twice.
+    match crate::sys::fuse_notify_resend(ask.as_fd()) {
+        Ok(()) => {}
+        Err(e) => tracing::warn!(
+            %thread,
+            "the kernel cannot send again the requests the dead daemon held (FUSE_NOTIFY_RESEND, \
+             Linux 6.9): {e}; a process waiting for one of them waits until killed"
+        ),
+    }
+    let session = b.session.spawn().map_err(|e| e.to_string())?;
+    drop(old_clones);
+    if b.when_idle {
+        lock(&daemon.idle_waits).insert(thread.clone());
+    }
+    let dev = super::mounts::kernel_dev(&b.path, &thread);
+    let mounted = Mounted {
+        path: b.path,
+        session,
+        info: b.info,
+        core: b.core,
+        owner: b.owner,
+        dev,
+    };
+    super::mounts::keep_mount(&thread, &mounted);
+    lock(&daemon.mounts).insert(thread, mounted);
+    daemon.grant_owner(&rec.project, rec.owner, true);
+    Ok(names)
 }

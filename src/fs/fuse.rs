@@ -200,6 +200,17 @@ impl FuseAdapter {
         self.info.no_open.load(Ordering::Relaxed)
     }
 
+    /// Whether file I/O on `fh` is served by inode: no handle in no-open mode, or a handle this
+    /// daemon never gave out (one a daemon that died opened, whose mount this one adopted:
+    /// docs/restart.md "A crash"; its number is never one of this daemon's, see `handles.rs`).
+    fn by_inode(&self, fh: u64) -> bool {
+        if fh == 0 {
+            self.no_open()
+        } else {
+            !self.handles.knows(fh)
+        }
+    }
+
     /// Counts a passthrough open, or turns passthrough off for the mount when registering failed.
     /// File `i` is being read: the files listed after it go to the read-ahead pool.
     fn read_ahead(&self, i: u64) {
@@ -733,7 +744,7 @@ impl Filesystem for FuseAdapter {
         if let Some(v) = self.virt(_i.0) {
             return data(&cx, reply, v.read(_req.uid(), _i.0, fh.0, offset, size));
         }
-        let by_inode = self.no_open() && fh.0 == 0;
+        let by_inode = self.by_inode(fh.0);
         let r = if by_inode {
             self.inode_io.read(ino(_i), offset, size)
         } else {
@@ -773,7 +784,7 @@ impl Filesystem for FuseAdapter {
         {
             return reply.error(failed(&cx, e));
         }
-        let r = if self.no_open() && fh.0 == 0 {
+        let r = if self.by_inode(fh.0) {
             self.inode_io.write(ino(_i), offset, data)
         } else {
             self.handles.write(fh.0, offset, data)
@@ -837,7 +848,7 @@ impl Filesystem for FuseAdapter {
         if self.virt(_i.0).is_some() {
             return reply.ok();
         }
-        let r = if self.no_open() && fh.0 == 0 {
+        let r = if self.by_inode(fh.0) {
             self.inode_io.fsync(ino(_i), datasync)
         } else {
             self.handles.fsync(fh.0, datasync)

@@ -150,11 +150,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The first handle number of a new table: the time in microseconds times 1024. A daemon that
+/// adopts the mounts of one that died (docs/restart.md "A crash") knows nothing of the handles the
+/// kernel still holds; numbering from the clock, it never gives out a number the dead one did
+/// (that would take 1024 opens per microsecond), so an old handle is unknown here (`EBADF`), never
+/// another file.
+fn first_fh() -> u64 {
+    let micros = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    (micros << 10).max(1)
+}
+
 impl<B> Handles<B> {
     pub fn new(core: Arc<WorkspaceFs>) -> Self {
         Handles {
             core,
-            next_fh: AtomicU64::new(1),
+            next_fh: AtomicU64::new(first_fh()),
             handles: DashMap::new(),
             backing: DashMap::new(),
             listings: DashMap::new(),
@@ -427,6 +440,12 @@ impl<B> Handles<B> {
     }
 
     /// `release` of file handle `fh` of `ino`.
+    /// Whether `fh` is a handle of this table (a daemon that adopted a dead one's mount does not
+    /// know the handles the kernel still holds: those are served by inode).
+    pub fn knows(&self, fh: u64) -> bool {
+        self.handles.contains_key(&fh)
+    }
+
     pub fn release(&self, ino: u64, fh: u64) {
         let (wrote, exec) = match self.handles.remove(&fh) {
             Some((_, Handle { write, exec, .. })) => (write, exec),

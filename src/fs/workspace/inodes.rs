@@ -752,6 +752,43 @@ impl WorkspaceFs {
         Ok(Some(ino))
     }
 
+    /// For a daemon adopting the mount of one that died (docs/restart.md "A crash"): registers
+    /// every name the workspace presents, directories as full nodes and base files as light ones,
+    /// each counted as one kernel reference. The kernel still refers to the dead daemon's inodes
+    /// (cached entries, open files, working directories) by their numbers, which are stable
+    /// (`docs/inodes.md`); registered, each is found again as it was. Uncounted, a node would go
+    /// at its first release (nothing would refer to it) while the kernel still uses it; counted
+    /// once, it goes when the kernel forgets it (a forget takes the count to zero, never below). A
+    /// node the kernel never refers to stays until unmounted (16 bytes a base file). Returns how
+    /// many names were registered.
+    pub fn register_all(&self) -> Result<usize, FsError> {
+        let mut dirs = vec![ROOT_INO];
+        let mut n = 0;
+        while let Some(dir) = dirs.pop() {
+            let names: Vec<(Vec<u8>, bool)> = self
+                .readdir(dir)?
+                .into_iter()
+                .filter(|e| e.name != "." && e.name != "..")
+                .map(|e| {
+                    (
+                        e.name.as_encoded_bytes().to_vec(),
+                        e.attr.kind == fuser::FileType::Directory,
+                    )
+                })
+                .collect();
+            let mut st = self.lock();
+            for (name, is_dir) in names {
+                if let Some(rec) = self.reference(&mut st, dir, &name)? {
+                    n += 1;
+                    if is_dir {
+                        dirs.push(rec.ino);
+                    }
+                }
+            }
+        }
+        Ok(n)
+    }
+
     /// Makes full node `ino` light again if it is a base file or symlink nobody changed, opens or
     /// copies and the kernel still refers to: exactly what deriving it again gives (checked).
     fn settle(&self, st: &mut State, ino: u64) {

@@ -469,19 +469,24 @@ impl<FS: Filesystem> Session<FS> {
     /// filesystem's `destroy` runs after all of them. (octofs patch)
     pub fn spawn_with_ring(self, workers: Vec<RingWorker<FS>>) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
+        // The readers' channels are made here (not in the session thread) so that the handle can
+        // give out every descriptor requests are read from (octofs patch: `dup_reader_fds`).
+        let channels = self.reader_channels()?;
+        let reader_devs = channels.iter().map(|c| c.sender().0).collect();
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let negotiated = self.negotiated;
         let pause = self.pause.clone();
         let guard = thread::Builder::new()
             .name("fuser-bg".to_string())
-            .spawn(move || self.run_with_ring(workers))?;
+            .spawn(move || self.run_with_ring(channels, workers))?;
         Ok(BackgroundSession {
             guard,
             sender,
             mount,
             negotiated,
             pause,
+            reader_devs,
         })
     }
 
@@ -492,24 +497,14 @@ impl<FS: Filesystem> Session<FS> {
     /// # Errors
     /// Returns any final error when the session comes to an end.
     pub fn run(self) -> io::Result<()> {
-        self.run_with_ring(Vec::new())
+        let channels = self.reader_channels()?;
+        self.run_with_ring(channels, Vec::new())
     }
 
-    /// `run`, plus the ring workers of `spawn_with_ring` (octofs patch).
-    fn run_with_ring(self, workers: Vec<RingWorker<FS>>) -> io::Result<()> {
-        let Session {
-            filesystem,
-            ch,
-            mount: _do_not_umount_yet,
-            allowed,
-            session_owner,
-            proto_version: _,
-            config,
-            negotiated: _,
-            pause,
-        } = self;
-
-        let n_threads = config.n_threads.unwrap_or(1);
+    /// One channel per reader thread: the session's own, then `n_threads - 1` more (clones of the
+    /// device with `clone_fd`, else the same one). (octofs patch: made before the session thread.)
+    fn reader_channels(&self) -> io::Result<Vec<Channel>> {
+        let n_threads = self.config.n_threads.unwrap_or(1);
 
         if !cfg!(target_os = "linux") && n_threads != 1 {
             // TODO: check whether it works on macOS/FreeBSD and enable if it works.
@@ -522,15 +517,13 @@ impl<FS: Filesystem> Session<FS> {
             return Err(io::Error::other("n_threads"));
         };
 
-        let mut filesystem = Arc::new(filesystem);
-
         let mut channels = Vec::with_capacity(n_threads);
-
+        channels.push(self.ch.clone());
         for _ in 0..n_threads_minus_one {
-            if config.clone_fd {
+            if self.config.clone_fd {
                 #[cfg(target_os = "linux")]
                 {
-                    channels.push(ch.clone_fd()?);
+                    channels.push(self.ch.clone_fd()?);
                     continue;
                 }
                 #[cfg(not(target_os = "linux"))]
@@ -538,11 +531,33 @@ impl<FS: Filesystem> Session<FS> {
                     return Err(io::Error::other("clone_fd is only supported on Linux"));
                 }
             } else {
-                channels.push(ch.clone());
+                channels.push(self.ch.clone());
             }
         }
-        let ring_ch = ch.clone();
-        channels.push(ch);
+        Ok(channels)
+    }
+
+    /// `run`, plus the ring workers of `spawn_with_ring` (octofs patch).
+    fn run_with_ring(
+        self,
+        channels: Vec<Channel>,
+        workers: Vec<RingWorker<FS>>,
+    ) -> io::Result<()> {
+        let Session {
+            filesystem,
+            ch,
+            mount: _do_not_umount_yet,
+            allowed,
+            session_owner,
+            proto_version: _,
+            config: _,
+            negotiated: _,
+            pause,
+        } = self;
+
+        let n_threads = channels.len();
+        let mut filesystem = Arc::new(filesystem);
+        let ring_ch = ch;
 
         let mut threads = Vec::with_capacity(n_threads + workers.len());
 
@@ -924,6 +939,8 @@ pub struct BackgroundSession {
     negotiated: Option<Negotiated>,
     /// Stops and resumes the reader threads (octofs patch).
     pause: Arc<PauseCtl>,
+    /// The device of each reader thread: the connection's fd, then its clones (octofs patch).
+    reader_devs: Vec<Arc<DevFuse>>,
 }
 
 impl BackgroundSession {
@@ -959,6 +976,17 @@ impl BackgroundSession {
     /// A duplicate of the connection's `/dev/fuse` fd, to hand to another process. (octofs patch)
     pub fn dup_dev_fd(&self) -> io::Result<OwnedFd> {
         self.sender.0.as_fd().try_clone_to_owned()
+    }
+
+    /// A duplicate of every descriptor this session's readers read requests from: the
+    /// connection's fd first, then each clone (`clone_fd`). A process that keeps them all open
+    /// keeps the connection alive, and the requests read but not answered queued on it, should
+    /// this one die; closing a clone ends the requests read from it. (octofs patch)
+    pub fn dup_reader_fds(&self) -> io::Result<Vec<OwnedFd>> {
+        self.reader_devs
+            .iter()
+            .map(|d| d.as_fd().try_clone_to_owned())
+            .collect()
     }
 
     /// Stops every `/dev/fuse` reader thread after the request it is serving and waits until all
