@@ -432,6 +432,7 @@ fn a_handover_makes_an_old_workspace_s_alternates_relative() {
     );
     let log = in_mount(None, &m, "git", &["log", "--format=%s"]);
     assert_eq!(log.stdout_str(), "initial\n", "{}", log.describe());
+}
 
 /// What a process working in a mount saw across a crash of the daemon: one read of a base file, one
 /// append (with `fsync`) through a file held open since before the crash, and one append through a

@@ -263,6 +263,7 @@ fn one_change_is_one_line() {
     assert_eq!(std::fs::read_to_string(mnt.join("f.txt")).unwrap(), "y\n");
     drop(w);
     d.cli_ok(["release", "t3"]);
+}
 
 /// A stream goes on across `octofs restart`: the CLI asks again with its token while the daemons
 /// change hands; the new daemon's journal starts afresh (one `rescan` line), then a change made
