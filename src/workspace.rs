@@ -57,6 +57,11 @@ pub struct WorkspaceRecord {
     /// into its base commit or a snapshot). Empty for a workspace without dependencies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layers: Vec<crate::deps::DepLayer>,
+    /// The tree whose lockfiles chose the layers when it differs from `base_tree` (a resumed
+    /// thread's snapshot, whose lockfile may be its agent's): what `status` compares the presented
+    /// layers with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_tree: Option<String>,
     /// The I/O mode the thread asked for (`open --io`); none: the daemon's (`serve --io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<crate::fs::fuse::IoMode>,

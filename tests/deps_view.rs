@@ -655,3 +655,115 @@ fn an_existing_non_relocatable_venv_is_kept_and_reported() {
         d.cli_ok(["release", t, "--force"]);
     }
 }
+
+/// Issue 32, item 2: a uv layer whose `.venv/bin/python` names an interpreter its workspace's owner
+/// cannot run (under a 0700 directory, as a root-only Python would be) is not presented as fine:
+/// `open` prints why and `status` says so, as an ordinary user, who indeed gets "Permission
+/// denied" there; once the interpreter is reachable, status is clean. Before, status showed the
+/// layer alone and open said nothing.
+#[test]
+fn a_uv_layer_whose_interpreter_the_owner_cannot_run_is_reported() {
+    let owner = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    chmod(&d.root, 0o755);
+    let uv_lock = "version = 1\nrequires-python = \">=3.8\"\n# interpreter check\n";
+    let repo = GitRepo::init(&d.base.join("py"));
+    repo.write(
+        "pyproject.toml",
+        "[project]\nname = \"p\"\nversion = \"0.1.0\"\n",
+    );
+    repo.write("uv.lock", uv_lock);
+    repo.write(".gitignore", ".venv/\n");
+    repo.commit_all("py", DATE1);
+    d.cli_ok(["mirror", "add", "p", repo.path.to_str().expect("utf8")]);
+    d.cli_ok([
+        "mirror",
+        "access",
+        "p",
+        "--allow-user",
+        &owner.uid.to_string(),
+    ]);
+    // The interpreter: the host's python3, reached through a directory only root can search.
+    let private = d.base.join("private");
+    let interp = private.join("bin/python3");
+    fs::create_dir_all(interp.parent().expect("parent")).expect("mkdir");
+    std::os::unix::fs::symlink("/usr/bin/python3", &interp).expect("symlink python3");
+    chmod(&private, 0o700);
+    // A built uv layer for this lockfile, sealed by hand: bin/python names that interpreter,
+    // bin/python3 is a link to python (as uv makes them).
+    let deps = d.state.join("deps");
+    let store = deps.join("store.git");
+    if !store.exists() {
+        fs::create_dir_all(&deps).expect("mkdir deps");
+        g(&deps, &["init", "-q", "--bare", "store.git"]);
+    }
+    let files = d.base.join("uvlayer/.venv");
+    write_file(
+        &files.join("pyvenv.cfg"),
+        b"home = /usr/bin\nrelocatable = true\n",
+        0o644,
+    );
+    fs::create_dir_all(files.join("bin")).expect("mkdir bin");
+    std::os::unix::fs::symlink(&interp, files.join("bin/python")).expect("symlink");
+    std::os::unix::fs::symlink("python", files.join("bin/python3")).expect("symlink");
+    let index = d.base.join("uvlayer.index");
+    g_bare(
+        &store,
+        Some(&index),
+        Some(&files),
+        &["add", "-f", "-A", "."],
+    );
+    let tree = g_bare(&store, Some(&index), Some(&files), &["write-tree"]);
+    let key = layer_key("uv", "0.9", uv_lock.as_bytes());
+    let record = serde_json::json!({
+        "key": key, "manager": "uv", "manager_version": "0.9.0", "built_at": 1_700_000_000u64,
+        "state": "built", "bytes": 60, "files": 3,
+        "layer": {"key": key, "manager": "uv", "path": ".venv", "tree": tree,
+                  "lockfile_hash": blake3::hash(uv_lock.as_bytes()).to_hex().to_string()},
+    });
+    fs::create_dir_all(deps.join("layers")).expect("mkdir");
+    fs::write(deps.join(format!("layers/{key}.json")), record.to_string()).expect("write record");
+
+    let out = d.cli_as(owner, &["open", "py", "--project", "p"]);
+    out.assert_ok();
+    assert!(
+        out.stderr_str().contains("uv layer .venv") && out.stderr_str().contains("cannot run"),
+        "open said nothing: {}",
+        out.describe()
+    );
+    let ws = d.mount("py");
+    // What the owner meets in the workspace (through a shell: setpriv itself finds the program
+    // before it drops root's rights).
+    let run_python = format!("{}/.venv/bin/python -c 'print(1)'", ws.display());
+    let ran = run(as_user(owner, "sh").arg("-c").arg(&run_python), CMD_TIMEOUT);
+    assert!(
+        !ran.success() && ran.stderr_str().contains("Permission denied"),
+        "{}",
+        ran.describe()
+    );
+    let s = d.cli_as(owner, &["status", "py", "--json"]);
+    s.assert_ok();
+    let s = parse_json("status", &s.stdout_str());
+    let lines = s["dependencies"].to_string();
+    assert!(
+        lines.contains("uv layer .venv")
+            && lines.contains(&interp.display().to_string())
+            && lines.contains("cannot run"),
+        "{s}"
+    );
+    let text = d.cli_as(owner, &["status", "py"]);
+    assert!(
+        text.stdout_str().contains("dependencies:  uv layer .venv"),
+        "{}",
+        text.describe()
+    );
+    // Reachable now: the owner runs it, and status has nothing to say.
+    chmod(&private, 0o755);
+    let ran = run(as_user(owner, "sh").arg("-c").arg(&run_python), CMD_TIMEOUT);
+    assert!(ran.success(), "{}", ran.describe());
+    let s = d.cli_as(owner, &["status", "py", "--json"]);
+    let s = parse_json("status", &s.stdout_str());
+    assert_eq!(s["dependencies"].as_array().map(Vec::len), Some(0), "{s}");
+    d.cli_as(owner, &["release", "py", "--force"]).assert_ok();
+}

@@ -442,6 +442,109 @@ fn an_agents_uv_sync_after_a_lockfile_change_works_in_the_mount() {
     d.cli_ok(["release", "b", "--force"]);
 }
 
+/// The `dependencies` lines of `status --json`, joined.
+fn dependency_lines(d: &Daemon, thread: &str) -> String {
+    let s = parse_json("status", &d.cli_ok(["status", thread, "--json"]));
+    s["dependencies"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|l| l.as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 32, item 1: a thread whose agent changed its lockfile (`npm install is-even`) gets, when
+/// it is opened again, the layer of its own lockfile — built at open in the build sandbox from the
+/// warm cache — and `status` says the true state. Before, the open presented no `node_modules`
+/// at all (not even the base's layer) and status said "built after this workspace opened".
+/// With the open told not to wait (`OCTOFS_DEPS_OPEN_WAIT=0`), the base's layer stands in while
+/// the build runs, status says so, and the next open has the thread's own layer.
+#[test]
+fn a_threads_own_lockfile_gets_its_layer_when_it_opens_again() {
+    let mut d = Daemon::unstarted();
+    d.spawn_with_env(&[], &[("OCTOFS_DEPS_OPEN_WAIT", "600")]);
+    let repo = npm_project(&d);
+    let out = run(
+        d.command()
+            .args(["mirror", "add", "p", repo.path.to_str().expect("utf-8")]),
+        NET,
+    );
+    out.assert_ok();
+    let ws = d.open_thread("t", &["--project", "p"]);
+    let base_stamp = std::fs::read_to_string(ws.join(".git/octomate-installed")).expect("stamp");
+    // The agent adds a dependency, as it would: the lockfile changes.
+    in_dir(&ws, &["npm", "install", "is-even@1.0.0"]);
+    assert!(in_dir(&ws, &["git", "status", "--porcelain"]).contains("package-lock.json"));
+    d.cli_ok(["release", "t"]);
+
+    let t0 = std::time::Instant::now();
+    let ws = d.open_thread("t", &[]);
+    eprintln!(
+        "open that built the thread's own npm layer: {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        ws.join("node_modules/is-number").is_dir(),
+        "the open has no node_modules/is-number"
+    );
+    assert_eq!(
+        in_dir(&ws, &["node", "-e", "console.log(require('is-even')(2))"]),
+        "true"
+    );
+    assert!(in_dir(&ws, &["npm", "test"]).contains("tests pass"));
+    let stamp = std::fs::read_to_string(ws.join(".git/octomate-installed")).expect("stamp");
+    assert_ne!(stamp, base_stamp, "the base's layer is presented");
+    assert_eq!(dependency_lines(&d, "t"), "", "status is not clean");
+    let text = d.cli_ok(["status", "t"]);
+    assert!(text.contains("layer:         npm node_modules"), "{text}");
+    assert!(!text.contains("not in use"), "{text}");
+    // Nothing of the layer is content: git sees the agent's change of the manifests only.
+    let porcelain = in_dir(&ws, &["git", "status", "--porcelain"]);
+    assert!(!porcelain.contains("node_modules"), "{porcelain}");
+    d.cli_ok(["release", "t"]);
+
+    // The open does not wait: the base's layer stands in, status says the thread's own is
+    // building (or built by now), and the next open presents it.
+    d.stop();
+    d.spawn_with_env(&[], &[("OCTOFS_DEPS_OPEN_WAIT", "0")]);
+    let ws = d.open_thread("u", &["--project", "p"]);
+    in_dir(&ws, &["npm", "install", "is-odd@3.0.1"]);
+    d.cli_ok(["release", "u"]);
+    let ws = d.open_thread("u", &[]);
+    assert!(
+        ws.join("node_modules/is-number").is_dir(),
+        "the base's layer vanished while the thread's own builds"
+    );
+    assert!(!ws.join("node_modules/is-odd").exists());
+    let lines = dependency_lines(&d, "u");
+    assert!(
+        (lines.contains("npm layer of this workspace's package-lock.json building")
+            || lines.contains("npm layer not in use (built after this workspace opened"))
+            && lines.contains("presents the npm layer of another lockfile"),
+        "{lines}"
+    );
+    let deadline = std::time::Instant::now() + NET;
+    while !dependency_lines(&d, "u").contains("built after this workspace opened") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the build never finished: {}",
+            dependency_lines(&d, "u")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    d.cli_ok(["release", "u"]);
+    let ws = d.open_thread("u", &[]);
+    assert_eq!(
+        in_dir(&ws, &["node", "-e", "console.log(require('is-odd')(3))"]),
+        "true"
+    );
+    assert_eq!(dependency_lines(&d, "u"), "");
+    d.cli_ok(["release", "u"]);
+}
+
 /// A lockfile reaches the default branch through anyone who can push (an agent's `octofs push`), and
 /// the daemon builds it as root: no package code runs — the project's own lifecycle scripts
 /// included — and the project's `.npmrc` is not used.

@@ -519,3 +519,70 @@ fn a_release_keeps_the_whole_repository() {
         }
     }
 }
+
+/// Issue 32, item 4: a thread handed A → B → A. Host B, having opened the thread from the share,
+/// continues its named chain (`snapshot --name n --push` files on top of the share's `n` and
+/// pushes a fast-forward; before, it said "diverged"); host A, whose live thread is unchanged and
+/// merely behind the share, releases saying "behind" and pushes nothing (before: "has diverged …;
+/// not overwritten"); opened again, A resumes B's state and continues the same chain.
+#[test]
+fn a_thread_handed_back_and_forth_continues_its_chains() {
+    let Hosts { h1, h2, share } = hosts(&[("a.txt", "alpha\n")]);
+    let remote = share.to_str().unwrap();
+    let named = |rev: &str| g(&share, &["rev-parse", "--verify", rev]);
+
+    // Host A: work, a named snapshot pushed to the share (the thread's own ref goes there too).
+    let m1 = h1.open_thread("t", &["--project", "p"]);
+    in_ws(&m1, "printf 'from A\\n' > a.txt");
+    h1.cli_ok(["snapshot", "t", "--name", "n", "--push", remote]);
+    let n1 = named("refs/snapshots/n");
+    let s1 = share_tip(&share, "t");
+
+    // Host B opens it from the share and continues the chain of `n`.
+    let m2 = h2.open_thread("t", &["--project", "p"]);
+    assert_eq!(g(&m2, &["show", "HEAD:a.txt"]), "alpha");
+    in_ws(&m2, "printf 'from B\\n' > b.txt");
+    let out = h2.cli(["snapshot", "t", "--name", "n", "--push", remote]);
+    assert!(
+        out.success() && !out.stderr_str().contains("diverged"),
+        "host B cannot continue the chain: {}",
+        out.describe()
+    );
+    let n2 = named("refs/snapshots/n");
+    assert_ne!(n2, n1);
+    assert_eq!(
+        named(&format!("{n2}^2")),
+        n1,
+        "B's snapshot is not on A's chain"
+    );
+    assert_eq!(g(&share, &["show", &format!("{n2}:b.txt")]), "from B");
+    h2.cli_ok(["release", "t"]);
+    let s2 = share_tip(&share, "t");
+    assert_ne!(s2, s1);
+
+    // Host A's live thread is unchanged and behind the share: its release says so, pushes
+    // nothing, and still releases.
+    let out = h1.cli(["release", "t"]);
+    out.assert_ok();
+    let err = out.stderr_str();
+    assert!(
+        err.contains("behind") && !err.contains("diverged"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(share_tip(&share, "t"), s2, "A pushed over the share");
+
+    // Opened again, A resumes B's state and continues the chain too.
+    let m1 = h1.open_thread("t", &[]);
+    assert_eq!(
+        std::fs::read_to_string(m1.join("b.txt")).unwrap(),
+        "from B\n"
+    );
+    in_ws(&m1, "printf 'A again\\n' > c.txt");
+    let out = h1.cli(["snapshot", "t", "--name", "n", "--push", remote]);
+    assert!(out.success(), "{}", out.describe());
+    let n3 = named("refs/snapshots/n");
+    assert_eq!(named(&format!("{n3}^2")), n2);
+    h1.cli_ok(["release", "t"]);
+    assert_ne!(share_tip(&share, "t"), s2);
+}

@@ -5,19 +5,80 @@
 //! Builds run on the requesting worker, under no project or workspace lock (only the key's own
 //! build lock, in `deps::build`); a failed build never fails the request that started it. The
 //! building itself is `crate::deps`; this module decides when and reports.
+//!
+//! Also the build of a workspace's **own** lockfile at open ([`Daemon::build_for_open`]): a
+//! resumed thread whose agent changed its lockfile gets that lockfile's layer, built in the same
+//! sandbox as every build, on a thread of its own; the open waits for it a bounded time
+//! (`OCTOFS_DEPS_OPEN_WAIT`), and `status` asks [`building`] while it runs.
 
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::error::{Context, Error};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
-use crate::deps::DepStore;
 use crate::deps::build::{
     self, BuildAnswer, Outcome, OutcomeKind, Plan, ProgressAnswer, ProgressEvent,
 };
 use crate::deps::gc::{self, GcAnswer, LayerInfo, Needed};
+use crate::deps::{DepLayer, DepStore, Lockfile, Manager};
 use crate::git::mirror;
 use crate::names::{NameKind, validate};
+
+/// Builds started at open that are still running, by (manager, lockfile hash): when the first
+/// started and how many opens wait on it.
+static BUILDING: Mutex<Vec<(Manager, String, Instant, u32)>> = Mutex::new(Vec::new());
+
+/// How long an open waits for the build of its workspace's own lockfile by default.
+pub const OPEN_WAIT: Duration = Duration::from_secs(30);
+
+/// How long an open waits for the build of its workspace's own lockfile: `OCTOFS_DEPS_OPEN_WAIT`
+/// seconds (0: not at all, the build goes on in the background), else [`OPEN_WAIT`].
+fn open_wait() -> Duration {
+    std::env::var("OCTOFS_DEPS_OPEN_WAIT")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(OPEN_WAIT)
+}
+
+/// How long the build of `manager`'s layer for the lockfile whose key input hashes to `hash` has
+/// been running, when an open started one that has not finished.
+pub(super) fn building(manager: Manager, hash: &str) -> Option<Duration> {
+    lock(&BUILDING)
+        .iter()
+        .find(|(m, h, _, _)| *m == manager && h == hash)
+        .map(|(_, _, at, _)| at.elapsed())
+}
+
+/// Marks a build started at open as running until dropped.
+struct Running(Manager, String);
+
+impl Running {
+    fn start(manager: Manager, hash: &str) -> Running {
+        let mut b = lock(&BUILDING);
+        match b.iter_mut().find(|(m, h, _, _)| *m == manager && h == hash) {
+            Some(e) => e.3 += 1,
+            None => b.push((manager, hash.to_string(), Instant::now(), 1)),
+        }
+        Running(manager, hash.to_string())
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut b = lock(&BUILDING);
+        if let Some(i) = b
+            .iter()
+            .position(|(m, h, _, _)| *m == self.0 && *h == self.1)
+        {
+            b[i].3 -= 1;
+            if b[i].3 == 0 {
+                b.remove(i);
+            }
+        }
+    }
+}
 
 /// The events this daemon's builds reported, the last `KEPT` of them.
 static EVENTS: Mutex<(u64, Vec<ProgressEvent>)> = Mutex::new((0, Vec::new()));
@@ -103,6 +164,62 @@ impl Daemon {
                     vec![format!("cannot build the dependency layers: {e}")]
                 }
             }
+        }
+    }
+
+    /// At open: builds the layer of `lock`, a lockfile of the workspace's files `tree` (a tree of
+    /// `project`'s mirror) that has no layer and was never tried on this host (a failed build is
+    /// not tried again at every open: `deps build` does that). The build runs in the sandbox, as
+    /// every build, on a thread of its own; a build of the same key under way (another thread's
+    /// open) is waited for, not repeated. Returns the built layer when it is ready within
+    /// [`open_wait`]; `None` when it failed, was tried before, or is still running (then
+    /// [`building`] says so until it ends).
+    pub(super) fn build_for_open(
+        &self,
+        project: &str,
+        tree: gix::ObjectId,
+        lock: &Lockfile,
+    ) -> Option<DepLayer> {
+        let deps = DepStore::new(&self.layout);
+        let store = self.store(project).ok()?;
+        let plan = match build::plan(&store, tree) {
+            Ok(p) => p.into_iter().find(|p| p.lock.manager == lock.manager)?,
+            Err(e) => {
+                tracing::warn!(%project, "cannot read the workspace's lockfiles: {e}");
+                return None;
+            }
+        };
+        if plan.version.is_err() || deps.load(&plan.key).is_some() {
+            return None;
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let what = format!("{project}@tree {tree} (a workspace's own lockfile)");
+        let name = plan.describe();
+        let running = Running::start(lock.manager, &lock.hash);
+        let project_name = project.to_string();
+        let started = std::thread::Builder::new()
+            .name("deps-open".into())
+            .spawn(move || {
+                let _running = running;
+                report(&project_name, &name, None);
+                tracing::info!(project = %project_name, key = %plan.key, "building the {name} of a workspace's own lockfile");
+                let o = build::build(&deps, &store, tree, &plan, &what, build::timeout_from_env());
+                match &o.result {
+                    OutcomeKind::Failed { .. } => tracing::warn!(project = %project_name, "{}", o.describe()),
+                    _ => tracing::info!(project = %project_name, "{}", o.describe()),
+                }
+                report(&project_name, &name, Some(o.clone()));
+                let _ = tx.send(o);
+            });
+        if let Err(e) = started {
+            tracing::warn!(%project, "cannot start a layer build: {e}");
+            return None;
+        }
+        match rx.recv_timeout(open_wait()) {
+            Ok(o) if !matches!(o.result, OutcomeKind::Failed { .. }) => {
+                DepStore::new(&self.layout).built_for(lock).ok().flatten()
+            }
+            _ => None,
         }
     }
 

@@ -5,8 +5,12 @@
 //! while the workspace's ignore rules ignore it (what the user un-ignored there is content), and
 //! no layer object named where the mirror cannot find it.
 //!
-//! Reads the mirror (through its object store) and the layer records; never builds a layer, never
-//! writes a mirror, and reads a workspace only through its core.
+//! Which layer stands in while a thread's own lockfile's layer is built (asked of
+//! `super::deps::Daemon::build_for_open`, which builds in the sandbox), and whether a uv layer's
+//! interpreter is one the workspace's owner can run (checked with their filesystem identity).
+//!
+//! Reads the mirror (through its object store) and the layer records; never builds a layer itself,
+//! never runs anything, never writes a mirror, and reads a workspace only through its core.
 
 use gix::ObjectId;
 use gix_ignore::glob::pattern::Case;
@@ -416,7 +420,99 @@ pub(super) fn kept_venv(dir: &std::path::Path) -> Option<String> {
     None
 }
 
+/// How many symlinks of a layer's `bin/` are followed to find its interpreter.
+const INTERPRETER_HOPS: usize = 8;
+
+/// The host path a uv layer's `bin/python` names (following the layer's own relative links in
+/// `bin/`, e.g. `python3 -> python`): `None` when the layer has no `bin/python` symlink, or it
+/// leads nowhere on the host.
+fn interpreter_of(store: &ObjectStore, layer: &DepLayer) -> Option<std::path::PathBuf> {
+    let tree = ObjectId::from_hex(layer.tree.as_bytes()).ok()?;
+    let bin = store
+        .tree(tree)
+        .ok()?
+        .iter()
+        .find(|e| &*e.name == b"bin" && e.kind == EntryKind::Tree)?
+        .id;
+    let entries = store.tree(bin).ok()?;
+    let mut name: Vec<u8> = b"python".to_vec();
+    for _ in 0..INTERPRETER_HOPS {
+        let e = entries.iter().find(|e| *e.name == *name)?;
+        if e.kind != EntryKind::Symlink {
+            return None;
+        }
+        let target = store.blob(e.id).ok()?;
+        if target.starts_with(b"/") {
+            return Some(std::path::PathBuf::from(
+                String::from_utf8_lossy(&target).into_owned(),
+            ));
+        }
+        if target.contains(&b'/') {
+            return None;
+        }
+        name = target;
+    }
+    None
+}
+
+/// Why `owner` cannot run `interpreter` (a host path): a directory on the way they cannot search,
+/// a target that is missing, or no execute bit for them (owner, primary group, others: the
+/// supplementary groups are not asked). Resolved with their filesystem identity, so the daemon
+/// sees no more than they would.
+fn unrunnable(interpreter: &std::path::Path, owner: crate::workspace::Owner) -> Option<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let resolved = match crate::sys::as_fs_user(owner.uid, owner.gid, || {
+        std::fs::canonicalize(interpreter).and_then(|p| std::fs::metadata(&p).map(|m| (p, m)))
+    }) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Some(format!("{}: {e}", interpreter.display())),
+        Err(e) => return Some(e.to_string()),
+    };
+    let (path, m) = resolved;
+    let bit = if m.uid() == owner.uid {
+        0o100
+    } else if m.gid() == owner.gid {
+        0o010
+    } else {
+        0o001
+    };
+    if !m.is_file() || m.mode() & bit == 0 {
+        return Some(format!("{} is not executable for it", path.display()));
+    }
+    None
+}
+
 impl Daemon {
+    /// One line per uv layer of `layers` whose interpreter (`.venv/bin/python`'s target on this
+    /// host) the workspace's `owner` cannot run: what `open` prints and `status` says, instead of
+    /// presenting the layer as fine. Reads the layer's tree and stats the host path with the
+    /// owner's filesystem identity; runs nothing.
+    pub(super) fn interpreter_lines(
+        &self,
+        project: &str,
+        layers: &[DepLayer],
+        owner: crate::workspace::Owner,
+    ) -> Vec<String> {
+        let Ok(store) = self.store(project) else {
+            return Vec::new();
+        };
+        layers
+            .iter()
+            .filter(|l| l.manager == Manager::Uv && !l.path.contains('/'))
+            .filter_map(|l| {
+                let interp = interpreter_of(&store, l)?;
+                let why = unrunnable(&interp, owner)?;
+                Some(format!(
+                    "uv layer {}: {}/bin/python runs {}, which {} cannot run ({why}); install a Python every user can run (e.g. /usr/bin/python3) and build the layer again (octofs deps gc, then octofs deps build)",
+                    l.path,
+                    l.path,
+                    interp.display(),
+                    crate::access::describe_uid(owner.uid)
+                ))
+            })
+            .collect()
+    }
+
     /// The `.venv` a project already has that a uv layer must not replace: one in the project's
     /// folder (a plain-directory upstream) or in its mirror's checkout that is not relocatable,
     /// with where it is and why.
@@ -438,10 +534,21 @@ impl Daemon {
         })
     }
 
-    /// The built layers a new workspace of `project` whose files are `tree` presents, and one line
-    /// per eligible lockfile without one. Reads two or three blobs and the layer records; runs
-    /// nothing. A failure to read is logged and means no layers (the workspace opens without).
-    pub(super) fn choose_layers(&self, project: &str, tree: ObjectId) -> Vec<DepLayer> {
+    /// The built layers a new workspace of `project` whose files are `tree` presents. A lockfile
+    /// of `tree` without a built layer, in a project whose `base` tree (the fork's HEAD) or
+    /// default-branch tip has a built layer at the same path (a thread whose agent changed its
+    /// lockfile), gets its own layer built now ([`Daemon::build_for_open`], waited for a bounded
+    /// time); while that is not ready, the other tree's layer is presented in its place, so a
+    /// workspace never opens without the dependencies its project had (`status` says which
+    /// lockfile it is and that its own is building). Reads a few blobs and the layer records;
+    /// runs nothing itself. A failure to read is logged and means no layers (the workspace opens
+    /// without).
+    pub(super) fn choose_layers(
+        &self,
+        project: &str,
+        tree: ObjectId,
+        base: ObjectId,
+    ) -> Vec<DepLayer> {
         let deps = DepStore::new(&self.layout);
         let tree_id = tree;
         let store = self.store(project).map_err(|e| e.to_string());
@@ -457,6 +564,27 @@ impl Daemon {
             }
         };
         let mut layers = Vec::new();
+        // The root's install path, then each workspace package's that this tree does not have
+        // and ignores: one entry each, presented at its own path.
+        let mut present = |layer: &DepLayer, root: &str| {
+            let mut first = true;
+            for (path, t) in layer.paths() {
+                let path = if first { root } else { path };
+                let shown = first
+                    || store
+                        .as_ref()
+                        .is_ok_and(|s| presentable(s, tree_id, path).unwrap_or(false));
+                first = false;
+                if shown {
+                    layers.push(DepLayer {
+                        path: path.to_string(),
+                        tree: t.to_string(),
+                        nested: Vec::new(),
+                        ..layer.clone()
+                    });
+                }
+            }
+        };
         for lock in locks {
             if lock.manager == Manager::Uv
                 && let Some((at, why)) = self.existing_venv(project)
@@ -465,42 +593,75 @@ impl Daemon {
                 continue;
             }
             match deps.built_for(&lock) {
-                Ok(Some(layer)) => {
-                    // The root's install path, then each workspace package's that this tree
-                    // does not have and ignores: one entry each, presented at its own path.
-                    let mut first = true;
-                    for (path, tree) in layer.paths() {
-                        let path = if first { lock.install_path } else { path };
-                        let shown = first
-                            || store
-                                .as_ref()
-                                .is_ok_and(|s| presentable(s, tree_id, path).unwrap_or(false));
-                        first = false;
-                        if shown {
-                            layers.push(DepLayer {
-                                path: path.to_string(),
-                                tree: tree.to_string(),
-                                nested: Vec::new(),
-                                ..layer.clone()
-                            });
+                Ok(Some(layer)) => present(&layer, lock.install_path),
+                Ok(None) => {
+                    let stand_in = store
+                        .as_ref()
+                        .ok()
+                        .and_then(|s| self.stand_in_layer(s, &deps, &lock, tree, base));
+                    let Some(stand_in) = stand_in else {
+                        tracing::info!(
+                            %project,
+                            manager = lock.manager.name(),
+                            "no built dependency layer; the workspace opens without it"
+                        );
+                        continue;
+                    };
+                    match self.build_for_open(project, tree, &lock) {
+                        Some(layer) => present(&layer, lock.install_path),
+                        None => {
+                            tracing::info!(
+                                %project,
+                                manager = lock.manager.name(),
+                                "the workspace's own lockfile has no layer yet; presenting the layer of {} meanwhile",
+                                stand_in.lockfile_hash
+                            );
+                            present(&stand_in, lock.install_path)
                         }
                     }
                 }
-                Ok(None) => tracing::info!(
-                    %project,
-                    manager = lock.manager.name(),
-                    "no built dependency layer; the workspace opens without it"
-                ),
                 Err(e) => tracing::warn!(%project, "cannot read the dependency layers: {e}"),
             }
         }
         layers
     }
 
-    /// What `status` says about the lockfiles of a workspace's base whose layer it does not
-    /// present: one line each, and why.
+    /// The built layer of `lock`'s manager and install path for the lockfile of `base` (the
+    /// fork's HEAD), else of the project's default-branch tip, when that lockfile is not `lock`'s:
+    /// what a workspace whose own lockfile has no layer yet presents meanwhile.
+    fn stand_in_layer(
+        &self,
+        store: &ObjectStore,
+        deps: &DepStore,
+        lock: &Lockfile,
+        tree: ObjectId,
+        base: ObjectId,
+    ) -> Option<DepLayer> {
+        let tip = store.resolve(None).ok().map(|b| b.tree);
+        [Some(base), tip]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t != tree)
+            .find_map(|t| {
+                eligible(store, t)
+                    .ok()?
+                    .into_iter()
+                    .find(|l| {
+                        l.manager == lock.manager
+                            && l.install_path == lock.install_path
+                            && l.hash != lock.hash
+                    })
+                    .and_then(|l| deps.built_for(&l).ok().flatten())
+            })
+    }
+
+    /// What `status` says about the lockfiles of a workspace's files (as it opened: a resumed
+    /// thread's snapshot) whose own layer it does not present: one line each, and why — the
+    /// layer is building, was built after the workspace opened, failed, or was never built — and
+    /// which lockfile's layer it presents meanwhile, if any.
     pub(super) fn dependency_lines(&self, rec: &WorkspaceRecord) -> Vec<String> {
-        let Ok(tree) = ObjectId::from_hex(rec.base_tree.as_bytes()) else {
+        let files = rec.files_tree.as_deref().unwrap_or(&rec.base_tree);
+        let Ok(tree) = ObjectId::from_hex(files.as_bytes()) else {
             return Vec::new();
         };
         let deps = DepStore::new(&self.layout);
@@ -508,14 +669,24 @@ impl Daemon {
             return Vec::new();
         };
         let locks = eligible(&store, tree).unwrap_or_default();
-        locks
-            .into_iter()
-            .filter(|lock| {
-                !rec.layers
-                    .iter()
-                    .any(|l| l.manager == lock.manager && l.path == lock.install_path)
-            })
-            .map(|lock| match deps.built_for(&lock) {
+        let mut lines = Vec::new();
+        for lock in locks {
+            let shown = rec
+                .layers
+                .iter()
+                .find(|l| l.manager == lock.manager && l.path == lock.install_path);
+            if shown.is_some_and(|l| l.lockfile_hash == lock.hash) {
+                continue;
+            }
+            let m = lock.manager.name();
+            let meanwhile = match shown {
+                Some(l) => format!(
+                    "; {} presents the {m} layer of another lockfile ({}) meanwhile",
+                    lock.install_path, l.key
+                ),
+                None => String::new(),
+            };
+            let line = match deps.built_for(&lock) {
                 _ if lock.manager == Manager::Uv
                     && let Some((at, why)) = self.existing_venv(&rec.project) =>
                 {
@@ -524,16 +695,22 @@ impl Daemon {
                         at.display()
                     )
                 }
+                _ if let Some(d) = super::deps::building(lock.manager, &lock.hash) => format!(
+                    "{m} layer of this workspace's {} building ({} s so far){meanwhile}; open the thread again once it is built",
+                    lock.name,
+                    d.as_secs()
+                ),
                 Ok(Some(_)) => format!(
-                    "{} layer not in use (built after this workspace opened: release it and open it again)",
-                    lock.manager.name()
+                    "{m} layer not in use (built after this workspace opened: release it and open it again){meanwhile}"
                 ),
                 _ => format!(
-                    "{} layer not built ({})",
-                    lock.manager.name(),
+                    "{m} layer not built ({}){meanwhile}",
                     why_missing(&deps, &lock)
                 ),
-            })
-            .collect()
+            };
+            lines.push(line);
+        }
+        lines.extend(self.interpreter_lines(&rec.project, &rec.layers, rec.owner));
+        lines
     }
 }

@@ -328,7 +328,7 @@ impl Daemon {
         let made_in = started.elapsed();
         let mut warnings = left_out;
         warnings.extend(self.grant_owner(&project, me, false));
-        warnings.extend(self.share_thread(&project, to, commit));
+        warnings.extend(self.share_thread(&project, to, commit).map(|u| u.why));
         let mut copied = Vec::new();
         if !ignored.is_empty() {
             let who = super::posix::authority(&me);

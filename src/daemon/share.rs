@@ -29,6 +29,16 @@ fn fetched_ref(thread: &str) -> String {
     format!("refs/octomate/shared/threads/{thread}")
 }
 
+/// Why a thread's snapshot was not shared.
+#[derive(Debug, Clone)]
+pub(super) struct Unshared {
+    /// One line.
+    pub why: String,
+    /// The share's snapshot descends from ours: nothing is lost, nothing was pushed (a note, not
+    /// a failure).
+    pub behind: bool,
+}
+
 fn fetched_posix_ref(thread: &str) -> String {
     format!("refs/octomate/shared/posix/{thread}")
 }
@@ -60,21 +70,22 @@ impl Daemon {
 
     /// Pushes the thread's snapshot `commit` to the share remote of `project` (when it has one) as
     /// a fast-forward of `refs/octomate/threads/<thread>`, with the thread's POSIX records in the
-    /// same atomic push. `Some(why)` when it was not shared (diverged, unreachable): logged here;
-    /// the local snapshot is saved either way.
+    /// same atomic push. `Some` when it was not shared: behind (the share's snapshot descends from
+    /// `commit`: nothing of it is missing there, and nothing is pushed), diverged, unreachable;
+    /// logged here. The local snapshot is saved either way.
     pub(super) fn share_thread(
         &self,
         project: &str,
         thread: &str,
         commit: gix::ObjectId,
-    ) -> Option<String> {
+    ) -> Option<Unshared> {
         let share = match mirror::load(&self.layout, project) {
             Ok(Some(p)) => p.share?,
             Ok(None) => return None,
             Err(e) => {
                 let why = format!("cannot read project {project}'s record to share: {e}");
                 tracing::warn!(%thread, "{why}");
-                return Some(why);
+                return Some(Unshared { why, behind: false });
             }
         };
         let mirror = self.layout.mirror(project);
@@ -103,6 +114,27 @@ impl Daemon {
                 return None;
             }
             Ok(Shared::Already) => return None,
+            Ok(Shared::Behind(theirs)) => {
+                return Some(self.behind_share(thread, commit, theirs, &share));
+            }
+            // The share's commit may be one this mirror has not fetched yet (another host moved
+            // the thread on): fetched, a share that merely went ahead of us is "behind", not
+            // "diverged".
+            Ok(Shared::Diverged(theirs))
+                if mirror::share_target(&share)
+                    .and_then(|t| {
+                        mirror::fetch_ref(
+                            &mirror,
+                            &t,
+                            &snap::thread_ref(thread),
+                            &fetched_ref(thread),
+                        )
+                    })
+                    .is_ok_and(|got| got == Some(theirs))
+                    && mirror::is_ancestor(&mirror, commit, theirs) =>
+            {
+                return Some(self.behind_share(thread, commit, theirs, &share));
+            }
             Ok(Shared::Diverged(theirs)) => format!(
                 "snapshot {commit} of {thread} is saved locally but not shared: {} on the share {share} has diverged (it names {theirs}, which {commit} does not descend from); not overwritten",
                 snap::thread_ref(thread)
@@ -112,7 +144,23 @@ impl Daemon {
             ),
         };
         tracing::warn!(%thread, "{why}");
-        Some(why)
+        Some(Unshared { why, behind: false })
+    }
+
+    /// What a snapshot `commit` of `thread` that the share's `theirs` descends from says: it is
+    /// behind, nothing was pushed, and how to continue from the share's.
+    fn behind_share(
+        &self,
+        thread: &str,
+        commit: gix::ObjectId,
+        theirs: gix::ObjectId,
+        share: &str,
+    ) -> Unshared {
+        let why = format!(
+            "thread {thread} here ({commit}) is behind the share {share} ({theirs}, which descends from it): nothing pushed; release it and open it again to continue from the share's"
+        );
+        tracing::info!(%thread, "{why}");
+        Unshared { why, behind: true }
     }
 
     /// `open` of a thread with no live workspace, in a project with a share remote: when this host

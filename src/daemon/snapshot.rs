@@ -173,12 +173,16 @@ impl Daemon {
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
-        // Saved either way; a share remote that refused it fails the command (after the save).
+        // Saved either way; a share remote that refused it fails the command (after the save). A
+        // share that is merely ahead of it (behind) is a note.
         let (commit, unshared) = self.snapshot_locked_shared(thread)?;
-        if let Some(why) = unshared {
-            return Err(Error::Refused(why));
+        match unshared {
+            Some(u) if !u.behind => Err(Error::Refused(u.why)),
+            u => Ok((
+                Snapshotted { commit },
+                u.map(|u| u.why).into_iter().collect(),
+            )),
         }
-        Ok((Snapshotted { commit }, vec![]))
     }
 
     /// Snapshot with the thread's lock held (`snapshot`, `release`): the thread's next snapshot
@@ -193,7 +197,7 @@ impl Daemon {
     pub(super) fn snapshot_locked_shared(
         &self,
         thread: &str,
-    ) -> Result<(String, Option<String>), Error> {
+    ) -> Result<(String, Option<super::share::Unshared>), Error> {
         let mut rec = self.live_record(thread)?;
         if rec.chat {
             return Err(Error::Refused(format!(
@@ -232,16 +236,25 @@ impl Daemon {
         let project = self.live_record(thread)?.project;
         let id = gix::ObjectId::from_hex(snapshot.as_bytes())
             .context(|| format!("snapshot id {snapshot:?}"))?;
+        let mirror = self.layout.mirror(&project);
+        let target = push
+            .map(|r| {
+                crate::git::mirror::push_target(&self.layout, &project, Some(r), self.far_side(c))
+            })
+            .transpose()?;
+        // The chain continues where the remote has it: a host that resumed the thread (from a
+        // share, or a pull) and has not seen the name's latest commit files its snapshot on top of
+        // the remote's, not beside it.
+        if let (Some(n), Some(t)) = (name, &target) {
+            self.follow_remote_name(&mirror, t, n)?;
+        }
         let named = name
             .map(|n| self.file_named(&project, thread, id, n))
             .transpose()?;
-        if let (Some(n), Some(r), Some(commit)) = (name, push, named) {
-            let mirror = self.layout.mirror(&project);
-            let target =
-                crate::git::mirror::push_target(&self.layout, &project, Some(r), self.far_side(c))?;
+        if let (Some(n), Some(r), Some(target), Some(commit)) = (name, push, &target, named) {
             let full = named_ref(n);
-            match crate::git::mirror::push_ref(&mirror, &target, commit, &full, &[])? {
-                Shared::Pushed | Shared::Already => {
+            match crate::git::mirror::push_ref(&mirror, target, commit, &full, &[])? {
+                Shared::Pushed | Shared::Already | Shared::Behind(_) => {
                     tracing::info!(%thread, snapshot = %n, %commit, "named snapshot pushed");
                 }
                 Shared::Diverged(theirs) => {
@@ -251,8 +264,11 @@ impl Daemon {
                 }
             }
         }
-        if let Some(why) = unshared {
-            return Err(Error::Refused(why));
+        let mut notes = Vec::new();
+        match unshared {
+            Some(u) if !u.behind => return Err(Error::Refused(u.why)),
+            Some(u) => notes.push(u.why),
+            None => {}
         }
         Ok((
             NamedSnapshot {
@@ -261,8 +277,48 @@ impl Daemon {
                 name: name.map(str::to_string),
                 pushed: push.map(str::to_string),
             },
-            vec![],
+            notes,
         ))
+    }
+
+    /// Before a named snapshot is filed and pushed: the remote's `refs/snapshots/<name>` is
+    /// fetched (into `refs/octomate/pulled/<name>`, as `pull` does), and the mirror's own ref of
+    /// the name moves to it when it has none or is an ancestor of it (a fast-forward), so the
+    /// next commit of the chain descends from the remote's. A remote without the name, or one
+    /// that diverged from ours, leaves the mirror's ref as it is (the push then says so).
+    fn follow_remote_name(
+        &self,
+        mirror: &std::path::Path,
+        target: &crate::git::mirror::PushTarget,
+        name: &str,
+    ) -> Result<(), Error> {
+        let full = named_ref(name);
+        let Some(theirs) = crate::git::mirror::fetch_ref(
+            mirror,
+            target,
+            &full,
+            &format!("refs/octomate/pulled/{name}"),
+        )?
+        else {
+            return Ok(());
+        };
+        let repo = snap::open(mirror)?;
+        let ours = snap::read_ref(&repo, &full);
+        let forward = match ours {
+            None => true,
+            Some(o) => o != theirs && crate::git::mirror::is_ancestor(mirror, o, theirs),
+        };
+        if forward {
+            snap::cas_ref(
+                &repo,
+                &full,
+                ours,
+                theirs,
+                &format!("octofs: snapshot {name} as the remote has it"),
+            )?;
+            tracing::info!(snapshot = %name, commit = %theirs, "named snapshot follows the remote's");
+        }
+        Ok(())
     }
 
     /// Files the thread snapshot `snapshot` as the named snapshot `name`: same tree and HEAD, its

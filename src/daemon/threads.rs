@@ -390,8 +390,13 @@ impl Daemon {
                 // The layers of the lockfiles the workspace's files have (a resumed one's are its
                 // snapshot's).
                 let files = fork.apply.map_or(fork.base_tree, |(_, to)| to);
-                self.choose_layers(&fork.project, files)
+                self.choose_layers(&fork.project, files, fork.base_tree)
             },
+            files_tree: fork
+                .apply
+                .map(|(_, to)| to)
+                .filter(|t| *t != fork.base_tree && !fork.chat)
+                .map(|t| t.to_string()),
         };
         // What an interrupted create left (no record: the callers found none under the thread's
         // lock) goes first: the new upper layer starts empty.
@@ -584,7 +589,9 @@ impl Daemon {
             }
             let _ = std::fs::remove_dir_all(self.layout.workspace(thread));
         }
-        made.map(|()| left_out)
+        // A layer its owner cannot use is said at once, not presented as fine.
+        let unusable = self.interpreter_lines(&fork.project, &rec.layers, owner);
+        made.map(|()| left_out.into_iter().chain(unusable).collect())
     }
 
     /// Applies the difference between two trees of the mirror to a workspace ([`Self::tree_changes`]).
@@ -745,7 +752,7 @@ impl Daemon {
             None
         } else {
             let (s, unshared) = self.snapshot_locked_shared(thread)?;
-            warnings.extend(unshared);
+            warnings.extend(unshared.map(|u| u.why));
             Some(s)
         };
         if discard {

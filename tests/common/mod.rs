@@ -545,12 +545,19 @@ impl Daemon {
     /// Like [`Daemon::spawn`], with extra arguments after `serve` (e.g. `--passthrough false`).
     #[track_caller]
     pub fn spawn_with(&mut self, serve_args: &[&str]) {
+        self.spawn_with_env(serve_args, &[]);
+    }
+
+    /// Like [`Daemon::spawn_with`], with variables `env` in the daemon's environment.
+    #[track_caller]
+    pub fn spawn_with_env(&mut self, serve_args: &[&str], env: &[(&str, &str)]) {
         assert!(self.child.is_none(), "daemon already running");
         self.log = self.base.join(format!("daemon-{}.log", self.starts));
         self.starts += 1;
         let log = fs::File::create(&self.log).expect("create daemon log");
         let mut cmd = self.command();
-        cmd.arg("serve")
+        cmd.envs(env.iter().copied())
+            .arg("serve")
             .args(serve_args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("dup log")))

@@ -38,8 +38,8 @@ pub use credentials::redact;
 pub use far_side::FarSide;
 pub use network::{Watch, cancelled, set_fetch_timeout, watched};
 pub use push::{
-    Change, PushTarget, Shared, changes, check_share, fetch_ref, push, push_ref, push_target,
-    remote_ref_tip, remote_tip, share_target,
+    Change, PushTarget, Shared, changes, check_share, fetch_ref, is_ancestor, push, push_ref,
+    push_target, remote_ref_tip, remote_tip, share_target,
 };
 pub use upstream::{check_upstream, classify, is_url};
 

@@ -315,13 +315,27 @@ pub enum Shared {
     Pushed,
     /// The remote ref named the commit already: nothing was sent.
     Already,
-    /// The remote ref names a commit that is not an ancestor of ours: nothing was sent.
+    /// The remote ref names a commit that descends from ours (ours is behind it): nothing was
+    /// sent, and nothing of ours is missing there.
+    Behind(gix::ObjectId),
+    /// The remote ref names a commit that is neither an ancestor of ours nor descends from it:
+    /// nothing was sent.
     Diverged(gix::ObjectId),
 }
 
+/// Whether commit `a` is an ancestor of (or is) `b` in the mirror.
+pub fn is_ancestor(mirror: &Path, a: gix::ObjectId, b: gix::ObjectId) -> bool {
+    crate::git::Git::new(Some(mirror))
+        .args(["merge-base", "--is-ancestor", "--end-of-options"])
+        .args([a.to_string(), b.to_string()])
+        .output_bytes()
+        .is_ok()
+}
+
 /// Pushes `tip` to the ref `full` of the target as a fast-forward only: a remote ref that names a
-/// commit which is not an ancestor of `tip` is never overwritten ([`Shared::Diverged`]; git's own
-/// fast-forward check refuses a race the same way). `forced` refs (`(commit, ref)`) travel in
+/// commit which is not an ancestor of `tip` is never overwritten ([`Shared::Behind`] when it
+/// descends from `tip`, [`Shared::Diverged`] otherwise; git's own fast-forward check refuses a
+/// race the same way). `forced` refs (`(commit, ref)`) travel in
 /// the same atomic push, overwritten (containers that only keep objects reachable); they move
 /// only if `full` does. No hooks run.
 pub fn push_ref(
@@ -334,17 +348,15 @@ pub fn push_ref(
     let remote = remote_ref_tip(mirror, t, full)?;
     match remote {
         Some(r) if r == tip => return Ok(Shared::Already),
-        Some(r) => {
-            let ancestor = crate::git::Git::new(Some(mirror))
-                .args(["merge-base", "--is-ancestor", "--end-of-options"])
-                .args([r.to_string(), tip.to_string()])
-                .output_bytes()
-                .is_ok();
-            if !ancestor {
-                return Ok(Shared::Diverged(r));
+        // The remote's commit is there only if it descends from ours (a fetch of it brought
+        // it); one the mirror lacks is not ours to judge: diverged.
+        Some(r) if !is_ancestor(mirror, r, tip) => {
+            if is_ancestor(mirror, tip, r) {
+                return Ok(Shared::Behind(r));
             }
+            return Ok(Shared::Diverged(r));
         }
-        None => {}
+        _ => {}
     }
     let mut specs = vec![format!("{tip}:{full}")];
     specs.extend(forced.iter().map(|(id, r)| format!("+{id}:{r}")));
