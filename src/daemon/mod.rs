@@ -35,6 +35,7 @@ mod deps;
 mod diff;
 pub mod error;
 mod export;
+mod kept;
 mod layers;
 mod limits;
 mod mirrors;

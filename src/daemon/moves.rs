@@ -15,6 +15,7 @@ use super::error::{Context, Error, on_workspace};
 use super::proto::Forked;
 use super::{Daemon, Reply, lock, now};
 use crate::access::Caller;
+use crate::git::kept;
 use crate::git::posix_record;
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
@@ -214,7 +215,7 @@ impl Daemon {
 
         // 2. Filed as `to`'s first snapshot: same tree and parent, `to`'s branch in its trailer.
         let repo = snap::open(&self.layout.mirror(&project))?;
-        let (head, head_ref, tree, posix) = match state {
+        let (head, head_ref, tree, posix, side) = match state {
             Some(s) => {
                 let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
                 let head = *parents
@@ -225,6 +226,7 @@ impl Daemon {
                     snap::head_of(&message),
                     tree,
                     posix_record::blob_of(&message),
+                    kept::side_of(&message),
                 )
             }
             None => {
@@ -240,7 +242,7 @@ impl Daemon {
                     .clone()
                     .map(HeadRef::Branch)
                     .unwrap_or(HeadRef::Detached);
-                (head, head_ref, tree, None)
+                (head, head_ref, tree, None, None)
             }
         };
         let own = format!("octofs/{to}");
@@ -257,9 +259,15 @@ impl Daemon {
         if let Some(b) = posix {
             message.push_str(&posix_record::trailer(b));
         }
+        if let Some(s) = side {
+            message.push_str(&kept::trailer(s));
+        }
         let commit = snap::write_commit(&repo, tree, vec![head], &message)?;
         if let Some(b) = posix {
             posix_record::keep(&repo, to, commit, b)?;
+        }
+        if let Some(s) = side {
+            kept::keep(&repo, to, commit, s)?;
         }
         let tref = snap::thread_ref(to);
         snap::cas_ref(
@@ -395,8 +403,13 @@ impl Daemon {
             crate::own_repo::add_all::ignored_files(&core, &self.layout.state, &view.edits)?;
         let meta: std::collections::HashMap<&[u8], &crate::fs::NodeMeta> =
             view.meta.iter().map(|m| (m.path.as_slice(), m)).collect();
+        // Nested repositories and names git refuses travel whole in the snapshot's kept side.
+        let kept = super::kept::roots_in(&view.edits);
         let mut out = Vec::new();
         for p in paths {
+            if super::kept::is_kept(&kept, &p) {
+                continue;
+            }
             let comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
             let Some(f) = core
                 .open_file(&comps)
@@ -510,6 +523,8 @@ impl Daemon {
         if posix {
             refs.push((posix_record::posix_ref(to), None));
         }
+        // (Deleting a ref that was never made is harmless.)
+        refs.push((kept::kept_ref(to), None));
         for (name, expected) in refs {
             let mut git = crate::git::Git::new(Some(&mirror)).args(["update-ref", "-d", &name]);
             if let Some(e) = expected {

@@ -81,11 +81,13 @@ impl Daemon {
         let pushed = (|| {
             let target = mirror::share_target(&share)?;
             let repo = snap::open(&mirror)?;
-            let forced: Vec<(gix::ObjectId, String)> =
-                snap::read_ref(&repo, &posix_record::posix_ref(thread))
-                    .map(|id| (id, posix_record::posix_ref(thread)))
-                    .into_iter()
-                    .collect();
+            let forced: Vec<(gix::ObjectId, String)> = [
+                posix_record::posix_ref(thread),
+                crate::git::kept::kept_ref(thread),
+            ]
+            .into_iter()
+            .filter_map(|r| snap::read_ref(&repo, &r).map(|id| (id, r)))
+            .collect();
             Ok::<_, Error>(mirror::push_ref(
                 &mirror,
                 &target,
@@ -148,6 +150,13 @@ impl Daemon {
                     &target,
                     &posix_record::posix_ref(thread),
                     &fetched_posix_ref(thread),
+                )?;
+                // Nested repositories and names git refuses (`super::kept`).
+                mirror::fetch_ref(
+                    &mirror_dir,
+                    &target,
+                    &crate::git::kept::kept_ref(thread),
+                    &format!("refs/octomate/shared/kept/{thread}"),
                 )?;
             }
             Ok::<_, Error>(tip)
