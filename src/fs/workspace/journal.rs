@@ -275,7 +275,8 @@ fn git_visible(p: &mut Vec<u8>) {
     let mut start = 0;
     for (i, c) in p.split(|b| *b == b'/').enumerate() {
         let end = start + c.len();
-        if !(i == 0 && c == b".git") && !c.is_empty() && crate::git::kept::refused_name(c, false) {
+        let own_git = i == 0 && c == b".git";
+        if !own_git && !c.is_empty() && crate::git::kept::refused_name(c, false) {
             p.truncate(end);
             p.extend_from_slice(b"~octofs");
             return;
