@@ -245,6 +245,9 @@ pub fn print_status(w: &WorkspaceStatus) {
         println!("dependencies:  {d}");
     }
     println!("changed paths: {}", w.changed_paths);
+    if let Some(k) = &w.kept {
+        println!("kept:          {k}");
+    }
     if let Some(b) = w.bytes_used {
         println!("bytes used:    {b}");
     }

@@ -11,7 +11,17 @@
 //!    chmod alone makes a new one.
 //! 2. [`a_missing_record_fails_the_resume_loudly`]: a record that cannot be read never lets a
 //!    thread come back with wider permissions.
-//! 3. [`new_files_with_odd_names_and_deep_paths_round_trip`] (ignored until the in-process
+//! 3. [`nested_repositories_and_names_git_refuses_survive_release_fork_and_teleport`] (and
+//!    its no-open twin, issue 30 item 2): a `git clone` of a dependency and a `git init` +
+//!    commit in a subdirectory (committed, changed, staged and untracked files, other branches
+//!    and tags, their own `.git`), a `git init` without a commit, and names git refuses in a
+//!    tree (`.GIT`, `src/.Git`, a `.gitmodules` symlink, a non-UTF-8 name below `.GIT`) come
+//!    back byte for byte (lstat of every path, nested `.git` included) after release + open, in
+//!    a fork and in a teleported thread; `git status`, `git log --all` and `git for-each-ref`
+//!    of each nested repository and the outer `git status` say what they said; the snapshot's
+//!    tree is still what `git add -A` makes (gitlinks, no refused name); `status` and `diff`
+//!    name what is kept beside it.
+//! 4. [`new_files_with_odd_names_and_deep_paths_round_trip`] (ignored until the in-process
 //!    ignore evaluation lands): new regular files whose names are not UTF-8 or whose paths are
 //!    longer than `PATH_MAX` are in the snapshot and come back.
 
@@ -473,4 +483,197 @@ fn new_files_with_odd_names_and_deep_paths_round_trip() {
     });
     assert_same("after release + open", &before, &after);
     d.cli_ok(["release", "t3"]);
+}
+
+/// What git says of the repository at `dir`: status (untracked files listed), every ref's log and
+/// every ref.
+fn repo_says(dir: &Path) -> String {
+    let q = |args: &[&str]| {
+        let out = run(git_command(dir, DATE2).args(args), CMD_TIMEOUT);
+        out.assert_ok();
+        out.stdout_str()
+    };
+    format!(
+        "status:\n{}log:\n{}refs:\n{}",
+        q(&["status", "--porcelain", "--untracked-files=all"]),
+        q(&["log", "--all", "--format=%H %s"]),
+        q(&["for-each-ref"])
+    )
+}
+
+/// `repo_says` of the workspace at `m` and of each nested repository in it.
+fn all_repos_say(m: &Path) -> String {
+    let outer = run(
+        git_command(m, DATE2).args(["status", "--porcelain"]),
+        CMD_TIMEOUT,
+    );
+    outer.assert_ok();
+    let mut out = format!("outer status:\n{}", outer.stdout_str());
+    for sub in ["vend", "tools/sub"] {
+        out.push_str(&format!("--- {sub}\n{}", repo_says(&m.join(sub))));
+    }
+    out
+}
+
+/// Builds nested repositories and names git refuses in workspace `m` (`upstream`: the URL of a
+/// repository to clone).
+fn make_nested_state(m: &Path, upstream: &str) {
+    let vend = m.join("vend");
+    git(m, ["clone", "-q", upstream, "vend"]);
+    fs::write(vend.join("a.txt"), "changed in the clone\n").unwrap();
+    fs::write(vend.join("staged.txt"), "staged\n").unwrap();
+    git(&vend, ["add", "staged.txt"]);
+    fs::write(vend.join("untracked.txt"), "untracked\n").unwrap();
+    git(&vend, ["branch", "side"]);
+    git(&vend, ["tag", "v1"]);
+    let sub = m.join("tools/sub");
+    fs::create_dir_all(&sub).unwrap();
+    git(&sub, ["init", "-q"]);
+    fs::write(sub.join("x.txt"), "one\n").unwrap();
+    git(&sub, ["add", "x.txt"]);
+    git(&sub, ["commit", "-q", "-m", "first"]);
+    fs::write(sub.join("x.txt"), "two\n").unwrap();
+    fs::write(sub.join("new.txt"), "new\n").unwrap();
+    chmod(&sub.join("new.txt"), 0o600);
+    let fresh = m.join("fresh");
+    fs::create_dir(&fresh).unwrap();
+    git(&fresh, ["init", "-q"]);
+    fs::write(fresh.join("wip.txt"), "no commit yet\n").unwrap();
+    // Names git refuses in a tree.
+    fs::create_dir(m.join(".GIT")).unwrap();
+    fs::write(m.join(".GIT/config"), "[core]\n").unwrap();
+    chmod(&m.join(".GIT/config"), 0o600);
+    fs::write(
+        m.join(".GIT").join(OsStr::from_bytes(b"caf\xe9")),
+        b"\xff\x00",
+    )
+    .unwrap();
+    fs::create_dir(m.join("src/.Git")).unwrap();
+    fs::write(m.join("src/.Git/HEAD"), "ref: refs/heads/x\n").unwrap();
+    std::os::unix::fs::symlink("a.txt", m.join(".gitmodules")).unwrap();
+}
+
+/// Issue 30 item 2 in one I/O mode (`io`: extra arguments of the first `open`).
+fn nested_and_refused_round_trip(io: &[&str]) {
+    let d = Daemon::start();
+    let upstream = project(&d);
+    let mut args = vec!["--project", "p"];
+    args.extend_from_slice(io);
+    let m = d.open_thread("t1", &args);
+    let listing = |m: &Path| {
+        with_timeout("list the workspace", FS_TIMEOUT, {
+            let m = m.to_path_buf();
+            move || lstat_listing(&m)
+        })
+    };
+    with_timeout("make nested repositories", FS_TIMEOUT, {
+        let (m, up) = (m.clone(), upstream.file_url());
+        move || make_nested_state(&m, &up)
+    });
+    let says = all_repos_say(&m);
+    assert!(
+        says.contains("?? vend/") && says.contains("?? .GIT/"),
+        "{says}"
+    );
+    let before = listing(&m);
+    assert!(
+        before.contains_key(&b"vend/.git/HEAD"[..]),
+        "{}",
+        show(&before)
+    );
+
+    let s1 = d.snapshot_id("t1");
+    // The tree is what `git add -A` makes: the nested repositories with a commit as gitlinks,
+    // no refused name, nothing of the repository without a commit.
+    let entries = tree_entries(&d.mirror("p"), &s1);
+    for (mode, path) in [("160000", &b"vend"[..]), ("160000", b"tools/sub")] {
+        assert!(
+            entries.iter().any(|(m, p)| m == mode && p == path),
+            "no gitlink {}: {entries:?}",
+            String::from_utf8_lossy(path)
+        );
+    }
+    for (_, p) in &entries {
+        let p = String::from_utf8_lossy(p);
+        assert!(
+            !p.contains(".GIT")
+                && !p.contains(".Git")
+                && !p.starts_with("fresh")
+                && p != ".gitmodules",
+            "{p} is in the snapshot's tree"
+        );
+    }
+    let status = d.cli_ok(["status", "t1"]);
+    let kept = status
+        .lines()
+        .find(|l| l.starts_with("kept:"))
+        .unwrap_or_else(|| panic!("status names nothing kept:\n{status}"));
+    for name in [
+        "vend",
+        "tools/sub",
+        "fresh",
+        ".GIT",
+        "src/.Git",
+        ".gitmodules",
+    ] {
+        assert!(kept.contains(name), "{kept}");
+    }
+    let diff = d.cli(["diff", "t1"]);
+    diff.assert_ok();
+    assert!(
+        diff.stderr_str().contains("nested repositories") && diff.stderr_str().contains(".GIT"),
+        "diff does not say what is kept: {}",
+        diff.stderr_str()
+    );
+
+    d.cli_ok(["release", "t1"]);
+    let released = d.cli_ok(["status", "t1"]);
+    assert!(
+        released.contains("kept:") && released.contains("vend"),
+        "{released}"
+    );
+    d.open_thread("t1", &[]);
+    let after = listing(&m);
+    assert_same("after release + open", &before, &after);
+    // Unchanged: the same snapshot (before git refreshes an index).
+    assert_eq!(
+        d.snapshot_id("t1"),
+        s1,
+        "an unchanged resumed workspace made a new snapshot"
+    );
+    assert_eq!(
+        all_repos_say(&m),
+        says,
+        "git says otherwise after release + open"
+    );
+
+    // A fork and a teleported thread get the same state (git's answers above may have refreshed
+    // an index: the source is listed again).
+    let now = listing(&m);
+    d.cli_ok(["fork", "t1", "t2"]);
+    let m2 = d.mount("t2");
+    assert_same("in the fork", &now, &listing(&m2));
+    assert_eq!(all_repos_say(&m2), says, "git says otherwise in the fork");
+    let now = listing(&m2);
+    d.cli_ok(["teleport", "t2", "t3"]);
+    let m3 = d.mount("t3");
+    assert_same("in the teleported thread", &now, &listing(&m3));
+    assert_eq!(
+        all_repos_say(&m3),
+        says,
+        "git says otherwise after teleport"
+    );
+    for t in ["t1", "t3"] {
+        d.cli_ok(["release", t]);
+    }
+}
+
+#[test]
+fn nested_repositories_and_names_git_refuses_survive_release_fork_and_teleport() {
+    nested_and_refused_round_trip(&[]);
+}
+
+#[test]
+fn nested_repositories_and_names_git_refuses_survive_in_no_open_mode() {
+    nested_and_refused_round_trip(&["--io", "no-open"]);
 }

@@ -11,7 +11,11 @@
 //!    Then the diverged case: both hosts change the thread independently; the second push to
 //!    the share is refused (non-zero exit naming the divergence), the snapshot is kept in the
 //!    local mirror, and release still releases.
-//! 2. [`a_thousand_changed_files_move_between_hosts`]: the time of a move (release on host 1 +
+//! 2. [`nested_repositories_and_refused_names_move_between_hosts`] (issue 30 item 2): a cloned
+//!    dependency with changed and untracked files and a branch of its own, a `git init` +
+//!    commit in a subdirectory and a `.GIT` directory go host 1 → share → host 2 byte for
+//!    byte (their `.git` included), and git says of each nested repository what it said.
+//! 3. [`a_thousand_changed_files_move_between_hosts`]: the time of a move (release on host 1 +
 //!    open on host 2) of a thread with 1,000 changed files, printed.
 
 mod common;
@@ -219,6 +223,64 @@ fn a_thread_moves_between_hosts_and_back_byte_identical() {
     );
     assert!(h1.log_text().contains("not shared"));
     assert_eq!(share_tip(&share, "a"), s3);
+}
+
+/// What git says of the nested repository at `dir`: status, every ref's log, every ref.
+fn nested_says(dir: &Path) -> String {
+    format!(
+        "{}\n{}\n{}",
+        g(dir, &["status", "--porcelain", "--untracked-files=all"]),
+        g(dir, &["log", "--all", "--format=%H %s"]),
+        g(dir, &["for-each-ref"])
+    )
+}
+
+#[test]
+fn nested_repositories_and_refused_names_move_between_hosts() {
+    let Hosts { h1, h2, share } = hosts(&[("README.md", "# demo\n"), ("a.txt", "alpha\n")]);
+    let up = h1.base.join("upstream");
+    let m1 = h1.open_thread("n", &["--project", "p"]);
+    in_ws(
+        &m1,
+        &format!(
+            "git clone -q file://{} vend\n\
+             printf 'changed\\n' > vend/a.txt\n\
+             printf 'untracked\\n' > vend/new.txt\n\
+             git -C vend branch side\n\
+             mkdir -p tools/sub && cd tools/sub && git init -q && printf 'x\\n' > x.txt\n\
+             git add x.txt && git -c user.name=a -c user.email=a@b commit -q -m one\n\
+             printf 'y\\n' > x.txt\n\
+             cd ../..\n\
+             mkdir .GIT && printf 'refused\\n' > .GIT/config && chmod 600 .GIT/config",
+            up.display()
+        ),
+    );
+    // git may refresh an index as it answers: asked first, then the files are listed.
+    let says: Vec<String> = ["vend", "tools/sub"]
+        .iter()
+        .map(|r| nested_says(&m1.join(r)))
+        .collect();
+    let before = capture(&m1);
+    assert!(
+        before.files.contains_key("vend/.git/HEAD") && before.files.contains_key(".GIT/config"),
+        "{:?}",
+        before.files.keys().collect::<Vec<_>>()
+    );
+    h1.cli_ok(["release", "n"]);
+    g(&share, &["rev-parse", "--verify", "refs/octomate/kept/n"]);
+
+    let m2 = h2.open_thread("n", &["--project", "p"]);
+    let arrived = capture(&m2);
+    assert_moved("host 1 -> host 2", &before, &arrived);
+    let now: Vec<String> = ["vend", "tools/sub"]
+        .iter()
+        .map(|r| nested_says(&m2.join(r)))
+        .collect();
+    assert_eq!(
+        now, says,
+        "git says otherwise of the nested repositories on host 2"
+    );
+    h2.cli_ok(["release", "n"]);
 }
 
 #[test]

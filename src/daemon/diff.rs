@@ -81,13 +81,24 @@ impl Daemon {
                 crate::git!(Some(&mirror); "diff-tree", "-r", "--name-status", "--no-renames", &a, &b)
             }
         }?;
+        // Nested repositories and names git refuses are kept beside the trees, never in a diff:
+        // said in one line (the thread's live state's, else its last snapshot's).
+        let kept = match &live {
+            Some(r) => {
+                let core = lock(&self.mounts).get(&r.thread).map(|m| m.core.clone());
+                self.kept_line(r, core.as_deref())
+            }
+            None => last.and_then(|l| super::kept::describe(&super::kept::roots_of(&repo, l))),
+        };
         Ok((
             DiffAnswer {
                 from: a,
                 to: b,
                 diff: out,
             },
-            vec![],
+            kept.map(|k| format!("not in this diff: {k}"))
+                .into_iter()
+                .collect(),
         ))
     }
 }

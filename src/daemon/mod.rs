@@ -37,6 +37,7 @@ mod diff;
 pub mod error;
 mod export;
 mod keeper;
+mod kept;
 mod layers;
 mod limits;
 mod mirrors;

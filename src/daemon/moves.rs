@@ -15,6 +15,7 @@ use super::error::{Context, Error, on_workspace};
 use super::proto::Forked;
 use super::{Daemon, Reply, lock, now};
 use crate::access::Caller;
+use crate::git::kept;
 use crate::git::posix_record;
 use crate::git::snapshot::{self as snap, HeadRef};
 use crate::names::{NameKind, validate};
@@ -214,7 +215,7 @@ impl Daemon {
 
         // 2. Filed as `to`'s first snapshot: same tree and parent, `to`'s branch in its trailer.
         let repo = snap::open(&self.layout.mirror(&project))?;
-        let (head, head_ref, tree, posix, record) = match state {
+        let (head, head_ref, tree, posix, record, side) = match state {
             Some(s) => {
                 let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
                 let head = *parents
@@ -226,6 +227,7 @@ impl Daemon {
                     tree,
                     posix_record::blob_of(&message),
                     super::repo_record::record_of(&message),
+                    kept::side_of(&message),
                 )
             }
             None => {
@@ -241,7 +243,7 @@ impl Daemon {
                     .clone()
                     .map(HeadRef::Branch)
                     .unwrap_or(HeadRef::Detached);
-                (head, head_ref, tree, None, None)
+                (head, head_ref, tree, None, None, None)
             }
         };
         let own = format!("octofs/{to}");
@@ -268,12 +270,18 @@ impl Daemon {
         if let Some(r) = record {
             message.push_str(&super::repo_record::trailer(r));
         }
+        if let Some(s) = side {
+            message.push_str(&kept::trailer(s));
+        }
         let commit = snap::write_commit(&repo, tree, vec![head], &message)?;
         if let Some(b) = posix {
             posix_record::keep(&repo, to, commit, b)?;
         }
         if let Some(r) = record {
             super::repo_record::set_ref(&repo, to, r)?;
+        }
+        if let Some(s) = side {
+            kept::keep(&repo, to, commit, s)?;
         }
         let tref = snap::thread_ref(to);
         snap::cas_ref(
@@ -409,8 +417,13 @@ impl Daemon {
             crate::own_repo::add_all::ignored_files(&core, &self.layout.state, &view.edits)?;
         let meta: std::collections::HashMap<&[u8], &crate::fs::NodeMeta> =
             view.meta.iter().map(|m| (m.path.as_slice(), m)).collect();
+        // Nested repositories and names git refuses travel whole in the snapshot's kept side.
+        let kept = super::kept::roots_in(&view.edits);
         let mut out = Vec::new();
         for p in paths {
+            if super::kept::is_kept(&kept, &p) {
+                continue;
+            }
             let comps: Vec<&[u8]> = p.split(|b| *b == b'/').collect();
             let Some(f) = core
                 .open_file(&comps)
@@ -525,6 +538,8 @@ impl Daemon {
             refs.push((posix_record::posix_ref(to), None));
         }
         refs.push((super::repo_record::repo_ref(to), None));
+        // (Deleting a ref that was never made is harmless.)
+        refs.push((kept::kept_ref(to), None));
         for (name, expected) in refs {
             let mut git = crate::git::Git::new(Some(&mirror)).args(["update-ref", "-d", &name]);
             if let Some(e) = expected {

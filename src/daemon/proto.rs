@@ -341,6 +341,10 @@ pub struct WorkspaceStatus {
     /// How the mount serves file I/O ("handles" or "no-open"); `None` when not mounted.
     #[serde(default)]
     pub io: Option<String>,
+    /// What the thread keeps beside its snapshot's tree (nested repositories, names git refuses):
+    /// one line naming them; `None` when nothing is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<String>,
 }
 
 /// The answer to a watch query.

@@ -96,6 +96,7 @@ impl Daemon {
             let forced: Vec<(gix::ObjectId, String)> = [
                 posix_record::posix_ref(thread),
                 super::repo_record::repo_ref(thread),
+                crate::git::kept::kept_ref(thread),
             ]
             .into_iter()
             .filter_map(|name| snap::read_ref(&repo, &name).map(|id| (id, name)))
@@ -205,6 +206,13 @@ impl Daemon {
                     &target,
                     &super::repo_record::repo_ref(thread),
                     &super::repo_record::fetched_repo_ref(thread),
+                )?;
+                // Nested repositories and names git refuses (`super::kept`).
+                mirror::fetch_ref(
+                    &mirror_dir,
+                    &target,
+                    &crate::git::kept::kept_ref(thread),
+                    &format!("refs/octomate/shared/kept/{thread}"),
                 )?;
             }
             Ok::<_, Error>(tip)

@@ -19,6 +19,7 @@ use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::cow::catalog::Ts;
 use crate::fs::WorkspaceFs;
+use crate::git::kept;
 use crate::git::mirror::Shared;
 use crate::git::posix_record;
 use crate::git::snapshot::{self as snap, HeadRef, ViewEdit};
@@ -415,11 +416,19 @@ impl Daemon {
             Goal::Snapshot => Some(read_head(&core)?),
             Goal::Tree => None,
         };
+        // What `git add -A` cannot hold, kept beside the tree: nested repositories and names git
+        // refuses (`super::kept`). A refused name never reaches the tree.
+        let saved_commit = rec
+            .saved
+            .as_ref()
+            .and_then(|m| m.commit.as_deref())
+            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        let kept_plan = super::kept::Plan::of(&repo, saved_commit, view.since_last, &view.edits)?;
         // 2. What `git add -A` would leave out; nested repositories become gitlinks.
         let mut edits = add_all::keep(
             &core,
             &self.layout.state,
-            nested_repositories(&core, view.edits),
+            nested_repositories(&core, kept_plan.strip(view.edits)),
         )?;
         edits.sort_by(|a, b| a.path().cmp(b.path()));
         spans.mark(Span::Keep);
@@ -436,7 +445,8 @@ impl Daemon {
                 .context(|| format!("thread {thread}: bad base tree"))?
         };
         let edits = super::layers::strip(rec, &core, &*self.store(project)?, &repo, edits)?;
-        let meta = super::layers::strip_meta(rec, &core, view.meta)?;
+        let (meta, kept_meta) = kept_plan.split_meta(view.meta);
+        let meta = super::layers::strip_meta(rec, &core, meta)?;
         if !repo.has_object(base_tree) {
             return Err(Error::Refused(format!(
                 "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
@@ -512,6 +522,10 @@ impl Daemon {
             message.push_str(&posix_record::trailer(b));
         }
         message.push_str(&super::repo_record::trailer(record));
+        let side = kept_plan.write(&core, &repo, tree, &kept_meta)?;
+        if let Some(s) = side {
+            message.push_str(&kept::trailer(s));
+        }
         spans.mark(Span::Posix);
         if let Some(p) = prev {
             let (ptree, pparents, pmsg, _) = snap::commit_info(&repo, p)?;
@@ -520,6 +534,7 @@ impl Daemon {
                 && snap::head_of(&pmsg) == head_ref
                 && posix_record::blob_of(&pmsg) == posix
                 && super::repo_record::record_of(&pmsg) == Some(record)
+                && kept::side_of(&pmsg) == side
             {
                 self.mark_saved(rec, &core, &p.to_string(), view.generation, view.taken_at)?;
                 core.snapshot_saved(view.epoch, tree);
@@ -532,6 +547,9 @@ impl Daemon {
         // The record is reachable before the snapshot's ref names the commit that needs it.
         if let Some(b) = posix {
             posix_record::keep(&repo, thread, commit, b)?;
+        }
+        if let Some(s) = side {
+            kept::keep(&repo, thread, commit, s)?;
         }
         snap::cas_ref(
             &repo,

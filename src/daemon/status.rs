@@ -82,6 +82,11 @@ impl Daemon {
                 self.dependency_lines(rec)
             },
             io: m.map(|m| m.info.io_mode().to_string()),
+            kept: if rec.chat {
+                None
+            } else {
+                self.kept_line(rec, m.map(|m| m.core))
+            },
         }
     }
 
@@ -105,6 +110,28 @@ impl Daemon {
                 rec.project
             )
         })
+    }
+
+    /// The line naming what a live thread keeps beside its tree (`super::kept`): what its changes
+    /// and its last snapshot hold; without a mount, its last snapshot's.
+    pub(super) fn kept_line(
+        &self,
+        rec: &WorkspaceRecord,
+        core: Option<&WorkspaceFs>,
+    ) -> Option<String> {
+        let repo = crate::git::snapshot::open(&self.layout.mirror(&rec.project)).ok()?;
+        let last = rec
+            .saved
+            .as_ref()
+            .and_then(|m| m.commit.as_deref())
+            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        let roots = match core {
+            Some(core) => super::kept::live_roots(core, &repo, last),
+            None => last
+                .map(|l| super::kept::roots_of(&repo, l))
+                .unwrap_or_default(),
+        };
+        super::kept::describe(&roots)
     }
 
     /// A released thread: bound to its project, no workspace until it is opened again.
@@ -132,7 +159,7 @@ impl Daemon {
             quarantined: 0,
             damaged: Vec::new(),
             base_content_opens: 0,
-            last_snapshot: last,
+            last_snapshot: last.clone(),
             state: "released".into(),
             users: 0,
             user_names: Vec::new(),
@@ -143,6 +170,13 @@ impl Daemon {
             layers: Vec::new(),
             dependencies: Vec::new(),
             io: None,
+            kept: last
+                .as_deref()
+                .and_then(|l| gix::ObjectId::from_hex(l.as_bytes()).ok())
+                .and_then(|l| {
+                    let repo = crate::git::snapshot::open(&self.layout.mirror(&b.project)).ok()?;
+                    super::kept::describe(&super::kept::roots_of(&repo, l))
+                }),
         }
     }
 

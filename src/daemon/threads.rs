@@ -499,12 +499,13 @@ impl Daemon {
                         // With the owner's authority only: the record may have come from a share
                         // remote (DESIGN.md "Privilege separation").
                         let who = super::posix::authority(&owner);
+                        let shown = format!("snapshot {}", s.get(..12).unwrap_or(s));
+                        // Nested repositories and names git refuses first: the record's
+                        // metadata of the directories above them comes after.
+                        let kept = super::kept::restore(&core, &repo, id, &who)?;
                         let parts = super::posix::restore(&core, &repo, id, &who)?;
-                        left.extend(super::posix::left_out_warnings(
-                            &format!("snapshot {}", s.get(..12).unwrap_or(s)),
-                            &who,
-                            &parts,
-                        ));
+                        left.extend(super::posix::left_out_warnings(&shown, &who, &parts));
+                        left.extend(super::kept::left_out_warnings(&shown, &who, &kept));
                         // The saved mark goes with the same batch (it is octofs's bookkeeping,
                         // not a change of the workspace's state).
                         bookkeeping.push(

@@ -12,6 +12,7 @@ pub mod error;
 pub mod gates;
 pub mod graft;
 pub mod index_ext;
+pub mod kept;
 pub mod mirror;
 pub mod objects;
 pub mod pack;

@@ -233,6 +233,9 @@ impl WorkspaceFs {
                 None => return Changed::Everything,
             }
         }
+        for p in &mut paths {
+            git_visible(p);
+        }
         paths.sort();
         paths.dedup();
         Changed::Paths(paths)
@@ -260,5 +263,42 @@ impl WorkspaceFs {
             .into_iter()
             .map(|(dir, name)| Some(join(&Self::path_of(st, dir)?, name)))
             .collect()
+    }
+}
+
+/// git drops a change its fsmonitor reports at a path holding a name it refuses in a tree
+/// (`.GIT`, `src/.Git/x`, a nested `vend/.git/x`: `verify_path` fails), and its untracked cache then
+/// keeps trusting the directory above that name. Such a path becomes a sibling name git accepts
+/// in the same directory (the refused name with `~octofs` appended, which need not exist), so that
+/// git looks at that directory again. The workspace's own `.git/…` is left as it is.
+fn git_visible(p: &mut Vec<u8>) {
+    let mut start = 0;
+    for (i, c) in p.split(|b| *b == b'/').enumerate() {
+        let end = start + c.len();
+        let own_git = i == 0 && c == b".git";
+        if !own_git && !c.is_empty() && crate::git::kept::refused_name(c, false) {
+            p.truncate(end);
+            p.extend_from_slice(b"~octofs");
+            return;
+        }
+        start = end + 1;
+    }
+}
+
+#[cfg(test)]
+mod git_visible_tests {
+    #[test]
+    fn a_path_at_a_refused_name_names_a_sibling_git_accepts() {
+        let seen = |p: &[u8]| {
+            let mut v = p.to_vec();
+            super::git_visible(&mut v);
+            String::from_utf8_lossy(&v).into_owned()
+        };
+        assert_eq!(seen(b"src/.Git/HEAD"), "src/.Git~octofs");
+        assert_eq!(seen(b".GIT/"), ".GIT~octofs");
+        assert_eq!(seen(b"vend/.git/index"), "vend/.git~octofs");
+        assert_eq!(seen(b".git/index"), ".git/index");
+        assert_eq!(seen(b"src/lib.rs"), "src/lib.rs");
+        assert_eq!(seen(b"dir/"), "dir/");
     }
 }

@@ -185,6 +185,32 @@ impl WorkspaceFs {
         Ok(Some(self.attr(&rec)?))
     }
 
+    /// The target of the symlink at `path` (components from the root; symlinks on the way are not
+    /// followed), or `None` when nothing or something else is there.
+    pub fn link_at(&self, path: &[&[u8]]) -> Result<Option<Vec<u8>>, FsError> {
+        let rec = {
+            let mut st = self.lock();
+            let ino = match self.walk(&mut st, path) {
+                Ok(Some(ino)) => ino,
+                Ok(None) => return Ok(None),
+                Err(e) if e == Errno::ENOTDIR => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            st.node(ino)?.rec.clone()
+        };
+        if rec.kind != Kind::Symlink {
+            return Ok(None);
+        }
+        match (rec.target, rec.base) {
+            (Some(t), _) => Ok(Some(t)),
+            (None, Some(b)) => {
+                let id = ObjectId::from_hex(b.oid.as_bytes()).map_err(|_| Errno::EIO)?;
+                Ok(Some(self.blob_bytes(id)?))
+            }
+            (None, None) => Ok(Some(Vec::new())),
+        }
+    }
+
     /// The names in the directory at `path` (components from the root) with their kinds, without
     /// `.` and `..`; `None` when it is not a directory (symlinks are not followed).
     pub fn list_dir(&self, path: &[&[u8]]) -> Result<Option<Listing>, FsError> {
