@@ -439,3 +439,76 @@ fn a_from_scratch_cargo_build_runs_in_octofs_run() {
     assert_eq!(ok(&out), "hello from octofs 42\n");
     d.cli_ok(["release", "c"]);
 }
+
+/// A sandbox works on across a `kill -9` of the daemon: the connection keeper holds the mount's
+/// descriptors, the next daemon adopts the mount, and the sandbox's bind (a copy of the mount in its
+/// own namespace, on the same connection) sees a pause, no error: its loop of `git status`, reads
+/// and appends goes on and every line it appended is there.
+#[test]
+fn a_sandbox_works_on_across_a_daemon_crash() {
+    let a = user_a();
+    let mut d = Daemon::start();
+    open_the_way(&d);
+    project(&d, "p", &["octofs-test-user"]);
+    let out = d.cli_as(a, &["open", "k", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let ws = d.mount("k");
+    let log = d.base.join("crash-sandbox.out");
+    let script = "n=0
+while [ ! -e stop ]; do
+  git status --porcelain >/dev/null || echo FAIL status
+  [ \"$(cat a.txt)\" = alpha ] || echo FAIL read
+  n=$((n+1)); echo $n >> lines.txt || echo FAIL append
+  sleep 0.05
+done
+echo done $n";
+    let mut c = as_user(a, bin());
+    c.arg("--state")
+        .arg(&d.state)
+        .arg("--root")
+        .arg(&d.root)
+        .args(["run", "k", "--", "sh", "-c", script])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .stderr(std::process::Stdio::piped())
+        .current_dir("/");
+    let mut sandbox = c.spawn().expect("octofs run");
+    let lines = |ws: &Path| -> usize {
+        read_ws(&ws.join("lines.txt"))
+            .map(|b| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()).count())
+            .unwrap_or(0)
+    };
+    let t0 = std::time::Instant::now();
+    while lines(&ws) < 3 {
+        assert!(
+            t0.elapsed() < CMD_TIMEOUT,
+            "the sandbox's loop did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    d.kill9();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    d.spawn();
+    let before = lines(&ws);
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    assert!(
+        lines(&ws) > before,
+        "the sandbox's loop stopped after the crash\n{}",
+        d.log_tail()
+    );
+    let mut t = as_user(a, "touch");
+    t.arg(ws.join("stop"));
+    ok(&run(&mut t, CMD_TIMEOUT));
+    let status = wait_timeout(&mut sandbox, CMD_TIMEOUT).expect("the sandbox ends");
+    assert!(status.success(), "octofs run: {status:?}");
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!said.contains("FAIL"), "{said}\n{}", d.log_tail());
+    let n: usize = said
+        .trim()
+        .strip_prefix("done ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    let got = String::from_utf8(read_ws(&ws.join("lines.txt")).unwrap()).unwrap();
+    let want: String = (1..=n).map(|i| format!("{i}\n")).collect();
+    assert_eq!(got, want, "the appended lines");
+    d.cli_ok(["release", "k"]);
+}
