@@ -454,3 +454,40 @@ fn state_is_private_whatever_the_umask() {
     assert_private(&d.state);
     d.stop();
 }
+
+/// The connection keeper holds every mount's `/dev/fuse` descriptors (`docs/restart.md`): whoever
+/// took them could serve any workspace. Its socket is root's, for root only, and another user cannot even
+/// connect to it (the keeper also checks the peer's uid).
+#[test]
+fn another_user_cannot_reach_the_connection_keeper() {
+    let d = Daemon::start();
+    open_the_way(&d);
+    add_project(&d, "p", &[("a.txt", "a\n", 0o644)]);
+    d.open_thread("t", &["--project", "p"]);
+    let sock = d.state.join("keeper.sock");
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "no keeper socket");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let md = fs::symlink_metadata(&sock).unwrap();
+    assert_eq!(
+        (md.uid(), md.mode() & 0o077),
+        (0, 0),
+        "the keeper's socket: {:o}",
+        md.mode()
+    );
+    let mut c = as_user(user_a(), "python3");
+    c.args([
+        "-c",
+        "import socket, sys\ns = socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nprint('connected')",
+    ])
+    .arg(&sock);
+    let out = run(&mut c, CMD_TIMEOUT);
+    assert!(
+        !out.success() && out.stderr_str().contains("Permission denied"),
+        "another user reached the keeper: {}",
+        out.describe()
+    );
+    d.cli_ok(["release", "t"]);
+}

@@ -6,7 +6,7 @@
 //! `ECONNABORTED`. The next daemon gets the descriptors back and adopts the mounts
 //! (`takeover::adopt_kept`, docs/restart.md "A crash").
 //!
-//! Owns the keeper's socket protocol (`<state>/keeper.sock`, 0600, root's or the daemon user's
+//! Owns the keeper's socket protocol (`<state>/keeper.sock`, for its owner only, root's or the daemon user's
 //! only), the keeper process and the daemon's side of it (`attach`, `keep`, `forget`, `quit`).
 //! It must not touch the mounts themselves: it never reads or writes a request, never unmounts,
 //! and holds nothing but descriptors and the few facts (INIT outcome, mode) the next daemon needs
