@@ -91,14 +91,6 @@ fn busy_process(mount: &Path) -> Child {
         .expect("spawn a process in the mount")
 }
 
-fn state_of(d: &Daemon, thread: &str) -> String {
-    let st = d.cli_ok(["status", thread]);
-    st.lines()
-        .find_map(|l| l.strip_prefix("state:"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| panic!("no state in {st}"))
-}
-
 #[test]
 fn idle_and_busy_mounts_survive_two_restarts_with_their_trees() {
     let user = user_a();
@@ -183,7 +175,7 @@ fn idle_and_busy_mounts_survive_two_restarts_with_their_trees() {
             new.describe()
         );
         assert_eq!(porcelain(u, m), before[i], "git status in {}", m.display());
-        assert_eq!(state_of(&d, &format!("t{i}")), "mounted");
+        assert_eq!(d.state_of(&format!("t{i}")), "mounted");
     }
     // The no-open thread kept its mode.
     let st = d.cli_ok(["status", "t5", "--json"]);
@@ -215,7 +207,7 @@ fn a_mount_removed_behind_the_daemon_is_reported_and_mounted_again_with_its_stra
     write_file(&m.join("sub/inner.txt"), b"inner\n", 0o600);
     std::os::unix::fs::symlink("/etc/shadow", m.join("sub/link")).expect("symlink");
 
-    assert_eq!(state_of(&d, "t"), "not mounted");
+    assert_eq!(d.state_of("t"), "not mounted");
     let list = d.cli_ok(["list"]);
     assert!(
         list.lines()
@@ -247,7 +239,7 @@ fn a_mount_removed_behind_the_daemon_is_reported_and_mounted_again_with_its_stra
     assert_eq!(err.trim().lines().count(), 1, "{}", again.describe());
     assert!(err.contains(".octofs-stray/"), "{}", again.describe());
     assert!(is_mounted(&m), "open did not mount {}", m.display());
-    assert_eq!(state_of(&d, "t"), "mounted");
+    assert_eq!(d.state_of("t"), "mounted");
     let files = listed(Some(user), &m);
     let stray_dir = files
         .iter()
@@ -304,7 +296,7 @@ fn a_mount_removed_behind_the_daemon_is_reported_and_mounted_again_with_its_stra
         "{files:?}"
     );
     assert!(files.contains(&"new.txt".to_string()), "{files:?}");
-    assert_eq!(state_of(&d, "t"), "mounted");
+    assert_eq!(d.state_of("t"), "mounted");
     let clean = d.cli(["doctor"]);
     assert!(
         !clean.stdout_str().contains("not-mounted"),
@@ -629,7 +621,7 @@ fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
                 .replace("?? reopened.log\n", "");
         }
         assert_eq!(now, before[i], "git status in {}", m.display());
-        assert_eq!(state_of(&d, &format!("c{i}")), "mounted");
+        assert_eq!(d.state_of(&format!("c{i}")), "mounted");
     }
     assert!(
         d.log_text()

@@ -252,15 +252,6 @@ fn git_works_in_a_sandbox_of_root_s_thread() {
     d.cli_ok(["release", "r"]);
 }
 
-/// The status line `state:` of a thread.
-fn state_of(d: &Daemon, thread: &str) -> String {
-    let st = d.cli_ok(["status", thread]);
-    st.lines()
-        .find_map(|l| l.strip_prefix("state:"))
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|| panic!("no state in {st}"))
-}
-
 /// `octofs run` as an ordinary user: one command opens the thread and runs in a sandbox that
 /// sees the workspace at `/work` and nothing writable of the host. A loop in such a sandbox goes
 /// on across `octofs restart` without an error, and `release --when-idle` waits until the sandbox
@@ -363,13 +354,13 @@ echo done";
         is_mounted(&ws),
         "released while the sandbox still had it bound"
     );
-    assert_eq!(state_of(&d, "t"), "mounted");
+    assert_eq!(d.state_of("t"), "mounted");
     let status = wait_timeout(&mut sandbox, CMD_TIMEOUT).expect("the sandbox ends");
     assert!(status.success(), "octofs run: {status:?}");
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(!said.contains("FAIL") && said.ends_with("done\n"), "{said}");
     let t0 = std::time::Instant::now();
-    while state_of(&d, "t") != "released" {
+    while d.state_of("t") != "released" {
         assert!(
             t0.elapsed() < CMD_TIMEOUT,
             "not released once the sandbox left"

@@ -428,6 +428,16 @@ impl Daemon {
         self.state.join("mirrors").join(project)
     }
 
+    /// The `state:` line of `octofs status <thread>` (`mounted`, `released`, `not mounted` …).
+    #[track_caller]
+    pub fn state_of(&self, thread: &str) -> String {
+        let st = self.cli_ok(["status", thread]);
+        st.lines()
+            .find_map(|l| l.strip_prefix("state:"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| panic!("no state in {st}"))
+    }
+
     /// Current daemon log (stderr + stdout of the last `serve`).
     pub fn log_text(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
