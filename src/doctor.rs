@@ -198,7 +198,8 @@ fn probe_mount(path: &Path) -> Probe {
 fn check_mounts(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report) {
     // A daemon died and its connection keeper holds the mounts for the next one: they wait for a
     // server (a probe would hang), and must not be unmounted (docs/restart.md "A crash").
-    let kept = daemon != DaemonState::Running
+    // (A daemon that accepts connections but does not answer is not gone: its mounts are hung.)
+    let kept = daemon == DaemonState::NotRunning
         && UnixStream::connect(layout.state.join("keeper.sock")).is_ok();
     for mp in crate::sys::fuse_mounts_under(&layout.root) {
         r.checked.mounts += 1;

@@ -412,9 +412,8 @@ fn one_thread_runs_in_no_open_in_a_daemon_of_handles() {
         err.contains("is mounted in no-open mode") && err.trim_end().lines().count() == 1,
         "{err}"
     );
-    // Asking for the mode it has is one more user, as any open.
+    // Asking for the mode it has is an open as any other (the same caller: no user more).
     d.cli_ok(["open", "t", "--io", "no-open"]);
-    d.cli_ok(["release", "t"]);
     assert_eq!(io_of(&d, "t"), "no-open");
 
     // Kept across a daemon restart (remounted from its record) and a release and resume.
