@@ -1,4 +1,4 @@
-//! Who is asking, and the one grant the daemon makes to a workspace's owner (DESIGN.md "Trust model").
+//! Who is asking, and the one grant the daemon makes to a workspace's owner (docs/security.md).
 //!
 //! [`Caller`] is the identity of a control request, taken from the socket's peer credentials (never
 //! from anything the request says). [`grant_objects`] lets a workspace's owner read the object store

@@ -1,4 +1,4 @@
-//! Where octofs keeps things: the state directory and the mount root (DESIGN.md "State layout").
+//! Where octofs keeps things: the state directory and the mount root (docs/usage.md "State layout").
 //!
 //! Tools and tests rely on these paths; nothing else in the code builds a state path by hand.
 //!
@@ -42,7 +42,7 @@ fn default_root(euid: u32, runtime_dir: Option<std::ffi::OsString>, tmp: &Path) 
 }
 
 impl Layout {
-    /// The defaults of DESIGN.md: `/var/lib/octofs` and `/workspaces` as root, else XDG locations.
+    /// The defaults (docs/usage.md "State layout"): `/var/lib/octofs` and `/workspaces` as root, else XDG locations.
     pub fn resolve(state: Option<PathBuf>, root: Option<PathBuf>) -> Layout {
         let is_root = crate::sys::euid() == 0;
         let state = state.unwrap_or_else(|| {

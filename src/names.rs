@@ -1,4 +1,4 @@
-//! Validation of thread and project names (DESIGN.md "Command line").
+//! Validation of thread and project names (docs/usage.md).
 //!
 //! Every name that reaches a path or a ref goes through [`validate`] first, so that a bad name is refused
 //! before any state is touched.

@@ -1,4 +1,4 @@
-//! The workspace's own git repository: the `.git` every workspace gets at fork (DESIGN.md "The
+//! The workspace's own git repository: the `.git` every workspace gets at fork (docs/architecture.md "The
 //! workspace's own repository").
 //!
 //! It is written into the workspace's upper layer before the first mount and costs O(1) per fork:

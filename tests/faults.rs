@@ -860,7 +860,7 @@ fn sigkill_mid_workload_loses_nothing_acknowledged() {
 /// A daemon killed with SIGKILL without the connection keeper (`--keep-connections false`; with
 /// it the next daemon adopts the mount: restart_idle.rs) leaves its mount behind, answering
 /// `ENOTCONN`. A new `serve` on the same state must clear it and remount the workspace by itself
-/// (DESIGN.md: "On restart the daemon remounts every workspace that was mounted"), with what was
+/// (docs/restart.md: on restart the daemon remounts every workspace that was mounted), with what was
 /// written before the kill.
 #[test]
 fn serve_clears_a_dead_mount_left_by_sigkill() {

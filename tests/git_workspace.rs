@@ -1,4 +1,4 @@
-//! Issue 4, "Done when": a workspace is a complete, normal git repository (DESIGN.md "The
+//! Issue 4, "Done when": a workspace is a complete, normal git repository (docs/architecture.md "The
 //! workspace's own repository", invariant 6), checked with real git on real mounts:
 //!
 //! 1. [`same_git_session_as_a_native_clone`]: one sequence of git commands (status, add, commit,

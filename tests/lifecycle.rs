@@ -1,5 +1,5 @@
 //! Issue 5, "Done when": snapshots, restore, release, sweep, binding, chat workspaces and diff
-//! (DESIGN.md "Snapshots", "Restore", "Lifecycle"; seed 000 "Saving", "Restoring", "Reclaiming",
+//! (docs/architecture.md "Snapshots, release and resume"; seed 000 "Saving", "Restoring", "Reclaiming",
 //! "Binding", "The chat workspace"), checked through real mounts with real git:
 //!
 //! 1. [`round_trip_through_snapshot_release_and_open`]: modifications, deletions, untracked files,

@@ -1,4 +1,4 @@
-//! Issue 28, item 4, tried as a hostile ordinary user (DESIGN.md "Privilege separation": one user's
+//! Issue 28, item 4, tried as a hostile ordinary user (docs/security.md, privilege separation: one user's
 //! threads are bounded so they cannot starve others; docs/lifecycle.md "Per-user limits").
 //!
 //! 1. [`a_user_at_the_thread_cap_is_refused_and_others_are_not`]: an ordinary user opened 500

@@ -1,4 +1,4 @@
-//! No request waits for another inode's file I/O (DESIGN invariant 7, `docs/locking.md`): while one
+//! No request waits for another inode's file I/O (docs/invariants.md 7, `docs/locking.md`): while one
 //! process copies up a 1 GiB base file (its blob materialized from the mirror, then copied into the
 //! upper layer), `stat` and `readdir` of other paths, `git status` and `octofs list` in the same
 //! workspace each complete within a bounded time.

@@ -1,5 +1,5 @@
 //! Issue 10, invariant 4 ("nothing acknowledged is lost"): a release keeps the exact POSIX state of
-//! a thread (DESIGN.md "Trust model"), through real mounts:
+//! a thread (docs/security.md), through real mounts:
 //!
 //! 1. [`release_and_open_keep_modes_owners_special_files_and_deep_paths`]: files 0600, a 0700
 //!    directory, a setuid file, foreign owners, a fifo, a unix socket, a character device, empty

@@ -1,4 +1,4 @@
-//! Mirror sync under live workspaces (DESIGN.md invariant 2: the lower layer is a commit): five
+//! Mirror sync under live workspaces (docs/invariants.md 2: the lower layer is a commit): five
 //! mounted workspaces of one project, each with a writer creating, appending, renaming and
 //! deleting files and running `git status` (and, in three of them, `git commit`) every few
 //! rounds, while three `mirror sync`s bring new upstream commits.

@@ -1,4 +1,4 @@
-//! Issue 10, tried as the adversary (DESIGN.md "Trust model"): a hostile agent writing its own
+//! Issue 10, tried as the adversary (docs/security.md): a hostile agent writing its own
 //! workspace, and a second unprivileged local user, against the root daemon. Each test is a hole
 //! that was found and fixed, or a cheap guard on probes that held.
 //!

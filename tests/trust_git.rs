@@ -1,5 +1,5 @@
-//! Issue 10, "Root code execution from a workspace" and the snapshot's data loss (DESIGN.md "Trust
-//! model"): the daemon (root) never runs anything a workspace's repository configures, and a
+//! Issue 10, "Root code execution from a workspace" and the snapshot's data loss (docs/security.md,
+//! the trust model): the daemon (root) never runs anything a workspace's repository configures, and a
 //! snapshot keeps every name, checked through real mounts with real git.
 //!
 //! 0. [`a_workspace_fsmonitor_never_runs`]: the report itself.

@@ -1,4 +1,4 @@
-//! Issue 28, item 2, tried as the adversary (DESIGN.md "Privilege separation": a record that
+//! Issue 28, item 2, tried as the adversary (docs/security.md, privilege separation: a record that
 //! arrives from outside the daemon is data; applying it may set only what the thread's owner could
 //! set by themselves). An ordinary user `a` owns a thread; the POSIX record of a snapshot it pulls
 //! is forged.

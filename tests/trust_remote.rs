@@ -1,4 +1,4 @@
-//! Issue 28, item 1 (DESIGN.md "Privilege separation"): a remote a caller names (`push --remote`,
+//! Issue 28, item 1 (docs/security.md, privilege separation): a remote a caller names (`push --remote`,
 //! `pull --remote`, `snapshot --push`) is reached with the caller's authority, never the root
 //! daemon's. Each test failed on the code before the far side ran as the caller:
 //!

@@ -1,4 +1,4 @@
-//! What one user's threads may take of the host (DESIGN.md "Privilege separation"; docs/lifecycle.md
+//! What one user's threads may take of the host (docs/security.md, privilege separation; docs/lifecycle.md
 //! "Per-user limits"): the cap on each user's live threads (`serve --max-threads-per-user`) and
 //! the quota on the bytes their workspaces hold (`serve --quota-per-user`, counted by
 //! `cow::quota`).

@@ -15,7 +15,7 @@
 //! recorded. Regular files the ignore rules leave out of the tree stay out of the record too.
 //! Ordering and format: `docs/posix-record.md`.
 //!
-//! A record is data (DESIGN.md "Privilege separation"): it may come from a remote (`pull`, a share
+//! A record is data (docs/security.md, privilege separation): it may come from a remote (`pull`, a share
 //! remote) or be forged, so applying it sets only what the thread's owner could set by themselves
 //! ([`admit`], the kernel's rules for an unprivileged user); what is left out is named to the
 //! caller ([`left_out_warnings`]), never dropped silently.

@@ -149,7 +149,7 @@ impl Daemon {
         if let Some(blob) = crate::git::posix_record::blob_of(&message) {
             if repo.has_object(blob) {
                 // The remote's record is data: applied with the thread owner's authority only
-                // (DESIGN.md "Privilege separation"), what it may not set named.
+                // (docs/security.md, privilege separation), what it may not set named.
                 let who = super::posix::authority(&rec.owner);
                 let left = super::posix::restore(&core, &repo, theirs, &who)?;
                 warnings.extend(super::posix::left_out_warnings(&full, &who, &left));

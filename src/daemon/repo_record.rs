@@ -19,7 +19,7 @@
 //! previous commit: nothing is written. A fork or teleport files the source's record for the new
 //! thread without the source's own branch `octofs/<from>` ([`without_ref`]).
 //!
-//! Privilege (DESIGN.md "Privilege separation"): the daemon reads the workspace's `.git` only
+//! Privilege (docs/security.md, privilege separation): the daemon reads the workspace's `.git` only
 //! through the core (no symlink followed, every file bounded), never runs git there and never
 //! honours the config it carries (bytes in, bytes out). A record is data that a share remote may
 //! forge, so applying one ([`load`], [`Restore::write`]) writes only files of the workspace's own

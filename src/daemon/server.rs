@@ -1,4 +1,4 @@
-//! The control socket (DESIGN.md "Trust model"): every request is authenticated by the socket's peer
+//! The control socket (docs/security.md): every request is authenticated by the socket's peer
 //! credentials, never by what the request says. Requests run on bounded pools of blocking threads:
 //! at most `HEAVY_WORKERS` for everything that may take time (clones, snapshots, listings),
 //! `FAST_WORKERS` of their own for git's fsmonitor queries, and `ping` inline, so that git's hook

@@ -497,7 +497,7 @@ impl Daemon {
                             .context(|| format!("saved snapshot id {s:?}"))?;
                         let repo = snap::open(&self.layout.mirror(&fork.project))?;
                         // With the owner's authority only: the record may have come from a share
-                        // remote (DESIGN.md "Privilege separation").
+                        // remote (docs/security.md, privilege separation).
                         let who = super::posix::authority(&owner);
                         let shown = format!("snapshot {}", s.get(..12).unwrap_or(s));
                         // Nested repositories and names git refuses first: the record's

@@ -1,7 +1,7 @@
 //! The build identity and sandbox of the package managers that build dependency layers
 //! (docs/deps.md "Build identity and sandbox"). A lockfile and its manifests are content an agent
 //! can push, and the manager interprets them: it runs with no authority it does not need
-//! (DESIGN.md "Privilege separation"). Every manager process runs as the build user
+//! (docs/security.md, privilege separation). Every manager process runs as the build user
 //! (`octofs-build`, else `OCTOFS_BUILD_UID`, else uid/gid 65533), with no supplementary groups,
 //! an empty private HOME, `PR_SET_NO_NEW_PRIVS` and a Landlock domain that lets it write only its
 //! staging directory, its HOME and the daemon's package caches, read and run the system's

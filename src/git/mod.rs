@@ -28,8 +28,8 @@ pub use error::Error;
 
 /// The one way the daemon runs git: a builder over [`std::process::Command`] whose environment no
 /// configuration but the repository's own can change — and the daemon runs git only in
-/// repositories it owns (mirrors, its own scratch repositories), never in a workspace (DESIGN.md
-/// "Trust model"). No system or global configuration, no system attributes, no `~` to find
+/// repositories it owns (mirrors, its own scratch repositories), never in a workspace (docs/security.md,
+/// the trust model). No system or global configuration, no system attributes, no `~` to find
 /// anything in, no replace refs, only the transports a project needs (no `ext::`/`fd::` remote
 /// helpers), never a prompt or a pager; git variables of the daemon's own environment that would
 /// redirect the repository or add configuration are dropped.

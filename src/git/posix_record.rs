@@ -1,4 +1,4 @@
-//! The POSIX record of a snapshot: what git drops of a workspace's state (DESIGN.md "Trust model",
+//! The POSIX record of a snapshot: what git drops of a workspace's state (docs/security.md,
 //! "a release keeps the exact POSIX state"), kept beside the snapshot, never in its tree.
 //!
 //! Mechanism only: the format of a record, and where it lives in a mirror. What goes into a record

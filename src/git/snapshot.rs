@@ -1,4 +1,4 @@
-//! Snapshot commits in a mirror (DESIGN.md "Snapshots"; seed 000 "Saving").
+//! Snapshot commits in a mirror (docs/architecture.md "Snapshots, release and resume"; seed 000 "Saving").
 //!
 //! A snapshot adds objects and moves one `refs/octomate/threads/<thread>` ref; it never touches the
 //! mirror's HEAD, index, working tree or branches. The tree is the base tree edited with only what

@@ -1,5 +1,5 @@
-//! A workspace's own repository (its `.git`), read in process by the daemon (DESIGN.md "Trust
-//! model").
+//! A workspace's own repository (its `.git`), read in process by the daemon (docs/security.md,
+//! the trust model).
 //!
 //! The daemon runs as root and the agent in a workspace is untrusted, so nothing here runs `git` in
 //! a workspace or reads a workspace through its mount: every byte comes through the filesystem core

@@ -1,5 +1,5 @@
 //! The POSIX state of a workspace that git does not keep: read for a snapshot's record, and put back
-//! when a released thread resumes (DESIGN.md "Trust model": a release keeps the exact POSIX state).
+//! when a released thread resumes (docs/security.md: a release keeps the exact POSIX state).
 //!
 //! Owns only two operations of the core: listing the metadata a record is made from
 //! ([`WorkspaceFs::view_meta`], in the same critical section as the view's edits; for a snapshot,

@@ -1,5 +1,5 @@
 //! The far side of a transport to a remote a caller named (`push --remote`, `pull --remote`,
-//! `snapshot --push`), run with the caller's authority (DESIGN.md "Privilege separation": whatever
+//! `snapshot --push`), run with the caller's authority (docs/security.md, privilege separation: whatever
 //! the daemon does for a caller reaching outside its state, it does with the caller's credentials).
 //!
 //! git talks to a repository on this host by starting `git-upload-pack` (fetch, ls-remote) or
