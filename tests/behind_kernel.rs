@@ -14,7 +14,7 @@
 //!   writer; closing it must not un-count another process's write-open of the same file, which
 //!   git's fsmonitor (and sweep) rely on to see writes made through passthrough.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs::{self, OpenOptions};

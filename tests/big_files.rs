@@ -2,7 +2,7 @@
 //! stream through the daemon in bounded memory (at most 64 MiB over its starting size, whatever the
 //! file's size), and the blob cache writes it back sparse.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs::{self, OpenOptions};

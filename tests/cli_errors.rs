@@ -2,7 +2,7 @@
 //! stdout, and nothing created or changed in the state directory or under the root. Plus the
 //! plain-directory mirror (add, sync) and `mirror list --json`.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeSet;

@@ -15,7 +15,7 @@ use octofs::fs::stats::Op;
 use octofs::fs::{ROOT_INO, WorkspaceFs, path_ino};
 use octofs::git::objects::ObjectStore;
 
-mod common;
+use crate::common;
 
 use common::{CORE_OWNER, DATE1, GitRepo, git, load_core};
 

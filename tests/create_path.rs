@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 
 use octofs::fs::{Caller, Changed, ROOT_INO, WorkspaceFs};
 
-mod common;
+use crate::common;
 
 use common::core_of_files;
 

@@ -7,7 +7,7 @@
 //! pnpm and uv are required (scripts/ensure-deps installs them from their registry packages): a
 //! host without them fails these tests, it does not skip them.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

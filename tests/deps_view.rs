@@ -13,7 +13,7 @@
 //! 2. [`a_failed_layer_leaves_a_usable_workspace_and_status_says_why`]: the failed build's
 //!    message, matched to the lockfile by its key; a layer of another lockfile is not used.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

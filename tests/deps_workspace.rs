@@ -5,7 +5,7 @@
 //! lockfile works in the mount and never touches the layer, and a failing install leaves a usable
 //! workspace that `octofs status` explains.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

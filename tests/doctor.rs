@@ -6,7 +6,7 @@
 //! mirror whose HEAD was moved by hand (reported with the command to run; doctor never writes a
 //! mirror).
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

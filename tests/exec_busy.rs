@@ -9,7 +9,7 @@
 //! page fault (pjdfstest's `open::etxtbsy` caught it now and then). Each round below failed on that
 //! code; the daemon now counts the kernel's exec opens (`FMODE_EXEC`) per inode.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

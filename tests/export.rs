@@ -9,7 +9,7 @@
 //! 2. [`export_refusals_change_nothing`]: conflicts (every path named), a new path over a file
 //!    the folder ignores, an unknown thread, a project that is not a folder, a folder that is gone.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -32,16 +32,10 @@
 //! The POSIX model the mounts are held to is the one the model test uses (`tests/support/model.rs`);
 //! the workload, its generator and the scan of a mount live beside it in `tests/support/`.
 
-mod common;
+use crate::common;
 
 // Each test driver uses part of the shared support.
-#[allow(dead_code)]
-mod support {
-    pub mod base;
-    pub mod model;
-    pub mod mount_check;
-    pub mod workload;
-}
+use crate::support;
 
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};

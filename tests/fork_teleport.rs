@@ -16,7 +16,7 @@
 //!    changed files (20k files, `OCTOFS_FORK_FILES=100000` for the 100k; times printed,
 //!    the disk per fork asserted to be O(changed paths)).
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

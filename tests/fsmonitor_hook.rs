@@ -15,7 +15,7 @@
 //!    gone, is brought up to date when the daemon mounts it again; the owner's own value, and a
 //!    config too large to be one octofs wrote, are kept.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

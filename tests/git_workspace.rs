@@ -15,7 +15,7 @@
 //!    lock error or succeed, never corrupt the repository, and a concurrent reader never sees
 //!    `.git/index` missing.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::{BTreeMap, BTreeSet};

@@ -11,7 +11,7 @@ use fuser::Errno;
 use octofs::fs::handles::Handles;
 use octofs::fs::{ROOT_INO, WorkspaceFs};
 
-mod common;
+use crate::common;
 
 use common::core_of_files;
 

@@ -3,7 +3,7 @@
 //! shells and a man page per command in place; and the daemon speaks systemd's readiness protocol
 //! (`Type=notify`): `READY=1` only once its control socket answers, `STOPPING=1` when it stops.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::PermissionsExt;

@@ -28,7 +28,7 @@
 //!    [`sigkill_around_snapshots_never_leaves_a_ref_to_a_missing_object`].
 //! 7. [`diff_against_base_saved_and_between_snapshots`].
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@
 //! 3. [`concurrent_opens_of_one_user_do_not_pass_the_cap_together`]: the cap's check and count are
 //!    one step, whatever the threads' own locks.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! On a core that holds the workspace lock across copy-up, every one of them waits for the whole
 //! copy (seconds).
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs::{self, OpenOptions};

@@ -5,7 +5,7 @@
 //! Fails on a CLI that dies on Ctrl-C leaving the daemon cloning (the exit code, the process
 //! that keeps the connection), and on a daemon that does not stop git.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::io::Read;

@@ -42,18 +42,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
-mod common;
-
 // Each test driver uses part of the shared support.
-#[allow(dead_code)]
-mod support {
-    pub mod base;
-    pub mod case;
-    pub mod checker;
-    pub mod generator;
-    pub mod model;
-    pub mod shrinker;
-}
+use crate::support;
 
 use support::base::Base;
 use support::checker::OUTCOMES;

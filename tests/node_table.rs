@@ -13,7 +13,7 @@ use octofs::cow::blobcache::BlobCache;
 use octofs::fs::{ROOT_INO, SetAttr, WorkspaceFs, path_ino};
 use octofs::git::objects::ObjectStore;
 
-mod common;
+use crate::common;
 
 use common::{DATE1, GitRepo, git_command, load_core};
 
@@ -379,7 +379,7 @@ fn rss_anon() -> usize {
         * 1024
 }
 
-const CHILD_TEST: &str = "forgotten_nodes_in_a_process_of_their_own";
+const CHILD_TEST: &str = "node_table::forgotten_nodes_in_a_process_of_their_own";
 
 /// Memory of nodes the kernel forgot goes back to the system, not only to the allocator: run in a
 /// process of its own (this test binary, filtered to [`CHILD_TEST`]), where the resident memory is

@@ -2,7 +2,7 @@
 //! so the kernel opens and closes files without a request and serves reads and writes by inode
 //! (`src/fs/inode_io.rs`). Each test names the wrong implementation it catches.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -9,7 +9,7 @@
 //!    of the default branch for root appears without an `open`, after a sync that moves the branch
 //!    the new tree's does, and the first fork then works from it (git status clean).
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::Path;

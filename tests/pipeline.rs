@@ -3,7 +3,7 @@
 //! clean), every gate refuses and passes, a refusal changes nothing, and a push reaches a bare
 //! upstream only when its lease and its gates allow.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -25,7 +25,7 @@
 //!    ignore evaluation lands): new regular files whose names are not UTF-8 or whose paths are
 //!    longer than `PATH_MAX` are in the snapshot and come back.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use octofs::fs::{ROOT_INO, WorkspaceFs};
 use octofs::layout::Layout;
 
-mod common;
+use crate::common;
 
 use common::{CORE_OWNER, DATE1, GitRepo, core_of_repo};
 

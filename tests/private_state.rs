@@ -11,7 +11,7 @@
 //! Both tests run the whole process under `umask 000` (this file holds nothing else), so that every
 //! mode the daemon and the CLI produce is the one they asked for.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

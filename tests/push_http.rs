@@ -6,7 +6,7 @@
 //! python server that answers 401 unless the request carries the right Basic credentials, and that
 //! holds each push open for a moment so that the push's processes can be looked at while they run.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -3,7 +3,7 @@
 //! reads and inode numbers are stable (also across a daemon restart); writes stay in their workspace; and the mirror
 //! is byte-identical before and after the workspaces are used.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::{BTreeMap, HashMap};

@@ -3,7 +3,7 @@
 //! meanwhile (creates and unlinks through the same mount) lists every name present throughout
 //! exactly once, which needs readdir offsets that do not depend on the names before them.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

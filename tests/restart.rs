@@ -11,7 +11,7 @@
 //! if a failed handover does not resume the readers, the loops hang (the watchdog fails the test).
 //! The restart pause (the slowest `open`+`read` of a file during the restarts) is printed.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

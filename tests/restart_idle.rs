@@ -15,7 +15,7 @@
 //! the bare directory meanwhile into the workspace under `.octofs-stray/<time>/`, said in one line.
 //! Failed before: `status` said mounted, `open` printed the path and mounted nothing.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

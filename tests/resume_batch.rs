@@ -6,7 +6,7 @@
 //! not written before the answer, shows as a missing or stale path), and after a release and a
 //! resume of the fork.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeMap;

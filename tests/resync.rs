@@ -20,7 +20,7 @@
 //!    fast-forward of 1,000 changed paths in a 10,000-file workspace, and `git status` after it
 //!    reads no content.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -9,7 +9,7 @@
 //! <state>/mirrors/p/.git/objects" and `git status` "fatal: bad object HEAD"; with the mirrors
 //! directory out of the user's reach, `git log` on the host failed the same way.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

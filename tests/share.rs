@@ -18,7 +18,7 @@
 //! 3. [`a_thousand_changed_files_move_between_hosts`]: the time of a move (release on host 1 +
 //!    open on host 2) of a thread with 1,000 changed files, printed.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeMap;

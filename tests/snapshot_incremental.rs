@@ -14,7 +14,7 @@
 //! and empty directories, removals), is the record a daemon that just started (a full walk)
 //! makes of the same state: the same snapshot.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! snapshot's tree is what `git add -A` makes, the packs do not pile up over many snapshots, and a
 //! snapshot whose pack cannot be written fails without moving the thread's ref.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! read), and a daemon restart (which forgets what was remembered), every snapshot holds exactly
 //! what the files hold.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -11,7 +11,7 @@
 //!    the pulled snapshot; a pull that would lose local changes is refused and names them; one at
 //!    another HEAD is refused; `--force` saves the local changes first and says where.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::path::{Path, PathBuf};

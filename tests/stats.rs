@@ -2,7 +2,7 @@
 //! for, the daemon-wide sum covers every mount; and the cheaper create of issue 13: a created file's
 //! close costs no FLUSH request, and the lock-free `getxattr` answer stays right across a restart.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -8,7 +8,7 @@
 //! workspace to it and refuses a dirty one. A sync that changed a live workspace's files, or a
 //! mount that failed a request during a sync, fails here.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::BTreeMap;

@@ -18,7 +18,7 @@
 //!    `../` paths, a hard link to a host file: nothing of the host file lands in a snapshot, the
 //!    mirror or a message.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -21,7 +21,7 @@
 //! 5. [`snapshot_of_a_thousand_new_files`]: matches git, and prints its time.
 //! 6. [`an_agents_large_commit_is_carried_in_bounded_memory`]: a 256 MiB committed blob.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::ffi::OsStr;

@@ -15,7 +15,7 @@
 //!    `security.capability` and `trusted.*` xattrs, setuid on a root-owned file are refused with
 //!    EPERM, and nothing changes.
 
-mod common;
+use crate::common;
 
 use common::*;
 use octofs::git::posix_record::{PosixEntry, PosixKind, PosixRecord};

@@ -14,7 +14,7 @@
 //!    pull from the user's own repository, refused by git's ownership check while the far side ran
 //!    as root, now work — as that user, and with no hook.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs;

@@ -7,7 +7,7 @@
 //! The tests create two local users (`octofs-test-user`, `octofs-test-other`) when missing and run
 //! the CLI as them with `setpriv`.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;

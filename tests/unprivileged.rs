@@ -9,7 +9,7 @@
 //! with EPERM, so release and stop left the mount to a lazy detach and removed the upper layer
 //! under the still-running filesystem.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::os::unix::fs::PermissionsExt;

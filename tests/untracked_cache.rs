@@ -4,7 +4,7 @@
 //! every directory the daemon's journal does not name. Checked against a native clone given the
 //! same changes: the cache must never hide an untracked file or show an ignored one.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

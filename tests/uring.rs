@@ -4,7 +4,7 @@
 //! `/dev/fuse` thread kept for FORGET and INTERRUPT). Skips, saying why, where the kernel has no
 //! FUSE over io_uring.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::process::CommandExt;

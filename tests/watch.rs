@@ -2,7 +2,7 @@
 //! now, token), resumable from any line's token with `--since`, a `rescan` line for a token that
 //! cannot be trusted, and a clean end (a `released` line, exit 0) when the workspace is released.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -25,7 +25,7 @@
 //!   then `fstat` + `mmap` + read them as rustc's archive builder does, while separate processes
 //!   list the directory (`ls -l`) and `stat` the files.
 
-mod common;
+use crate::common;
 
 use common::*;
 use std::fs::{self, File, OpenOptions};
