@@ -31,6 +31,8 @@ use octofs::git::objects::ObjectStore;
 
 /// Default timeout for one external command.
 pub const CMD_TIMEOUT: Duration = Duration::from_secs(30);
+/// Fixture commands on the host (building a test repository), which may be large.
+pub const FIXTURE_TIMEOUT: Duration = Duration::from_secs(180);
 /// How long a daemon gets to come up (socket present and `list` answering).
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -886,7 +888,9 @@ impl GitRepo {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let out = run(git_command(&self.path, date).args(args), CMD_TIMEOUT);
+        // A fixture's git on the host: the timeout guards a hang only (a 1 GiB `add` on a loaded
+        // machine takes longer than CMD_TIMEOUT).
+        let out = run(git_command(&self.path, date).args(args), FIXTURE_TIMEOUT);
         out.assert_ok();
         out.stdout_str()
     }
