@@ -264,7 +264,7 @@ fn share_tip(share: &Path, thread: &str) -> String {
 fn a_thread_moves_between_nodes_as_a_pods_volume() {
     let user = user_a();
     let h1 = Daemon::start();
-    let h2 = Daemon::start();
+    let mut h2 = Daemon::start();
     for d in [&h1, &h2] {
         open_the_way(d);
     }
@@ -504,9 +504,47 @@ fn a_thread_moves_between_nodes_as_a_pods_volume() {
         "permission denied",
     );
     assert!(!is_mounted(&p2.target("pod-4")));
+    // A read-only volume of the same thread: the pod reads, its writes are refused.
+    let t5 = p2.target("pod-5");
+    k2.publish(NodePublishVolumeRequest {
+        readonly: true,
+        ..publish_req("vol-5", &t5, "reader", &attrs)
+    })
+    .unwrap();
+    assert_eq!(read_ws(&t5.join("notes.txt")).unwrap(), b"hello\n");
+    let mut w = as_user(user, "sh");
+    w.arg("-c").arg("echo x > notes.txt").current_dir(&t5);
+    let refused = run(&mut w, CMD_TIMEOUT);
+    assert!(
+        !refused.success() && refused.stderr_str().contains("Read-only"),
+        "{}",
+        refused.describe()
+    );
+    k2.unpublish("vol-5", &t5).unwrap();
+    assert_eq!(
+        h2.state_of("t1"),
+        "mounted",
+        "the read-write pod is still there"
+    );
+    sh_as(user, &t3, "echo 'from node 2' > node2.txt");
     k2.unpublish("vol-3", &t3).unwrap();
     assert_eq!(h2.state_of("t1"), "released");
-    assert_ne!(share_tip(&share, "t1"), "", "node 2 pushed nothing");
+    let tip = share_tip(&share, "t1");
+    assert_eq!(
+        git(&share, ["show", &format!("{tip}:node2.txt")]),
+        "from node 2\n",
+        "node 2's release did not push"
+    );
+
+    // Probe follows the daemon.
+    h2.stop();
+    let probe: ProbeResponse = k2.call("/csi.v1.Identity/Probe", ProbeRequest {}).unwrap();
+    assert_eq!(probe.ready, Some(BoolValue { value: false }));
+    code_of(
+        k2.publish(publish_req("vol-6", &p2.target("pod-6"), "late", &attrs)),
+        Code::Unavailable,
+        "daemon",
+    );
 }
 
 #[test]

@@ -246,12 +246,17 @@ impl Node {
         if let Some(r) = git_ref {
             args.extend(["--ref", r.as_str()]);
         }
-        let ws = self.as_user(p.uid, p.gid, &format!("open {}", p.thread), &args)?;
-        let ws = PathBuf::from(ws.lines().last().unwrap_or_default());
-        if !ws.is_absolute() {
+        let printed = self.as_user(p.uid, p.gid, &format!("open {}", p.thread), &args)?;
+        // What is bound is the daemon's mount point of the thread, a FUSE mount: never a path a
+        // process of the pod's user could have put in the child's output.
+        let ws = self.config.layout.mountpoint(&p.thread);
+        if Path::new(printed.lines().last().unwrap_or_default()) != ws
+            || crate::sys::fuse_mount_at(&ws).is_none()
+        {
             return Err(Status::internal(format!(
-                "octofs open {} printed no workspace path",
-                p.thread
+                "octofs open {} did not mount it at {}",
+                p.thread,
+                ws.display()
             )));
         }
         if !rec.publications.iter().any(|o| o == &p) {
