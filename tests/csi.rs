@@ -445,6 +445,16 @@ fn a_thread_moves_between_nodes_as_a_pods_volume() {
     p1.kill();
     p1.spawn();
     let k1 = Kubelet::connect(&p1.socket);
+    // The node lost the bind (a reboot): the same publish mounts it again.
+    umount_all_under(&t1);
+    assert!(!is_mounted(&t1));
+    k1.publish(publish_req("vol-1", &t1, "agent-1", &attrs))
+        .unwrap();
+    assert!(
+        is_mounted(&t1),
+        "a recorded publication was not mounted again"
+    );
+    assert_eq!(read_ws(&t1.join("notes.txt")).unwrap(), b"hello\n");
 
     // The last unpublish releases: snapshot pushed to the share.
     let t = Instant::now();
