@@ -410,8 +410,10 @@ fn a_thread_moves_between_nodes_as_a_pods_volume() {
         CMD_TIMEOUT,
     )
     .assert_ok();
-    let git_says =
-        "git -c core.fsmonitor=false status --porcelain; git log --format='%H %s'; git diff --stat";
+    // `git status` twice: with the workspace's fsmonitor hook (a process on the node, as here) and
+    // without it (a pod, where the node's hook is not: docs/kubernetes.md).
+    let git_says = "git status --porcelain; git -c core.fsmonitor=false status --porcelain; \
+         git log --format='%H %s'; git diff --stat";
     let in_volume = sh_as(user, &t1, git_says);
     let in_clone = run(
         Command::new("sh")
