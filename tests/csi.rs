@@ -548,6 +548,17 @@ fn a_thread_moves_between_nodes_as_a_pods_volume() {
         "node 2's release did not push"
     );
 
+    // The plugin's record lost (its directory wiped): the bind is still recognised as a
+    // workspace of this node's daemon and taken away; the thread stays open (no record says
+    // whose it was to release) until a release or the sweep.
+    let t7 = p2.target("pod-7");
+    k2.publish(publish_req("vol-7", &t7, "agent-7", &attrs))
+        .unwrap();
+    std::fs::remove_file(p2.dir.join("publications.json")).unwrap();
+    k2.unpublish("vol-7", &t7).unwrap();
+    assert!(!is_mounted(&t7) && !t7.exists(), "{t7:?} left behind");
+    assert_eq!(h2.state_of("t1"), "mounted");
+
     // Probe follows the daemon.
     h2.stop();
     let probe: ProbeResponse = k2.call("/csi.v1.Identity/Probe", ProbeRequest {}).unwrap();
