@@ -19,6 +19,8 @@
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 //! - [`hooks`]: commit hooks, run by the CLI in a mount as the workspace's owner (never by the daemon).
 //! - [`run`]: `octofs run`, a command in a bubblewrap sandbox that sees only the workspace.
+//! - [`csi`]: `octofs csi`, a Kubernetes CSI node plugin (a client of the daemon) that publishes
+//!   threads as pods' inline volumes.
 //! - [`doctor`]: finds (and with `--fix` repairs what is safe of) what crashes and kills left behind
 //!   in the state directory and under the root, reading them directly.
 
@@ -27,6 +29,7 @@
 pub mod access;
 pub mod client;
 pub mod cow;
+pub mod csi;
 pub mod daemon;
 pub mod deps;
 pub mod doctor;

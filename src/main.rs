@@ -347,6 +347,22 @@ enum Cmd {
         #[arg(long)]
         exe: Option<PathBuf>,
     },
+    /// Serve a Kubernetes CSI node plugin on a Unix socket: pods get threads as inline volumes
+    /// (docs/kubernetes.md); a client of this node's daemon
+    Csi {
+        /// The socket kubelet calls: unix:///ABSOLUTE/PATH
+        #[arg(long, env = "CSI_ENDPOINT")]
+        endpoint: String,
+        /// This node's id (default: the host name; in a DaemonSet, the node name)
+        #[arg(long, env = "OCTOFS_NODE_ID")]
+        node_id: Option<String>,
+        /// Where the plugin records its publications
+        #[arg(long, default_value = "/var/lib/octofs-csi")]
+        plugin_dir: PathBuf,
+        /// The lowest uid a pod may ask for (the `uid` attribute); 0 would let pods ask for root
+        #[arg(long, default_value_t = 1000)]
+        min_uid: u32,
+    },
     /// The far side of a transport to a remote a caller named, run as that caller (started by the
     /// daemon's git, not for use by hand; see `git::mirror::far_side`)
     #[command(name = "transport-as", hide = true)]
@@ -486,7 +502,7 @@ fn main() -> ExitCode {
     }
     if !matches!(
         cli.cmd,
-        Cmd::Serve { .. } | Cmd::TakeoverServe { .. } | Cmd::FdKeeper
+        Cmd::Serve { .. } | Cmd::TakeoverServe { .. } | Cmd::FdKeeper | Cmd::Csi { .. }
     ) {
         octofs::sys::default_sigpipe();
     }
@@ -1427,6 +1443,23 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 .with_ansi(false)
                 .init();
             octofs::daemon::run_keeper(layout).map_err(|e| format!("{e:#}"))
+        }
+        Cmd::Csi {
+            endpoint,
+            node_id,
+            plugin_dir,
+            min_uid,
+        } => {
+            let exe = std::env::current_exe()
+                .map_err(|e| format!("cannot find the octofs binary: {e}"))?;
+            let config = octofs::csi::node::Config {
+                layout: layout.clone(),
+                node_id: node_id.unwrap_or_else(octofs::csi::host_name),
+                plugin_dir,
+                min_uid,
+                exe,
+            };
+            octofs::csi::serve(config, &endpoint)
         }
         Cmd::TransportAs { .. } => Err("transport-as is run by the daemon's git only".into()),
     }

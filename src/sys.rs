@@ -92,6 +92,42 @@ pub fn lazy_unmount(path: &Path) -> io::Result<()> {
     }
 }
 
+/// `mount(src, dst, MS_BIND)`: `dst` shows the file system tree at `src` (the CSI plugin's
+/// publication of a workspace at a pod's volume path, `crate::csi`). With `readonly`, the bind is
+/// then remounted read-only (the source stays writable); if that fails the bind is undone.
+pub fn bind_mount(src: &Path, dst: &Path, readonly: bool) -> io::Result<()> {
+    let s = cpath(src)?;
+    let d = cpath(dst)?;
+    // SAFETY: `s` and `d` are valid NUL-terminated strings that outlive the call; a bind takes no
+    // file system type and no data (both null).
+    check(unsafe {
+        libc::mount(
+            s.as_ptr(),
+            d.as_ptr(),
+            std::ptr::null(),
+            libc::MS_BIND,
+            std::ptr::null(),
+        )
+    })?;
+    if readonly {
+        // SAFETY: as above; a remount of the bind at `d` takes no source.
+        let rc = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                d.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+                std::ptr::null(),
+            )
+        };
+        if let Err(e) = check(rc) {
+            let _ = lazy_unmount(dst);
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
 /// An ordinary user may not `umount2`; the setuid `fusermount3 -u` unmounts that user's own FUSE
 /// mounts (`-z`: lazily). Its "busy" is reported as `EBUSY`.
 fn fusermount_fallback(path: &Path, lazy: bool, e: io::Error) -> io::Result<()> {

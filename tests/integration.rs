@@ -23,6 +23,7 @@ mod catalog_commit;
 mod cli_errors;
 mod core_read;
 mod create_path;
+mod csi;
 mod deps_build;
 mod deps_view;
 mod deps_workspace;
