@@ -704,8 +704,12 @@ impl Daemon {
                     lock.name,
                     d.as_secs()
                 ),
+                // Not grafted live: the view's lower layer is fixed at open, and processes of the
+                // workspace may have read (or hold open) the stand-in's files or what they wrote
+                // at that path; swapping it under them would mix two dependency trees.
                 Ok(Some(_)) => format!(
-                    "{m} layer not in use (built after this workspace opened: release it and open it again){meanwhile}"
+                    "{m} layer not in use (built after this workspace opened: release it and open it again){meanwhile}; a layer joins a live workspace only at open, never swapped under the processes that may have read {} already",
+                    lock.install_path
                 ),
                 _ => format!(
                     "{m} layer not built ({}){meanwhile}",
