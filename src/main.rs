@@ -84,6 +84,19 @@ enum Cmd {
         /// of the daemon and the next one adopts them; see docs/restart.md "A crash"
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set, env = "OCTOFS_KEEP_CONNECTIONS")]
         keep_connections: bool,
+        /// Serve the daemon's metrics (Prometheus text format) at http://ADDR/metrics, e.g.
+        /// 127.0.0.1:9464 (default: off); see docs/metrics.md
+        #[arg(long, value_name = "ADDR", value_parser = octofs::daemon::metrics::parse_addr, env = "OCTOFS_METRICS")]
+        metrics: Option<std::net::SocketAddr>,
+        /// Who may read --metrics besides root and the daemon's user: uid[,uid…] or any (default:
+        /// nobody else; a local client's uid is its socket's owner)
+        #[arg(
+            long,
+            value_name = "WHO",
+            default_value = "root",
+            env = "OCTOFS_METRICS_ALLOW"
+        )]
+        metrics_allow: octofs::daemon::metrics::Allow,
     },
     /// Stop the daemon (its mounted workspaces are remounted when it starts again)
     Stop,
@@ -126,6 +139,8 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Print the daemon's metrics in Prometheus text format (root), as `serve --metrics` serves them
+    Metrics,
     /// Save the thread's working state as a commit under refs/octomate/threads/<thread>; print its id
     Snapshot {
         thread: String,
@@ -748,6 +763,8 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             max_threads_per_user,
             quota_per_user,
             keep_connections,
+            metrics,
+            metrics_allow,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -771,6 +788,10 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     max_threads_per_user,
                     quota_per_user,
                     keep_connections,
+                    metrics: metrics.map(|addr| octofs::daemon::metrics::Endpoint {
+                        addr,
+                        allow: metrics_allow,
+                    }),
                 },
             )
             .map_err(|e| format!("{e:#}"))
@@ -1168,6 +1189,12 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
             std::io::stdout()
                 .write_all(&out)
                 .map_err(|e| format!("fsmonitor: {e}"))
+        }
+        Cmd::Metrics => {
+            let v = request(layout, Request::Metrics)?;
+            let text: String = parse(v)?;
+            print!("{text}");
+            Ok(())
         }
         Cmd::Stats { thread, json } => {
             if let Some(t) = &thread {

@@ -735,6 +735,49 @@ pub fn as_fs_user<T>(uid: u32, gid: u32, f: impl FnOnce() -> T) -> io::Result<T>
     Ok(out)
 }
 
+/// [`as_fs_user`] with this thread's supplementary groups set to `groups` meanwhile (the raw
+/// `setgroups` system call changes the calling thread only, unlike libc's wrapper, which changes
+/// every thread of the process), so that a directory or file reachable through one of the user's
+/// supplementary groups is reachable in `f` too. The thread's groups are restored afterwards, also
+/// when `f` panics. A daemon that may not set groups (not root) runs `f` as [`as_fs_user`] does.
+pub fn as_fs_user_in<T>(
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    f: impl FnOnce() -> T,
+) -> io::Result<T> {
+    struct Restore(Vec<libc::gid_t>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: `self.0` holds `len` readable gids; SYS_setgroups only changes this thread's
+            // credentials (it is the raw call, not libc's all-threads wrapper).
+            unsafe {
+                libc::syscall(libc::SYS_setgroups, self.0.len(), self.0.as_ptr());
+            }
+        }
+    }
+    // SAFETY: a zero-length query writes nothing and returns the count.
+    let n = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+    if n < 0 {
+        return as_fs_user(uid, gid, f);
+    }
+    let mut old = vec![0 as libc::gid_t; n as usize];
+    // SAFETY: `old` holds `n` writable gids.
+    let got = unsafe { libc::getgroups(n, old.as_mut_ptr()) };
+    if got < 0 {
+        return as_fs_user(uid, gid, f);
+    }
+    old.truncate(got as usize);
+    let wanted: Vec<libc::gid_t> = groups.iter().take(65536).copied().collect();
+    // SAFETY: `wanted` holds `len` readable gids; only this thread's credentials change.
+    let rc = unsafe { libc::syscall(libc::SYS_setgroups, wanted.len(), wanted.as_ptr()) };
+    if rc != 0 {
+        return as_fs_user(uid, gid, f);
+    }
+    let _restore = Restore(old);
+    as_fs_user(uid, gid, f)
+}
+
 /// Most descriptors one [`send_fds`] message carries (the kernel's `SCM_MAX_FD` is 253).
 pub const FDS_PER_MESSAGE: usize = 200;
 

@@ -765,5 +765,45 @@ fn a_uv_layer_whose_interpreter_the_owner_cannot_run_is_reported() {
     let s = d.cli_as(owner, &["status", "py", "--json"]);
     let s = parse_json("status", &s.stdout_str());
     assert_eq!(s["dependencies"].as_array().map(Vec::len), Some(0), "{s}");
+    // Reachable through a supplementary group of the owner only (not their primary one): their
+    // login, which has that group, runs it, and status has nothing to say either. Before, the
+    // check walked the path with the daemon's groups and asked the primary group only: "cannot
+    // run (…/bin/python3: Permission denied)".
+    let sup = supplementary_group("octofs-test-sup", "octofs-test-user");
+    std::os::unix::fs::chown(&private, Some(0), Some(sup)).expect("chown");
+    chmod(&private, 0o750);
+    let ran = run(
+        as_user_in(owner, &[sup], "sh").arg("-c").arg(&run_python),
+        CMD_TIMEOUT,
+    );
+    assert!(ran.success(), "{}", ran.describe());
+    let s = d.cli_as(owner, &["status", "py", "--json"]);
+    let s = parse_json("status", &s.stdout_str());
+    assert_eq!(s["dependencies"].as_array().map(Vec::len), Some(0), "{s}");
     d.cli_as(owner, &["release", "py", "--force"]).assert_ok();
+}
+
+/// The gid of local group `group`, made (a system group) when missing, with `user` a member of it
+/// as a supplementary group. Tolerates another test's concurrent `groupadd`/`usermod`.
+fn supplementary_group(group: &str, user: &str) -> u32 {
+    for attempt in 0..20 {
+        let _ = try_run(
+            Command::new("groupadd").args(["-f", "--system", group]),
+            CMD_TIMEOUT,
+        );
+        let _ = try_run(
+            Command::new("usermod").args(["-a", "-G", group, user]),
+            CMD_TIMEOUT,
+        );
+        let member = try_run(Command::new("id").args(["-Gn", user]), CMD_TIMEOUT)
+            .is_ok_and(|o| o.stdout_str().split_whitespace().any(|g| g == group));
+        let gid = try_run(Command::new("getent").args(["group", group]), CMD_TIMEOUT)
+            .ok()
+            .and_then(|o| o.stdout_str().split(':').nth(2)?.trim().parse().ok());
+        if let (true, Some(gid)) = (member, gid) {
+            return gid;
+        }
+        std::thread::sleep(Duration::from_millis(50 * attempt));
+    }
+    panic!("cannot make {user} a member of group {group}");
 }

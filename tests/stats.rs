@@ -1,6 +1,8 @@
 //! `octofs stats` on a real mount (issue 12): the per-opcode counts grow by what the kernel asked
 //! for, the daemon-wide sum covers every mount; and the cheaper create of issue 13: a created file's
-//! close costs no FLUSH request, and the lock-free `getxattr` answer stays right across a restart.
+//! close costs no FLUSH request, and the lock-free `getxattr` answer stays right across a restart;
+//! and the metrics of issue 32 item 9: `serve --metrics` read by root only, well-formed (promtool),
+//! and scraped by a real Prometheus server.
 
 use crate::common;
 
@@ -267,4 +269,362 @@ fn writes_drop_set_id_bits_without_asking_for_capabilities() {
         assert_eq!(now, 0o4755, "passthrough {passthrough}: root's write");
         d.stop();
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics (issue 32 item 9).
+
+/// A port nobody listens on now (bound and let go).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `curl` of `url` (as `user`, else root): the HTTP status and the body.
+fn curl(user: Option<User>, url: &str) -> (String, String) {
+    let mut c = match user {
+        Some(u) => as_user(u, "curl"),
+        None => Command::new("curl"),
+    };
+    c.args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", url]);
+    let out = run(&mut c, CMD_TIMEOUT);
+    out.assert_ok();
+    let text = out.stdout_str();
+    let (body, code) = text.rsplit_once('\n').expect("curl's status line");
+    (code.to_string(), body.to_string())
+}
+
+/// The value of the first sample of `text` named `name` with every label of `labels`.
+fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = series.split_once('{').unwrap_or((series, ""));
+        (n == name
+            && labels
+                .iter()
+                .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+        .then(|| value.parse().ok())
+        .flatten()
+    })
+}
+
+/// Waits until the daemon's listener answers root with 200.
+fn wait_metrics(url: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut c = Command::new("curl");
+        c.args(["-sS", "--max-time", "5", "-w", "\n%{http_code}", url]);
+        if let Ok(out) = try_run(&mut c, CMD_TIMEOUT) {
+            let text = out.stdout_str();
+            if let Some((body, "200")) = text.rsplit_once('\n') {
+                return body.to_string();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the metrics listener at {url} never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn metrics_are_served_to_root_only_and_well_formed() {
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let url = format!("http://{addr}/metrics");
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--metrics", &addr, "--passthrough", "false"]);
+    open_the_way(&d);
+    project(&d);
+    let mnt = d.open_thread("t1", &["--project", "p"]);
+    cat_all(&mnt);
+    std::fs::write(mnt.join("new.txt"), b"hello\n").unwrap();
+    assert!(std::fs::metadata(mnt.join("missing")).is_err());
+    d.snapshot_id("t1");
+
+    let body = wait_metrics(&url);
+    // promtool (Prometheus's own checker) reads every line; `check metrics` fails on a malformed
+    // exposition, and only lints names (its lint lines go to stdout with exit 3 at worst).
+    let mut check = Command::new("promtool");
+    check
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped());
+    let checked = {
+        use std::io::Write;
+        let mut child = check
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian's prometheus package: scripts/ensure-deps installs it)");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert!(
+        !said.contains("error while linting") && !said.contains("text format parsing error"),
+        "promtool: {said}\n{body}"
+    );
+    // Every histogram is whole: monotone buckets, +Inf equal to _count.
+    let mut last: Option<(String, f64, f64)> = None;
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').expect("a sample line");
+        let value: f64 = value.parse().expect("a number");
+        if let Some((name, le)) = series
+            .split_once("_bucket{")
+            .and_then(|(n, rest)| Some((n, rest.split("le=\"").nth(1)?.trim_end_matches("\"}"))))
+        {
+            let le: f64 = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap()
+            };
+            let key = format!("{name}{}", series.split("le=").next().unwrap());
+            if let Some((k, l, v)) = &last
+                && *k == key
+            {
+                assert!(le > *l && value >= *v, "{line} after le={l} {v}");
+            }
+            last = Some((key, le, value));
+        } else if let Some((k, l, v)) = last.take() {
+            assert!(l.is_infinite(), "{k} has no +Inf bucket");
+            assert!(series.contains("_sum"), "{k} has no _sum after its buckets");
+            let _ = v;
+        }
+    }
+    assert!(
+        sample(
+            &body,
+            "octofs_fuse_requests_total",
+            &[("thread", "t1"), ("project", "p"), ("op", "write")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{body}"
+    );
+    assert!(
+        sample(
+            &body,
+            "octofs_fuse_request_duration_seconds_count",
+            &[("thread", "t1"), ("op", "lookup")]
+        )
+        .is_some_and(|n| n >= N as f64),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "octofs_snapshot_duration_seconds_count",
+            &[("project", "p")]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "octofs_mirror_clone_duration_seconds_count",
+            &[("project", "p")]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "octofs_live_threads",
+            &[("uid", "0"), ("project", "p")]
+        ),
+        Some(1.0),
+        "{body}"
+    );
+    assert!(
+        sample(&body, "octofs_upper_bytes", &[("thread", "t1")]).is_some_and(|b| b >= 6.0),
+        "{body}"
+    );
+    assert!(
+        sample(&body, "octofs_process_resident_memory_bytes", &[]).is_some_and(|b| b > 0.0),
+        "{body}"
+    );
+
+    // An ordinary user's client is refused with 403 and nothing else, over HTTP and the socket.
+    let (code, refused) = curl(Some(user_a()), &url);
+    assert_eq!(
+        (code.as_str(), refused.as_str()),
+        ("403", ""),
+        "user's curl"
+    );
+    let out = d.cli_as(user_a(), &["metrics"]);
+    out.assert_failed();
+    assert!(out.stdout_str().is_empty(), "{}", out.describe());
+    // Root's `octofs metrics` is the same exposition; a bad request is a 400 and the daemon lives.
+    let text = d.cli_ok(["metrics"]);
+    assert!(
+        text.contains("# TYPE octofs_fuse_requests_total counter"),
+        "{text}"
+    );
+    let mut bad = std::net::TcpStream::connect(&addr).unwrap();
+    bad.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    std::io::Write::write_all(&mut bad, b"BOGUS\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut bad, &mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer:?}");
+    let (code, _) = curl(None, &format!("http://{addr}/nothing"));
+    assert_eq!(code, "404");
+
+    // A released thread leaves the per-thread series.
+    d.cli_ok(["release", "t1"]);
+    let body = wait_metrics(&url);
+    assert!(!body.contains("thread=\"t1\""), "{body}");
+    d.stop();
+}
+
+/// Stops the Prometheus server it holds (by its pid) when dropped.
+struct Prometheus(std::process::Child);
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `GET` of Prometheus's HTTP API `path?query`, parsed.
+fn prom_api(port: u16, path: &str, query: Option<&str>) -> Option<Value> {
+    let mut c = Command::new("curl");
+    c.args([
+        "-sS",
+        "--max-time",
+        "5",
+        "-G",
+        &format!("http://127.0.0.1:{port}{path}"),
+    ]);
+    if let Some(q) = query {
+        c.args(["--data-urlencode", &format!("query={q}")]);
+    }
+    let out = try_run(&mut c, CMD_TIMEOUT).ok()?;
+    serde_json::from_str(&out.stdout_str()).ok()
+}
+
+/// The value of a PromQL query answering one series (none while Prometheus has no such sample).
+fn prom_value(port: u16, q: &str) -> Option<f64> {
+    let v = prom_api(port, "/api/v1/query", Some(q))?;
+    v["data"]["result"][0]["value"][1].as_str()?.parse().ok()
+}
+
+#[test]
+fn a_real_prometheus_scrapes_the_daemon() {
+    let prometheus = "/usr/bin/prometheus";
+    assert!(
+        Path::new(prometheus).exists(),
+        "{prometheus} is missing: install Debian's prometheus package (scripts/ensure-deps does, as root)"
+    );
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&["--metrics", &addr, "--passthrough", "false"]);
+    open_the_way(&d);
+    project(&d);
+    let (a, b) = (user_a(), user_b());
+    d.cli_as(a, &["open", "t1", "--project", "p"]).assert_ok();
+    d.cli_as(b, &["open", "t2", "--project", "p"]).assert_ok();
+    for (u, t) in [(a, "t1"), (b, "t2")] {
+        let mut c = as_user(u, "sh");
+        c.args(["-c", "echo written > \"$0\"/new.txt && cat \"$0\"/f1.txt"])
+            .arg(d.mount(t));
+        run(&mut c, CMD_TIMEOUT).assert_ok();
+    }
+    d.cli_as(a, &["snapshot", "t1"]).assert_ok();
+    wait_metrics(&format!("http://{addr}/metrics"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: octofs\n    static_configs:\n      - targets: ['{addr}']\n"
+        ),
+    )
+    .unwrap();
+    let prom_port = free_port();
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+    let child = Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("start prometheus");
+    let _prom = Prometheus(child);
+
+    let (ua, ub) = (a.uid.to_string(), b.uid.to_string());
+    let checks: Vec<(String, f64)> = vec![
+        (
+            r#"octofs_fuse_requests_total{thread="t1",op="write"}"#.into(),
+            1.0,
+        ),
+        (
+            r#"octofs_fuse_requests_total{thread="t2",op="write"}"#.into(),
+            1.0,
+        ),
+        (format!(r#"sum(octofs_live_threads{{uid="{ua}"}})"#), 1.0),
+        (format!(r#"sum(octofs_live_threads{{uid="{ub}"}})"#), 1.0),
+        (
+            r#"octofs_snapshot_duration_seconds_count{project="p"}"#.into(),
+            1.0,
+        ),
+        (r#"octofs_upper_bytes{thread="t2"}"#.into(), 8.0),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut seen: Vec<Option<f64>>;
+    loop {
+        seen = checks
+            .iter()
+            .map(|(q, _)| prom_value(prom_port, q))
+            .collect();
+        let done = checks.iter().zip(&seen).all(|((q, want), got)| {
+            // Live threads and the snapshot count are exact; the others at least.
+            got.is_some_and(|g| {
+                if q.contains("live") || q.contains("snapshot") {
+                    g == *want
+                } else {
+                    g >= *want
+                }
+            })
+        });
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus never saw {:?}: {seen:?}\nprometheus log: {}",
+            checks,
+            std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let targets = prom_api(prom_port, "/api/v1/targets", None).expect("targets");
+    let active = &targets["data"]["activeTargets"][0];
+    assert_eq!(active["health"], "up", "{targets}");
+    assert_eq!(
+        active["scrapeUrl"],
+        format!("http://{addr}/metrics"),
+        "{targets}"
+    );
+    drop(_prom);
+    d.stop();
 }

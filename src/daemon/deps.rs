@@ -85,6 +85,18 @@ static EVENTS: Mutex<(u64, Vec<ProgressEvent>)> = Mutex::new((0, Vec::new()));
 const KEPT: usize = 256;
 
 fn report(project: &str, what: &str, outcome: Option<Outcome>) {
+    // A build that ran (not one found built) is timed for the metrics.
+    if let Some(o) = &outcome {
+        let ok = match o.result {
+            OutcomeKind::Built { .. } => Some(true),
+            OutcomeKind::Failed { .. } => Some(false),
+            OutcomeKind::UpToDate { .. } => None,
+        };
+        if let Some(ok) = ok {
+            let took = Duration::from_millis(o.ms);
+            super::metrics::observe(super::metrics::Kind::LayerBuild, o.manager.name(), took, ok);
+        }
+    }
     let mut ev = lock(&EVENTS);
     ev.0 += 1;
     let seq = ev.0;

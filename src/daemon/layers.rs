@@ -456,12 +456,16 @@ fn interpreter_of(store: &ObjectStore, layer: &DepLayer) -> Option<std::path::Pa
 }
 
 /// Why `owner` cannot run `interpreter` (a host path): a directory on the way they cannot search,
-/// a target that is missing, or no execute bit for them (owner, primary group, others: the
-/// supplementary groups are not asked). Resolved with their filesystem identity, so the daemon
-/// sees no more than they would.
+/// a target that is missing, or no execute bit for them (owner, their primary or supplementary
+/// groups, others). Resolved with their filesystem identity and their groups (`getgrouplist`, as
+/// a login of theirs gets them), so the daemon sees no more than they would.
 fn unrunnable(interpreter: &std::path::Path, owner: crate::workspace::Owner) -> Option<String> {
     use std::os::unix::fs::MetadataExt as _;
-    let resolved = match crate::sys::as_fs_user(owner.uid, owner.gid, || {
+    let mut groups = crate::sys::user_groups(owner.uid);
+    if !groups.contains(&owner.gid) {
+        groups.push(owner.gid);
+    }
+    let resolved = match crate::sys::as_fs_user_in(owner.uid, owner.gid, &groups, || {
         std::fs::canonicalize(interpreter).and_then(|p| std::fs::metadata(&p).map(|m| (p, m)))
     }) {
         Ok(Ok(r)) => r,
@@ -471,7 +475,7 @@ fn unrunnable(interpreter: &std::path::Path, owner: crate::workspace::Owner) -> 
     let (path, m) = resolved;
     let bit = if m.uid() == owner.uid {
         0o100
-    } else if m.gid() == owner.gid {
+    } else if groups.contains(&m.gid()) {
         0o010
     } else {
         0o001
@@ -700,8 +704,12 @@ impl Daemon {
                     lock.name,
                     d.as_secs()
                 ),
+                // Not grafted live: the view's lower layer is fixed at open, and processes of the
+                // workspace may have read (or hold open) the stand-in's files or what they wrote
+                // at that path; swapping it under them would mix two dependency trees.
                 Ok(Some(_)) => format!(
-                    "{m} layer not in use (built after this workspace opened: release it and open it again){meanwhile}"
+                    "{m} layer not in use (built after this workspace opened: release it and open it again){meanwhile}; a layer joins a live workspace only at open, never swapped under the processes that may have read {} already",
+                    lock.install_path
                 ),
                 _ => format!(
                     "{m} layer not built ({}){meanwhile}",

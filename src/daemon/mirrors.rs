@@ -120,7 +120,9 @@ impl Daemon {
     ) -> Reply<MirrorInfo> {
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
-        let info = mirror::add(&self.layout, project, upstream, credential, access)?;
+        let info = super::metrics::timed(super::metrics::Kind::MirrorClone, project, || {
+            mirror::add(&self.layout, project, upstream, credential, access)
+        })?;
         drop(_g);
         // Before the answer: a caller that forks right after `mirror add` finds the index, and the
         // state directory does not change behind a command that follows (a build still writing its
@@ -331,7 +333,9 @@ impl Daemon {
     fn mirror_sync_watched(&self, project: &str) -> Reply<SyncOutcome> {
         let l = self.locks.get(&format!("project:{project}"));
         let _g = lock(&l);
-        let out = mirror::sync(&self.layout, project, self.settings.freshness_secs)?;
+        let out = super::metrics::timed(super::metrics::Kind::MirrorFetch, project, || {
+            mirror::sync(&self.layout, project, self.settings.freshness_secs)
+        })?;
         drop(_g);
         // Also after a sync that moved nothing: it costs one `stat` per owner when the index is
         // there, and builds it when it is not (a new owner, an index removed). Before the answer,

@@ -27,6 +27,7 @@
 //! - `layers`: the dependency layers a workspace presents, and their absence from what leaves it;
 //! - `posix`: what a snapshot's tree cannot hold (modes, owners, special files), both ways;
 //! - `keeper`: the connection keeper process, which lets the mounts outlive a crash of the daemon;
+//! - `metrics`: the Prometheus exposition of what the daemon counts, and its opt-in listener;
 //! - `takeover`: graceful restart: every mount's connection and state handed to a new process;
 //! - [`proto`]: the request and reply types of the control protocol.
 
@@ -40,6 +41,7 @@ mod keeper;
 mod kept;
 mod layers;
 mod limits;
+pub mod metrics;
 mod mirrors;
 mod mounts;
 mod moves;
@@ -103,6 +105,8 @@ pub struct Settings {
     /// Keep every mount's connection in the keeper process, so that the mounts outlive a crash
     /// of this daemon and the next one adopts them (`octofs serve --keep-connections`).
     pub keep_connections: bool,
+    /// The metrics listener (`octofs serve --metrics ADDR`); none: off.
+    pub metrics: Option<metrics::Endpoint>,
 }
 
 struct Mounted {

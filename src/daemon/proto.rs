@@ -7,7 +7,7 @@
 //! `mirror sync` [`SyncOutcome`], `open` [`Opened`], `list` and `status` [`WorkspaceStatus`],
 //! `fsmonitor` [`FsmonitorAnswer`], `snapshot` [`Snapshotted`], `release` [`ReleaseAnswer`],
 //! `sweep` [`SweepAnswer`], `diff` [`DiffAnswer`], `stats` [`StatsAnswer`], `watch` [`WatchAnswer`],
-//! `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
+//! `metrics` a string (Prometheus text format), `ping` and `stop` [`Ack`], `fork` and `teleport` [`Forked`], `release --when-idle`
 //! [`ReleaseAnswer`], `deps build` [`BuildAnswer`], `deps list` [`LayerInfo`], `deps gc`
 //! [`GcAnswer`], `deps progress` [`ProgressAnswer`], `export` [`Exported`], `resync` [`Resynced`],
 //! `snapshot --name` [`NamedSnapshot`], `pull` [`Pulled`], `mirror set` [`MirrorInfo`], `restart`
@@ -92,6 +92,8 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         thread: Option<String>,
     },
+    /// `octofs metrics`: the daemon's metrics in Prometheus text format (root or the daemon's user).
+    Metrics,
     Stop,
     /// `octofs watch`: the thread's journal entries after `token` (empty: from now).
     Watch {

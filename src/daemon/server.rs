@@ -109,6 +109,7 @@ impl Daemon {
                 answer(self.diff(&thread, from.as_deref(), to.as_deref(), format, c))
             }
             Request::Stats { thread } => answer(self.stats(thread.as_deref(), c)),
+            Request::Metrics => answer(self.metrics(c)),
             Request::Stop => {
                 self.require_admin(c, "stop the daemon")?;
                 answer(Ok((Ack("stopping".into()), vec![])))
@@ -221,6 +222,10 @@ pub(super) async fn run(daemon: Arc<Daemon>) -> anyhow::Result<()> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
             .with_context(|| format!("cannot set the mode of {}", sock.display()))?;
+    }
+    super::metrics::started();
+    if let Some(ep) = daemon.settings.metrics.clone() {
+        tokio::spawn(super::metrics::listen(daemon.clone(), ep));
     }
     tracing::info!(socket = %sock.display(), "octofs daemon ready");
     super::notify::ready();
@@ -457,6 +462,7 @@ async fn serve_request(
         Request::Ping => return daemon.handle(req, &caller),
         Request::Fsmonitor { .. }
         | Request::Stats { .. }
+        | Request::Metrics
         | Request::Watch { .. }
         | Request::Stop
         | Request::DepsProgress { .. }

@@ -205,7 +205,10 @@ impl Daemon {
                 "thread {thread} is a chat workspace (no project): it is never saved"
             )));
         }
-        let id = self.assemble(&mut rec, Goal::Snapshot)?;
+        let project = rec.project.clone();
+        let id = super::metrics::timed(super::metrics::Kind::Snapshot, &project, || {
+            self.assemble(&mut rec, Goal::Snapshot)
+        })?;
         let unshared = self.share_thread(&rec.project, thread, id);
         Ok((id.to_string(), unshared))
     }

@@ -144,6 +144,11 @@ struct SettingsState {
     /// `serve --keep-connections` (absent from an older daemon's handover: on).
     #[serde(default = "yes")]
     keep_connections: bool,
+    /// `serve --metrics` and `--metrics-allow` (absent from an older daemon's handover: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metrics: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metrics_allow: Option<String>,
 }
 
 fn yes() -> bool {
@@ -492,6 +497,8 @@ impl Daemon {
                 max_threads_per_user: Some(st.max_threads_per_user),
                 quota_per_user: st.quota_per_user,
                 keep_connections: st.keep_connections,
+                metrics: st.metrics.as_ref().map(|m| m.addr.to_string()),
+                metrics_allow: st.metrics.as_ref().map(|m| m.allow.to_string()),
             },
             fds: fds.len(),
             lock_fd: 0,
@@ -666,6 +673,19 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
             .unwrap_or(super::limits::DEFAULT_MAX_THREADS_PER_USER),
         quota_per_user: h.settings.quota_per_user,
         keep_connections: h.settings.keep_connections,
+        // An address or list this process cannot read (an older one wrote it) leaves it off.
+        metrics: h.settings.metrics.as_deref().and_then(|a| {
+            Some(super::metrics::Endpoint {
+                addr: a.parse().ok()?,
+                allow: h
+                    .settings
+                    .metrics_allow
+                    .as_deref()
+                    .unwrap_or("")
+                    .parse()
+                    .ok()?,
+            })
+        }),
     };
     crate::git::mirror::set_fetch_timeout(settings.fetch_timeout_secs);
     let daemon = match Daemon::new(layout.clone(), settings) {

@@ -1,9 +1,11 @@
 //! The one log line of a failed request: what it was (operation, inode, name), its errno by name and
 //! what the core knew of the failure ([`FsError::context`]: which data file, catalog append, blob or
 //! object), at debug for the errors programs probe for all day, at warn for those an operator should
-//! see. Used by the fuser adapter; touches nothing but the log.
+//! see; and its count by opcode and errno, process-wide, for the daemon's metrics ([`error_counts`]).
+//! Used by the fuser adapter; touches nothing but the log and those counters.
 
 use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use fuser::Errno;
 
@@ -38,6 +40,7 @@ impl std::fmt::Display for Cx<'_> {
 /// quota) are warnings; the rest (no such file, exists, not empty, ...) are what programs probe for
 /// all day: debug.
 pub fn failed(cx: &Cx, e: FsError) -> Errno {
+    count(cx.op, e.errno);
     let line = failure_line(cx, &e);
     if [Errno::ENOSPC, Errno::EIO, Errno::EBUSY, Errno::EDQUOT].contains(&e.errno) {
         tracing::warn!("{line}");
@@ -45,6 +48,39 @@ pub fn failed(cx: &Cx, e: FsError) -> Errno {
         tracing::debug!("{line}");
     }
     e.errno
+}
+
+/// Errnos counted one by one; a larger one is counted in the last slot ("other").
+const ERRNOS: usize = 134;
+
+/// Failed requests by opcode and errno, over every mount of the process: one relaxed add per
+/// failure, never on a request that succeeds.
+static ERRORS: [[AtomicU64; ERRNOS + 1]; Op::ALL.len()] =
+    [const { [const { AtomicU64::new(0) }; ERRNOS + 1] }; Op::ALL.len()];
+
+fn count(op: Op, errno: Errno) {
+    let slot = usize::try_from(errno.code()).map_or(ERRNOS, |e| e.min(ERRNOS));
+    ERRORS[op as usize][slot].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Every (opcode, errno name, count) with a count, in opcode then errno order.
+pub fn error_counts() -> Vec<(Op, String, u64)> {
+    let mut out = Vec::new();
+    for op in Op::ALL {
+        for (code, n) in ERRORS[*op as usize].iter().enumerate() {
+            let n = n.load(Ordering::Relaxed);
+            if n == 0 {
+                continue;
+            }
+            let name = if code == ERRNOS {
+                "other".to_string()
+            } else {
+                errno_name(Errno::from_i32(code as i32)).into_owned()
+            };
+            out.push((*op, name, n));
+        }
+    }
+    out
 }
 
 /// "lookup of inode 0x2a name \"a\": EIO: blob 3b18… into the blob cache: …"
