@@ -465,6 +465,15 @@ pub fn kill_process_group(pgid: u32) -> io::Result<()> {
     signal_process_group(pgid, Signal::Kill)
 }
 
+/// `kill(getpid(), SIGKILL)`: this process dies at once, as a `kill -9` from outside would kill
+/// it (the test hook `OCTOFS_TEST_CRASH_AFTER` only).
+pub fn kill_self() {
+    // SAFETY: kill(2) touches no memory; the pid is this process's own.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+}
+
 /// Whether `path` (not followed if a symlink) carries a POSIX ACL, access or default: its group
 /// mode bits are then the ACL's mask and must not be narrowed blindly.
 pub fn has_acl(path: &Path) -> io::Result<bool> {
