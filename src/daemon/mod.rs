@@ -36,6 +36,7 @@ mod deps;
 mod diff;
 pub mod error;
 mod export;
+mod fdstore;
 mod keeper;
 mod kept;
 mod layers;
@@ -293,12 +294,19 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     if let Err(e) = std::fs::write(&serving, b"") {
         tracing::warn!("cannot write {}: {e}", serving.display());
     }
-    // A daemon that died left its mounts' connections with the keeper: they are adopted before
-    // anything looks at a mount point (a request to a kept mount waits for a server).
+    // A daemon that died left its mounts' connections with the service manager's descriptor
+    // store (under systemd with one) and with the keeper: they are adopted before anything looks
+    // at a mount point (a request to a kept mount waits for a server). One adoption a thread: the
+    // two hold duplicates of the same descriptors.
+    let mut kept = fdstore::attach(&layout);
     if daemon.settings.keep_connections {
-        let kept = keeper::attach(&layout);
-        takeover::adopt_kept(&daemon, &layout, kept);
+        for k in keeper::attach(&layout) {
+            if !kept.iter().any(|s| s.thread == k.thread) {
+                kept.push(k);
+            }
+        }
     }
+    takeover::adopt_kept(&daemon, &layout, kept);
     mounts::clear_stale_mounts(&layout.root);
     daemon.remount_all();
     daemon.prebuild_all_indexes();
