@@ -785,6 +785,7 @@ fn resent_requests_are_answered_as_done(io: Option<&str>) {
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     let m = d.mount("t");
     let mut pauses = Vec::new();
+    let mut failed = Vec::new();
     for (i, c) in CAUGHT.iter().enumerate() {
         let started = std::time::Instant::now();
         let worker = {
@@ -796,27 +797,44 @@ fn resent_requests_are_answered_as_done(io: Option<&str>) {
                 run(&mut cmd, Duration::from_secs(60))
             })
         };
-        let status = d.reap_killed();
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(libc::SIGKILL),
-            "{}: the daemon did not die in the request\n{}",
-            c.hook,
-            d.log_tail()
-        );
+        // The daemon dies inside the request; a command that ends first (it failed before
+        // reaching it, on the old code) is a failure, and the daemon is killed here instead.
+        let pid = d.pid().expect("a daemon");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let died = loop {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.rsplit(") ").next().is_none_or(|r| r.starts_with('Z')) {
+                break true;
+            }
+            if worker.is_finished() || std::time::Instant::now() >= deadline {
+                std::thread::sleep(Duration::from_millis(500));
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if died {
+            let status = d.reap_killed();
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGKILL),
+                "{}: the daemon did not die in the request\n{}",
+                c.hook,
+                d.log_tail()
+            );
+        } else {
+            failed.push(format!("{}: the daemon never reached the request", c.hook));
+            d.kill9();
+        }
         match CAUGHT.get(i + 1) {
             Some(next) => d.spawn_with_env(&[], &[("OCTOFS_TEST_CRASH_AFTER", next.hook)]),
             None => d.spawn(),
         }
         let out = worker.join().expect("worker");
         pauses.push(started.elapsed());
-        assert!(
-            out.success() && out.stderr_str().is_empty(),
-            "{} across the crash: {}\n{}",
-            c.script,
-            out.describe(),
-            d.log_tail()
-        );
+        // Every request is tried (each failure listed at the end): the effect is applied anyway.
+        if !out.success() || !out.stderr_str().is_empty() {
+            failed.push(format!("{}: {}", c.hook, out.describe()));
+        }
         assert!(
             d.log_text()
                 .contains("adopted the mount of a daemon that died"),
@@ -825,6 +843,14 @@ fn resent_requests_are_answered_as_done(io: Option<&str>) {
         );
     }
     eprintln!("crash inside a request ({io:?}): each took {pauses:?}");
+    assert!(
+        failed.is_empty(),
+        "{} failures across the {} requests caught by a crash:\n{}\n{}",
+        failed.len(),
+        CAUGHT.len(),
+        failed.join("\n"),
+        d.log_tail()
+    );
     // What a process started now sees.
     let ls = in_mount(
         None,
