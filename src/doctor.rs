@@ -205,12 +205,19 @@ fn check_mounts(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report)
         r.checked.mounts += 1;
         let path = mp.display().to_string();
         if kept {
+            let mut detail = "the daemon is gone; its connection keeper holds this mount for the \
+                              next one (requests wait meanwhile)"
+                .to_string();
+            if let Some(why) = no_resend() {
+                detail.push_str(&format!(
+                    "; but {why}: a process waiting for a request the dead daemon had read waits \
+                     until it is killed"
+                ));
+            }
             r.findings.push(Finding {
                 kind: "kept-mount",
                 path,
-                detail: "the daemon is gone; its connection keeper holds this mount for the next \
-                         one (requests wait meanwhile)"
-                    .into(),
+                detail,
                 remedy: "start the daemon (octofs serve, or any octofs command): it adopts the \
                          mount, nothing is lost"
                     .into(),
@@ -242,7 +249,10 @@ fn check_mounts(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report)
                 r.findings.push(Finding {
                     kind: "stale-mount",
                     path,
-                    detail: "the mount answers ENOTCONN: the daemon that served it is gone".into(),
+                    detail: format!(
+                        "the mount answers ENOTCONN: the daemon that served it is gone, and {}",
+                        why_not_kept(layout)
+                    ),
                     remedy: "unmount it (lazily); the workspace is remounted by the next open or \
                              daemon start, nothing in it is lost"
                         .into(),
@@ -280,6 +290,38 @@ fn check_mounts(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report)
             }),
         }
     }
+}
+
+/// Why a mount died with its daemon instead of waiting for the next one (docs/restart.md "A
+/// crash"): said with every `stale-mount`.
+fn why_not_kept(layout: &Layout) -> String {
+    if UnixStream::connect(layout.state.join("keeper.sock")).is_ok() {
+        // A keeper answers but does not hold this one: it was not given to it.
+        return "its connection keeper does not hold it (a mount served over io_uring is never \
+                kept: its rings belong to the daemon; or the daemon could not give it: see the \
+                daemon log)"
+            .into();
+    }
+    "no connection keeper held it (the daemon ran with --keep-connections false, or its keeper \
+     could not start, or let the connections go after 120 s with no daemon; a mount served over \
+     io_uring is never kept)"
+        .into()
+}
+
+/// Why this kernel cannot send again the requests a dead daemon had read (`FUSE_NOTIFY_RESEND`,
+/// Linux 6.9); `None` when it can.
+fn no_resend() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?;
+    let release = release.trim();
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next()?, parts.next()?);
+    ((major, minor) < (6, 9)).then(|| {
+        format!(
+            "this kernel ({release}) cannot send requests again (FUSE_NOTIFY_RESEND, Linux 6.9)"
+        )
+    })
 }
 
 /// Moves `dir` to `<state>/quarantine/<what>-<name>-<unix time>`; the new path.

@@ -85,6 +85,12 @@ fn a_healthy_host_has_no_findings_and_a_killed_daemon_leaves_a_stale_mount_to_fi
     assert!(!ok);
     assert_eq!(v["daemon"], "not running");
     assert_eq!(kinds(&v), vec![("stale-mount".to_string(), false)], "{v}");
+    // Why the mount was not kept for the next daemon, in its line.
+    let detail = v["findings"][0]["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("no connection keeper held it") && detail.contains("--keep-connections"),
+        "{v}"
+    );
     assert!(mounts_under(&d.root).contains(&mnt));
 
     let (ok, v) = doctor(&d, true);

@@ -486,29 +486,81 @@ fn numbered(text: &str, n: usize) -> bool {
     lines.len() == n && lines.iter().enumerate().all(|(i, l)| *l == i.to_string())
 }
 
+/// A `git status --porcelain` loop in `mount` until `stop`: each output compared with `want` (the
+/// loop's own logs left out). Rounds and what differed.
+fn status_loop(
+    mount: PathBuf,
+    want: String,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (usize, Vec<String>) {
+    let mut rounds = 0;
+    let mut errors = Vec::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) && errors.len() < 20 {
+        let out = in_mount(None, &mount, "git", &["status", "--porcelain"]);
+        let got: String = out
+            .stdout_str()
+            .lines()
+            .filter(|l| !l.ends_with(".log"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if !out.success() {
+            errors.push(format!("round {rounds}: {}", out.describe()));
+        } else if got != want {
+            errors.push(format!("round {rounds}: status {got:?}"));
+        }
+        rounds += 1;
+    }
+    (rounds, errors)
+}
+
+/// A process in a mount namespace of its own (`unshare -m`) that bind-mounts `mount` at `at` (as a
+/// container gets a workspace) and reads `README.md` through the bind until `stop_file` exists:
+/// prints `ERR …` for each failure, then `rounds N` and the bind's `new.txt`.
+fn bind_loop(mount: &Path, at: &Path, stop_file: &Path) -> Child {
+    let script = "mount --bind \"$0\" \"$1\" || exit 9; n=0; \
+                  while [ ! -e \"$2\" ]; do \
+                    c=$(cat \"$1/README.md\") || echo \"ERR read $n\"; \
+                    [ \"$c\" = \"# idle\" ] || echo \"ERR content $n: $c\"; n=$((n+1)); \
+                  done; echo \"rounds $n\"; cat \"$1/new.txt\" || echo \"ERR new.txt\"";
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script])
+        .arg(mount)
+        .arg(at)
+        .arg(stop_file)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn unshare")
+}
+
 /// A `kill -9` of the daemon is a pause to the processes in its mounts: the connection keeper holds
-/// every mount's descriptors, the next daemon adopts them. A busy workspace (a read/append loop, a
-/// file held open, a process whose cwd is in it) and idle ones (default, no-open, an ordinary
-/// user's); processes started after the new daemon see every tree byte-identical, `git status` as
-/// before, and the loop saw no error and lost no line; meanwhile `doctor` reports the four mounts as
-/// kept for the next daemon (without probing them). Failed before: every mount died with the
-/// daemon (the loop's reads failed with ENOTCONN, "Transport endpoint is not connected").
-#[test]
-fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
+/// every mount's descriptors, the next daemon adopts them. A busy workspace in I/O mode `busy_io`
+/// (a read/append loop, a file held open, a `git status` loop comparing its output, a process
+/// whose cwd is in it, a process in another mount namespace reading through a bind mount of it)
+/// and idle ones (default, no-open, an ordinary user's); processes started after the new daemon
+/// see every tree byte-identical, `git status` as before, and the loops saw no error and lost no
+/// line; meanwhile `doctor` reports the four mounts as kept for the next daemon (without probing
+/// them). Failed before: every mount died with the daemon (the loop's reads failed with ENOTCONN,
+/// "Transport endpoint is not connected").
+fn mounts_outlive_a_kill_9(busy_io: Option<&str>) {
     let user = user_a();
     let mut d = Daemon::start();
     open_the_way(&d);
     let files: Vec<(&str, &str, u32)> = FILES.iter().map(|(p, c)| (*p, *c, 0o644)).collect();
     let repo = add_project(&d, "p", &files);
     let head = repo.head();
-    // c0 busy, c1 idle, c2 idle in no-open mode, c3 idle and the ordinary user's.
+    // c0 busy in `busy_io`, c1 idle, c2 idle in the other mode, c3 idle and the ordinary user's.
     let owner = |i: usize| (i == 3).then_some(user);
     let mut mounts = Vec::new();
     for i in 0..4 {
         let t = format!("c{i}");
         let mut args = vec!["open", t.as_str(), "--project", "p"];
-        if i == 2 {
-            args.extend(["--io", "no-open"]);
+        match (i, busy_io) {
+            (0, Some(io)) => args.extend(["--io", io]),
+            (2, None) => args.extend(["--io", "no-open"]),
+            _ => {}
         }
         let out = match owner(i) {
             Some(u) => d.cli_as(u, &args),
@@ -540,6 +592,18 @@ fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
             let _ = tx.send(work_loop(m, stop));
         });
     }
+    let (stx, srx) = std::sync::mpsc::channel();
+    {
+        let (m, want, stop) = (mounts[0].clone(), before[0].clone(), stop.clone());
+        std::thread::spawn(move || {
+            let _ = stx.send(status_loop(m, want, stop));
+        });
+    }
+    let bind_dir = tempfile::tempdir().expect("tempdir");
+    let bind_at = bind_dir.path().join("work");
+    fs::create_dir(&bind_at).expect("mkdir bind point");
+    let bind_stop = bind_dir.path().join("stop");
+    let binder = bind_loop(&mounts[0], &bind_at, &bind_stop);
     std::thread::sleep(Duration::from_millis(500));
 
     d.kill9();
@@ -563,9 +627,36 @@ fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
         .expect("the loop hung across the crash");
     let _ = busy.kill();
     let _ = busy.wait();
+    let (status_rounds, status_errors) = srx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the git status loop hung across the crash");
+    fs::write(&bind_stop, b"").expect("stop the bind loop");
+    let mut binder = binder;
+    if wait_timeout(&mut binder, Duration::from_secs(60)).is_none() {
+        let _ = binder.kill();
+        panic!("the loop through a bind mount hung across the crash");
+    }
+    let bound = binder.wait_with_output().expect("bind loop output");
+    let bound_out = String::from_utf8_lossy(&bound.stdout).to_string();
     eprintln!(
-        "crash: {} rounds, slowest round {:?} (the pause), errors {:?}",
-        saw.rounds, saw.slowest, saw.errors
+        "crash ({busy_io:?}): {} rounds, slowest round {:?} (the pause), errors {:?}; \
+         git status: {status_rounds} rounds, errors {status_errors:?}; bind mount: {:?}",
+        saw.rounds,
+        saw.slowest,
+        saw.errors,
+        bound_out
+            .lines()
+            .filter(|l| l.starts_with("rounds"))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        status_errors.is_empty() && status_rounds > 0,
+        "git status across the crash: {status_errors:?}"
+    );
+    assert!(
+        bound.status.success() && !bound_out.contains("ERR") && bound_out.ends_with("new in c0\n"),
+        "through a bind mount in another mount namespace: {bound_out}\n{}",
+        String::from_utf8_lossy(&bound.stderr)
     );
     assert!(
         saw.errors.is_empty(),
@@ -628,5 +719,333 @@ fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
             .contains("adopted the mount of a daemon that died"),
         "{}",
         d.log_tail()
+    );
+}
+
+/// One namespace request caught by a crash: the daemon applies it (it is in the catalog) and dies
+/// before answering (`OCTOFS_TEST_CRASH_AFTER=<op>:<name>`, a test hook); the kernel sends it
+/// again to the next daemon, which finds it done.
+struct Caught {
+    /// The hook's `<op>:<name>`.
+    hook: &'static str,
+    /// What the process in the mount runs (`sh -c`, cwd the mount).
+    script: &'static str,
+}
+
+const CAUGHT: &[Caught] = &[
+    Caught {
+        hook: "mkdir:newdir",
+        script: "mkdir newdir",
+    },
+    Caught {
+        hook: "create:index.lock",
+        script: "perl -e 'use Fcntl; sysopen(F, \"index.lock\", O_WRONLY|O_CREAT|O_EXCL, 0644) \
+                 or die \"create index.lock: $!\\n\"; print F \"locked\\n\" or die; \
+                 close(F) or die \"close: $!\\n\"'",
+    },
+    Caught {
+        hook: "rename:index",
+        script: "mv index.lock index",
+    },
+    Caught {
+        hook: "link:index2",
+        script: "ln index index2",
+    },
+    Caught {
+        hook: "symlink:ln",
+        script: "ln -s src/lib.rs ln",
+    },
+    Caught {
+        hook: "unlink:README.md",
+        script: "rm README.md",
+    },
+    Caught {
+        hook: "rmdir:newdir",
+        script: "rmdir newdir",
+    },
+];
+
+/// Each namespace request a `kill -9` catches between its change and its answer is seen by the
+/// process that made it as done (`mkdir`, `open(O_CREAT|O_EXCL)` of git's `index.lock`, `rename`,
+/// `link`, `symlink`, `unlink`, `rmdir`), and the tree is what the requests made: each daemon
+/// dies inside one request (the test hook), the connection keeper holds the mount, the next
+/// daemon adopts it and the kernel sends the request again. Failed before (the resent request
+/// carried out again): `mkdir: cannot create directory 'newdir': File exists`, `create
+/// index.lock: File exists`, `mv: cannot stat 'index.lock'`, `rm: … No such file or directory`.
+fn resent_requests_are_answered_as_done(io: Option<&str>) {
+    let mut d = Daemon::unstarted();
+    d.spawn_with_env(&[], &[("OCTOFS_TEST_CRASH_AFTER", CAUGHT[0].hook)]);
+    let files: Vec<(&str, &str, u32)> = FILES.iter().map(|(p, c)| (*p, *c, 0o644)).collect();
+    add_project(&d, "p", &files);
+    let mut args = vec!["open", "t", "--project", "p"];
+    if let Some(io) = io {
+        args.extend(["--io", io]);
+    }
+    let out = d.cli(&args);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let m = d.mount("t");
+    let mut pauses = Vec::new();
+    let mut failed = Vec::new();
+    for (i, c) in CAUGHT.iter().enumerate() {
+        let started = std::time::Instant::now();
+        let worker = {
+            let m = m.clone();
+            let script = c.script;
+            std::thread::spawn(move || {
+                let mut cmd = Command::new("sh");
+                cmd.args(["-c", script]).current_dir(&m);
+                run(&mut cmd, Duration::from_secs(60))
+            })
+        };
+        // The daemon dies inside the request; a command that ends first (it failed before
+        // reaching it, on the old code) is a failure, and the daemon is killed here instead.
+        let pid = d.pid().expect("a daemon");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let died = loop {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat.rsplit(") ").next().is_none_or(|r| r.starts_with('Z')) {
+                break true;
+            }
+            if worker.is_finished() || std::time::Instant::now() >= deadline {
+                std::thread::sleep(Duration::from_millis(500));
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if died {
+            let status = d.reap_killed();
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGKILL),
+                "{}: the daemon did not die in the request\n{}",
+                c.hook,
+                d.log_tail()
+            );
+        } else {
+            failed.push(format!("{}: the daemon never reached the request", c.hook));
+            d.kill9();
+        }
+        match CAUGHT.get(i + 1) {
+            Some(next) => d.spawn_with_env(&[], &[("OCTOFS_TEST_CRASH_AFTER", next.hook)]),
+            None => d.spawn(),
+        }
+        let out = worker.join().expect("worker");
+        pauses.push(started.elapsed());
+        // Every request is tried (each failure listed at the end): the effect is applied anyway.
+        if !out.success() || !out.stderr_str().is_empty() {
+            failed.push(format!("{}: {}", c.hook, out.describe()));
+        }
+        assert!(
+            d.log_text()
+                .contains("adopted the mount of a daemon that died"),
+            "{}",
+            d.log_tail()
+        );
+    }
+    eprintln!("crash inside a request ({io:?}): each took {pauses:?}");
+    assert!(
+        failed.is_empty(),
+        "{} failures across the {} requests caught by a crash:\n{}\n{}",
+        failed.len(),
+        CAUGHT.len(),
+        failed.join("\n"),
+        d.log_tail()
+    );
+    // What a process started now sees.
+    let ls = in_mount(
+        None,
+        &m,
+        "sh",
+        &["-c", "ls -A; readlink ln; cat index index2"],
+    );
+    assert!(ls.success(), "{}", ls.describe());
+    assert_eq!(
+        ls.stdout_str(),
+        ".git\ndata\ndocs\nindex\nindex2\nln\nsrc\nsrc/lib.rs\nlocked\nlocked\n",
+        "{}",
+        d.log_tail()
+    );
+    let links = fs::symlink_metadata(m.join("index")).expect("stat index");
+    assert_eq!(links.nlink(), 2);
+    let st = porcelain(None, &m);
+    assert_eq!(
+        st,
+        " D README.md\n?? index\n?? index2\n?? ln\n",
+        "{}",
+        d.log_tail()
+    );
+    d.stop();
+}
+
+#[test]
+fn resent_requests_are_answered_as_done_with_handles() {
+    resent_requests_are_answered_as_done(None);
+}
+
+#[test]
+fn resent_requests_are_answered_as_done_without_open() {
+    resent_requests_are_answered_as_done(Some("no-open"));
+}
+
+#[test]
+fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them() {
+    mounts_outlive_a_kill_9(None);
+}
+
+#[test]
+fn mounts_outlive_a_kill_9_and_the_next_daemon_adopts_them_without_open() {
+    mounts_outlive_a_kill_9(Some("no-open"));
+}
+
+/// What a test playing systemd holds in its descriptor store: each stored descriptor with its
+/// `FDNAME`, as `FDSTORE=1` / `FDSTOREREMOVE=1` notifications left it.
+type Store = std::sync::Arc<std::sync::Mutex<Vec<(String, std::os::fd::OwnedFd)>>>;
+
+/// Plays the service manager's notification socket at `path` until `stop`: keeps what
+/// `FDSTORE=1` sends, drops what `FDSTOREREMOVE=1` names.
+fn play_systemd(
+    path: &Path,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (Store, std::thread::JoinHandle<()>) {
+    let sock = std::os::unix::net::UnixDatagram::bind(path).expect("bind the notify socket");
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let store: Store = Default::default();
+    let held = store.clone();
+    let t = std::thread::spawn(move || {
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((bytes, fds)) = octofs::sys::recv_with_fds(&sock) else {
+                continue;
+            };
+            let text = String::from_utf8_lossy(&bytes).to_string();
+            let name = text
+                .lines()
+                .find_map(|l| l.strip_prefix("FDNAME="))
+                .unwrap_or("stored")
+                .to_string();
+            let mut st = held.lock().unwrap();
+            if text.lines().any(|l| l == "FDSTOREREMOVE=1") {
+                st.retain(|(n, _)| *n != name);
+            }
+            if text.lines().any(|l| l == "FDSTORE=1") {
+                st.extend(fds.into_iter().map(|f| (name.clone(), f)));
+            }
+        }
+    });
+    (store, t)
+}
+
+/// Under systemd with a descriptor store (`FileDescriptorStoreMax=`), the daemon stores every
+/// mount's `/dev/fuse` descriptors with the service manager; after a `kill -9` the next start of
+/// the unit gets them back (`LISTEN_FDS`/`LISTEN_FDNAMES`) and adopts the mounts — with no
+/// connection keeper at all here (`--keep-connections false`). This test plays systemd: a datagram
+/// socket as `NOTIFY_SOCKET` keeping what `FDSTORE=1` sends, then the next daemon started with the
+/// stored descriptors at 3, 4, …. A loop reading and appending with `fsync` in the mount sees a
+/// pause only (0 errors, every line present), a process started afterwards sees the tree and `git
+/// status` as before, and after `octofs stop` the store holds nothing. Failed before: nothing was
+/// stored (the store was empty after the kill) and the mount died with the daemon (the loop read
+/// `ENOTCONN`).
+#[test]
+fn systemd_s_descriptor_store_keeps_the_mounts_across_a_kill_9() {
+    let mut d = Daemon::unstarted();
+    let notify = d.base.join("notify.sock");
+    let stop_sd = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (store, systemd) = play_systemd(&notify, stop_sd.clone());
+    let notify_s = notify.to_str().expect("utf-8 path").to_string();
+    let env = [("NOTIFY_SOCKET", notify_s.as_str()), ("FDSTORE", "256")];
+    let serve = ["--keep-connections", "false"];
+    d.spawn_with_env(&serve, &env);
+    let files: Vec<(&str, &str, u32)> = FILES.iter().map(|(p, c)| (*p, *c, 0o644)).collect();
+    let repo = add_project(&d, "p", &files);
+    let head = repo.head();
+    let out = d.cli(["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let m = d.mount("t");
+    let w = in_mount(None, &m, "sh", &["-c", "echo new in c0 > new.txt"]);
+    assert!(w.success(), "{}", w.describe());
+    let before = porcelain(None, &m);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (m, stop) = (m.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(work_loop(m, stop));
+        });
+    }
+    std::thread::sleep(Duration::from_millis(500));
+
+    d.kill9();
+    let stored: Vec<(String, std::os::fd::OwnedFd)> = store
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, f)| (n.clone(), f.try_clone().expect("dup")))
+        .collect();
+    assert!(
+        stored.iter().any(|(n, _)| n == "t"),
+        "the store holds {:?}\n{}",
+        stored.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        d.log_tail()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    d.spawn_with_listen_fds(&serve, &env, &stored);
+    drop(stored);
+    std::thread::sleep(Duration::from_millis(700));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let saw = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the loop hung across the crash");
+    eprintln!(
+        "crash under systemd's store: {} rounds, slowest round {:?} (the pause), errors {:?}",
+        saw.rounds, saw.slowest, saw.errors
+    );
+    assert!(
+        saw.errors.is_empty(),
+        "the loop saw {:?}\n{}",
+        saw.errors,
+        d.log_tail()
+    );
+    for log in ["held.log", "reopened.log"] {
+        let got = in_mount(None, &m, "cat", &[log]);
+        assert!(
+            numbered(&got.stdout_str(), saw.rounds),
+            "{log} after {} rounds: {}",
+            saw.rounds,
+            got.describe()
+        );
+    }
+    for (p, _) in FILES {
+        let got = in_mount(None, &m, "cat", &[p]);
+        let want = repo.git(["show", &format!("{head}:{p}")]);
+        assert_eq!(got.stdout_str(), want, "{p}: {}", got.describe());
+    }
+    let now = porcelain(None, &m)
+        .replace("?? held.log\n", "")
+        .replace("?? reopened.log\n", "");
+    assert_eq!(now, before);
+    assert!(
+        d.log_text()
+            .contains("adopted the mount of a daemon that died"),
+        "{}",
+        d.log_tail()
+    );
+    // The new daemon stored its own descriptors in place of the dead one's.
+    assert!(store.lock().unwrap().iter().any(|(n, _)| n == "t"));
+    d.stop();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !store.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left: Vec<String> = store
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(n, _)| n.clone())
+        .collect();
+    stop_sd.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = systemd.join();
+    assert!(
+        left.is_empty(),
+        "descriptors left in the store after stop: {left:?}"
     );
 }

@@ -206,13 +206,14 @@ fn send(msg: &Msg, fds: &[BorrowedFd<'_>]) {
     }
 }
 
-/// Whether this daemon has a keeper.
+/// Whether this daemon has a keeper, or the service manager's descriptor store.
 pub(super) fn attached() -> bool {
-    lock(&LINK).is_some()
+    lock(&LINK).is_some() || super::fdstore::active()
 }
 
 /// Gives the keeper `thread`'s descriptors (replacing any it held for it).
 pub(super) fn keep(thread: &str, path: &Path, meta: KeptMeta, fds: &[OwnedFd]) {
+    super::fdstore::keep(thread, path, &meta, fds);
     let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
     send(
         &Msg::Keep {
@@ -225,8 +226,9 @@ pub(super) fn keep(thread: &str, path: &Path, meta: KeptMeta, fds: &[OwnedFd]) {
     );
 }
 
-/// Tells the keeper `thread` is unmounted.
+/// Tells the keeper (and the descriptor store) `thread` is unmounted.
 pub(super) fn forget(thread: &str) {
+    super::fdstore::forget(thread);
     send(
         &Msg::Forget {
             thread: thread.to_string(),
@@ -237,6 +239,7 @@ pub(super) fn forget(thread: &str) {
 
 /// At a stop: the keeper closes everything and exits (waited for, briefly).
 pub(super) fn quit() {
+    super::fdstore::quit();
     send(&Msg::Quit, &[]);
     if let Some(mut s) = lock(&LINK).take() {
         use std::io::Read as _;

@@ -37,6 +37,7 @@ mod deps;
 mod diff;
 pub mod error;
 mod export;
+mod fdstore;
 mod keeper;
 mod kept;
 mod layers;
@@ -285,28 +286,31 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     // What a power loss during a create left is an interrupted create (threads.rs).
     daemon.recover_creates();
     // A daemon that did not stop cleanly may have answered creates whose background syncs never
-    // ran: what it left in the kernel is made durable before anything is served again (so that
-    // no fsync in such a workspace is answered before its record is on disk).
+    // ran, and left its last changes in the page cache only: what it left in the kernel is made
+    // durable before any fsync in a workspace is answered again (so that none is answered before
+    // its record is on disk). The sync runs in the background, every workspace loaded meanwhile
+    // waits for it at its first fsync (`mounts::unclean_sync`): the mounts serve at once (it was
+    // most of the pause a crash caused, docs/restart.md).
     let serving = layout.state.join(SERVING);
     if serving.exists() {
-        let started = Instant::now();
-        match crate::sys::syncfs(&layout.state) {
-            Ok(()) => tracing::info!(
-                ms = started.elapsed().as_millis() as u64,
-                "unclean stop before: state file system synced"
-            ),
-            Err(e) => tracing::error!("cannot sync the state file system: {e}"),
-        }
+        mounts::sync_unclean_state(&layout);
     }
     if let Err(e) = std::fs::write(&serving, b"") {
         tracing::warn!("cannot write {}: {e}", serving.display());
     }
-    // A daemon that died left its mounts' connections with the keeper: they are adopted before
-    // anything looks at a mount point (a request to a kept mount waits for a server).
+    // A daemon that died left its mounts' connections with the service manager's descriptor
+    // store (under systemd with one) and with the keeper: they are adopted before anything looks
+    // at a mount point (a request to a kept mount waits for a server). One adoption a thread: the
+    // two hold duplicates of the same descriptors.
+    let mut kept = fdstore::attach(&layout);
     if daemon.settings.keep_connections {
-        let kept = keeper::attach(&layout);
-        takeover::adopt_kept(&daemon, &layout, kept);
+        for k in keeper::attach(&layout) {
+            if !kept.iter().any(|s| s.thread == k.thread) {
+                kept.push(k);
+            }
+        }
     }
+    takeover::adopt_kept(&daemon, &layout, kept);
     mounts::clear_stale_mounts(&layout.root);
     daemon.remount_all();
     daemon.prebuild_all_indexes();

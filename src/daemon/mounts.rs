@@ -10,15 +10,50 @@
 //! an unmount or a question to the core.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::error::{Context, Error};
 use super::{Daemon, Mounted, lock};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
 use crate::fs::objects::MirrorObjects;
-use crate::fs::{Presentation, WorkspaceFs, unix_time};
+use crate::fs::{Durable, Presentation, WorkspaceFs, unix_time};
 use crate::workspace::WorkspaceRecord;
+
+/// The background sync of the state file system after an unclean stop (none after a clean one):
+/// every workspace core loaded while it runs reports nothing durable before it has finished.
+static UNCLEAN_SYNC: OnceLock<Arc<Durable>> = OnceLock::new();
+
+/// Starts syncing `layout`'s state file system in the background (an unclean stop before).
+pub(super) fn sync_unclean_state(layout: &crate::layout::Layout) {
+    let barrier = Durable::pending();
+    if UNCLEAN_SYNC.set(barrier.clone()).is_err() {
+        return;
+    }
+    let state = layout.state.clone();
+    let run = move || {
+        let started = std::time::Instant::now();
+        let r = crate::sys::syncfs(&state).map_err(|e| {
+            format!(
+                "cannot sync the state file system after an unclean stop ({}): {e}",
+                state.display()
+            )
+        });
+        if r.is_ok() {
+            tracing::info!(
+                ms = started.elapsed().as_millis() as u64,
+                "unclean stop before: state file system synced"
+            );
+        }
+        barrier.finish(r);
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("octofs-unclean-sync".into())
+        .spawn(run)
+    {
+        tracing::error!("cannot sync the state file system in the background: {e}");
+    }
+}
 
 impl Daemon {
     pub(super) fn check_root(&self) -> Result<(), Error> {
@@ -93,6 +128,11 @@ impl Daemon {
         )
         .context(|| format!("thread {}: cannot open its upper layer", rec.thread))?;
         self.count_bytes(&core, rec.owner.uid);
+        if let Some(b) = UNCLEAN_SYNC.get()
+            && !b.is_finished()
+        {
+            core.durable_after(b.clone());
+        }
         Ok(Arc::new(core))
     }
 

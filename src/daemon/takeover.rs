@@ -747,11 +747,27 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     tracing::info!(old_pid = h.old_pid, "took over every mount");
     // The keeper holds the old daemon's descriptors (its readers are paused: none holds a
     // request); it gets this one's instead.
+    drop(super::fdstore::attach(&layout));
     if daemon.settings.keep_connections {
         drop(super::keeper::attach(&layout));
-        for (thread, m) in lock(&daemon.mounts).iter() {
-            super::mounts::keep_mount(thread, m);
-        }
+    }
+    for (thread, m) in lock(&daemon.mounts).iter() {
+        super::mounts::keep_mount(thread, m);
+    }
+    if super::fdstore::active() {
+        // The service manager takes descriptors from the unit's main pid only (`NotifyAccess=
+        // main`), which this process becomes once the old one said `MAINPID=` and exited: stored
+        // again then.
+        let (old, daemon) = (h.old_pid, daemon.clone());
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Path::new(&format!("/proc/{old}")).exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            for (thread, m) in lock(&daemon.mounts).iter() {
+                super::mounts::keep_mount(thread, m);
+            }
+        });
     }
     *lock(&ACK) = Some(s);
     remember_lock(&lock_file);

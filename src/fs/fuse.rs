@@ -37,7 +37,7 @@ use super::inode_io::InodeIo;
 use super::objects::{self, MirrorObjects};
 use super::readahead::ListingOrder;
 use super::stats::{Op, Stats};
-use super::{Behind, Caller, FsError, SetAttr, SetTime, WorkspaceFs, XattrReply};
+use super::{Behind, Caller, FsError, Made, SetAttr, SetTime, WorkspaceFs, XattrReply};
 use crate::cow::blobcache::AheadOwner;
 
 /// The daemon sees every change made through the mount and invalidates what it changes behind the
@@ -273,6 +273,15 @@ fn ino(i: INodeNo) -> u64 {
     i.0
 }
 
+/// The kernel's mark on a request it sends again after the daemon that read it died
+/// (`FUSE_UNIQUE_RESEND`, set by `FUSE_NOTIFY_RESEND`): its change may be applied already
+/// (`workspace/resend.rs`).
+const UNIQUE_RESEND: u64 = 1 << 63;
+
+fn resent(req: &Request) -> bool {
+    req.unique().0 & UNIQUE_RESEND != 0
+}
+
 fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
@@ -327,6 +336,54 @@ fn xattr(cx: &Cx, reply: ReplyXattr, r: Result<XattrReply, FsError>) {
         Ok(XattrReply::Size(n)) => reply.size(n),
         Ok(XattrReply::Data(d)) => reply.data(&d),
         Err(e) => reply.error(failed(cx, e)),
+    }
+}
+
+impl FuseAdapter {
+    /// A resent `create` whose file the daemon that died made (`WorkspaceFs::created_again`, one
+    /// kernel reference counted): opened now and answered as the create would have been.
+    fn open_created(&self, cx: &Cx, attr: FileAttr, flags: i32, reply: ReplyCreate) {
+        let i = attr.ino.0;
+        if self.no_open() {
+            // As a create without OPEN: held by inode when its I/O comes (`fh` 0).
+            return reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+            );
+        }
+        let register = self
+            .passthrough()
+            .then_some(|f: &File| reply.open_backing(f));
+        let flags = flags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
+        let opened = match self.handles.open(i, flags, register) {
+            Ok(o) => o,
+            Err(e) => {
+                self.core.forget(i, 1);
+                return reply.error(failed(cx, e));
+            }
+        };
+        self.note_backing(&opened);
+        let FileOpen { fh, backing, .. } = opened;
+        match backing {
+            Some(id) => reply.created_passthrough(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::FOPEN_NOFLUSH,
+                &id,
+            ),
+            None => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::FOPEN_NOFLUSH,
+            ),
+        }
     }
 }
 
@@ -512,12 +569,14 @@ impl Filesystem for FuseAdapter {
         if self.read_only(p.0, Some(name)) {
             return reply.error(Errno::EROFS);
         }
-        entry(
-            &cx,
-            reply,
-            self.core
-                .mknod(ino(p), name, mode & !umask, rdev, caller(req)),
-        );
+        let mut r = self
+            .core
+            .mknod(ino(p), name, mode & !umask, rdev, caller(req));
+        if resent(req) {
+            let made = Made::Node(mode & libc::S_IFMT);
+            r = self.core.made_again(r, ino(p), name, made, caller(req));
+        }
+        entry(&cx, reply, r);
     }
 
     fn mkdir(
@@ -534,29 +593,39 @@ impl Filesystem for FuseAdapter {
         if self.read_only(p.0, Some(name)) {
             return reply.error(Errno::EROFS);
         }
-        entry(
-            &cx,
-            reply,
-            self.core.mkdir(ino(p), name, mode & !umask, caller(req)),
-        );
+        let mut r = self.core.mkdir(ino(p), name, mode & !umask, caller(req));
+        if resent(req) {
+            r = self
+                .core
+                .made_again(r, ino(p), name, Made::Dir, caller(req));
+        }
+        entry(&cx, reply, r);
     }
 
-    fn unlink(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Unlink);
         let cx = Cx::new(Op::Unlink, p.0, Some(name));
         if self.read_only(p.0, Some(name)) {
             return reply.error(Errno::EROFS);
         }
-        empty(&cx, reply, self.core.unlink(ino(p), name));
+        let mut r = self.core.unlink(ino(p), name);
+        if resent(req) {
+            r = self.core.removed_again(r);
+        }
+        empty(&cx, reply, r);
     }
 
-    fn rmdir(&self, _req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, p: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let _t = self.info.stats.time(Op::Rmdir);
         let cx = Cx::new(Op::Rmdir, p.0, Some(name));
         if self.read_only(p.0, Some(name)) {
             return reply.error(Errno::EROFS);
         }
-        empty(&cx, reply, self.core.rmdir(ino(p), name));
+        let mut r = self.core.rmdir(ino(p), name);
+        if resent(req) {
+            r = self.core.removed_again(r);
+        }
+        empty(&cx, reply, r);
     }
 
     fn symlink(&self, req: &Request, p: INodeNo, name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -565,17 +634,18 @@ impl Filesystem for FuseAdapter {
         if self.read_only(p.0, Some(name)) {
             return reply.error(Errno::EROFS);
         }
-        entry(
-            &cx,
-            reply,
-            self.core
-                .symlink(ino(p), name, target.as_os_str().as_bytes(), caller(req)),
-        );
+        let target = target.as_os_str().as_bytes();
+        let mut r = self.core.symlink(ino(p), name, target, caller(req));
+        if resent(req) {
+            let made = Made::Symlink(target);
+            r = self.core.made_again(r, ino(p), name, made, caller(req));
+        }
+        entry(&cx, reply, r);
     }
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         p: INodeNo,
         name: &OsStr,
         np: INodeNo,
@@ -588,21 +658,27 @@ impl Filesystem for FuseAdapter {
         if self.read_only(p.0, Some(name)) || self.read_only(np.0, Some(newname)) {
             return reply.error(Errno::EROFS);
         }
-        empty(
-            &cx,
-            reply,
-            self.core
-                .rename(ino(p), name, ino(np), newname, flags.bits()),
-        );
+        let mut r = self
+            .core
+            .rename(ino(p), name, ino(np), newname, flags.bits());
+        if resent(req) {
+            r = self.core.renamed_again(r, ino(p), name, ino(np), newname);
+        }
+        empty(&cx, reply, r);
     }
 
-    fn link(&self, _req: &Request, i: INodeNo, np: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(&self, req: &Request, i: INodeNo, np: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let _t = self.info.stats.time(Op::Link);
         let cx = Cx::new(Op::Link, i.0, Some(newname));
         if self.read_only(i.0, None) || self.read_only(np.0, Some(newname)) {
             return reply.error(Errno::EROFS);
         }
-        entry(&cx, reply, self.core.link(ino(i), ino(np), newname));
+        let mut r = self.core.link(ino(i), ino(np), newname);
+        if resent(req) {
+            let made = Made::Link(ino(i));
+            r = self.core.made_again(r, ino(np), newname, made, caller(req));
+        }
+        entry(&cx, reply, r);
     }
 
     fn open(&self, req: &Request, i: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -673,6 +749,12 @@ impl Filesystem for FuseAdapter {
         let cx = Cx::new(Op::Create, p.0, Some(name));
         if self.read_only(p.0, Some(name)) {
             return reply.error(Errno::EROFS);
+        }
+        if resent(req)
+            && flags & libc::O_EXCL != 0
+            && let Some(attr) = self.core.created_again(ino(p), name, caller(req))
+        {
+            return self.open_created(&cx, attr, flags, reply);
         }
         if self.no_open() {
             // No RELEASE will come, not even for this file: no handle. The open is held by inode

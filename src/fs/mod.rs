@@ -25,6 +25,6 @@ pub use self::error::{Context, FsError, FsResult};
 // depend on how the core is split into files.
 pub use self::workspace::{
     BASE_TOKEN, BaseMove, BaseStat, Behind, Caller, Change, ChangeKind, Changed, DirEntry, DirName,
-    Durable, Listing, NAME_MAX, NodeMeta, Opened, Presentation, ROOT_INO, SetAttr, SetTime,
+    Durable, Listing, Made, NAME_MAX, NodeMeta, Opened, Presentation, ROOT_INO, SetAttr, SetTime,
     TreeChange, View, WorkspaceFs, XattrReply, base_stat, path_ino, unix_time,
 };

@@ -579,6 +579,49 @@ impl Daemon {
         self.wait_ready();
     }
 
+    /// Like [`Daemon::spawn_with_env`], playing systemd's hand-over of its descriptor store:
+    /// `fds` become the daemon's descriptors 3, 4, … with `LISTEN_FDS`, `LISTEN_FDNAMES` and
+    /// `LISTEN_PID` (its own pid: a shell sets it, then execs the daemon).
+    #[track_caller]
+    pub fn spawn_with_listen_fds(
+        &mut self,
+        serve_args: &[&str],
+        env: &[(&str, &str)],
+        fds: &[(String, std::os::fd::OwnedFd)],
+    ) {
+        assert!(self.child.is_none(), "daemon already running");
+        self.log = self.base.join(format!("daemon-{}.log", self.starts));
+        self.starts += 1;
+        let log = fs::File::create(&self.log).expect("create daemon log");
+        let names: Vec<&str> = fds.iter().map(|(n, _)| n.as_str()).collect();
+        let owned: Vec<std::os::fd::OwnedFd> = fds
+            .iter()
+            .map(|(_, f)| f.try_clone().expect("dup a stored descriptor"))
+            .collect();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "LISTEN_PID=$$; export LISTEN_PID; exec \"$0\" \"$@\""])
+            .arg(bin())
+            .arg("--state")
+            .arg(&self.state)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("serve")
+            .args(serve_args)
+            .env_remove("OCTOFS_STATE")
+            .env_remove("OCTOFS_ROOT")
+            .envs(env.iter().copied())
+            .env("LISTEN_FDS", owned.len().to_string())
+            .env("LISTEN_FDNAMES", names.join(":"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log.try_clone().expect("dup log")))
+            .stderr(Stdio::from(log))
+            .process_group(0);
+        octofs::sys::pass_fds_from_3(&mut cmd, &owned).expect("pass the descriptors");
+        self.child = Some(cmd.spawn().expect("spawn octofs serve"));
+        drop(owned);
+        self.wait_ready();
+    }
+
     #[track_caller]
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + READY_TIMEOUT;

@@ -1,4 +1,5 @@
-//! The barrier between a new workspace and its first `fsync`: the daemon answers `open` once the
+//! The barrier between a new workspace (or one loaded after an unclean stop, while the state file
+//! system is synced in the background: `daemon::mounts`) and its first `fsync`: the daemon answers `open` once the
 //! workspace's seed, record and binding are in the kernel (a SIGKILL of the daemon loses none of
 //! them) and makes them survive power loss in the background. Until that background sync has
 //! finished, nothing in the workspace may be reported durable: every `fsync`/`fsyncdir` (they all
@@ -36,7 +37,7 @@ impl Durable {
         }
         if let Err(why) = &outcome {
             tracing::error!(
-                "a new workspace could not be made durable: {why}; its fsyncs fail with EIO until it is remounted"
+                "a workspace's state could not be made durable: {why}; its fsyncs fail with EIO until it is remounted"
             );
         }
         *st = Some(outcome);
@@ -91,7 +92,7 @@ impl WorkspaceFs {
                 Ok(())
             }
             Err(why) => Err(FsError::eio(format!(
-                "the workspace's creation in {} was never made durable: {why}",
+                "the state of the workspace in {} was never made durable: {why}",
                 self.upper.dir().display()
             ))),
         }

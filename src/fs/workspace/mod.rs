@@ -45,6 +45,7 @@ mod namespace;
 mod posix;
 mod presented;
 mod rebase;
+mod resend;
 mod seed;
 mod tree_order;
 mod tx;
@@ -64,6 +65,7 @@ use namespace::New;
 pub use posix::NodeMeta;
 pub use presented::{BaseStat, base_stat};
 pub use rebase::BaseMove;
+pub use resend::{CRASH_ENV, Made};
 pub use types::*;
 
 pub const ROOT_INO: u64 = 1;

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::File;
+use std::os::unix::ffi::OsStrExt as _;
 
 use crate::fs::{Context, FsError};
 use fuser::{Errno, FileAttr};
@@ -13,7 +14,7 @@ use crate::cow::catalog::{BaseRef, InodeRecord, Kind, Record, Ts};
 
 use super::{
     LINK_MAX, ROOT_INO, State, WorkspaceFs, convert::check_name, convert::eio, convert::io_errno,
-    tree_order::find_entry, tx::Tx, types::Caller, types::Opened,
+    resend::crash_point, tree_order::find_entry, tx::Tx, types::Caller, types::Opened,
 };
 
 /// What `make` creates.
@@ -315,7 +316,11 @@ impl WorkspaceFs {
             libc::S_IFDIR => return Err(Errno::EPERM.into()),
             _ => return Err(Errno::EINVAL.into()),
         };
-        self.make(parent, name, New::plain(kind, mode, rdev), caller)
+        let r = self.make(parent, name, New::plain(kind, mode, rdev), caller);
+        if r.is_ok() {
+            crash_point("mknod", name.as_bytes());
+        }
+        r
     }
 
     pub fn mkdir(
@@ -325,7 +330,11 @@ impl WorkspaceFs {
         mode: u32,
         caller: Caller,
     ) -> Result<FileAttr, FsError> {
-        self.make(parent, name, New::plain(Kind::Dir, mode, 0), caller)
+        let r = self.make(parent, name, New::plain(Kind::Dir, mode, 0), caller);
+        if r.is_ok() {
+            crash_point("mkdir", name.as_bytes());
+        }
+        r
     }
 
     pub fn symlink(
@@ -342,7 +351,11 @@ impl WorkspaceFs {
             target: Some(target.to_vec()),
             ..New::plain(Kind::Symlink, 0o777, 0)
         };
-        self.make(parent, name, new, caller)
+        let r = self.make(parent, name, new, caller);
+        if r.is_ok() {
+            crash_point("symlink", name.as_bytes());
+        }
+        r
     }
 
     /// `create`: a new regular file, opened. The data file made for it is the handle's file (one
@@ -372,14 +385,17 @@ impl WorkspaceFs {
                 Ok((attr, file))
             });
         match opened {
-            Ok((attr, file)) => Ok((
-                attr,
-                Opened {
-                    file,
-                    upper: true,
-                    write,
-                },
-            )),
+            Ok((attr, file)) => {
+                crash_point("create", name.as_bytes());
+                Ok((
+                    attr,
+                    Opened {
+                        file,
+                        upper: true,
+                        write,
+                    },
+                ))
+            }
             Err(e) => {
                 self.release(ino, write);
                 self.forget(ino, 1);
@@ -421,6 +437,8 @@ impl WorkspaceFs {
         st.commit(tx)?;
         self.journal_name(&mut st, parent, name, dir);
         self.reap(&mut st, ino);
+        drop(st);
+        crash_point(if dir { "rmdir" } else { "unlink" }, name);
         Ok(())
     }
 
@@ -595,6 +613,8 @@ impl WorkspaceFs {
         if let Some(dst) = dst {
             self.reap(&mut st, dst);
         }
+        drop(st);
+        crash_point("rename", newname);
         Ok(())
     }
 
@@ -629,6 +649,7 @@ impl WorkspaceFs {
         n.lookups += 1;
         let rec = n.rec.clone();
         drop(st);
+        crash_point("link", newname);
         self.attr(&rec)
     }
 }
