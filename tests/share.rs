@@ -17,8 +17,14 @@
 //!    byte (their `.git` included), and git says of each nested repository what it said.
 //! 3. [`a_thousand_changed_files_move_between_hosts`]: the time of a move (release on host 1 +
 //!    open on host 2) of a thread with 1,000 changed files, printed.
+//! 4. [`the_repository_behaves_like_the_model`] (issue 30, "the class, not the cases"): generated
+//!    sequences of changes and lifecycle steps, in both I/O modes, compared with a model after
+//!    every step (`tests/support/repo_model.rs` says what it generates and checks).
 
 use crate::common;
+
+#[path = "support/repo_model.rs"]
+mod repo_model;
 
 use common::*;
 use std::collections::BTreeMap;
@@ -647,4 +653,20 @@ fn a_thread_handed_back_and_forth_continues_its_chains() {
     assert_eq!(named(&format!("{n3}^2")), n2);
     h1.cli_ok(["release", "t"]);
     assert_ne!(share_tip(&share, "t"), s2);
+}
+
+/// Issue 30: generated sequences (seeded; `OCTOFS_MODEL_SEED` replays one) of changes made by an
+/// ordinary user with real tools and lifecycle steps through the CLI, in both I/O modes, the whole
+/// presented tree and what git says compared with the model after every step.
+#[test]
+fn the_repository_behaves_like_the_model() {
+    for io in [&[][..], &["--io", "no-open"][..]] {
+        let started = Instant::now();
+        let hosts = repo_model::Hosts::new(io);
+        let steps = repo_model::run_sequences(&hosts);
+        println!(
+            "repository model ({io:?}): {steps} steps in {} ms",
+            started.elapsed().as_millis()
+        );
+    }
 }

@@ -296,10 +296,11 @@ fn read_root(
         let kind = kind_of(a.kind);
         let blob = match kind {
             PosixKind::File => {
-                let Some(bytes) = core.read_file(&c).map_err(on_workspace(reading()))? else {
+                // Streamed into the mirror: memory stays bounded whatever the file's size.
+                let Some(f) = core.open_file(&c).map_err(on_workspace(reading()))? else {
                     continue;
                 };
-                Some(repo.write_blob(bytes).context(reading)?.detach())
+                Some(kept::write_file_blob(repo, f).context(reading)?)
             }
             PosixKind::Symlink => {
                 let Some(t) = core.link_at(&c).map_err(on_workspace(reading()))? else {

@@ -96,16 +96,20 @@ fn kind_at(
 /// The record of a snapshot whose tree is `tree`, from the view's metadata (the workspace's nodes
 /// whose own metadata git may drop, and the directories above them: `WorkspaceFs::view_meta`;
 /// a node left out of it is one the tree restores); `None` when the tree restores everything.
+/// `kept_links` maps the inode of each hard-linked file kept beside the tree (`super::kept`) to
+/// its first kept name: a name of the tree linked to one of those is recorded as that link (the
+/// kept side is restored first), not as a copy.
 pub fn record_of(
     repo: &gix::Repository,
     tree: ObjectId,
     meta: &[NodeMeta],
     owner: &Owner,
+    kept_links: &HashMap<u64, Vec<u8>>,
 ) -> Result<Option<PosixRecord>, Error> {
     let mut memo: HashMap<Vec<u8>, Option<EntryKind>> = HashMap::new();
     let mut skip: Vec<&[u8]> = Vec::new();
     let mut entries: Vec<PosixEntry> = Vec::new();
-    let mut linked: HashMap<u64, Vec<u8>> = HashMap::new();
+    let mut linked: HashMap<u64, Vec<u8>> = kept_links.clone();
     let mut wanted_parents: Vec<&[u8]> = Vec::new();
     // `meta` is sorted by path: a directory comes before everything under it.
     for m in meta {

@@ -73,10 +73,7 @@ pub(super) fn trailer(record: ObjectId) -> String {
 
 /// The record a snapshot message names, if any.
 pub(super) fn record_of(message: &[u8]) -> Option<ObjectId> {
-    message.split(|b| *b == b'\n').find_map(|l| {
-        let l = std::str::from_utf8(l).ok()?;
-        ObjectId::from_hex(l.strip_prefix(REPO_TRAILER)?.trim().as_bytes()).ok()
-    })
+    crate::git::record::trailer_id(message, REPO_TRAILER)
 }
 
 /// Whether `name` is a ref a record may carry: a valid full name under `refs/`, outside

@@ -512,7 +512,21 @@ impl Daemon {
         let tree = snap::build_tree(&repo, onto, &edits, clock)?;
         spans.mark(Span::Tree);
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
-        let posix = match super::posix::record_of(&repo, tree, &meta, &rec.owner)? {
+        // A file of the tree hard-linked to one kept beside it is that link, not a copy.
+        let mut kept_links: std::collections::HashMap<u64, Vec<u8>> = Default::default();
+        for m in &kept_meta {
+            if m.kind == crate::git::posix_record::PosixKind::File && m.nlink > 1 {
+                kept_links
+                    .entry(m.ino)
+                    .and_modify(|p| {
+                        if m.path < *p {
+                            p.clone_from(&m.path);
+                        }
+                    })
+                    .or_insert_with(|| m.path.clone());
+            }
+        }
+        let posix = match super::posix::record_of(&repo, tree, &meta, &rec.owner, &kept_links)? {
             Some(r) => Some(posix_record::write_blob(&repo, &r)?),
             None => None,
         };

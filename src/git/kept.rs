@@ -117,15 +117,7 @@ impl KeptRecord {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<KeptRecord, Error> {
-        let r: KeptRecord =
-            serde_json::from_slice(bytes).context(|| "bad kept record".to_string())?;
-        if r.version != VERSION {
-            return Err(Error::Invalid(format!(
-                "kept record version {} is not supported (this octofs reads version {VERSION})",
-                r.version
-            )));
-        }
-        Ok(r)
+        super::record::decode_versioned(bytes, "kept record", VERSION, |r: &KeptRecord| r.version)
     }
 }
 
@@ -140,12 +132,79 @@ pub fn trailer(side: ObjectId) -> String {
 
 /// The side tree a snapshot message names, if any.
 pub fn side_of(message: &[u8]) -> Option<ObjectId> {
-    message.lines().find_map(|l| {
-        l.to_str()
-            .ok()?
-            .strip_prefix(KEPT_TRAILER)
-            .and_then(|h| ObjectId::from_hex(h.trim().as_bytes()).ok())
-    })
+    super::record::trailer_id(message, KEPT_TRAILER)
+}
+
+/// Kept files up to this size are read whole; larger ones stream.
+const IN_MEMORY_UP_TO: u64 = 8 << 20;
+
+/// Writes the bytes of `f` (a kept file, opened through the core) as a blob of the mirror, in
+/// bounded memory: a large file is hashed in one pass (a blob the mirror has, e.g. the last
+/// snapshot's, is not written again) and streamed into a loose object in a second. A file that
+/// shrinks while it is read fails the write (an object never disagrees with its header).
+pub fn write_file_blob(repo: &gix::Repository, f: std::fs::File) -> Result<ObjectId, Error> {
+    use gix::objs::Write as _;
+    use std::io::{Read as _, Seek as _};
+    let what = || "cannot keep a file's bytes".to_string();
+    let size = f.metadata().context(what)?.len();
+    if size <= IN_MEMORY_UP_TO {
+        let mut buf = Vec::with_capacity(size as usize);
+        Exact {
+            inner: &f,
+            left: size,
+        }
+        .read_to_end(&mut buf)
+        .context(what)?;
+        return Ok(repo.write_blob(buf).context(what)?.detach());
+    }
+    let f = &f;
+    let exact = || Exact {
+        inner: std::io::BufReader::with_capacity(1 << 20, f),
+        left: size,
+    };
+    let id = gix::objs::compute_stream_hash(
+        repo.object_hash(),
+        gix::objs::Kind::Blob,
+        &mut exact(),
+        size,
+        &mut gix::utils::progress::Discard,
+        &std::sync::atomic::AtomicBool::new(false),
+    )
+    .context(what)?;
+    if repo.has_object(id) {
+        return Ok(id);
+    }
+    let mut rewind = f;
+    rewind.seek(std::io::SeekFrom::Start(0)).context(what)?;
+    repo.objects
+        .write_stream(gix::objs::Kind::Blob, size, &mut exact())
+        .context(what)
+}
+
+/// Reads exactly `left` bytes of `inner`, and fails if it ends sooner.
+struct Exact<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let n = buf
+            .len()
+            .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+        let got = self.inner.read(&mut buf[..n])?;
+        if got == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file shrank while it was kept",
+            ));
+        }
+        self.left -= got as u64;
+        Ok(got)
+    }
 }
 
 /// Writes the side tree of `record` (its blobs are already in the mirror); no ref moves.
@@ -240,6 +299,26 @@ mod hex_bytes {
 mod tests {
     use super::*;
     use crate::git::posix_record::PosixKind;
+
+    /// A small and a large (streamed) kept file land in the mirror as the blob of their bytes; a
+    /// second write of one the mirror has is the same id.
+    #[test]
+    fn kept_files_small_and_large_become_their_blobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path().join("m.git")).unwrap();
+        for len in [5usize, IN_MEMORY_UP_TO as usize + 12_345] {
+            let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            let p = dir.path().join(format!("f{len}"));
+            std::fs::write(&p, &data).unwrap();
+            let id = write_file_blob(&repo, std::fs::File::open(&p).unwrap()).unwrap();
+            let want = gix::objs::compute_hash(gix::hash::Kind::Sha1, gix::objs::Kind::Blob, &data)
+                .unwrap();
+            assert_eq!(id, want, "{len} bytes");
+            assert!(repo.find_object(id).unwrap().data == data, "{len} bytes");
+            let again = write_file_blob(&repo, std::fs::File::open(&p).unwrap()).unwrap();
+            assert_eq!(again, id);
+        }
+    }
 
     #[test]
     fn a_record_with_odd_names_round_trips_and_the_trailer_names_the_side() {

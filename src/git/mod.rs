@@ -17,6 +17,7 @@ pub mod mirror;
 pub mod objects;
 pub mod pack;
 pub mod posix_record;
+pub mod record;
 pub mod snapshot;
 pub mod tips;
 

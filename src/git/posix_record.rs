@@ -16,7 +16,6 @@
 
 use crate::git::error::{Context, Error};
 use gix::ObjectId;
-use gix::bstr::ByteSlice;
 use gix::objs::tree::EntryKind;
 use serde::{Deserialize, Serialize};
 
@@ -108,15 +107,7 @@ impl PosixRecord {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<PosixRecord, Error> {
-        let r: PosixRecord =
-            serde_json::from_slice(bytes).context(|| "bad POSIX record".to_string())?;
-        if r.version != VERSION {
-            return Err(Error::Invalid(format!(
-                "POSIX record version {} is not supported (this octofs reads version {VERSION})",
-                r.version
-            )));
-        }
-        Ok(r)
+        super::record::decode_versioned(bytes, "POSIX record", VERSION, |r: &PosixRecord| r.version)
     }
 }
 
@@ -131,12 +122,7 @@ pub fn trailer(blob: ObjectId) -> String {
 
 /// The record blob a snapshot message names, if any.
 pub fn blob_of(message: &[u8]) -> Option<ObjectId> {
-    message.lines().find_map(|l| {
-        l.to_str()
-            .ok()?
-            .strip_prefix(POSIX_TRAILER)
-            .and_then(|h| ObjectId::from_hex(h.trim().as_bytes()).ok())
-    })
+    super::record::trailer_id(message, POSIX_TRAILER)
 }
 
 /// Writes the record's blob (no ref moves).
