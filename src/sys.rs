@@ -258,6 +258,39 @@ pub fn fuse_mounts_under(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The device (`major:minor`, as mountinfo writes it) of the mount on top at exactly `path`, in
+/// constant time (mountinfo is O(mounts): at 1,000 mounts a read cost ~20 ms here). `statx` with an
+/// empty mask and `AT_STATX_DONT_SYNC` never asks the file system (FUSE answers the device from the
+/// superblock, even to a process the mount does not allow), and the walk only looks `path`'s last
+/// name up in its parent, which must not be FUSE. `Ok(None)`: `path` is not a mount's root (nothing
+/// is mounted there). `Err`: the kernel cannot say (no `statx` or no `STATX_ATTR_MOUNT_ROOT`,
+/// before 5.8): ask mountinfo.
+pub fn mount_root_dev(path: &Path) -> io::Result<Option<String>> {
+    let c = cpath(path)?;
+    // SAFETY: an all-zero statx is a valid value for this plain C struct.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is NUL-terminated, `st` is a valid, writable statx; dirfd is ignored for an
+    // absolute path and otherwise the cwd.
+    let rc = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_STATX_DONT_SYNC | libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            &mut st,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let root = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if st.stx_attributes_mask & root == 0 {
+        return Err(io::Error::other("the kernel does not say mount roots"));
+    }
+    Ok((st.stx_attributes & root != 0)
+        .then(|| format!("{}:{}", st.stx_dev_major, st.stx_dev_minor)))
+}
+
 /// The FUSE mount the kernel has on top at exactly `path` (from `/proc/self/mountinfo`, which
 /// never asks the file system: a hung or lost mount costs nothing): its device (`major:minor`, one
 /// per connection) and its source (`octofs:<thread>`). `None` when the topmost mount there is not

@@ -8,11 +8,17 @@
 //! 2. [`mirror_add_and_sync_build_the_shared_index_before_any_open`]: after `mirror add` the index
 //!    of the default branch for root appears without an `open`, after a sync that moves the branch
 //!    the new tree's does, and the first fork then works from it (git status clean).
+//! 3. [`sixty_workspaces_share_one_bounded_pool_of_request_threads`]: 60 live workspaces hold the
+//!    daemon under 64 OS threads (every mount's `/dev/fuse` is served by one pool), each serves
+//!    reads of names nobody looked up yet, a write and a `git status` showing exactly its own
+//!    change, from processes started after all opens and run 8 at once (one as an ordinary uid);
+//!    releasing them all leaves no mount and gives the threads back.
 
 use crate::common;
 
 use common::*;
 use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `(name, object id, fully peeled id of a tag)` and `(name, symref target)` as git reports them.
@@ -171,4 +177,120 @@ fn mirror_add_and_sync_build_the_shared_index_before_any_open() {
     assert_eq!(status.trim(), "", "a fresh fork is clean");
     assert!(ws.join("d0/new.txt").exists());
     d.cli_ok(["release", "t1"]);
+}
+
+fn daemon_threads(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn sixty_workspaces_share_one_bounded_pool_of_request_threads() {
+    const N: usize = 60;
+    let d = Daemon::start();
+    add_project(
+        &d,
+        "p",
+        &[
+            ("a.txt", "alpha\n", 0o644),
+            ("dir/b.txt", "beta\n", 0o644),
+            ("dir/deep/c.txt", "gamma\n", 0o644),
+        ],
+    );
+    let pid = d.pid().expect("daemon pid");
+    let started = Instant::now();
+    let user = user_a();
+    d.cli_ok([
+        "mirror",
+        "access",
+        "p",
+        "--allow-user",
+        &user.uid.to_string(),
+    ]);
+    let mut mounts = Vec::new();
+    for i in 0..N - 1 {
+        mounts.push(d.open_thread(&format!("w{i}"), &["--project", "p"]));
+    }
+    // The last one is an ordinary user's.
+    let theirs = d.cli_as(user, &["open", "mine", "--project", "p"]);
+    theirs.assert_ok();
+    let mine = d.mount("mine");
+    let open_all = started.elapsed();
+    let threads = daemon_threads(pid);
+    // Before the pool each mount had 4 reader threads and a joining one: 60 mounts held 300+.
+    assert!(
+        threads <= 64,
+        "{threads} daemon threads with {N} workspaces open (bound 64)"
+    );
+    // Processes started after every open, 8 at once: reads of names never looked up, a write, and
+    // a `git status` that sees exactly this workspace's change.
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mounts = std::sync::Arc::new(mounts);
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let next = next.clone();
+            let mounts = mounts.clone();
+            std::thread::spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(m) = mounts.get(i) else { return };
+                    let deep = run(
+                        Command::new("cat").arg(m.join("dir/deep/c.txt")),
+                        Duration::from_secs(30),
+                    );
+                    assert_eq!(deep.assert_ok().stdout_str(), "gamma\n", "workspace {i}");
+                    let m2 = m.clone();
+                    let b = fsop("read dir/b.txt", move || {
+                        std::fs::read(m2.join("dir/b.txt"))
+                    });
+                    assert_eq!(b.expect("read b"), b"beta\n", "workspace {i}");
+                    let m2 = m.clone();
+                    fsop("write", move || {
+                        std::fs::write(m2.join(format!("new-{i}.txt")), "x\n")
+                    })
+                    .expect("write");
+                    let status = git(m, ["status", "--porcelain", "--untracked-files=all"]);
+                    assert_eq!(status, format!("?? new-{i}.txt\n"), "workspace {i}");
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a workspace served a wrong answer");
+    }
+    // The ordinary user's workspace, by its owner's processes.
+    let mut sh = as_user(user, "sh");
+    sh.args([
+        "-c",
+        "cd \"$0\" && cat dir/deep/c.txt && echo x > new.txt && \\
+         git status --porcelain --untracked-files=all",
+    ])
+    .arg(&mine)
+    .current_dir("/");
+    let out = run(&mut sh, Duration::from_secs(60));
+    assert_eq!(out.assert_ok().stdout_str(), "gamma\n?? new.txt\n");
+    let busy = daemon_threads(pid);
+    assert!(
+        busy <= 64,
+        "{busy} daemon threads after serving {N} workspaces"
+    );
+    for i in 0..N - 1 {
+        d.cli_ok(["release", &format!("w{i}")]);
+    }
+    d.cli_as(user, &["release", "mine"]).assert_ok();
+    for m in mounts.iter().chain([&mine]) {
+        assert!(
+            !is_mounted(m),
+            "{} still mounted after release",
+            m.display()
+        );
+    }
+    eprintln!(
+        "{N} opens in {open_all:?}; daemon threads: {threads} open, {busy} after serving, {} released",
+        daemon_threads(pid)
+    );
 }

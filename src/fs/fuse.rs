@@ -1286,9 +1286,24 @@ pub fn mount_config(thread: &str, allow_other: bool) -> fuser::Config {
     if allow_other {
         cfg.acl = fuser::SessionACL::All;
     }
+    // Only a foreground `Session::run` reads with threads of its own; a spawned session is
+    // served by the process's worker pool (`pool_limits`).
     cfg.n_threads = Some(4);
     cfg.clone_fd = true;
+    let (min, max) = pool_limits();
+    fuser::pool::set_limits(min, max);
     cfg
+}
+
+/// The bounds of the one pool of threads serving every mount's `/dev/fuse` connection
+/// (`vendor/fuser/src/pool.rs`, policy in `docs/transport.md` "Request threads"): at least two
+/// per core (at least 4, at most 16) kept, at most 24 (the pool starts another worker whenever
+/// none is idle, so up to 23 requests may block at once before a new one waits). 24 keeps the
+/// whole daemon under 64 threads: at 1,000 workspaces under load the pool reached a cap of 32 and
+/// the daemon 59 threads.
+pub fn pool_limits() -> (usize, usize) {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    ((2 * cores).clamp(4, 16), 24)
 }
 
 /// Tells the kernel to forget what it may have cached of changes the daemon made behind it

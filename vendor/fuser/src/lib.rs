@@ -76,6 +76,7 @@ pub use crate::reply::ReplyXattr;
 pub use crate::reply::RingReplySink;
 pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
+pub use crate::session::SessionGuard;
 pub use crate::session::Negotiated;
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::RingDispatcher;
@@ -98,6 +99,8 @@ mod notify;
 mod open_flags;
 mod passthrough;
 mod poll_events;
+/// The worker pool serving every spawned session's connection (octofs patch).
+pub mod pool;
 mod read_buf;
 mod rename_flags;
 mod reply;

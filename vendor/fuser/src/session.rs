@@ -13,7 +13,6 @@ use std::os::fd::BorrowedFd;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::thread::{self};
 
 use log::debug;
@@ -84,6 +83,8 @@ impl SessionACL {
 #[derive(Debug)]
 pub(crate) struct FilesystemHolder<FS: Filesystem> {
     pub(crate) fs: Option<FS>,
+    /// Told once `destroy` ran, for a session served by the pool (octofs patch).
+    pub(crate) done: Option<Arc<PoolCtl>>,
 }
 
 impl<FS: Filesystem> FilesystemHolder<FS> {
@@ -97,6 +98,9 @@ impl<FS: Filesystem> FilesystemHolder<FS> {
 impl<FS: Filesystem> Drop for FilesystemHolder<FS> {
     fn drop(&mut self) {
         self.destroy();
+        if let Some(done) = self.done.take() {
+            done.complete();
+        }
     }
 }
 
@@ -142,8 +146,6 @@ pub struct Session<FS: Filesystem> {
     pub(crate) config: Config,
     /// What INIT settled, once it did (octofs patch).
     negotiated: Option<Negotiated>,
-    /// Stops and resumes the `/dev/fuse` reader threads (octofs patch).
-    pause: Arc<PauseCtl>,
 }
 
 /// What the INIT exchange settled for a connection: recorded after the handshake so that another
@@ -170,7 +172,8 @@ pub struct Negotiated {
 struct PauseCtl {
     stop: std::sync::atomic::AtomicBool,
     pipe_r: OwnedFd,
-    pipe_w: OwnedFd,
+    /// Held so that the read end never sees end-of-file (nothing writes it: `run` has no pause).
+    _pipe_w: OwnedFd,
     /// (reader threads running, reader threads parked)
     counts: std::sync::Mutex<(usize, usize)>,
     cv: std::sync::Condvar,
@@ -183,7 +186,7 @@ impl PauseCtl {
         Ok(Arc::new(PauseCtl {
             stop: std::sync::atomic::AtomicBool::new(false),
             pipe_r,
-            pipe_w,
+            _pipe_w: pipe_w,
             counts: std::sync::Mutex::new((0, 0)),
             cv: std::sync::Condvar::new(),
         }))
@@ -254,51 +257,6 @@ impl PauseCtl {
             Err(e) => Err(e.into()),
         }
     }
-
-    /// Asks every reader to stop after the request it is serving, and waits until all have.
-    fn pause(&self, timeout: std::time::Duration) -> io::Result<()> {
-        let deadline = std::time::Instant::now() + timeout;
-        let mut c = self.counts();
-        self.stop.store(true, std::sync::atomic::Ordering::Release);
-        match nix::unistd::write(&self.pipe_w, &[1u8]) {
-            Ok(_) | Err(nix::errno::Errno::EAGAIN) => {}
-            Err(e) => {
-                drop(c);
-                self.resume();
-                return Err(e.into());
-            }
-        }
-        while c.1 < c.0 {
-            let now = std::time::Instant::now();
-            if now >= deadline {
-                let (running, parked) = *c;
-                drop(c);
-                self.resume();
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "{parked} of {running} reader threads stopped within {timeout:?} \
-                         (a request is still being served)"
-                    ),
-                ));
-            }
-            c = self
-                .cv
-                .wait_timeout(c, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-        Ok(())
-    }
-
-    /// Lets the readers go again.
-    fn resume(&self) {
-        let _c = self.counts();
-        let mut byte = [0u8; 16];
-        while matches!(nix::unistd::read(&self.pipe_r, &mut byte), Ok(n) if n > 0) {}
-        self.stop.store(false, std::sync::atomic::Ordering::Release);
-        self.cv.notify_all();
-    }
 }
 
 /// Counts a reader thread out when it ends.
@@ -359,6 +317,7 @@ impl<FS: Filesystem> Session<FS> {
         let mut session = Session {
             filesystem: FilesystemHolder {
                 fs: Some(filesystem),
+                done: None,
             },
             ch,
             mount: UmountOnDrop {
@@ -369,7 +328,6 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             negotiated: None,
-            pause: PauseCtl::new()?,
         };
 
         session.handshake(hook)?;
@@ -389,6 +347,7 @@ impl<FS: Filesystem> Session<FS> {
         let mut session = Session {
             filesystem: FilesystemHolder {
                 fs: Some(filesystem),
+                done: None,
             },
             ch,
             mount: UmountOnDrop {
@@ -399,7 +358,6 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             negotiated: None,
-            pause: PauseCtl::new()?,
         };
 
         session.handshake(|_| {})?;
@@ -424,6 +382,7 @@ impl<FS: Filesystem> Session<FS> {
         Ok(Session {
             filesystem: FilesystemHolder {
                 fs: Some(filesystem),
+                done: None,
             },
             ch: Channel::new(dev),
             mount: UmountOnDrop {
@@ -434,7 +393,6 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: Some(Version(negotiated.kernel_major, negotiated.kernel_minor)),
             config,
             negotiated: Some(negotiated),
-            pause: PauseCtl::new()?,
         })
     }
 
@@ -465,27 +423,72 @@ impl<FS: Filesystem> Session<FS> {
 
     /// Like `spawn`, and also runs each of `workers` on its own thread with a [`RingDispatcher`]
     /// for this session's filesystem (a FUSE-over-io_uring transport feeds requests through it).
-    /// The session ends when the `/dev/fuse` threads and every worker have returned; the
-    /// filesystem's `destroy` runs after all of them. (octofs patch)
+    /// The `/dev/fuse` connection is served by the process's worker pool (`crate::pool`: no
+    /// thread of its own); the session ends when the connection is gone and every worker has
+    /// returned; the filesystem's `destroy` runs after all of them. (octofs patch)
     pub fn spawn_with_ring(self, workers: Vec<RingWorker<FS>>) -> io::Result<BackgroundSession> {
+        let pool = crate::pool::Pool::get()?;
         let sender = self.ch.sender();
-        // The readers' channels are made here (not in the session thread) so that the handle can
-        // give out every descriptor requests are read from (octofs patch: `dup_reader_fds`).
-        let channels = self.reader_channels()?;
-        let reader_devs = channels.iter().map(|c| c.sender().0).collect();
+        let reader_devs = vec![self.ch.sender().0];
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
-        let negotiated = self.negotiated;
-        let pause = self.pause.clone();
-        let guard = thread::Builder::new()
-            .name("fuser-bg".to_string())
-            .spawn(move || self.run_with_ring(channels, workers))?;
+        let Session {
+            mut filesystem,
+            ch,
+            mount: _do_not_umount_yet,
+            allowed,
+            session_owner,
+            proto_version: _,
+            config: _,
+            negotiated,
+        } = self;
+        ch.set_nonblocking()?;
+        let key = pool.new_key();
+        let ctl = Arc::new(PoolCtl::new(key, ch.sender()));
+        filesystem.done = Some(ctl.clone());
+        let filesystem = Arc::new(filesystem);
+        for (i, worker) in workers.into_iter().enumerate() {
+            let thread_name = format!("fuser-ring-{i}");
+            let dispatcher = RingDispatcher {
+                event_loop: SessionEventLoop {
+                    thread_name: thread_name.clone(),
+                    filesystem: filesystem.clone(),
+                    ch: ch.clone(),
+                    allowed,
+                    session_owner,
+                    pause: None,
+                },
+                buf: Vec::new(),
+            };
+            // Holds the filesystem until the worker's outcome is recorded (its `destroy`, and so
+            // the session's end, come after).
+            let keep = filesystem.clone();
+            let rec = ctl.clone();
+            thread::Builder::new().name(thread_name).spawn(move || {
+                if let Err(e) = worker(dispatcher) {
+                    rec.record(e);
+                }
+                drop(keep);
+            })?;
+        }
+        let served = PooledSession {
+            se: SessionEventLoop {
+                thread_name: "fuse-pool".to_string(),
+                filesystem,
+                ch,
+                allowed,
+                session_owner,
+                pause: None,
+            },
+            ctl: ctl.clone(),
+        };
+        pool.register(key, Arc::new(served))?;
         Ok(BackgroundSession {
-            guard,
+            guard: SessionGuard(ctl.clone()),
             sender,
             mount,
             negotiated,
-            pause,
+            pause: ctl,
             reader_devs,
         })
     }
@@ -552,8 +555,8 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config: _,
             negotiated: _,
-            pause,
         } = self;
+        let pause = PauseCtl::new()?;
 
         let n_threads = channels.len();
         let mut filesystem = Arc::new(filesystem);
@@ -569,7 +572,7 @@ impl<FS: Filesystem> Session<FS> {
                 ch,
                 allowed,
                 session_owner,
-                pause: pause.clone(),
+                pause: Some(pause.clone()),
             };
             threads.push(
                 thread::Builder::new()
@@ -587,7 +590,7 @@ impl<FS: Filesystem> Session<FS> {
                     ch: ring_ch.clone(),
                     allowed,
                     session_owner,
-                    pause: pause.clone(),
+                    pause: Some(pause.clone()),
                 },
                 buf: Vec::new(),
             };
@@ -873,8 +876,9 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) filesystem: Arc<FilesystemHolder<FS>>,
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
-    /// Pauses this reader between requests (octofs patch).
-    pause: Arc<PauseCtl>,
+    /// Pauses this reader between requests (octofs patch; `None` where no reader thread runs
+    /// this loop: the pool's sessions and ring dispatchers).
+    pause: Option<Arc<PauseCtl>>,
 }
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
@@ -886,12 +890,16 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         // octofs patch: reads never block, so a pause is seen between any two requests; an idle
         // reader waits in epoll (the device exclusively: one reader woken per request) for a
         // request or the pause pipe.
-        let _running = self.pause.enter();
+        let pause = match &self.pause {
+            Some(p) => p.clone(),
+            None => PauseCtl::new()?,
+        };
+        let _running = pause.enter();
         self.ch.set_nonblocking()?;
-        let waiter = self.pause.waiter(self.ch.as_fd());
+        let waiter = pause.waiter(self.ch.as_fd());
         loop {
-            if self.pause.stopping() {
-                self.pause.park();
+            if pause.stopping() {
+                pause.park();
                 continue;
             }
             // Read the next request from the given channel to kernel driver
@@ -916,7 +924,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                     }
                 },
                 Err(nix::errno::Errno::EAGAIN) => {
-                    self.pause.wait(self.ch.as_fd(), waiter.as_ref())?
+                    pause.wait(self.ch.as_fd(), waiter.as_ref())?
                 }
                 Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EINTR) => continue,
                 Err(nix::errno::Errno::ENODEV) => return Ok(()),
@@ -929,17 +937,17 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
 /// The background session data structure
 #[derive(Debug)]
 pub struct BackgroundSession {
-    /// Thread guard of the background session
-    pub guard: JoinHandle<io::Result<()>>,
+    /// Says when the session ended (octofs patch: no thread of its own any more)
+    pub guard: SessionGuard,
     /// Object for creating Notifiers for client use
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
     /// What INIT settled (octofs patch).
     negotiated: Option<Negotiated>,
-    /// Stops and resumes the reader threads (octofs patch).
-    pause: Arc<PauseCtl>,
-    /// The device of each reader thread: the connection's fd, then its clones (octofs patch).
+    /// Pauses, resumes and ends the pool's serving of this connection (octofs patch).
+    pause: Arc<PoolCtl>,
+    /// The device requests are read from (octofs patch).
     reader_devs: Vec<Arc<DevFuse>>,
 }
 
@@ -1001,15 +1009,195 @@ impl BackgroundSession {
         self.pause.resume()
     }
 
-    /// Join the filesystem thread.
+    /// Waits until the session ended: its connection is gone, no request of it is being served
+    /// and the filesystem's `destroy` ran.
     pub fn join(self) -> io::Result<()> {
-        self.guard
-            .join()
-            .map_err(|_panic: Box<dyn std::any::Any + Send>| {
-                io::Error::new(
-                    io::ErrorKind::Other,
-                    "filesystem background thread panicked",
-                )
-            })?
+        self.guard.join()
+    }
+}
+
+/// Says when a spawned session ended (octofs patch).
+#[derive(Debug)]
+pub struct SessionGuard(Arc<PoolCtl>);
+
+impl SessionGuard {
+    /// True once the connection is gone, no request of it is being served and the filesystem's
+    /// `destroy` ran.
+    pub fn is_finished(&self) -> bool {
+        self.0.lock().complete
+    }
+
+    /// Waits until `is_finished`; the first error the session ended with.
+    pub fn join(self) -> io::Result<()> {
+        let mut st = self.0.lock();
+        while !st.complete {
+            st = self.0.cv.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+        match st.result.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The state of one session served by the pool: paused or not, requests being served, ended,
+/// and how (octofs patch).
+#[derive(Debug)]
+pub(crate) struct PoolCtl {
+    key: u64,
+    /// The connection (to re-arm it in the pool after a pause).
+    dev: ChannelSender,
+    state: std::sync::Mutex<PoolState>,
+    cv: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    /// A pause is asked for: no worker reads another request.
+    stop: bool,
+    /// Requests read and being dispatched by a worker now.
+    inflight: usize,
+    /// The connection is gone (or DESTROY came): removed from the pool.
+    ended: bool,
+    /// The first error the session ended with.
+    result: Option<io::Error>,
+    /// The filesystem's `destroy` ran: nothing of the session is left.
+    complete: bool,
+}
+
+impl PoolCtl {
+    fn new(key: u64, dev: ChannelSender) -> PoolCtl {
+        PoolCtl {
+            key,
+            dev,
+            state: std::sync::Mutex::new(PoolState::default()),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn record(&self, e: io::Error) {
+        self.lock().result.get_or_insert(e);
+    }
+
+    fn complete(&self) {
+        self.lock().complete = true;
+        self.cv.notify_all();
+    }
+
+    /// Stops the pool from reading this connection after the requests being served, and waits
+    /// until none is (requests arriving meanwhile stay queued in the kernel). On timeout the
+    /// pool reads on and the error says how many were still being served.
+    fn pause(&self, timeout: std::time::Duration) -> io::Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut st = self.lock();
+        st.stop = true;
+        while st.inflight > 0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                let busy = st.inflight;
+                drop(st);
+                self.resume();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{busy} requests were still being served after {timeout:?}"),
+                ));
+            }
+            st = self
+                .cv
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Lets the pool read this connection again.
+    fn resume(&self) {
+        let ended = {
+            let mut st = self.lock();
+            st.stop = false;
+            st.ended
+        };
+        if !ended {
+            if let Ok(pool) = crate::pool::Pool::get() {
+                pool.rearm(self.key, self.dev.0.as_fd());
+            }
+        }
+    }
+}
+
+/// A session as the pool serves it (octofs patch).
+struct PooledSession<FS: Filesystem> {
+    se: SessionEventLoop<FS>,
+    ctl: Arc<PoolCtl>,
+}
+
+/// Counts a request out of `inflight` when its dispatch returns (or unwinds).
+struct Inflight<'a>(&'a PoolCtl);
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        self.0.lock().inflight -= 1;
+        self.0.cv.notify_all();
+    }
+}
+
+impl<FS: Filesystem> PooledSession<FS> {
+    fn end(&self, pool: &crate::pool::Pool, r: io::Result<()>) {
+        {
+            let mut st = self.ctl.lock();
+            st.ended = true;
+            if let Err(e) = r {
+                st.result.get_or_insert(e);
+            }
+        }
+        pool.remove(self.ctl.key, self.se.ch.as_fd());
+    }
+}
+
+impl<FS: Filesystem> crate::pool::PoolSession for PooledSession<FS> {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.se.ch.as_fd()
+    }
+
+    fn serve(&self, pool: &crate::pool::Pool, key: u64, buf: &mut [u8]) {
+        {
+            let mut st = self.ctl.lock();
+            if st.stop || st.ended {
+                // Left unarmed: `resume` re-arms it.
+                return;
+            }
+            st.inflight += 1;
+        }
+        let _inflight = Inflight(&self.ctl);
+        let fd = self.se.ch.as_fd();
+        match self.se.ch.receive(buf) {
+            Ok(size) => {
+                pool.rearm(key, fd);
+                match RequestWithSender::new(self.se.ch.sender(), &buf[..size]) {
+                    Some(req) => {
+                        if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                            req.reply::<ReplyEmpty>().ok();
+                            self.end(pool, Ok(()));
+                        } else {
+                            req.dispatch(&self.se);
+                        }
+                    }
+                    None => self.end(
+                        pool,
+                        Err(io::Error::new(io::ErrorKind::InvalidData, "Invalid request")),
+                    ),
+                }
+            }
+            Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::ENOENT | nix::errno::Errno::EINTR) => {
+                pool.rearm(key, fd)
+            }
+            Err(nix::errno::Errno::ENODEV) => self.end(pool, Ok(())),
+            Err(e) => self.end(pool, Err(e.into())),
+        }
     }
 }
