@@ -4,7 +4,7 @@
 //! (`Daemon`, `GitRepo`, timeouts, users) and `support` the reference model, generator, checker and
 //! shrinker that `model` and `faults` drive.
 
-use crate::common;
+mod common;
 #[allow(dead_code)]
 mod support {
     pub mod base;
