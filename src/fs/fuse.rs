@@ -340,6 +340,30 @@ fn xattr(cx: &Cx, reply: ReplyXattr, r: Result<XattrReply, FsError>) {
 }
 
 impl FuseAdapter {
+    /// Answers a CREATE with the file it opened (also for a resent one): its backing when it has
+    /// one, and no flush round trip on close, as for `open` (flush has nothing to do).
+    fn reply_created(&self, attr: &FileAttr, opened: FileOpen<BackingId>, reply: ReplyCreate) {
+        self.note_backing(&opened);
+        let FileOpen { fh, backing, .. } = opened;
+        match backing {
+            Some(id) => reply.created_passthrough(
+                &TTL,
+                attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::FOPEN_NOFLUSH,
+                &id,
+            ),
+            None => reply.created(
+                &TTL,
+                attr,
+                Generation(0),
+                FileHandle(fh),
+                FopenFlags::FOPEN_NOFLUSH,
+            ),
+        }
+    }
+
     /// A resent `create` whose file the daemon that died made (`WorkspaceFs::created_again`, one
     /// kernel reference counted): opened now and answered as the create would have been.
     fn open_created(&self, cx: &Cx, attr: FileAttr, flags: i32, reply: ReplyCreate) {
@@ -365,25 +389,7 @@ impl FuseAdapter {
                 return reply.error(failed(cx, e));
             }
         };
-        self.note_backing(&opened);
-        let FileOpen { fh, backing, .. } = opened;
-        match backing {
-            Some(id) => reply.created_passthrough(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::FOPEN_NOFLUSH,
-                &id,
-            ),
-            None => reply.created(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::FOPEN_NOFLUSH,
-            ),
-        }
+        self.reply_created(&attr, opened, reply)
     }
 }
 
@@ -788,26 +794,7 @@ impl Filesystem for FuseAdapter {
                 Ok(r) => r,
                 Err(e) => return reply.error(failed(&cx, e)),
             };
-        self.note_backing(&opened);
-        let FileOpen { fh, backing, .. } = opened;
-        // No flush round trip on close, as for `open`: flush has nothing to do.
-        match backing {
-            Some(id) => reply.created_passthrough(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::FOPEN_NOFLUSH,
-                &id,
-            ),
-            None => reply.created(
-                &TTL,
-                &attr,
-                Generation(0),
-                FileHandle(fh),
-                FopenFlags::FOPEN_NOFLUSH,
-            ),
-        }
+        self.reply_created(&attr, opened, reply)
     }
 
     fn read(
