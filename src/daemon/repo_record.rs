@@ -828,6 +828,40 @@ mod tests {
         assert!(r.left_out.iter().all(|w| !w.contains('\n')));
     }
 
+    /// The same record's config: byte for byte when it is the owner's own, its allowlisted keys
+    /// only (and one warning naming the rest) when it is not.
+    #[test]
+    fn a_foreign_record_s_config_keeps_only_allowlisted_keys() {
+        use crate::daemon::repo_config::Trust;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path()).unwrap();
+        let config = b"[user]\n\tname = A\n[core]\n\tpager = touch /tmp/x\n[alias]\n\tx = !sh\n";
+        let tree = put_tree(
+            &repo,
+            vec![entry(
+                "config",
+                EntryKind::Blob,
+                put(&repo, Kind::Blob, config).unwrap(),
+            )],
+        )
+        .unwrap();
+        let record = snap::write_commit(&repo, tree, vec![], "record\n").unwrap();
+        let own = load(&repo, record, "snapshot x", Trust::Own).unwrap();
+        assert_eq!(own.config.as_deref(), Some(&config[..]));
+        assert!(own.left_out.is_empty());
+        let foreign = load(&repo, record, "snapshot x", Trust::Foreign).unwrap();
+        assert_eq!(
+            foreign.config.as_deref(),
+            Some(&b"[user]\n\tname = A\n"[..])
+        );
+        assert_eq!(foreign.left_out.len(), 1, "{:?}", foreign.left_out);
+        let w = &foreign.left_out[0];
+        assert!(
+            !w.contains('\n') && w.contains("core.pager, alias.x"),
+            "{w}"
+        );
+    }
+
     #[test]
     fn a_long_reflog_keeps_its_newest_whole_lines() {
         let line = format!("{} {} a <a@b> 1 +0000\tx\n", "0".repeat(40), "1".repeat(40));
