@@ -255,7 +255,7 @@ pub(super) fn filter(config: &[u8]) -> Filtered {
 
 /// `<state>/own-snapshots/<thread>`.
 fn mark_path(layout: &Layout, thread: &str) -> PathBuf {
-    layout.state.join("own-snapshots").join(thread)
+    layout.own_snapshot(thread)
 }
 
 /// Records that `snapshot` of `thread` is its owner `uid`'s own, made on this host (replacing the
@@ -263,12 +263,15 @@ fn mark_path(layout: &Layout, thread: &str) -> PathBuf {
 /// filters the config. A failure is logged, never an error (the same fallback).
 pub(super) fn mark_own(layout: &Layout, thread: &str, snapshot: &str, uid: u32) {
     let path = mark_path(layout, thread);
+    let line = format!("{snapshot} {uid}\n");
+    // An unchanged snapshot (nothing written since) has its mark already.
+    if std::fs::read(&path).is_ok_and(|b| b == line.as_bytes()) {
+        return;
+    }
     let done = path
         .parent()
         .map_or(Ok(()), crate::layout::create_private_dir)
-        .and_then(|()| {
-            crate::records::Staged::write(&path, format!("{snapshot} {uid}\n").as_bytes())
-        })
+        .and_then(|()| crate::records::Staged::write(&path, line.as_bytes()))
         .and_then(|s| s.publish().map(|_| ()));
     if let Err(e) = done {
         tracing::warn!(%thread, %snapshot, "cannot mark the snapshot as its owner's own (its config will be filtered on resume): {e}");
