@@ -108,6 +108,11 @@ impl Layout {
     pub fn deps(&self) -> PathBuf {
         self.state.join("deps")
     }
+    /// `<state>/own-snapshots/<thread>`: the thread's last snapshot that is its owner's own, made
+    /// on this host (its `.git/config` comes back byte for byte; `daemon::repo_config`).
+    pub fn own_snapshot(&self, thread: &str) -> PathBuf {
+        self.state.join("own-snapshots").join(thread)
+    }
     pub fn mountpoint(&self, thread: &str) -> PathBuf {
         self.root.join(thread)
     }

@@ -14,6 +14,16 @@
 //!    `default_permissions` before the core is asked): chown or chgrp to root, mknod of devices,
 //!    `security.capability` and `trusted.*` xattrs, setuid on a root-owned file are refused with
 //!    EPERM, and nothing changes.
+//! 3. [`a_forged_share_record_brings_no_command_in_its_config`] (issue 30, privilege): a record
+//!    forged on the share sets `core.hooksPath`, `core.pager`, `core.editor`, `core.fsmonitor`,
+//!    `alias.x = !…`, `diff.x.textconv` and `include.path` beside `user.name`. After `open`, `git
+//!    config --local --list` shows `user.name` and none of the others; `git status`, `log -p`,
+//!    `diff`, `commit` (its hook), `git x` and the included alias run no command (no marker file),
+//!    and `open` names what it left out. Failed before: the config was applied byte for byte.
+//! 4. [`root_forking_a_users_thread_gets_no_command_of_theirs`]: root forks `a`'s thread whose
+//!    config sets `core.pager` and `alias.x`: the fork's config keeps `user.name` and the default
+//!    keys only, `git x` runs nothing as root. `a`'s own fork, and `a`'s release and open, keep the
+//!    config byte for byte. Failed before: root's fork carried `a`'s pager and alias.
 
 use crate::common;
 
@@ -380,4 +390,315 @@ fn the_owner_cannot_make_them_through_the_mount_either() {
         )
     );
     d.cli_ok(["release", "t", "--discard"]);
+}
+
+/// `git <args>` in `dir` as `u` (root when `None`), with the agent's neutral environment.
+fn git_as(u: Option<User>, dir: &Path, args: &[&str]) -> Out {
+    let mut c = match u {
+        Some(u) => as_user(u, "git"),
+        None => {
+            let mut c = std::process::Command::new("git");
+            agent_env(&mut c);
+            c
+        }
+    };
+    c.arg("-C").arg(dir).args(args);
+    run(&mut c, CMD_TIMEOUT)
+}
+
+/// A directory every user may write, where a command a config names leaves its marker.
+fn marks_dir(d: &Daemon) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let m = d.base.join("marks");
+    std::fs::create_dir_all(&m).expect("mkdir marks");
+    std::fs::set_permissions(&m, std::fs::Permissions::from_mode(0o777)).expect("chmod marks");
+    m
+}
+
+fn marks(m: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(m)
+        .expect("read marks")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `git config --local --list` of the workspace `m`, as `u`.
+fn local_config(u: Option<User>, m: &Path) -> Vec<String> {
+    let out = git_as(u, m, &["config", "--local", "--list"]);
+    assert!(out.success(), "{}", out.describe());
+    out.stdout_str().lines().map(str::to_string).collect()
+}
+
+/// Without octofs's own `core.fsmonitor` line (it names the workspace's thread).
+fn but_fsmonitor(list: &[String]) -> Vec<String> {
+    list.iter()
+        .filter(|l| !l.starts_with("core.fsmonitor="))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn a_forged_share_record_brings_no_command_in_its_config() {
+    let a = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    add_project(&d, "p", &[("README.md", "# demo\n", 0o644)]);
+    let share = d.base.join("share.git");
+    git(&d.base, ["init", "-q", "--bare", share.to_str().unwrap()]);
+    d.cli_ok(["mirror", "set", "p", "--share", share.to_str().unwrap()]);
+    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let out = d.cli_as(a, &["release", "t"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+
+    // The forger (anyone who may push to the share) replaces the record's config and files a
+    // snapshot on top of the thread's, naming the new record.
+    let m = marks_dir(&d);
+    let mk = m.display();
+    let hooks = d.base.join("hooks");
+    write_file(
+        &hooks.join("pre-commit"),
+        format!("#!/bin/sh\ntouch {mk}/hook\n").as_bytes(),
+        0o755,
+    );
+    let inc = d.base.join("included");
+    write_file(
+        &inc,
+        format!("[alias]\n\ty = !touch {mk}/include\n").as_bytes(),
+        0o644,
+    );
+    let s = git(&share, ["rev-parse", "refs/octomate/threads/t"])
+        .trim()
+        .to_string();
+    let r = git(&share, ["rev-parse", "refs/octomate/repo/t"])
+        .trim()
+        .to_string();
+    let mut config = git(&share, ["cat-file", "blob", &format!("{r}:config")]);
+    config.push_str(&format!(
+        "[core]\n\thooksPath = {hooks}\n\tpager = touch {mk}/pager; cat\n\
+         \teditor = touch {mk}/editor\n\tfsmonitor = touch {mk}/fsmonitor; false\n\
+         [user]\n\tname = Forged User\n[alias]\n\tx = !touch {mk}/alias\n\
+         [diff \"x\"]\n\ttextconv = touch {mk}/textconv; cat\n[include]\n\tpath = {inc}\n",
+        hooks = hooks.display(),
+        inc = inc.display()
+    ));
+    let cfg_file = d.base.join("forged-config");
+    std::fs::write(&cfg_file, &config).expect("write config");
+    let blob = git(&share, ["hash-object", "-w", cfg_file.to_str().unwrap()])
+        .trim()
+        .to_string();
+    let listing: String = git(&share, ["ls-tree", &r])
+        .lines()
+        .map(|l| {
+            if l.ends_with("\tconfig") {
+                format!("100644 blob {blob}\tconfig\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    let listing_file = d.base.join("forged-tree");
+    std::fs::write(&listing_file, listing).expect("write tree listing");
+    let out = run(
+        std::process::Command::new("sh").arg("-c").arg(format!(
+            "git -C {} mktree < {}",
+            share.display(),
+            listing_file.display()
+        )),
+        CMD_TIMEOUT,
+    );
+    out.assert_ok();
+    let tree = out.stdout_str().trim().to_string();
+    let mut args = vec![
+        "commit-tree".to_string(),
+        tree,
+        "-m".into(),
+        "record".into(),
+    ];
+    for p in git(&share, ["rev-list", "--parents", "-n1", &r])
+        .split_whitespace()
+        .skip(1)
+    {
+        args.extend(["-p".to_string(), p.to_string()]);
+    }
+    let forged_record = git(&share, &args).trim().to_string();
+    let message = git(&share, ["log", "-1", "--format=%B", &s]).replace(&r, &forged_record);
+    let msg_file = d.base.join("forged-message");
+    std::fs::write(&msg_file, message).expect("write message");
+    let forged = git(
+        &share,
+        [
+            "commit-tree",
+            &format!("{s}^{{tree}}"),
+            "-p",
+            &format!("{s}^1"),
+            "-p",
+            &s,
+            "-F",
+            msg_file.to_str().unwrap(),
+        ],
+    )
+    .trim()
+    .to_string();
+    git(
+        &share,
+        ["update-ref", "refs/octomate/repo/t", &forged_record],
+    );
+    git(&share, ["update-ref", "refs/octomate/threads/t", &forged]);
+
+    // `a` opens the thread: this host resumes the share's snapshot, which descends from its own.
+    let out = d.cli_as(a, &["open", "t"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let ws = d.mount("t");
+    assert_eq!(
+        git_as(Some(a), &ws, &["rev-parse", "refs/octomate/saved"])
+            .stdout_str()
+            .trim(),
+        forged,
+        "the share's snapshot was not resumed"
+    );
+    let list = local_config(Some(a), &ws);
+    assert!(
+        list.contains(&"user.name=Forged User".to_string()),
+        "{list:?}"
+    );
+    for bad in [
+        "core.hookspath",
+        "core.pager",
+        "core.editor",
+        "alias.",
+        "diff.x.",
+        "include.",
+        "touch",
+    ] {
+        assert!(
+            !list.iter().any(|l| l.contains(bad)),
+            "{bad} came with the forged record: {list:?}"
+        );
+    }
+    // What the user is told: the config was filtered, and what of it was left out.
+    let err = out.stderr_str();
+    assert!(
+        err.contains(".git/config") && err.contains("core.pager") && err.contains("alias.x"),
+        "{}",
+        out.describe()
+    );
+    assert!(
+        d.log_text().contains(".git/config"),
+        "no warning in the log"
+    );
+    // Every git command an agent runs: none runs a command of the record.
+    py_as(
+        Some(a),
+        &ws,
+        "open('.gitattributes', 'w').write('* diff=x\\n'); open('README.md', 'a').write('more\\n')",
+    )
+    .assert_ok();
+    for args in [
+        &["status"][..],
+        &["log", "-p"],
+        &["diff"],
+        &["var", "GIT_PAGER"],
+        &["var", "GIT_EDITOR"],
+        &["x"],
+        &["y"],
+        &["commit", "-qam", "a change"],
+    ] {
+        let out = git_as(Some(a), &ws, args);
+        assert!(
+            !out.stdout_str().contains("touch"),
+            "git {args:?}: {}",
+            out.describe()
+        );
+    }
+    assert_eq!(
+        marks(&m),
+        Vec::<String>::new(),
+        "a command of the record ran"
+    );
+    d.cli_ok(["release", "t", "--discard"]);
+}
+
+#[test]
+fn root_forking_a_users_thread_gets_no_command_of_theirs() {
+    let a = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    add_project(&d, "p", &[("README.md", "# demo\n", 0o644)]);
+    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let ws = d.mount("t");
+    let m = marks_dir(&d);
+    let mk = m.display().to_string();
+    for (k, v) in [
+        ("core.pager", format!("touch {mk}/pager; cat")),
+        ("alias.x", format!("!touch {mk}/alias")),
+        ("user.name", "Alice Agent".to_string()),
+    ] {
+        git_as(Some(a), &ws, &["config", k, &v]).assert_ok();
+    }
+    let mine = local_config(Some(a), &ws);
+    assert!(
+        mine.iter().any(|l| l.starts_with("core.pager=")),
+        "{mine:?}"
+    );
+
+    // Root's fork: the allowlisted keys only.
+    let out = d.cli(["fork", "t", "f"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let f = d.mount("f");
+    let list = local_config(None, &f);
+    assert!(
+        list.contains(&"user.name=Alice Agent".to_string()),
+        "{list:?}"
+    );
+    assert!(
+        !list
+            .iter()
+            .any(|l| l.starts_with("core.pager") || l.starts_with("alias.")),
+        "root's fork carries a's commands: {list:?}"
+    );
+    assert_eq!(
+        but_fsmonitor(&list),
+        but_fsmonitor(&mine)
+            .into_iter()
+            .filter(|l| !l.starts_with("core.pager") && !l.starts_with("alias."))
+            .collect::<Vec<_>>(),
+        "root's fork lost more than the commands"
+    );
+    assert!(
+        out.stderr_str().contains("core.pager"),
+        "{}",
+        out.describe()
+    );
+    let _ = git_as(None, &f, &["x"]);
+    let _ = git_as(None, &f, &["var", "GIT_PAGER"]);
+    assert_eq!(marks(&m), Vec::<String>::new(), "a's command ran as root");
+
+    // `a`'s own fork, and `a`'s release and open: byte for byte.
+    let out = d.cli_as(a, &["fork", "t", "t2"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    assert!(
+        !out.stderr_str().contains(".git/config"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(
+        but_fsmonitor(&local_config(Some(a), &d.mount("t2"))),
+        but_fsmonitor(&mine)
+    );
+    d.cli_as(a, &["release", "t"]).assert_ok();
+    let out = d.cli_as(a, &["open", "t"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    assert!(
+        !out.stderr_str().contains(".git/config"),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(local_config(Some(a), &ws), mine);
+    for t in ["t", "t2", "f"] {
+        d.cli_ok(["release", t, "--discard"]);
+    }
 }

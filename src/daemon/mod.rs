@@ -51,6 +51,7 @@ mod posix;
 pub mod proto;
 mod pull;
 mod push;
+mod repo_config;
 mod repo_record;
 mod resync;
 mod server;

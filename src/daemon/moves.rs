@@ -207,6 +207,13 @@ impl Daemon {
                 snap::read_ref(&repo, &snap::thread_ref(from))
             }
         };
+        // The source's config comes along byte for byte only to the same owner, and only when
+        // the source's state is its owner's own from this host (`repo_config`).
+        let config_own = me.uid == owner.uid
+            && state.is_some_and(|s| {
+                super::repo_config::trust(&self.layout, from, &s.to_string(), owner.uid)
+                    == super::repo_config::Trust::Own
+            });
         let saved_in = started.elapsed();
         let ignored = match (&live, copy_ignored) {
             (Some(r), true) => self.small_ignored_files(r)?,
@@ -291,6 +298,11 @@ impl Daemon {
             commit,
             &format!("octofs: state of {from} carried to {to}"),
         )?;
+        if config_own {
+            super::repo_config::mark_own(&self.layout, to, &commit.to_string(), me.uid);
+        } else {
+            super::repo_config::forget(&self.layout, to);
+        }
 
         // 3. `to` resumes from it, exactly as a released thread does.
         let branch = match &head_ref {
@@ -322,6 +334,7 @@ impl Daemon {
             });
         if made.is_err() {
             Binding::remove(&self.layout, to);
+            super::repo_config::forget(&self.layout, to);
         }
         let left_out = match made {
             Ok(w) => w,

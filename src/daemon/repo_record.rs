@@ -26,7 +26,10 @@
 //! `.git`, owned by its owner — what that owner could write with git — and objects into the
 //! mirror under their own id (a tag whose bytes are not its name is left out): a ref name that is
 //! not a valid `refs/…` name outside `refs/octomate/`, a ref to an object the mirror lacks, and a
-//! file over its bound are left out, each named in a warning.
+//! file over its bound are left out, each named in a warning. Its `.git/config`, the one file that
+//! makes git run things, is written byte for byte only when the record is the owner's own from this
+//! host; from the share or another owner only its allowlisted keys are (`repo_config`), the keys
+//! left out named in one warning.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Read as _;
@@ -42,9 +45,9 @@ use crate::layout::Layout;
 
 const REPO_TRAILER: &str = "Octofs-Repo: ";
 
-/// What `core.fsmonitor` says in a record where the workspace had octofs's own command (that
-/// command names the thread and the host's state directory; a resume writes its own).
-const FSMONITOR_TOKEN: &str = "octofs-fsmonitor-of-this-workspace";
+// What `core.fsmonitor` says in a record where the workspace had octofs's own command (that
+// command names the thread and the host's state directory; a resume writes its own).
+use super::repo_config::FSMONITOR_TOKEN;
 
 /// The most one ref file or `packed-refs` line may hold (real ones are one short line).
 const REF_LINE_MAX: u64 = 4096;
@@ -529,12 +532,15 @@ pub(super) struct Restore {
 }
 
 /// Reads the record `record` of the snapshot `shown` from the mirror `repo`, restoring its tags
-/// into the mirror, and admits what it says (see the module's doc). A record that is missing or
-/// unreadable is an error naming it.
+/// into the mirror, and admits what it says (see the module's doc). Its config is kept byte for
+/// byte only when `trust` says the record is the owner's own from this host; else only its
+/// allowlisted keys are (`repo_config::filter`), what was left out named in one warning. A record
+/// that is missing or unreadable is an error naming it.
 pub(super) fn load(
     repo: &gix::Repository,
     record: ObjectId,
     shown: &str,
+    trust: super::repo_config::Trust,
 ) -> Result<Restore, Error> {
     let what = || format!("the repository record {record} of {shown} is missing or unreadable");
     let (tree, ..) = snap::commit_info(repo, record).context(what)?;
@@ -604,6 +610,24 @@ pub(super) fn load(
             out.left_out.push(format!(
                 "{shown}: its .git/{name} is over {cap} bytes: left out"
             ));
+        }
+    }
+    if trust == super::repo_config::Trust::Foreign
+        && let Some(config) = out.config.take()
+    {
+        let f = super::repo_config::filter(&config);
+        out.config = f.bytes;
+        if !f.dropped.is_empty() {
+            const SHOWN: usize = 24;
+            let mut names = f.dropped[..f.dropped.len().min(SHOWN)].join(", ");
+            if f.dropped.len() > SHOWN {
+                names.push_str(&format!(" and {} more", f.dropped.len() - SHOWN));
+            }
+            let why = format!(
+                "{shown}: its .git/config is not this owner's own from this host (the share, or another owner's thread): only keys git never runs or follows are kept; left out: {names}"
+            );
+            tracing::warn!(record = %record, "{why}");
+            out.left_out.push(why);
         }
     }
     for slot in [&mut out.head_log, &mut out.stash_log] {
@@ -784,7 +808,13 @@ mod tests {
         )
         .unwrap();
         let record = snap::write_commit(&repo, tree, vec![c], "record\n").unwrap();
-        let r = load(&repo, record, "snapshot x").unwrap();
+        let r = load(
+            &repo,
+            record,
+            "snapshot x",
+            crate::daemon::repo_config::Trust::Own,
+        )
+        .unwrap();
         assert_eq!(r.refs, vec![("refs/heads/ok".to_string(), c, None)]);
         assert_eq!(
             r.symbolic,
@@ -796,6 +826,40 @@ mod tests {
         assert_eq!(r.left_out.len(), 7, "{:?}", r.left_out);
         assert!(!repo.has_object(missing), "a forged tag reached the mirror");
         assert!(r.left_out.iter().all(|w| !w.contains('\n')));
+    }
+
+    /// The same record's config: byte for byte when it is the owner's own, its allowlisted keys
+    /// only (and one warning naming the rest) when it is not.
+    #[test]
+    fn a_foreign_record_s_config_keeps_only_allowlisted_keys() {
+        use crate::daemon::repo_config::Trust;
+        let dir = tempfile::tempdir().unwrap();
+        let repo = gix::init_bare(dir.path()).unwrap();
+        let config = b"[user]\n\tname = A\n[core]\n\tpager = touch /tmp/x\n[alias]\n\tx = !sh\n";
+        let tree = put_tree(
+            &repo,
+            vec![entry(
+                "config",
+                EntryKind::Blob,
+                put(&repo, Kind::Blob, config).unwrap(),
+            )],
+        )
+        .unwrap();
+        let record = snap::write_commit(&repo, tree, vec![], "record\n").unwrap();
+        let own = load(&repo, record, "snapshot x", Trust::Own).unwrap();
+        assert_eq!(own.config.as_deref(), Some(&config[..]));
+        assert!(own.left_out.is_empty());
+        let foreign = load(&repo, record, "snapshot x", Trust::Foreign).unwrap();
+        assert_eq!(
+            foreign.config.as_deref(),
+            Some(&b"[user]\n\tname = A\n"[..])
+        );
+        assert_eq!(foreign.left_out.len(), 1, "{:?}", foreign.left_out);
+        let w = &foreign.left_out[0];
+        assert!(
+            !w.contains('\n') && w.contains("core.pager, alias.x"),
+            "{w}"
+        );
     }
 
     #[test]

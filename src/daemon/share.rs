@@ -274,6 +274,8 @@ impl Daemon {
             theirs,
             &format!("octofs: snapshot of {thread} from the share"),
         )?;
+        // The share's snapshot is no owner's own here: its config comes back filtered.
+        super::repo_config::forget(&self.layout, thread);
         // Its repository record (fetched above) becomes the thread's here: the next snapshot
         // builds on it, and it stays reachable.
         if let Some(r) = super::repo_record::record_of(&message)

@@ -661,6 +661,9 @@ impl Daemon {
         let staged = rec.stage(&self.layout)?;
         staged.sync()?;
         staged.publish()?;
+        // This snapshot is its owner's own, made here from their workspace: its config comes
+        // back byte for byte (`repo_config`).
+        super::repo_config::mark_own(&self.layout, &rec.thread, commit, rec.owner.uid);
         Ok(())
     }
 }

@@ -444,8 +444,11 @@ impl Daemon {
                     let repo = snap::open(&self.layout.mirror(&fork.project))?;
                     let (_, _, message, _) = snap::commit_info(&repo, id)?;
                     let shown = format!("snapshot {}", s.get(..12).unwrap_or(s));
+                    // Its config byte for byte only when the snapshot is the owner's own from
+                    // this host (`repo_config`).
+                    let trust = super::repo_config::trust(&self.layout, thread, s, owner.uid);
                     super::repo_record::record_of(&message)
-                        .map(|r| super::repo_record::load(&repo, r, &shown))
+                        .map(|r| super::repo_record::load(&repo, r, &shown, trust))
                         .transpose()?
                 }
                 None => None,
