@@ -3,7 +3,7 @@
 //!
 //! It owns how requests reach the filesystem and how replies go back, nothing else: the one
 //! `fuser::Filesystem` (the adapter in `fs::fuse`) answers both transports through fuser's own
-//! parser and reply encoders (via the small patch in `vendor/fuser`). All `unsafe` is in
+//! parser and reply encoders (via the patch series in `vendor/fuser-patches`). All `unsafe` is in
 //! `crate::sys_uring`. The rules that keep a mount from hanging: every ring and buffer exists
 //! before the INIT reply, `FUSE_OVER_IO_URING` is advertised only then, and if registering the
 //! entries fails or stalls afterwards the connection is aborted and the mount fails with the
