@@ -1,8 +1,12 @@
 //! A workspace served over FUSE io_uring (`octofs serve --transport uring`): reads, writes,
 //! creates, renames, listings and `git status` work, `octofs status` says which transport a mount
 //! runs on, and the requests really are answered by the per-CPU ring threads (not the one
-//! `/dev/fuse` thread kept for FORGET and INTERRUPT). Skips, saying why, where the kernel has no
-//! FUSE over io_uring.
+//! `/dev/fuse` thread kept for FORGET and INTERRUPT). `--transport auto` must end up on the rings
+//! wherever the kernel offers them, with the requests read from the rings and not from `/dev/fuse`:
+//! upstream fuser after 0.18.0 refuses `FUSE_OVER_IO_URING` in `add_capabilities`, and a rebase
+//! that kept the refusal would quietly serve `/dev/fuse` (vendor/fuser-patches/README.md,
+//! "Rebasing"). Every test skips, saying why, where the kernel has no FUSE over io_uring (no
+//! `fuse.enable_uring` module parameter).
 
 use crate::common;
 
@@ -26,6 +30,13 @@ fn kernel_has_it() -> bool {
 
 /// Voluntary context switches of the daemon's ring threads: each request served wakes one.
 fn ring_thread_wakeups(pid: u32) -> (usize, u64) {
+    thread_wakeups(pid, "fuser-ring-")
+}
+
+/// The daemon's threads named `prefix…` and their voluntary context switches (a thread waiting for
+/// a request sleeps once per request it is woken for). `fuse-pool-` are the threads that read
+/// `/dev/fuse` (vendor/fuser's pool, shared by every mount).
+fn thread_wakeups(pid: u32, prefix: &str) -> (usize, u64) {
     let mut threads = 0;
     let mut switches = 0;
     let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
@@ -33,7 +44,7 @@ fn ring_thread_wakeups(pid: u32) -> (usize, u64) {
     };
     for t in tasks.flatten() {
         let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("fuser-ring-") {
+        if !comm.starts_with(prefix) {
             continue;
         }
         threads += 1;
@@ -163,8 +174,79 @@ fn dev_transport_is_reported_and_has_no_ring_threads() {
     );
     let status = d.cli_ok(["status", "t"]);
     assert!(status.contains("transport:     dev"), "{status}");
-    let (threads, _) = ring_thread_wakeups(d.pid().expect("pid"));
+    let pid = d.pid().expect("pid");
+    let (threads, _) = ring_thread_wakeups(pid);
     assert_eq!(threads, 0);
+    // The control of the test below: on /dev/fuse the same workload wakes the pool's threads.
+    let (_, before) = thread_wakeups(pid, "fuse-pool-");
+    small_workload(&mnt);
+    let (_, after) = thread_wakeups(pid, "fuse-pool-");
+    eprintln!("dev: /dev/fuse pool wakeups {}", after - before);
+    assert!(
+        after >= before + 100,
+        "the /dev/fuse pool threads woke {} times for hundreds of requests",
+        after - before
+    );
+    d.stop();
+}
+
+/// Reads every base file (each a LOOKUP, OPEN, FLUSH, RELEASE at least), writes 20 new ones and
+/// lists them: a few hundred requests, under a timeout.
+fn small_workload(mnt: &Path) {
+    let mnt = mnt.to_path_buf();
+    with_timeout("a small workload", Duration::from_secs(60), move || {
+        for i in 0..50 {
+            let p = mnt.join(format!("src/f{i}.txt"));
+            assert_eq!(fs::read_to_string(&p).unwrap(), format!("file {i}\n"));
+        }
+        fs::create_dir_all(mnt.join("w")).unwrap();
+        for i in 0..20 {
+            fs::write(mnt.join(format!("w/n{i}")), format!("n{i}\n")).unwrap();
+        }
+        assert_eq!(fs::read_dir(mnt.join("w")).unwrap().count(), 20);
+    });
+}
+
+/// The ring transport is negotiated wherever the kernel offers it: `--transport auto` (which falls
+/// back to `/dev/fuse` without failing) ends up on the rings, `octofs status` says `uring` with no
+/// note that fuser's recorded INIT reply (`Negotiated`) lacks `FUSE_OVER_IO_URING`, and a workload's
+/// requests are read from the rings: the ring threads wake for them, the `/dev/fuse` pool threads
+/// at most for a tenth as many (FORGET and INTERRUPT stay on `/dev/fuse`; an idle pool thread wakes
+/// every 10 s). With upstream fuser's refusal of the flag it fails: status says
+/// `dev (fuser refused FUSE_OVER_IO_URING …)`.
+#[test]
+fn auto_negotiates_io_uring_where_the_kernel_offers_it_and_requests_skip_dev_fuse() {
+    if !kernel_has_it() {
+        return;
+    }
+    let (_src, mut d, mnt) = workspace(&["--transport", "auto"]);
+    let status = d.cli_ok(["status", "t"]);
+    let transport = status
+        .lines()
+        .find(|l| l.trim_start().starts_with("transport:"))
+        .unwrap_or("(no transport line)");
+    assert!(
+        transport.contains("uring (") && !transport.contains("fuser"),
+        "this kernel offers FUSE over io_uring, yet an auto mount runs on {transport:?}:\n{status}"
+    );
+    let pid = d.pid().expect("daemon pid");
+    let (rings, ring_before) = thread_wakeups(pid, "fuser-ring-");
+    let (_, pool_before) = thread_wakeups(pid, "fuse-pool-");
+    assert!(rings >= 2, "ring threads: {rings}");
+    small_workload(&mnt);
+    let (_, ring_after) = thread_wakeups(pid, "fuser-ring-");
+    let (_, pool_after) = thread_wakeups(pid, "fuse-pool-");
+    let (ring, pool) = (ring_after - ring_before, pool_after - pool_before);
+    eprintln!("auto: ring wakeups {ring}, /dev/fuse pool wakeups {pool}");
+    assert!(
+        ring >= 100,
+        "the ring threads woke {ring} times for hundreds of requests: requests went elsewhere"
+    );
+    assert!(
+        pool * 10 <= ring,
+        "the /dev/fuse pool threads woke {pool} times against the rings' {ring}: requests are \
+         still read from /dev/fuse"
+    );
     d.stop();
 }
 

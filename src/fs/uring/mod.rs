@@ -3,7 +3,7 @@
 //!
 //! It owns how requests reach the filesystem and how replies go back, nothing else: the one
 //! `fuser::Filesystem` (the adapter in `fs::fuse`) answers both transports through fuser's own
-//! parser and reply encoders (via the small patch in `vendor/fuser`). All `unsafe` is in
+//! parser and reply encoders (via the patch series in `vendor/fuser-patches`). All `unsafe` is in
 //! `crate::sys_uring`. The rules that keep a mount from hanging: every ring and buffer exists
 //! before the INIT reply, `FUSE_OVER_IO_URING` is advertised only then, and if registering the
 //! entries fails or stalls afterwards the connection is aborted and the mount fails with the
@@ -110,21 +110,53 @@ pub fn mount<FS: Filesystem>(
     // INTERRUPT) and for the requests before the rings are ready.
     let mut ring_cfg = cfg.clone();
     ring_cfg.n_threads = Some(1);
-    let mut offered = false;
+    // Why the INIT reply does not carry FUSE_OVER_IO_URING, when it does not. `max_write` is
+    // pinned first, so that the flag is only ever added with it.
+    let mut refused: Option<String> = None;
     let session = fuser::Session::new_with_init_hook(fs, mountpoint, &ring_cfg, |kc| {
-        offered = kc.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok()
-            && kc.set_max_write(PAYLOAD as u32).is_ok();
+        refused = if !kc.capabilities().contains(InitFlags::FUSE_OVER_IO_URING) {
+            Some("the kernel did not offer FUSE_OVER_IO_URING".into())
+        } else if let Err(near) = kc.set_max_write(PAYLOAD as u32) {
+            Some(format!(
+                "fuser refused max_write {PAYLOAD} (nearest {near})"
+            ))
+        } else if let Err(bits) = kc.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
+            // Upstream fuser after 0.18.0 refuses this flag here ("Refuse capabilities fuser
+            // cannot honor"): a rebase onto it needs a patch that accepts it again when a ring
+            // transport is attached (vendor/fuser-patches/README.md, "Rebasing").
+            Some(format!(
+                "fuser refused FUSE_OVER_IO_URING (add_capabilities: {bits:?})"
+            ))
+        } else {
+            None
+        };
     })?;
-    if !offered {
-        // Nothing was advertised: a plain /dev/fuse session, with the usual thread count when
-        // the caller allowed the fallback.
+    // The flags fuser recorded for its INIT reply (`Negotiated`) must agree with the hook: the
+    // kernel serves the connection from the rings only if the reply carries the flag, and holds
+    // every request until the rings exist once it does. Should they disagree (a fuser that
+    // filters flags after the hook), the rings are still set up, which cannot hang the mount
+    // either way, and the status says so; tests/uring.rs fails on it.
+    let recorded = session
+        .negotiated()
+        .is_some_and(|n| n.flags & InitFlags::FUSE_OVER_IO_URING.bits() != 0);
+    let mut disagree = None;
+    if refused.is_some() && recorded {
+        disagree = refused
+            .take()
+            .map(|why| format!("{why}, yet fuser recorded FUSE_OVER_IO_URING in its INIT reply"));
+    } else if refused.is_none() && !recorded {
+        disagree = Some("fuser recorded its INIT reply without FUSE_OVER_IO_URING".to_string());
+    }
+    if let Some(why) = &disagree {
+        tracing::warn!(mountpoint = %mountpoint.display(), "io_uring transport: {why}");
+    }
+    if let Some(why) = refused {
+        // Nothing was advertised: a plain /dev/fuse session when the caller allowed the fallback.
         if want == Transport::Uring {
             drop(session);
-            return Err(io::Error::other(
-                "io_uring transport: the kernel did not offer FUSE_OVER_IO_URING in INIT",
-            ));
+            return Err(io::Error::other(format!("io_uring transport: {why}")));
         }
-        let _ = served.set("dev (the kernel did not offer FUSE_OVER_IO_URING)".into());
+        let _ = served.set(format!("dev ({why})"));
         return session.spawn();
     }
     // From here the kernel holds every new request until all queues have an entry.
@@ -171,10 +203,11 @@ pub fn mount<FS: Filesystem>(
     match first_err {
         None => {
             let _ = served.set(format!(
-                "uring ({} queues x {} entries, {} KiB payload)",
+                "uring ({} queues x {} entries, {} KiB payload{})",
                 expected / ENTRIES_PER_QUEUE,
                 ENTRIES_PER_QUEUE,
-                PAYLOAD / 1024
+                PAYLOAD / 1024,
+                disagree.map(|d| format!("; {d}")).unwrap_or_default()
             ));
             tracing::info!(
                 mountpoint = %mountpoint.display(),
