@@ -82,12 +82,21 @@ fn check(d: &Daemon, want: &[(&str, &PathBuf, &str, &str)]) {
     }
 }
 
+/// A new thread `thread` finds the budget full (handles), and is released.
+#[track_caller]
+fn full(d: &Daemon, thread: &str) {
+    let mnt = d.open_thread(thread, &["--project", "p"]);
+    check(d, &[(thread, &mnt, "handles", "auto: budget full")]);
+    d.cli_ok(["release", thread]);
+}
+
 /// Catches: auto not the default (every mount handles, or every mount no-open whatever the
 /// budget), the live no-open mounts not counted (the second would be no-open too), the budget not
 /// given back at release, `open --io` overridden by the budget either way, the choice not kept in
 /// the record (a stop and start remounts in name order: `a2` before `z1`, so choosing again would
-/// swap them), a restart serving a mount in another mode than the kernel has, and `status`/`stats`
-/// not saying the mode or why.
+/// swap them), a restart or an adoption after `kill -9` serving a mount in another mode than the
+/// kernel has or not holding its bytes (a new thread would get no-open), and `status`/`stats` not
+/// saying the mode or why.
 #[test]
 fn auto_chooses_per_workspace_from_the_budget() {
     let mut d = daemon();
@@ -125,11 +134,18 @@ fn auto_chooses_per_workspace_from_the_budget() {
             .map(|(t, m)| (t.to_string(), m.to_string()))
     );
 
+    // A crash: the next daemon adopts the kept mounts in their modes, and holds the bytes of the
+    // no-open ones (a new thread finds the budget full).
+    d.kill9();
+    d.spawn_with_env(&[], &[("OCTOFS_IO_MEMORY", MEMORY)]);
+    check(&d, &want);
+    full(&d, "g6");
     // A restart hands every mount over in its mode; a stop and start remounts each from its
     // record in the mode it had.
     let out = d.cli(["restart"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     check(&d, &want);
+    full(&d, "g7");
     d.stop();
     d.spawn_with_env(&[], &[("OCTOFS_IO_MEMORY", MEMORY)]);
     wait_mounted(
@@ -137,6 +153,8 @@ fn auto_chooses_per_workspace_from_the_budget() {
         Duration::from_secs(30),
     );
     check(&d, &want);
+    // The new daemon holds the bytes of the no-open mounts it serves: the budget is still full.
+    full(&d, "g8");
 
     // Released, z1 and c3 give their bytes back: a thread asking for handles gets them although
     // it would fit, and the next one without a mode of its own is no-open.
