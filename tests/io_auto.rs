@@ -160,6 +160,10 @@ fn auto_chooses_per_workspace_from_the_budget() {
     // it would fit, and the next one without a mode of its own is no-open.
     d.cli_ok(["release", "z1"]);
     d.cli_ok(["release", "c3"]);
+    // A shared index built before its bytes were kept beside it: they are summed from its
+    // entries (f6's figure below) and kept.
+    let bytes = d.state.join("indexes").join("bytes");
+    fs::remove_dir_all(&bytes).expect("remove indexes/bytes");
     let e5 = d.open_thread("e5", &["--project", "p", "--io", "handles"]);
     let f6 = d.open_thread("f6", &["--project", "p"]);
     check(
@@ -170,6 +174,8 @@ fn auto_chooses_per_workspace_from_the_budget() {
             ("a2", &a2, "handles", "auto: budget full"),
         ],
     );
+    let kept: Vec<_> = fs::read_dir(&bytes).expect("indexes/bytes again").collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
     let human = d.cli_ok(["status", "f6"]);
     assert!(
         human.contains("io:            no-open (auto: 20 KiB of 29 KiB budget)"),
