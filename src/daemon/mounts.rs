@@ -91,9 +91,9 @@ impl Daemon {
     }
 
     /// The I/O mode `rec`'s mount gets, held against the no-open budget (`io_auto`): the thread's
-    /// own (`open --io`), the one `auto` chose at an earlier mount of this workspace, the daemon's
-    /// `serve --io`, or (`auto`, never chosen) chosen now — that choice is returned, for the
-    /// caller to keep in the record.
+    /// own (`open --io`), else a fixed `serve --io`, else (`auto`) the one chosen at an earlier
+    /// mount of this workspace, else one chosen now — returned too, for the caller to keep in the
+    /// record.
     pub(super) fn io_hold(
         &self,
         rec: &WorkspaceRecord,
