@@ -368,12 +368,7 @@ class OctoNoOpen(Octo):
             "(no passthrough)")
     io = "no-open"
     tag = "-noopen"
-
-    def resident(self, forks):
-        """The blob cache's page cache and each mount's own (no passthrough: a copy per mount)."""
-        blobs = super().resident(forks)
-        mounts = resident_bytes([f.path for f in forks])
-        return None if blobs is None or mounts is None else blobs + mounts
+    # resident(): `Octo`'s, which adds each no-open mount's own page cache (a copy per mount).
 
     def fork(self):
         f = super().fork()
