@@ -102,7 +102,8 @@ pub fn human(n: u64) -> String {
 }
 
 /// The memory the daemon may use: `OCTOFS_IO_MEMORY`, else the smallest `memory.max` on the path
-/// of its cgroup v2 (a parent's limit binds it too), else `MemTotal`.
+/// of its cgroup v2 (a parent's limit binds it too; on a cgroup v1 host `memory.limit_in_bytes`),
+/// else `MemTotal`, whichever is smaller.
 pub fn memory() -> u64 {
     if let Ok(v) = std::env::var(MEMORY_ENV) {
         match v.trim().parse::<u64>() {
@@ -114,14 +115,22 @@ pub fn memory() -> u64 {
         .ok()
         .and_then(|m| mem_total(&m))
         .unwrap_or(0);
-    let limit = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|c| cgroup_path(&c))
-        .and_then(|p| {
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v2 = cgroup_path(&cgroup).and_then(|p| {
+        cgroup_limit(&p, |dir| {
+            std::fs::read_to_string(format!("/sys/fs/cgroup{dir}/memory.max")).ok()
+        })
+    });
+    // A cgroup v1 host (its memory controller mounted on its own): `memory.limit_in_bytes`.
+    let v1 = || {
+        cgroup_v1_memory_path(&cgroup).and_then(|p| {
             cgroup_limit(&p, |dir| {
-                std::fs::read_to_string(format!("/sys/fs/cgroup{dir}/memory.max")).ok()
+                std::fs::read_to_string(format!("/sys/fs/cgroup/memory{dir}/memory.limit_in_bytes"))
+                    .ok()
             })
-        });
+        })
+    };
+    let limit = v2.or_else(v1);
     match limit {
         Some(l) if total == 0 || l < total => l,
         _ => total,
@@ -141,6 +150,18 @@ fn cgroup_path(cgroup: &str) -> Option<String> {
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .map(|p| p.trim().trim_end_matches('/').to_string())
+}
+
+/// The path of the cgroup v1 memory controller in `/proc/self/cgroup` (its `N:memory:` line).
+fn cgroup_v1_memory_path(cgroup: &str) -> Option<String> {
+    cgroup.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then(|| path.trim().trim_end_matches('/').to_string())
+    })
 }
 
 /// The smallest `memory.max` from `path` up to the root (`read` gives a directory's file);
@@ -193,6 +214,11 @@ impl Drop for Hold {
 impl Budget {
     /// A budget of half of `memory` bytes.
     pub fn new(memory: u64) -> Arc<Budget> {
+        tracing::info!(
+            "no-open budget {} (half of {} the daemon may use)",
+            human(memory / 2),
+            human(memory)
+        );
         Arc::new(Budget {
             bytes: memory / 2,
             held: Mutex::default(),
@@ -347,6 +373,11 @@ mod tests {
             Some("/system.slice/octofs.service")
         );
         assert_eq!(cgroup_path("1:name=systemd:/x\n"), None);
+        assert_eq!(
+            cgroup_v1_memory_path("5:devices:/\n4:memory:/api/b5\n0::/\n").as_deref(),
+            Some("/api/b5")
+        );
+        assert_eq!(cgroup_v1_memory_path("0::/a\n"), None);
         let files = |dir: &str| match dir {
             "/system.slice/octofs.service" => Some("max\n".to_string()),
             "/system.slice" => Some("4294967296\n".to_string()),
