@@ -155,6 +155,18 @@ fn auto_chooses_per_workspace_from_the_budget() {
     check(&d, &want);
     // The new daemon holds the bytes of the no-open mounts it serves: the budget is still full.
     full(&d, "g8");
+    // And a crash of it right after (its keeper started at once after the stop: the stopped
+    // daemon's keeper must not take its socket away as it exits).
+    d.kill9();
+    d.spawn_with_env(&[], &[("OCTOFS_IO_MEMORY", MEMORY)]);
+    let log = d.log_text();
+    assert_eq!(
+        log.matches("adopted the mount of a daemon that died")
+            .count(),
+        3,
+        "{log}"
+    );
+    check(&d, &want);
 
     // Released, z1 and c3 give their bytes back: a thread asking for handles gets them although
     // it would fit, and the next one without a mode of its own is no-open.
