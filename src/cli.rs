@@ -230,7 +230,7 @@ pub fn print_status(w: &WorkspaceStatus) {
     if let Some(t) = &w.transport {
         println!("transport:     {t}");
     }
-    if let Some(io) = &w.io {
+    if let Some(io) = io_shown(w.io.as_deref(), w.io_why.as_deref()) {
         println!("io:            {io}");
     }
     for l in &w.layers {
@@ -274,6 +274,15 @@ pub fn print_status(w: &WorkspaceStatus) {
         "last snapshot: {}",
         w.last_snapshot.as_deref().unwrap_or("none")
     );
+}
+
+/// A mount's I/O mode and why (`no-open (auto: 210 MiB of 4.0 GiB budget)`), for `status` and
+/// `stats`; none when not mounted.
+pub fn io_shown(io: Option<&str>, why: Option<&str>) -> Option<String> {
+    Some(match (io?, why) {
+        (io, Some(why)) => format!("{io} ({why})"),
+        (io, None) => io.to_string(),
+    })
 }
 
 /// One table of request figures: opcode, count, p50, p99 (upper edge of a log2 bucket), total time.

@@ -507,7 +507,7 @@ fn remove_leftovers(
 fn check_indexes(layout: &Layout, fix: bool, quiet: bool, r: &mut Report) {
     let dir = layout.state.join("indexes");
     remove_leftovers(&dir, ".tmp-", "index-leftover", fix, quiet, r);
-    for side in ["untracked", "cachetree"] {
+    for side in ["untracked", "cachetree", "bytes"] {
         remove_leftovers(&dir.join(side), ".tmp-", "index-leftover", fix, quiet, r);
     }
     let Ok(rd) = std::fs::read_dir(&dir) else {

@@ -68,10 +68,11 @@ enum Cmd {
         /// kernel offers it), uring (or the mount fails); see docs/transport.md
         #[arg(long, default_value = "dev", env = "OCTOFS_TRANSPORT")]
         transport: octofs::fs::uring::Transport,
-        /// How mounts serve file I/O: handles (OPEN/RELEASE, passthrough), or no-open (no request
-        /// for a warm open/read/close; no passthrough, page cache per mount); see docs/performance.md
-        #[arg(long, default_value = "handles", env = "OCTOFS_IO")]
-        io: octofs::fs::fuse::IoMode,
+        /// How mounts serve file I/O: auto (per workspace: no-open while the bases fit in half the
+        /// memory, else handles), handles (OPEN/RELEASE, passthrough), or no-open (no request for a
+        /// warm open/read/close; no passthrough, page cache per mount); see docs/performance.md
+        #[arg(long, default_value = "auto", env = "OCTOFS_IO")]
+        io: octofs::daemon::io_auto::IoSetting,
         /// The most live threads one user may hold (root is not counted; 0: no cap); see
         /// docs/lifecycle.md "Per-user limits"
         #[arg(long, default_value_t = octofs::daemon::DEFAULT_MAX_THREADS_PER_USER, env = "OCTOFS_MAX_THREADS_PER_USER")]
@@ -115,7 +116,8 @@ enum Cmd {
         #[arg(long = "ref")]
         git_ref: Option<String>,
         /// This thread's I/O mode, kept across release and resume: handles or no-open (default: as
-        /// the thread had it, else the daemon's `serve --io`); a mounted thread keeps its mode
+        /// the thread had it, else the daemon's `serve --io`, auto: chosen per workspace); a
+        /// mounted thread keeps its mode
         #[arg(long)]
         io: Option<octofs::fs::fuse::IoMode>,
     },
@@ -1215,6 +1217,9 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                 Some(_) => {
                     for w in &a.workspaces {
                         println!("thread {}", w.thread);
+                        // (h-default: the mount's I/O mode and why)
+                        let io = cli::io_shown(w.io.as_deref(), w.io_why.as_deref());
+                        io.iter().for_each(|io| println!("io: {io}"));
                         print_stats(&w.stats);
                     }
                 }
@@ -1222,7 +1227,9 @@ fn run(layout: &Layout, cmd: Cmd) -> Result<(), String> {
                     println!("daemon: {} mounted workspace(s)", a.workspaces.len());
                     print_stats(&a.total);
                     for w in &a.workspaces {
-                        println!("  {:<24} {:>12} requests", w.thread, w.stats.requests());
+                        let io = w.io.as_deref().unwrap_or("-"); // (h-default: the I/O mode)
+                        let n = w.stats.requests();
+                        println!("  {:<24} {:>12} requests  {io}", w.thread, n);
                     }
                 }
             }

@@ -464,6 +464,9 @@ pub fn shared_index(
         gid,
         time: crate::fs::unix_time(time),
     };
+    // The file bytes of the tree (`serve --io auto` weighs a base by them): summed here, where
+    // every blob's size is read anyway, and kept beside the index.
+    let mut file_bytes: u64 = 0;
     for (entry, path) in index.entries_mut_with_paths() {
         let same_in_worktree = worktree_tree == index_tree
             || worktree
@@ -487,6 +490,7 @@ pub fn shared_index(
                 source,
             }
         })?;
+        file_bytes = file_bytes.saturating_add(st.size);
         entry.stat = index_stat(&st);
     }
     // A fresh fork's directories hold no untracked file: git's untracked cache can say so, and the
@@ -522,6 +526,10 @@ pub fn shared_index(
     for (side, tail) in [
         (untracked_tail_path(&path), untracked),
         (cache_tree_path(&path), Some(cache_tree)),
+        (
+            bytes_path(&path),
+            Some(format!("{file_bytes}\n").into_bytes()),
+        ),
     ] {
         let Some(tail) = tail else { continue };
         let written = (|| -> std::io::Result<()> {
@@ -586,6 +594,51 @@ fn cache_tree_path(index: &Path) -> PathBuf {
         .unwrap_or(Path::new("."))
         .join("cachetree")
         .join(name)
+}
+
+/// Where [`shared_index`] keeps the file bytes of the index at `index` (the sizes of its blobs,
+/// as decimal text).
+fn bytes_path(index: &Path) -> PathBuf {
+    let name = index.file_name().unwrap_or_default();
+    index
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("bytes")
+        .join(name)
+}
+
+/// The file bytes of the tree of the shared index at `index` (the sum of its blobs' sizes, as the
+/// mount presents them): from the number kept beside it, else (an index built before it was kept)
+/// summed from the index's entries once and kept. Reads no blob. None: no such index.
+pub fn index_bytes(index: &Path) -> Option<u64> {
+    let side = bytes_path(index);
+    if let Some(n) = std::fs::read_to_string(&side)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+    {
+        return Some(n);
+    }
+    let file = gix::index::File::at(
+        index,
+        gix::hash::Kind::Sha1,
+        false,
+        gix::index::decode::Options::default(),
+    )
+    .ok()?;
+    let n = file
+        .entries()
+        .iter()
+        .fold(0u64, |a, e| a.saturating_add(u64::from(e.stat.size)));
+    // Kept for the next mount; a failure only means summing again.
+    let _ = (|| -> std::io::Result<()> {
+        if let Some(d) = side.parent() {
+            crate::layout::create_private_dir(d)?;
+        }
+        let tmp = side.with_file_name(format!(".tmp-bytes-{}", std::process::id()));
+        std::fs::write(&tmp, format!("{n}\n"))?;
+        std::fs::rename(&tmp, &side)
+    })();
+    Some(n)
 }
 
 /// Where [`shared_index`] keeps the untracked cache (after its ident) of the index at `index`.

@@ -65,6 +65,23 @@ pub struct WorkspaceRecord {
     /// The I/O mode the thread asked for (`open --io`); none: the daemon's (`serve --io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<crate::fs::fuse::IoMode>,
+    /// The mode `serve --io auto` chose for this workspace's mount, and from what: kept for the
+    /// workspace's life (restart, adoption and remount serve it the same way), gone with it at
+    /// release. None: asked (`io`), a daemon with a fixed `serve --io`, or not mounted yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_auto: Option<IoChosen>,
+}
+
+/// What `serve --io auto` chose for one mount (`crate::daemon` decides, this only stores it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoChosen {
+    pub mode: crate::fs::fuse::IoMode,
+    /// The base's file bytes (the sizes of its tree's blobs).
+    pub bytes: u64,
+    /// The bytes of the other live no-open mounts' bases, when it was chosen.
+    pub live: u64,
+    /// The budget: half the memory the daemon may use.
+    pub budget: u64,
 }
 
 /// A local user (and primary group) that owns a workspace.

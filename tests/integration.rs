@@ -36,6 +36,7 @@ mod fsmonitor_hook;
 mod git_workspace;
 mod handles;
 mod install;
+mod io_auto;
 mod lifecycle;
 mod limits;
 mod locking;

@@ -257,8 +257,11 @@ class FuseOverlay(Overlay):
 
 
 class Octo(Method):
-    name, label = "octofs", "octofs"
-    desc = ("`octofs open` of the repository's mirror (a private daemon and state), its ignored "
+    """octofs as a user gets it: the daemon's default I/O mode (`serve --io auto`: each thread
+    no-open while the bases fit in half the memory, else handles), nothing asked."""
+    name, label = "octofs", "octofs (default: auto)"
+    desc = ("`octofs open` of the repository's mirror (a private daemon and state, its default "
+            "configuration: `--io auto` chooses no-open or handles per thread), its ignored "
             "dependencies presented by the project's dependency layer (built once at `mirror add`; "
             "`cp -a` into the mount only when no layer was built); snapshots with `octofs snapshot`")
 
@@ -281,8 +284,14 @@ class Octo(Method):
 
     def resident(self, forks):
         """Page cache of the daemon's blob cache (with passthrough the mounts read it, their own
-        page cache stays empty; mapping a file through the mount would count the blob again)."""
-        return resident_bytes([os.path.join(self.octo.state, "blobs")])
+        page cache stays empty; mapping a file through the mount would count the blob again),
+        plus each no-open mount's own (`status` says which mode auto chose)."""
+        blobs = resident_bytes([os.path.join(self.octo.state, "blobs")])
+        no_open = [f.path for f in forks if self.octo.status(f.thread).get("io") == "no-open"]
+        if not no_open or blobs is None:
+            return blobs
+        mounts = resident_bytes(no_open)
+        return None if mounts is None else blobs + mounts
 
     def state_bytes(self):
         """Bytes under the state directory but its mirrors (which a fork never writes)."""
@@ -336,21 +345,30 @@ class Octo(Method):
         return {}
 
 
+class OctoHandles(Octo):
+    """octofs with its threads in handles mode, whatever auto would choose: the same daemon as
+    `octofs`, each thread opened with `octofs open --io handles`."""
+    name, label = "octofs-handles", "octofs, handles"
+    desc = ("the same daemon and mirror as `octofs`, each thread opened with `octofs open --io "
+            "handles`: OPEN/RELEASE per open file, reads and writes through passthrough to the "
+            "blob cache's files (one page cache for every workspace)")
+    io = "handles"
+    tag = "-handles"
+
+    def resident(self, forks):
+        return resident_bytes([os.path.join(self.octo.state, "blobs")])
+
+
 class OctoNoOpen(Octo):
     """octofs with its threads in no-open mode: the same daemon as `octofs`, each thread opened
     with `octofs open --io no-open` (the kernel opens files without asking; no passthrough)."""
-    name, label = "octofs-noopen", "octofs, no-open"
+    name, label = "octofs-no-open", "octofs, no-open"
     desc = ("the same daemon and mirror as `octofs`, each thread opened with `octofs open --io "
             "no-open`: no OPEN/RELEASE/FLUSH requests, reads through the mount's own page cache "
             "(no passthrough)")
     io = "no-open"
     tag = "-noopen"
-
-    def resident(self, forks):
-        """The blob cache's page cache and each mount's own (no passthrough: a copy per mount)."""
-        blobs = super().resident(forks)
-        mounts = resident_bytes([f.path for f in forks])
-        return None if blobs is None or mounts is None else blobs + mounts
+    # resident(): `Octo`'s, which adds each no-open mount's own page cache (a copy per mount).
 
     def fork(self):
         f = super().fork()
@@ -364,12 +382,12 @@ class OctoNoOpen(Octo):
 
 class OctoUring(Octo):
     """octofs on the FUSE-over-io_uring transport: a daemon of its own started with
-    `OCTOFS_TRANSPORT=uring`, threads in the default (handles) mode."""
+    `OCTOFS_TRANSPORT=uring`, threads in handles mode."""
     name, label = "octofs-uring", "octofs, io_uring"
     desc = ("`octofs open` on a daemon of its own started with `--transport uring` (FUSE over "
             "io_uring: one queue per CPU, a request served on its caller's CPU), handles mode")
     daemon_key = "uring"
-    daemon_env = {"OCTOFS_TRANSPORT": "uring"}
+    daemon_env = {"OCTOFS_TRANSPORT": "uring", "OCTOFS_IO": "handles"}
 
     def fork(self):
         f = super().fork()
@@ -399,9 +417,13 @@ class OctoCopy(Octo):
                 os.remove(os.path.join(layers, f))
 
 
-ALL = [Native, CloneLocal, Worktree, Copy, Reflink, Overlay, FuseOverlay, Octo, OctoNoOpen, OctoUring,
-       OctoCopy]
+# The reference first, then octofs as a user gets it (its default configuration), then its named
+# alternatives, then the other ways to get a workspace.
+ALL = [Native, Octo, OctoHandles, OctoNoOpen, OctoUring, OctoCopy, CloneLocal, Worktree, Copy, Reflink,
+       Overlay, FuseOverlay]
 NAMES = [m.name for m in ALL]
+# Names of earlier runs, still accepted by --methods.
+ALIASES = {"octofs-noopen": "octofs-no-open"}
 
 
 def process_rss(pids):

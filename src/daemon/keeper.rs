@@ -261,8 +261,11 @@ struct State {
     mounts: BTreeMap<String, Entry>,
     /// Daemons attached now.
     attached: usize,
-    /// The keeper's socket, removed at quit.
+    /// The keeper's socket, removed at quit (only while the path is still this keeper's: see
+    /// [`remove_own_socket`]).
     socket: PathBuf,
+    /// The inode of the socket this keeper bound.
+    socket_ino: u64,
     /// When the last daemon went (or the keeper started).
     alone_since: Option<Instant>,
     quit: bool,
@@ -279,6 +282,7 @@ pub fn run_keeper(layout: &Layout) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path)?;
     listener.set_nonblocking(true)?;
+    let socket_ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path)?);
     let grace = std::env::var("OCTOFS_KEEPER_GRACE")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -287,6 +291,7 @@ pub fn run_keeper(layout: &Layout) -> anyhow::Result<()> {
     let state = Arc::new(Mutex::new(State {
         alone_since: Some(Instant::now()),
         socket: path.clone(),
+        socket_ino,
         ..State::default()
     }));
     tracing::info!(pid = std::process::id(), "connection keeper started");
@@ -325,12 +330,27 @@ pub fn run_keeper(layout: &Layout) -> anyhow::Result<()> {
                     );
                 }
                 st.mounts.clear();
-                let _ = std::fs::remove_file(&path);
+                // At a quit the link removed it already, and the path may be the next keeper's.
+                if !st.quit {
+                    remove_own_socket(&st);
+                }
                 tracing::info!("connection keeper exits");
                 std::process::exit(0);
             }
         }
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Removes the keeper's socket path if it is still the socket this keeper bound: once a stopped
+/// daemon has seen its keeper's link close, the next daemon may start a keeper of its own at the
+/// same path, which an exiting keeper must not take away (that daemon's mounts would then not
+/// survive its crash, and the keeper after it would not find them).
+fn remove_own_socket(st: &State) {
+    let ours = std::fs::symlink_metadata(&st.socket)
+        .is_ok_and(|m| std::os::unix::fs::MetadataExt::ino(&m) == st.socket_ino);
+    if ours {
+        let _ = std::fs::remove_file(&st.socket);
     }
 }
 
@@ -402,7 +422,7 @@ fn serve_link(mut s: UnixStream, state: &Mutex<State>) {
                     st.quit = true;
                     // Gone before the daemon sees this link close: a stopped daemon leaves no
                     // keeper socket behind.
-                    let _ = std::fs::remove_file(&st.socket);
+                    remove_own_socket(&st);
                     return Ok(());
                 }
             }

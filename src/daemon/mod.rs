@@ -12,6 +12,7 @@
 //! - `authz`: who may do what (peer credentials against thread owners and project access);
 //! - `limits`: what one user's threads may take of the host (live threads, bytes);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
+//! - `io_auto`: which I/O mode each new mount gets under `serve --io auto` (the default);
 //! - `mounts`: mounting, unmounting and remounting workspaces, and whether the kernel still has a
 //!   mount (mountinfo, not the table);
 //! - `strays`: files written into a bare mount point, moved into the workspace at its next mount;
@@ -38,6 +39,7 @@ mod diff;
 pub mod error;
 mod export;
 mod fdstore;
+pub mod io_auto;
 mod keeper;
 mod kept;
 mod layers;
@@ -96,8 +98,8 @@ pub struct Settings {
     pub fetch_timeout_secs: u64,
     /// How mounts receive requests (`octofs serve --transport`).
     pub transport: crate::fs::uring::Transport,
-    /// How new mounts serve file I/O (`octofs serve --io`).
-    pub io: crate::fs::fuse::IoMode,
+    /// How new mounts serve file I/O (`octofs serve --io`): one mode, or auto (`io_auto`).
+    pub io: io_auto::IoSetting,
     /// The most live threads one user (not root) may hold; 0: no cap (`limits`).
     pub max_threads_per_user: usize,
     /// The most bytes one user's (not root's) workspaces may hold in their upper layers; none: no
@@ -121,6 +123,8 @@ struct Mounted {
     /// The device the kernel gave this mount (`major:minor` in mountinfo), read once mounted:
     /// whether the kernel still has *this* mount at the path is asked against it.
     dev: Option<String>,
+    /// The I/O mode it was mounted in, held against the no-open budget while it lives.
+    io: io_auto::Hold,
 }
 
 /// Named mutexes: one per project and one per thread.
@@ -174,6 +178,8 @@ pub struct Daemon {
     /// Each user's bytes across their workspaces (`limits`), with the quota on. Held only to find
     /// or insert a user's counter.
     quotas: Mutex<HashMap<u32, Arc<crate::cow::quota::UserBytes>>>,
+    /// The page cache no-open mounts may take (`io_auto`): decided and held under its own lock.
+    io_budget: Arc<io_auto::Budget>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -203,6 +209,7 @@ impl Daemon {
             locks: Arc::default(),
             idle_waits: Mutex::default(),
             access_epoch: Arc::default(),
+            io_budget: io_auto::Budget::new(io_auto::memory()),
         })
     }
 }

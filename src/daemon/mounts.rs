@@ -77,7 +77,78 @@ impl Daemon {
         let core = self.load_core(rec)?;
         self.refuse_unseeded(rec, &core)?;
         self.refresh_fsmonitor(rec, &core);
-        self.mount_core(rec, core, true)
+        let (io, chosen) = self.io_hold(rec);
+        let note = self.mount_core(rec, core, true, io)?;
+        if let Some(c) = chosen {
+            // Chosen now (a workspace mounted before auto was the setting): kept for its life.
+            let mut kept = rec.clone();
+            kept.io_auto = Some(c);
+            if let Err(e) = kept.save(&self.layout) {
+                tracing::warn!(thread = %rec.thread, "cannot record its I/O mode: {e}");
+            }
+        }
+        Ok(note)
+    }
+
+    /// The I/O mode `rec`'s mount gets, held against the no-open budget (`io_auto`): the thread's
+    /// own (`open --io`), else a fixed `serve --io`, else (`auto`) the one chosen at an earlier
+    /// mount of this workspace, else one chosen now — returned too, for the caller to keep in the
+    /// record.
+    pub(super) fn io_hold(
+        &self,
+        rec: &WorkspaceRecord,
+    ) -> (super::io_auto::Hold, Option<crate::workspace::IoChosen>) {
+        use super::io_auto::IoSetting;
+        use crate::fs::fuse::IoMode;
+        let held = |mode: IoMode| {
+            let bytes = if mode == IoMode::NoOpen {
+                self.base_bytes(rec)
+            } else {
+                0
+            };
+            self.io_budget.hold(mode, bytes)
+        };
+        if let Some(mode) = rec.io {
+            return (held(mode), None);
+        }
+        match (self.settings.io, rec.io_auto) {
+            (IoSetting::Mode(mode), _) => (held(mode), None),
+            (IoSetting::Auto, Some(c)) => (self.io_budget.hold(c.mode, c.bytes), None),
+            (IoSetting::Auto, None) => {
+                let (chosen, hold) = self.io_budget.decide(self.base_bytes(rec));
+                tracing::info!(
+                    thread = %rec.thread,
+                    "I/O mode {} ({})",
+                    chosen.mode,
+                    super::io_auto::why(false, Some(&chosen))
+                );
+                (hold, Some(chosen))
+            }
+        }
+    }
+
+    /// Why `rec`'s mount has its I/O mode, as `status` and `stats` say it (`io_auto::why`).
+    pub(super) fn io_why(&self, rec: &WorkspaceRecord) -> String {
+        match self.settings.io {
+            super::io_auto::IoSetting::Mode(_) => super::io_auto::why(rec.io.is_some(), None),
+            super::io_auto::IoSetting::Auto => {
+                super::io_auto::why(rec.io.is_some(), rec.io_auto.as_ref())
+            }
+        }
+    }
+
+    /// The file bytes of `rec`'s base: kept beside its shared index (`repo::index_bytes`), no
+    /// blob read; 0 when there is no such index (logged).
+    pub(super) fn base_bytes(&self, rec: &WorkspaceRecord) -> u64 {
+        let Ok(tree) = gix::ObjectId::from_hex(rec.base_tree.as_bytes()) else {
+            return 0;
+        };
+        let index =
+            crate::repo::shared_index_path(&self.layout, tree, tree, rec.owner.uid, rec.owner.gid);
+        crate::repo::index_bytes(&index).unwrap_or_else(|| {
+            tracing::warn!(thread = %rec.thread, "no shared index: its base's bytes count as 0");
+            0
+        })
     }
 
     /// Points an existing workspace's fsmonitor hook at this daemon's hook program (its binary may
@@ -188,6 +259,7 @@ impl Daemon {
         rec: &WorkspaceRecord,
         core: Arc<WorkspaceFs>,
         strays: bool,
+        io: super::io_auto::Hold,
     ) -> Result<Option<String>, Error> {
         let path = self.layout.mountpoint(&rec.thread);
         if crate::sys::is_stale_mount(&path) {
@@ -240,7 +312,7 @@ impl Daemon {
             is_root && self.passthrough_for(rec.owner.uid),
             info.clone(),
         )
-        .with_io(rec.io.unwrap_or(self.settings.io))
+        .with_io(io.mode)
         .with_objects(self.mirror_objects(rec));
         // From here on, what the daemon changes other than through the mount is told to the kernel.
         core.watch_kernel();
@@ -256,6 +328,7 @@ impl Daemon {
             core,
             owner: rec.owner,
             dev,
+            io,
         };
         keep_mount(&rec.thread, &m);
         lock(&self.mounts).insert(rec.thread.clone(), m);

@@ -343,6 +343,11 @@ pub struct WorkspaceStatus {
     /// How the mount serves file I/O ("handles" or "no-open"); `None` when not mounted.
     #[serde(default)]
     pub io: Option<String>,
+    /// Why it has that mode: `asked` (`open --io`), `serve --io`, or what `serve --io auto`
+    /// weighed (`auto: 210 MiB of 4.0 GiB budget`, `auto: budget full (…)`); `None` when not
+    /// mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_why: Option<String>,
     /// What the thread keeps beside its snapshot's tree (nested repositories, names git refuses):
     /// one line naming them; `None` when nothing is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -395,6 +400,11 @@ pub struct StatsAnswer {
 pub struct WorkspaceStats {
     pub thread: String,
     pub stats: StatsReport,
+    /// How the mount serves file I/O ("handles" or "no-open") and why (as in `status`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_why: Option<String>,
 }
 
 /// The answer to `ping` ("pong") and `stop` ("stopping").

@@ -82,6 +82,7 @@ impl Daemon {
                 self.dependency_lines(rec)
             },
             io: m.map(|m| m.info.io_mode().to_string()),
+            io_why: m.map(|_| self.io_why(rec)),
             kept: if rec.chat {
                 None
             } else {
@@ -170,6 +171,7 @@ impl Daemon {
             layers: Vec::new(),
             dependencies: Vec::new(),
             io: None,
+            io_why: None,
             kept: last
                 .as_deref()
                 .and_then(|l| gix::ObjectId::from_hex(l.as_bytes()).ok())
@@ -283,6 +285,8 @@ impl Daemon {
                 answer.workspaces.push(proto::WorkspaceStats {
                     thread: thread.to_string(),
                     stats: info.stats.report(),
+                    io: Some(info.io_mode().to_string()),
+                    io_why: self.io_why_of(thread),
                 });
             }
             None => {
@@ -294,6 +298,8 @@ impl Daemon {
                 infos.sort_by(|a, b| a.0.cmp(&b.0));
                 for (thread, info) in infos {
                     answer.workspaces.push(proto::WorkspaceStats {
+                        io: Some(info.io_mode().to_string()),
+                        io_why: self.io_why_of(&thread),
                         thread,
                         stats: info.stats.report(),
                     });
@@ -304,6 +310,14 @@ impl Daemon {
             answer.total.add(&w.stats);
         }
         Ok((answer, vec![]))
+    }
+
+    /// Why `thread`'s mount has its I/O mode (its record read; none without one).
+    fn io_why_of(&self, thread: &str) -> Option<String> {
+        WorkspaceRecord::load(&self.layout, thread)
+            .ok()
+            .flatten()
+            .map(|r| self.io_why(&r))
     }
 
     /// Every thread of the caller (of everyone, for root).

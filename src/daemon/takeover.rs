@@ -605,6 +605,8 @@ struct Built {
     core: Arc<crate::fs::WorkspaceFs>,
     owner: crate::workspace::Owner,
     when_idle: bool,
+    /// The mode the kernel has this mount in, held against the no-open budget.
+    io: super::io_auto::Hold,
 }
 
 /// `octofs takeover-serve --from SOCKET`: the new daemon of a restart, started by the old one.
@@ -653,8 +655,9 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         Err(e) => refuse_and_exit(&mut s, &e),
     };
     let io = match h.settings.io.as_str() {
-        "" => crate::fs::fuse::IoMode::Handles,
-        m => match m.parse::<crate::fs::fuse::IoMode>() {
+        // An older daemon without the setting served every mount with handles.
+        "" => super::io_auto::IoSetting::Mode(crate::fs::fuse::IoMode::Handles),
+        m => match m.parse::<super::io_auto::IoSetting>() {
             Ok(io) => io,
             Err(e) => refuse_and_exit(&mut s, &e),
         },
@@ -717,9 +720,10 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
             b.core,
             b.owner,
             b.when_idle,
+            b.io,
         ));
     }
-    for (thread, path, session, info, core, owner, when_idle) in spawned {
+    for (thread, path, session, info, core, owner, when_idle, io) in spawned {
         if when_idle {
             lock(&daemon.idle_waits).insert(thread.clone());
         }
@@ -735,6 +739,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
                 core,
                 owner,
                 dev,
+                io,
             },
         );
         // A workspace an older daemon mounted may still name the mirror by its host path: pointed
@@ -818,12 +823,25 @@ fn build(
         .map_err(|e| format!("thread {thread}: {e}"))?;
     let info = Arc::new(MountInfo::default());
     let is_root = crate::sys::euid() == 0;
+    // The mode the kernel has the mount in (the old daemon's INIT decided it), whatever the
+    // record or this daemon's setting say; its bytes held as when it was mounted.
+    let mode = if m.adapter.no_open {
+        crate::fs::fuse::IoMode::NoOpen
+    } else {
+        crate::fs::fuse::IoMode::Handles
+    };
+    let bytes = match rec.io_auto {
+        _ if mode == crate::fs::fuse::IoMode::Handles => 0,
+        Some(c) => c.bytes,
+        None => daemon.base_bytes(&rec),
+    };
+    let io = daemon.io_budget.hold(mode, bytes);
     let adapter = FuseAdapter::new(
         core.clone(),
         is_root && daemon.passthrough_for(rec.owner.uid),
         info.clone(),
     )
-    .with_io(rec.io.unwrap_or(daemon.settings.io))
+    .with_io(mode)
     .with_objects(daemon.mirror_objects(&rec));
     core.watch_kernel();
     let cfg = crate::fs::fuse::mount_config(&thread, is_root);
@@ -845,6 +863,7 @@ fn build(
         core,
         owner: rec.owner,
         when_idle: rec.release_when_idle,
+        io,
     });
     Ok(())
 }
@@ -939,6 +958,7 @@ fn adopt_one(daemon: &Daemon, layout: &Layout, k: super::keeper::Kept) -> Result
         core: b.core,
         owner: b.owner,
         dev,
+        io: b.io,
     };
     super::mounts::keep_mount(&thread, &mounted);
     lock(&daemon.mounts).insert(thread, mounted);

@@ -120,8 +120,8 @@ impl Daemon {
             // mount taken away behind the daemon is let go here and mounted again below.
             self.forget_lost_mount(thread)?;
             let served = self.kernel_has(thread);
-            let current = rec.io.unwrap_or(self.settings.io);
-            if let Some(want) = io
+            let current = lock(&self.mounts).get(thread).map(|m| m.io.mode);
+            if let (Some(want), Some(current)) = (io, current)
                 && want != current
                 && served
             {
@@ -384,6 +384,7 @@ impl Daemon {
             user_uids: vec![owner.uid],
             release_when_idle: false,
             io: fork.io,
+            io_auto: None,
             layers: if fork.chat {
                 Vec::new()
             } else {
@@ -474,6 +475,10 @@ impl Daemon {
                 )?
             };
             let indexed = us(t0);
+            // The mount's I/O mode, chosen now (`serve --io auto`) from the base's bytes the
+            // index just counted, and kept in the record.
+            let (io, chosen) = self.io_hold(&rec);
+            rec.io_auto = chosen;
             // The seed, the saved changes and what git dropped go to the catalog as one batch.
             let seeded = core.seeding(
                 || {
@@ -578,7 +583,7 @@ impl Daemon {
                 barrier,
                 sync_fault_delay(&self.layout),
             );
-            let mounted = self.mount_core(&rec, core, false).map(|_note| ());
+            let mounted = self.mount_core(&rec, core, false, io).map(|_note| ());
             tracing::info!(
                 %thread, loaded, planned, indexed, seeded, diffed, applied, restored, written,
                 clocked, in_place, mounted = us(t0),

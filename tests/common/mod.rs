@@ -446,10 +446,16 @@ impl Daemon {
     }
 
     /// Base command with `--state` and `--root`, without OCTOFS_* from the environment.
+    ///
+    /// Daemons run the default `serve --io auto` with no page-cache budget for no-open mounts
+    /// (`OCTOFS_IO_MEMORY=0`): auto chooses handles for every workspace, as the tests written
+    /// before auto expect (their no-open twins ask `--io no-open`). `io_auto` gives the daemon a
+    /// budget of its own (`spawn_with_env`).
     pub fn command(&self) -> Command {
         let mut c = Command::new(bin());
         c.env_remove("OCTOFS_STATE")
             .env_remove("OCTOFS_ROOT")
+            .env("OCTOFS_IO_MEMORY", "0")
             .arg("--state")
             .arg(&self.state)
             .arg("--root")
