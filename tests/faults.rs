@@ -196,24 +196,20 @@ fn mirror_digest(dir: &Path) -> BTreeMap<String, String> {
 /// Polls until the (unreaped) process `pid` is a zombie: its file descriptors, `/dev/fuse`
 /// included, are closed, so its mounts answer `ENOTCONN`.
 fn wait_dead(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let dead = || {
         let state = fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
             .and_then(|s| {
                 s.rsplit_once(')')
                     .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
             });
-        match state.as_deref() {
-            None | Some("Z") | Some("X") => return,
-            _ => {}
-        }
-        assert!(
-            Instant::now() < deadline,
-            "daemon pid {pid} still alive 10 s after SIGKILL"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+        matches!(state.as_deref(), None | Some("Z") | Some("X"))
+    };
+    wait_until(
+        &format!("daemon pid {pid} dead after SIGKILL"),
+        Duration::from_secs(10),
+        dead,
+    );
 }
 
 /// errno of a `statfs` of the mount (None when it answers). `statfs` always reaches the daemon;

@@ -673,16 +673,6 @@ fn teleport_keeps_ignored_files_byte_names_and_metadata() {
 // ---------------------------------------------------------------------------------------------
 // 4. release --when-idle
 
-/// Waits until `f` holds (polling), or panics after `limit`.
-#[track_caller]
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn release_when_idle_waits_for_the_last_process() {
     let d = Daemon::start();

@@ -77,16 +77,10 @@ fn ctrl_c_cancels_a_clone_and_keeps_nothing() {
         CMD_TIMEOUT,
     )
     .assert_ok();
-    let status = loop {
-        if let Some(s) = cli.try_wait().unwrap() {
-            break s;
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            let _ = cli.kill();
-            let _ = cli.wait();
-            panic!("mirror add did not end within 30 s of Ctrl-C");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = wait_timeout(&mut cli, Duration::from_secs(30)) else {
+        let _ = cli.kill();
+        let _ = cli.wait();
+        panic!("mirror add did not end within 30 s of Ctrl-C");
     };
     let mut err = String::new();
     cli.stderr.take().unwrap().read_to_string(&mut err).unwrap();

@@ -529,15 +529,9 @@ fn evict(path: &Path) {
     octofs::sys::fadvise_dontneed(&f, 0, 0).expect("fadvise");
 }
 
+/// Whether `what` holds within 10 s.
 fn eventually(what: impl Fn() -> bool) -> bool {
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_secs(10) {
-        if what() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    what()
+    poll(Duration::from_secs(10), || what().then_some(())).is_some()
 }
 
 /// Catches: cold reads that find nothing read ahead (each file one synchronous disk read after

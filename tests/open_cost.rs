@@ -119,14 +119,7 @@ fn mirror_refs_match_git() {
 
 /// Waits (bounded) until `path` exists.
 fn wait_for(path: &Path, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if path.exists() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    path.exists()
+    poll(timeout, || path.exists().then_some(())).is_some()
 }
 
 fn index_of(d: &Daemon, tree: &str) -> std::path::PathBuf {

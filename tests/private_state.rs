@@ -19,7 +19,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const FS_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -84,15 +84,14 @@ impl AuthServer {
             .spawn()
             .expect("spawn python3");
         let server = AuthServer { child, port, log };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "auth server did not come up: {}",
-                fs::read_to_string(base.join("auth_server.err")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let up = poll(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+        assert!(
+            up.is_some(),
+            "auth server did not come up: {}",
+            fs::read_to_string(base.join("auth_server.err")).unwrap_or_default()
+        );
         server
     }
 
@@ -465,11 +464,9 @@ fn another_user_cannot_reach_the_connection_keeper() {
     add_project(&d, "p", &[("a.txt", "a\n", 0o644)]);
     d.open_thread("t", &["--project", "p"]);
     let sock = d.state.join("keeper.sock");
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "no keeper socket");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until("the keeper's socket", Duration::from_secs(10), || {
+        sock.exists()
+    });
     let md = fs::symlink_metadata(&sock).unwrap();
     assert_eq!(
         (md.uid(), md.mode() & 0o077),

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const FS_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -109,15 +109,14 @@ impl GitHttpServer {
             .spawn()
             .expect("spawn python3");
         let server = GitHttpServer { child, port, log };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "git http server did not come up: {}",
-                fs::read_to_string(base.join("git_http_server.err")).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let up = poll(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+        });
+        assert!(
+            up.is_some(),
+            "git http server did not come up: {}",
+            fs::read_to_string(base.join("git_http_server.err")).unwrap_or_default()
+        );
         server
     }
 

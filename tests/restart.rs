@@ -129,14 +129,7 @@ fn gone(pid: u32) -> bool {
 }
 
 fn wait_gone(pid: u32) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if gone(pid) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+    poll(Duration::from_secs(10), || gone(pid).then_some(())).is_some()
 }
 
 /// `octofs restart` (with extra arguments): its output, and the new pid when it succeeded.

@@ -1032,10 +1032,9 @@ fn systemd_s_descriptor_store_keeps_the_mounts_across_a_kill_9() {
     // The new daemon stored its own descriptors in place of the dead one's.
     assert!(store.lock().unwrap().iter().any(|(n, _)| n == "t"));
     d.stop();
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !store.lock().unwrap().is_empty() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll(Duration::from_secs(5), || {
+        store.lock().unwrap().is_empty().then_some(())
+    });
     let left: Vec<String> = store
         .lock()
         .unwrap()

@@ -323,14 +323,7 @@ echo done";
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
     };
-    let t0 = std::time::Instant::now();
-    while count(&ws) < 3 {
-        assert!(
-            t0.elapsed() < CMD_TIMEOUT,
-            "the sandbox's loop did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until("the sandbox's loop starts", CMD_TIMEOUT, || count(&ws) >= 3);
     // (Each `run` opens the thread; one caller counts once.)
     let out = d.cli_as(a, &["release", "t", "--when-idle"]);
     assert!(out.stdout_str().contains("pending"), "{}", out.describe());
@@ -339,10 +332,10 @@ echo done";
     let out = d.cli(["restart"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
     let before = count(&ws);
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    assert!(
-        count(&ws) > before,
-        "the sandbox's loop stopped after the restart"
+    wait_until(
+        "the sandbox's loop goes on after the restart",
+        CMD_TIMEOUT,
+        || count(&ws) > before,
     );
 
     // The loop ends and the sandbox sleeps in its /tmp: its bind still holds the workspace.
@@ -359,14 +352,9 @@ echo done";
     assert!(status.success(), "octofs run: {status:?}");
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(!said.contains("FAIL") && said.ends_with("done\n"), "{said}");
-    let t0 = std::time::Instant::now();
-    while d.state_of("t") != "released" {
-        assert!(
-            t0.elapsed() < CMD_TIMEOUT,
-            "not released once the sandbox left"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_until("released once the sandbox left", CMD_TIMEOUT, || {
+        d.state_of("t") == "released"
+    });
     let final_count = count(&ws);
     assert_eq!(final_count, 0, "the mount point still shows files");
     let out = d.cli_as(a, &["open", "t"]);
@@ -468,14 +456,7 @@ echo done $n";
             .map(|b| b.split(|c| *c == b'\n').filter(|l| !l.is_empty()).count())
             .unwrap_or(0)
     };
-    let t0 = std::time::Instant::now();
-    while lines(&ws) < 3 {
-        assert!(
-            t0.elapsed() < CMD_TIMEOUT,
-            "the sandbox's loop did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until("the sandbox's loop starts", CMD_TIMEOUT, || lines(&ws) >= 3);
     d.kill9();
     std::thread::sleep(std::time::Duration::from_millis(300));
     d.spawn();

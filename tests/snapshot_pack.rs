@@ -7,7 +7,7 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -137,10 +137,9 @@ fn snapshots_of_many_changes_are_packs_git_accepts() {
     }
     fsck(&mirror, "after 14 snapshots");
     // The merges run beside the snapshots: give the last one a moment.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while packs(&mirror).len() > before + 8 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    poll(Duration::from_secs(20), || {
+        (packs(&mirror).len() <= before + 8).then_some(())
+    });
     let now = packs(&mirror).len();
     assert!(
         now <= before + 8,

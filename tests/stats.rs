@@ -32,14 +32,11 @@ fn count(v: &Value, op: &str) -> u64 {
 
 /// Waits until `op` of `thread` reached `want` (RELEASE reaches the daemon after `close` returns).
 fn wait_count(d: &Daemon, thread: &str, op: &str, want: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    poll(Duration::from_secs(10), || {
         let v = stats(d, Some(thread));
-        if count(&v, op) >= want || Instant::now() > deadline {
-            return v;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        (count(&v, op) >= want).then_some(v)
+    })
+    .unwrap_or_else(|| stats(d, Some(thread)))
 }
 
 fn project(d: &Daemon) {
@@ -312,22 +309,16 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
 
 /// Waits until the daemon's listener answers root with 200.
 fn wait_metrics(url: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    poll(Duration::from_secs(20), || {
         let mut c = Command::new("curl");
         c.args(["-sS", "--max-time", "5", "-w", "\n%{http_code}", url]);
-        if let Ok(out) = try_run(&mut c, CMD_TIMEOUT) {
-            let text = out.stdout_str();
-            if let Some((body, "200")) = text.rsplit_once('\n') {
-                return body.to_string();
-            }
+        let text = try_run(&mut c, CMD_TIMEOUT).ok()?.stdout_str();
+        match text.rsplit_once('\n') {
+            Some((body, "200")) => Some(body.to_string()),
+            _ => None,
         }
-        assert!(
-            Instant::now() < deadline,
-            "the metrics listener at {url} never answered"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
+    .unwrap_or_else(|| panic!("the metrics listener at {url} never answered"))
 }
 
 #[test]

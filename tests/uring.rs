@@ -278,25 +278,17 @@ fn registration_fault_fails_the_mount_cleanly(fault: &str) {
         .spawn()
         .expect("spawn serve");
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !(std::os::unix::net::UnixStream::connect(d.socket()).is_ok()
-            && d.cli(["list"]).success())
-        {
-            assert!(std::time::Instant::now() < deadline, "daemon not ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until("daemon ready", Duration::from_secs(10), || {
+            std::os::unix::net::UnixStream::connect(d.socket()).is_ok() && d.cli(["list"]).success()
+        });
         d.cli_ok(["mirror", "add", "proj", &repo.file_url()]);
         // A caller that enters the mount while the entries are (not) registering: the kernel holds
         // its request; the abort must release it with an error.
         let root = d.root.clone();
         let caller = std::thread::spawn(move || {
-            let deadline = std::time::Instant::now() + Duration::from_secs(20);
-            while mounts_under(&root).is_empty() {
-                if std::time::Instant::now() > deadline {
-                    return None;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
+            poll(Duration::from_secs(20), || {
+                (!mounts_under(&root).is_empty()).then_some(())
+            })?;
             Some(try_run(
                 Command::new("stat").arg(root.join("t/README.md")),
                 Duration::from_secs(40),

@@ -120,15 +120,17 @@ impl Out {
     }
 }
 
-/// Waits for `child` for at most `timeout`; `None` when it is still running.
-pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + timeout;
+/// The one poll of the tests: asks `probe` until it yields a value, pausing 1 ms at first and
+/// doubling up to 50 ms, and `None` once `limit` has passed (the probe is asked once more at the
+/// deadline). Every wait on observable state (a process, a mount, a file, a counter, a listener)
+/// goes through it or [`wait_until`]; a fixed sleep is left only where a test asserts that
+/// something does NOT happen for a while.
+pub fn poll<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
     let mut pause = Duration::from_millis(1);
     loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) => {}
-            Err(_) => return None,
+        if let Some(v) = probe() {
+            return Some(v);
         }
         let now = Instant::now();
         if now >= deadline {
@@ -137,6 +139,24 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> 
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(50));
     }
+}
+
+/// Waits until `state` holds, or panics naming `what` after `limit`.
+#[track_caller]
+pub fn wait_until(what: &str, limit: Duration, mut state: impl FnMut() -> bool) {
+    if poll(limit, || state().then_some(())).is_none() {
+        panic!("{what}: not within {limit:?}");
+    }
+}
+
+/// Waits for `child` for at most `timeout`; `None` when it is still running.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    poll(timeout, || match child.try_wait() {
+        Ok(Some(status)) => Some(Some(status)),
+        Ok(None) => None,
+        Err(_) => Some(None),
+    })
+    .flatten()
 }
 
 /// SIGKILLs the process group led by `child` (spawned with `process_group(0)`) and the child itself.
@@ -352,17 +372,15 @@ pub fn umount_all_under(root: &Path) {
 /// Polls until every path in `mounts` is a mount point, or panics after `timeout`.
 #[track_caller]
 pub fn wait_mounted(mounts: &[PathBuf], timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let missing = || {
         let all = mount_points();
-        let missing: Vec<&PathBuf> = mounts.iter().filter(|m| !all.contains(m)).collect();
-        if missing.is_empty() {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("not mounted after {timeout:?}: {missing:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        mounts
+            .iter()
+            .filter(|m| !all.contains(m))
+            .collect::<Vec<&PathBuf>>()
+    };
+    if poll(timeout, || missing().is_empty().then_some(())).is_none() {
+        panic!("not mounted after {timeout:?}: {:?}", missing());
     }
 }
 
@@ -630,8 +648,7 @@ impl Daemon {
 
     #[track_caller]
     fn wait_ready(&mut self) {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
+        let ready = poll(READY_TIMEOUT, || {
             if let Some(status) = self
                 .child
                 .as_mut()
@@ -650,15 +667,15 @@ impl Daemon {
                 && let Ok(out) = try_run(self.command().arg("list"), Duration::from_secs(5))
                 && out.success()
             {
-                return;
+                return Some(());
             }
-            if Instant::now() >= deadline {
-                panic!(
-                    "daemon not ready within {READY_TIMEOUT:?}\n--- daemon log ---\n{}",
-                    self.log_tail()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
+            None
+        });
+        if ready.is_none() {
+            panic!(
+                "daemon not ready within {READY_TIMEOUT:?}\n--- daemon log ---\n{}",
+                self.log_tail()
+            );
         }
     }
 
