@@ -64,7 +64,7 @@ pub struct WorkspaceRecord {
     pub files_tree: Option<String>,
     /// The I/O mode the thread asked for (`open --io`); none: the daemon's (`serve --io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub io: Option<crate::fs::fuse::IoMode>,
+    pub io: Option<crate::fs::IoMode>,
 }
 
 /// A local user (and primary group) that owns a workspace.
@@ -103,7 +103,7 @@ pub struct Binding {
     /// The I/O mode the thread asked for (`open --io`), kept across release and resume; none: the
     /// daemon's (`serve --io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub io: Option<crate::fs::fuse::IoMode>,
+    pub io: Option<crate::fs::IoMode>,
 }
 
 impl Binding {

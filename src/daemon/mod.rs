@@ -96,7 +96,7 @@ pub struct Settings {
     /// How mounts receive requests (`octofs serve --transport`).
     pub transport: crate::fs::uring::Transport,
     /// How new mounts serve file I/O (`octofs serve --io`).
-    pub io: crate::fs::fuse::IoMode,
+    pub io: crate::fs::IoMode,
     /// The most live threads one user (not root) may hold; 0: no cap (`limits`).
     pub max_threads_per_user: usize,
     /// The most bytes one user's (not root's) workspaces may hold in their upper layers; none: no

@@ -653,8 +653,8 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
         Err(e) => refuse_and_exit(&mut s, &e),
     };
     let io = match h.settings.io.as_str() {
-        "" => crate::fs::fuse::IoMode::Handles,
-        m => match m.parse::<crate::fs::fuse::IoMode>() {
+        "" => crate::fs::IoMode::Handles,
+        m => match m.parse::<crate::fs::IoMode>() {
             Ok(io) => io,
             Err(e) => refuse_and_exit(&mut s, &e),
         },

@@ -13,6 +13,7 @@ pub mod failures;
 pub mod fuse;
 pub mod handles;
 pub mod inode_io;
+pub mod io;
 pub mod objects;
 pub mod readahead;
 pub mod stats;
@@ -20,6 +21,7 @@ pub mod uring;
 pub mod workspace;
 
 pub use self::error::{Context, FsError, FsResult};
+pub use self::io::IoMode;
 
 // Everything the rest of the crate (and the tests) use from the core, by one path that does not
 // depend on how the core is split into files.
