@@ -40,6 +40,7 @@ pub mod hooks;
 pub mod layout;
 pub mod names;
 pub mod own_repo;
+pub mod private_state;
 pub mod records;
 pub mod repo;
 pub mod run;
