@@ -1,9 +1,9 @@
 //! octofs: per-thread copy-on-write git workspaces served as FUSE mounts.
 //!
 //! The layers, each in its own module and depending only on the ones listed before it:
-//! - [`names`], [`layout`], [`records`], [`errno`], [`sys`] and [`sys_uring`]: validated names, where
-//!   state lives, durable JSON records, how an errno is shown, and the only `unsafe` code
-//!   (`sys_uring`: io_uring for the FUSE ring transport).
+//! - [`names`], [`layout`], [`records`], [`errno`] and [`sys`]: validated names, where state lives,
+//!   durable JSON records, how an errno is shown, and the only `unsafe` code (`sys::uring`: io_uring
+//!   for the FUSE ring transport).
 //! - [`git`](mod@git): mirrors (one pristine checkout per project) and read access to their object stores.
 //! - [`cow`]: the host-wide, content-addressed blob cache (and, later, the per-workspace upper layer).
 //! - [`fs`]: the filesystem core (no kernel needed) and the thin fuser adapter that serves it.
@@ -40,11 +40,10 @@ pub mod hooks;
 pub mod layout;
 pub mod names;
 pub mod own_repo;
+pub mod private_state;
 pub mod records;
 pub mod repo;
 pub mod run;
 #[allow(unsafe_code)]
 pub mod sys;
-#[allow(unsafe_code)]
-pub mod sys_uring;
 pub mod workspace;

@@ -119,7 +119,7 @@ enum Cmd {
         /// the thread had it, else the daemon's `serve --io`, auto: chosen per workspace); a
         /// mounted thread keeps its mode
         #[arg(long)]
-        io: Option<octofs::fs::fuse::IoMode>,
+        io: Option<octofs::fs::IoMode>,
     },
     /// List workspaces
     List {

@@ -64,7 +64,7 @@ pub struct WorkspaceRecord {
     pub files_tree: Option<String>,
     /// The I/O mode the thread asked for (`open --io`); none: the daemon's (`serve --io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub io: Option<crate::fs::fuse::IoMode>,
+    pub io: Option<crate::fs::IoMode>,
     /// The mode `serve --io auto` chose for this workspace's mount, and from what: kept for the
     /// workspace's life (restart, adoption and remount serve it the same way), gone with it at
     /// release. None: asked (`io`), a daemon with a fixed `serve --io`, or not mounted yet.
@@ -75,7 +75,7 @@ pub struct WorkspaceRecord {
 /// What `serve --io auto` chose for one mount (`crate::daemon` decides, this only stores it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IoChosen {
-    pub mode: crate::fs::fuse::IoMode,
+    pub mode: crate::fs::IoMode,
     /// The base's file bytes (the sizes of its tree's blobs).
     pub bytes: u64,
     /// The bytes of the other live no-open mounts' bases, when it was chosen.
@@ -120,7 +120,7 @@ pub struct Binding {
     /// The I/O mode the thread asked for (`open --io`), kept across release and resume; none: the
     /// daemon's (`serve --io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub io: Option<crate::fs::fuse::IoMode>,
+    pub io: Option<crate::fs::IoMode>,
 }
 
 impl Binding {

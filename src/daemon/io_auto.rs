@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::fs::fuse::IoMode;
+use crate::fs::IoMode;
 use crate::workspace::IoChosen;
 
 /// Overrides the memory the budget is half of, in bytes (for tests and for operators who know

@@ -237,7 +237,7 @@ pub fn serve(layout: Layout, settings: Settings) -> anyhow::Result<()> {
     {
         bail!("root {} is not a directory", layout.root.display());
     }
-    crate::layout::make_private(&layout.state).with_context(|| {
+    crate::private_state::make_private(&layout.state).with_context(|| {
         format!(
             "cannot create or make private the state dir {}",
             layout.state.display()

@@ -99,7 +99,7 @@ impl Daemon {
         rec: &WorkspaceRecord,
     ) -> (super::io_auto::Hold, Option<crate::workspace::IoChosen>) {
         use super::io_auto::IoSetting;
-        use crate::fs::fuse::IoMode;
+        use crate::fs::IoMode;
         let held = |mode: IoMode| {
             let bytes = if mode == IoMode::NoOpen {
                 self.base_bytes(rec)

@@ -54,7 +54,7 @@ pub enum Request {
         git_ref: Option<String>,
         /// The thread's I/O mode (none: as it was, else the daemon's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        io: Option<crate::fs::fuse::IoMode>,
+        io: Option<crate::fs::IoMode>,
     },
     List,
     Status {

@@ -656,7 +656,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     };
     let io = match h.settings.io.as_str() {
         // An older daemon without the setting served every mount with handles.
-        "" => super::io_auto::IoSetting::Mode(crate::fs::fuse::IoMode::Handles),
+        "" => super::io_auto::IoSetting::Mode(crate::fs::IoMode::Handles),
         m => match m.parse::<super::io_auto::IoSetting>() {
             Ok(io) => io,
             Err(e) => refuse_and_exit(&mut s, &e),
@@ -826,12 +826,12 @@ fn build(
     // The mode the kernel has the mount in (the old daemon's INIT decided it), whatever the
     // record or this daemon's setting say; its bytes held as when it was mounted.
     let mode = if m.adapter.no_open {
-        crate::fs::fuse::IoMode::NoOpen
+        crate::fs::IoMode::NoOpen
     } else {
-        crate::fs::fuse::IoMode::Handles
+        crate::fs::IoMode::Handles
     };
     let bytes = match rec.io_auto {
-        _ if mode == crate::fs::fuse::IoMode::Handles => 0,
+        _ if mode == crate::fs::IoMode::Handles => 0,
         Some(c) => c.bytes,
         None => daemon.base_bytes(&rec),
     };

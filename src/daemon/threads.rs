@@ -41,7 +41,7 @@ pub(super) struct Fork {
     apply: Option<(gix::ObjectId, gix::ObjectId)>,
     chat: bool,
     /// The thread's own I/O mode (none: the daemon's).
-    io: Option<crate::fs::fuse::IoMode>,
+    io: Option<crate::fs::IoMode>,
 }
 
 impl Daemon {
@@ -53,7 +53,7 @@ impl Daemon {
         thread: &str,
         project: Option<&str>,
         git_ref: Option<&str>,
-        io: Option<crate::fs::fuse::IoMode>,
+        io: Option<crate::fs::IoMode>,
         c: &Caller,
     ) -> Reply<Opened> {
         let started = std::time::Instant::now();

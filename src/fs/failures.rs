@@ -2,7 +2,7 @@
 //! what the core knew of the failure ([`FsError::context`]: which data file, catalog append, blob or
 //! object), at debug for the errors programs probe for all day, at warn for those an operator should
 //! see; and its count by opcode and errno, process-wide, for the daemon's metrics ([`error_counts`]).
-//! Used by the fuser adapter; touches nothing but the log and those counters.
+//! Used by the fuser adapter ([`answer`]); touches nothing but the log and those counters.
 
 use std::ffi::OsStr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,6 +48,17 @@ pub fn failed(cx: &Cx, e: FsError) -> Errno {
         tracing::debug!("{line}");
     }
     e.errno
+}
+
+/// The errno to answer `e` with: [`failed`]'s, except for the answers that are no failure, neither
+/// logged nor counted: `ENOSYS` where it tells the kernel to do something itself from now on (open
+/// files and directories, flush), and `ENOENT` to a lookup that must not be cached as a negative
+/// entry (the virtual objects tree).
+pub fn answer(cx: &Cx, e: FsError) -> Errno {
+    if e.errno == Errno::ENOSYS || (cx.op == Op::Lookup && e.errno == Errno::ENOENT) {
+        return e.errno;
+    }
+    failed(cx, e)
 }
 
 /// Errnos counted one by one; a larger one is counted in the last slot ("other").

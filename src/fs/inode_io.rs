@@ -22,7 +22,7 @@
 //! A sweeper thread runs while anything is held (it exits when the table is empty or the mount's
 //! adapter is gone). The table's lock is held only to look up, insert or remove an entry, never
 //! across I/O or a call to the core. Touches the workspace only through [`WorkspaceFs`]'s request
-//! methods; knows nothing of FUSE (the adapter in `fuse.rs` decides when this path is used).
+//! methods; knows nothing of FUSE (`files.rs` decides when this path is used).
 
 use std::collections::HashMap;
 use std::fs::File;

@@ -21,7 +21,7 @@
 //!
 //! Bounded: at most [`ORDER_MAX`] files are remembered (16 bytes each, and an index entry; the
 //! oldest go first), and the order is forgotten after [`FORGET_AFTER`] without a listing or read.
-//! Knows nothing of FUSE or of the core: the adapter (`fuse.rs`) feeds it inode numbers and asks
+//! Knows nothing of FUSE or of the core: `files.rs` feeds it inode numbers and asks
 //! the core for the files behind them.
 
 use std::collections::{HashMap, VecDeque};

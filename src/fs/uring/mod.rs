@@ -4,7 +4,7 @@
 //! It owns how requests reach the filesystem and how replies go back, nothing else: the one
 //! `fuser::Filesystem` (the adapter in `fs::fuse`) answers both transports through fuser's own
 //! parser and reply encoders (via the patch series in `vendor/fuser-patches`). All `unsafe` is in
-//! `crate::sys_uring`. The rules that keep a mount from hanging: every ring and buffer exists
+//! `crate::sys::uring`. The rules that keep a mount from hanging: every ring and buffer exists
 //! before the INIT reply, `FUSE_OVER_IO_URING` is advertised only then, and if registering the
 //! entries fails or stalls afterwards the connection is aborted and the mount fails with the
 //! reason. Without the kernel feature (or with `--transport dev`) the mount runs on `/dev/fuse`.
@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use fuser::{Filesystem, InitFlags, RingDispatcher, RingReplySink, RingWorker};
 
-use crate::sys_uring::{EntryBuffers, Ring};
+use crate::sys::uring::{EntryBuffers, Ring};
 
 /// Which transport a mount should use (`octofs serve --transport`). The default is `Dev` until
 /// the ring is shown to win on a quiet machine (docs/transport.md, "Measurements").
@@ -385,7 +385,7 @@ impl QueueEntry {
         mut d: RingDispatcher<FS>,
         registered: mpsc::Sender<Result<(), String>>,
     ) -> io::Result<()> {
-        if let Err(e) = crate::sys_uring::pin_to_cpu(self.qid as usize) {
+        if let Err(e) = crate::sys::uring::pin_to_cpu(self.qid as usize) {
             tracing::debug!(qid = self.qid, "cannot pin ring thread: {e}");
         }
         let fd = dev.as_raw_fd();

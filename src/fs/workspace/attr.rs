@@ -419,6 +419,17 @@ impl WorkspaceFs {
         Ok(())
     }
 
+    /// Before an open by `caller_uid` with `flags`: an open that truncates drops set-user-ID and
+    /// set-group-ID as a truncate does (with `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves it to the
+    /// file system and fuser does not pass its `FUSE_OPEN_KILL_SUIDGID`: root stands for
+    /// `CAP_FSETID`).
+    pub fn before_open(&self, ino: u64, flags: i32, caller_uid: u32) -> Result<(), FsError> {
+        if flags & libc::O_TRUNC != 0 && caller_uid != 0 {
+            self.kill_suidgid(ino)?;
+        }
+        Ok(())
+    }
+
     /// `setattr`. A size change copies a base file up first; the data file's size and times are
     /// set without the state lock (the kernel serializes `setattr` of one inode; a copy-up of it in
     /// progress is waited for).

@@ -70,6 +70,29 @@ pub struct SetAttr {
     pub kill_suidgid: bool,
 }
 
+impl SetAttr {
+    /// This change as a SETATTR from `caller_uid` asks for it, with set-user-ID and set-group-ID
+    /// dropped where a local file system drops them (`FUSE_HANDLE_KILLPRIV_V2` leaves that to the
+    /// file system; fuser does not pass the kernel's `FATTR_KILL_SUIDGID`, so root stands for
+    /// `CAP_FSETID`): on a chown always, on a truncate by a caller without it, and on a SETATTR
+    /// that changes nothing, which is what the kernel's `file_remove_privs` sends before a write
+    /// that does not come to the daemon (passthrough).
+    pub fn from_caller(mut self, caller_uid: u32) -> SetAttr {
+        let nothing = self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+            && self.ctime.is_none();
+        self.kill_suidgid = self.uid.is_some()
+            || self.gid.is_some()
+            || (self.size.is_some() && caller_uid != 0)
+            || nothing;
+        self
+    }
+}
+
 /// What `open` hands the adapter.
 #[derive(Debug)]
 pub struct Opened {
