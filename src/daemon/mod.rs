@@ -173,6 +173,9 @@ pub struct Daemon {
     /// Each user's bytes across their workspaces (`limits`), with the quota on. Held only to find
     /// or insert a user's counter.
     quotas: Mutex<HashMap<u32, Arc<crate::cow::quota::UserBytes>>>,
+    /// What snapshots keep in memory between them (trees written, ids of files read), shared by
+    /// every workspace and every mirror's object store.
+    snapshot_caches: Arc<crate::git::snapshot::Caches>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -198,6 +201,7 @@ impl Daemon {
             settings,
             blobs: Arc::new(blobs),
             stores: Mutex::new(HashMap::new()),
+            snapshot_caches: Arc::default(),
             mounts: Mutex::new(HashMap::new()),
             locks: Arc::default(),
             idle_waits: Mutex::default(),

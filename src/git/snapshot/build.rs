@@ -4,8 +4,8 @@
 //! threads, `parallel`, or here, `file_blobs`), the directories edited (`editor`), the batch of new
 //! objects written (`crate::git::pack`) before the tree's id is returned. Must not move a ref.
 
+use super::Caches;
 use super::editor::{DirEdit, RawEditor, check_path};
-use super::file_blobs::FileBlobs;
 use super::parallel::{blob_threads, read_files};
 use super::{ViewEdit, ViewSource};
 use crate::git::error::Error;
@@ -18,7 +18,7 @@ use gix::objs::tree::EntryKind;
 /// Writes every object the edits need and returns the edited tree. Edits must be sorted by path.
 ///
 /// `clock`: a reading of the files' clock (seconds, nanoseconds of a ctime) taken before the edits
-/// were read. With it, the blob id of a file read now is remembered ([`FileBlobs`]) when the file
+/// were read. With it, the blob id of a file read now is remembered (in `caches`) when the file
 /// last changed before that reading, and a file that has not changed since a snapshot remembered it
 /// is not read again: a snapshot reads only the files written since the last one.
 ///
@@ -32,13 +32,17 @@ use gix::objs::tree::EntryKind;
 /// (gix's own tree editor checks that every entry of a tree it writes exists: one object lookup,
 /// a `stat` of a loose path, per entry, 100,000 of them for a snapshot touching the directories of
 /// a 100,000-file tree, whatever changed).
+///
+/// `caches`: the memory snapshots share (the daemon's one [`Caches`]): the trees written are kept
+/// there for the next snapshot, the ids of files read remembered there.
 pub fn build_tree(
     repo: &gix::Repository,
     base_tree: ObjectId,
     edits: &[ViewEdit],
     clock: Option<(i64, i64)>,
+    caches: &Caches,
 ) -> Result<ObjectId, Error> {
-    build_tree_on(repo, base_tree, edits, clock, blob_threads())
+    build_tree_on(repo, base_tree, edits, clock, caches, blob_threads())
 }
 
 /// [`build_tree`] with the changed files' blobs saved on up to `threads` threads (see
@@ -48,6 +52,7 @@ pub(super) fn build_tree_on(
     base_tree: ObjectId,
     edits: &[ViewEdit],
     clock: Option<(i64, i64)>,
+    caches: &Caches,
     threads: usize,
 ) -> Result<ObjectId, Error> {
     // An id the view names (a tree or object of the base, of the last snapshot) must be in the
@@ -66,13 +71,11 @@ pub(super) fn build_tree_on(
     let blob = |source: &ViewSource, path: &BStr| -> Result<ObjectId, Error> {
         Ok(match source {
             ViewSource::Object(id) => present(*id, path)?,
-            ViewSource::File(p) => {
-                FileBlobs::shared().blob(repo, &mut batch.borrow_mut(), p, clock)?
-            }
+            ViewSource::File(p) => caches.files.blob(repo, &mut batch.borrow_mut(), p, clock)?,
             ViewSource::Bytes(b) => batch.borrow_mut().write(gix::objs::Kind::Blob, b)?,
         })
     };
-    let saved = read_files(repo, &batch, edits, clock, threads)?;
+    let saved = read_files(repo, &batch, edits, clock, &caches.files, threads)?;
     let mut root = DirEdit::root(base_tree);
     for (i, e) in edits.iter().enumerate() {
         let path: &BStr = e.path().as_bstr();
@@ -104,7 +107,7 @@ pub(super) fn build_tree_on(
         };
         root.apply(path, op)?;
     }
-    let ed = RawEditor::new(repo, &batch);
+    let ed = RawEditor::new(repo, &batch, &caches.trees);
     let tree = match ed.write_dir(Some(base_tree), &root)? {
         Some(id) => id,
         None => ed.write_raw(Vec::new())?,

@@ -120,6 +120,8 @@ pub(super) struct RawEditor<'r, 'b> {
     hash_len: usize,
     /// Where the trees written go (with the blobs).
     batch: &'b std::cell::RefCell<ObjectBatch<'r>>,
+    /// Trees written recently (read from here first, and kept here once written).
+    kept: &'b WrittenTrees,
 }
 
 /// One entry of a tree's bytes: where it starts, where its name is, whether it is a tree.
@@ -130,21 +132,24 @@ struct RawEntry {
 }
 
 impl<'r, 'b> RawEditor<'r, 'b> {
-    /// An editor writing into `batch`, reading the trees of `repo`.
+    /// An editor writing into `batch` and keeping what it writes in `kept`, reading the trees of
+    /// `repo` (from `kept` when it has them).
     pub(super) fn new(
         repo: &'r gix::Repository,
         batch: &'b std::cell::RefCell<ObjectBatch<'r>>,
+        kept: &'b WrittenTrees,
     ) -> RawEditor<'r, 'b> {
         RawEditor {
             repo,
             hash_len: repo.object_hash().len_in_bytes(),
             batch,
+            kept,
         }
     }
 
     /// The bytes of tree `id`: kept in [`WrittenTrees`], else read from the mirror.
     fn read(&self, id: ObjectId) -> Result<std::sync::Arc<[u8]>, Error> {
-        if let Some(raw) = WrittenTrees::shared().get(&id) {
+        if let Some(raw) = self.kept.get(&id) {
             return Ok(raw);
         }
         if id.is_empty_tree() {
@@ -296,7 +301,7 @@ impl<'r, 'b> RawEditor<'r, 'b> {
         if !batch.has(&id) {
             batch.put(gix::objs::Kind::Tree, id, &buf)?;
         }
-        WrittenTrees::shared().put(id, buf);
+        self.kept.put(id, buf);
         Ok(id)
     }
 }
@@ -325,13 +330,14 @@ pub(super) fn check_path(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::git::snapshot::{ViewEdit, ViewSource, build_tree};
+    use crate::git::snapshot::{Caches, ViewEdit, ViewSource, build_tree};
 
     /// Only the edits are checked now (not every entry of every tree written): an edit naming an
     /// object the mirror lacks, or a name git refuses, still fails the tree instead of writing
     /// a tree a ref could name.
     #[test]
     fn an_edit_naming_a_missing_object_or_a_refused_name_fails_the_tree() {
+        let caches = Caches::default();
         let dir = tempfile::tempdir().unwrap();
         let repo = gix::init_bare(dir.path()).unwrap();
         let empty = ObjectId::empty_tree(repo.object_hash());
@@ -353,12 +359,12 @@ mod tests {
             vec![file(b"a/../b", ViewSource::Bytes(b"x".to_vec()))],
         ] {
             assert!(
-                build_tree(&repo, empty, &edits, None).is_err(),
+                build_tree(&repo, empty, &edits, None, &caches).is_err(),
                 "{edits:?} must not make a tree"
             );
         }
         let ok = [file(b"a/git", ViewSource::Bytes(b"x".to_vec()))];
-        build_tree(&repo, empty, &ok, None).unwrap();
+        build_tree(&repo, empty, &ok, None, &caches).unwrap();
     }
 
     /// The raw editor makes, from sorted edits, the tree gix's editor makes from them applied in
@@ -370,6 +376,7 @@ mod tests {
     /// forgets a replaced entry, or on an empty directory left in a tree.
     #[test]
     fn the_raw_editor_makes_the_trees_gix_makes() {
+        let caches = Caches::default();
         let dir = tempfile::tempdir().unwrap();
         let repo = gix::init_bare(dir.path()).unwrap();
         let names: [&[u8]; 7] = [b"a", b"a-b", b"a.b", b"a0", b"b", b"ab", b"\xe9"];
@@ -464,10 +471,10 @@ mod tests {
                 edits.push(edit);
             }
             edits.sort_by(|a, b| a.path().cmp(b.path()));
-            let ours = build_tree(&repo, base, &edits, None).unwrap();
+            let ours = build_tree(&repo, base, &edits, None, &caches).unwrap();
             let theirs = reference(base, &edits);
             assert_eq!(ours, theirs, "round {round}: {edits:?} onto {base}");
-            let kept = WrittenTrees::shared().get(&ours);
+            let kept = caches.kept_tree(&ours);
             if let Some(kept) = kept {
                 assert_eq!(&*kept, &repo.find_object(ours).unwrap().data[..]);
             }
@@ -486,6 +493,7 @@ mod tests {
     /// A name holding a NUL byte, or a path with an empty component, never reaches a tree.
     #[test]
     fn names_git_cannot_hold_fail_the_tree() {
+        let caches = Caches::default();
         let dir = tempfile::tempdir().unwrap();
         let repo = gix::init_bare(dir.path()).unwrap();
         let empty = ObjectId::empty_tree(repo.object_hash());
@@ -496,12 +504,16 @@ mod tests {
                 source: ViewSource::Bytes(b"x".to_vec()),
                 added: true,
             }];
-            assert!(build_tree(&repo, empty, &edits, None).is_err(), "{path:?}");
+            assert!(
+                build_tree(&repo, empty, &edits, None, &caches).is_err(),
+                "{path:?}"
+            );
         }
     }
 
     #[test]
     fn trees_hold_paths_longer_than_path_max_and_names_that_are_not_utf8() {
+        let caches = Caches::default();
         let dir = tempfile::tempdir().unwrap();
         let repo = gix::init_bare(dir.path()).unwrap();
         let comps: Vec<Vec<u8>> = (0..24).map(|i| vec![b'a' + i as u8; 200]).collect();
@@ -515,7 +527,7 @@ mod tests {
             added: true,
         }];
         let empty = ObjectId::empty_tree(repo.object_hash());
-        let tree = build_tree(&repo, empty, &edits, None).unwrap();
+        let tree = build_tree(&repo, empty, &edits, None, &caches).unwrap();
         let entry = repo
             .find_tree(tree)
             .unwrap()

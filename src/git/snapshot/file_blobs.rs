@@ -41,8 +41,12 @@ impl Stamp {
 /// A file's id is remembered only when its change time (read before its content) is earlier than a
 /// clock reading taken before the snapshot's view, so any write after the content was read leaves a
 /// later change time and a different stamp (the rule git's index uses against "racily clean"
-/// entries). The id is used only if the repository has the object.
-pub struct FileBlobs {
+/// entries). The id is used only if the repository has the object. One table per [`Caches`]
+/// (keyed by host inode, so the daemon's is shared by every workspace and mirror).
+///
+/// [`Caches`]: super::Caches
+#[derive(Default)]
+pub(super) struct FileBlobs {
     known: std::sync::Mutex<std::collections::HashMap<(u64, u64), (Stamp, ObjectId)>>,
 }
 
@@ -50,14 +54,6 @@ pub struct FileBlobs {
 const FILE_BLOBS_MAX: usize = 1 << 20;
 
 impl FileBlobs {
-    /// The daemon's one table (keyed by host inode, so shared by every workspace and mirror).
-    pub fn shared() -> &'static FileBlobs {
-        static SHARED: std::sync::OnceLock<FileBlobs> = std::sync::OnceLock::new();
-        SHARED.get_or_init(|| FileBlobs {
-            known: std::sync::Mutex::new(std::collections::HashMap::new()),
-        })
-    }
-
     /// The blob of the file at `p`: remembered, or written now (and remembered, see the type).
     pub(super) fn blob(
         &self,
@@ -201,12 +197,13 @@ impl<R: std::io::Read> std::io::Read for ExactSize<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::git::snapshot::{ViewEdit, ViewSource, build_tree};
+    use crate::git::snapshot::{Caches, ViewEdit, ViewSource, build_tree};
 
     /// A remembered file is not read again while unchanged, and is read again once written, even
     /// with its size and modification time put back (only the change time tells).
     #[test]
     fn a_snapshot_reads_again_only_the_files_written_since() {
+        let caches = Caches::default();
         let dir = tempfile::tempdir().unwrap();
         let repo = gix::init_bare(dir.path().join("repo")).unwrap();
         let file = dir.path().join("data");
@@ -224,11 +221,12 @@ mod tests {
             repo.find_object(e.object_id()).unwrap().data.clone()
         };
         let later = Some((i64::MAX, 0));
-        let first = build_tree(&repo, empty, &edits, later).unwrap();
+        let first = build_tree(&repo, empty, &edits, later, &caches).unwrap();
         assert_eq!(content(first), b"aaaa");
         let stamp = Stamp::of(&std::fs::metadata(&file).unwrap());
         let known = |s: &Stamp| {
-            FileBlobs::shared()
+            caches
+                .files
                 .known
                 .lock()
                 .unwrap()
@@ -236,7 +234,10 @@ mod tests {
                 .is_some_and(|(was, _)| was == s)
         };
         assert!(known(&stamp), "remembered: it changed before the clock");
-        assert_eq!(build_tree(&repo, empty, &edits, later).unwrap(), first);
+        assert_eq!(
+            build_tree(&repo, empty, &edits, later, &caches).unwrap(),
+            first
+        );
 
         let mtime = std::fs::metadata(&file).unwrap().modified().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -244,7 +245,7 @@ mod tests {
         let f = std::fs::File::options().write(true).open(&file).unwrap();
         f.set_modified(mtime).unwrap();
         drop(f);
-        let second = build_tree(&repo, empty, &edits, later).unwrap();
+        let second = build_tree(&repo, empty, &edits, later, &caches).unwrap();
         assert_eq!(content(second), b"bbbb");
 
         // Changed at or after the clock: not remembered (a write in the same tick could follow).
@@ -256,7 +257,7 @@ mod tests {
             source: ViewSource::File(other.clone()),
             added: true,
         }];
-        build_tree(&repo, empty, &edits, Some((0, 0))).unwrap();
+        build_tree(&repo, empty, &edits, Some((0, 0)), &caches).unwrap();
         assert!(!known(&Stamp::of(&std::fs::metadata(&other).unwrap())));
     }
 }

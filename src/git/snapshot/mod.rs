@@ -13,7 +13,7 @@
 //! - `parallel`: the changed files read, hashed and compressed on several threads;
 //! - `file_blobs`: a file on disk saved as a blob, and the ids of files saved before;
 //! - `editor`: the raw tree editor (directories edited as tree bytes, names checked);
-//! - `caches`: the trees recent snapshots wrote, kept in memory;
+//! - `caches`: what snapshots keep in memory ([`Caches`], owned by the daemon, not process-wide);
 //! - `commit`: commit objects written and read;
 //! - `refs`: the thread refs, moved by compare-and-swap past a stale lock.
 
@@ -27,9 +27,8 @@ mod refs;
 mod trailers;
 
 pub use build::build_tree;
-pub use caches::kept_tree;
+pub use caches::Caches;
 pub use commit::{Identity, commit_info, write_commit, write_commit_as};
-pub use file_blobs::FileBlobs;
 pub use refs::{cas_ref, read_ref, thread_ref};
 pub use trailers::{HeadRef, SnapshotOwner, head_of, message, owner_of};
 

@@ -54,6 +54,7 @@ pub(super) fn read_files(
     batch: &std::cell::RefCell<ObjectBatch<'_>>,
     edits: &[ViewEdit],
     clock: Option<(i64, i64)>,
+    blobs: &FileBlobs,
     threads: usize,
 ) -> Result<std::collections::HashMap<usize, ObjectId>, Error> {
     let files: Vec<(usize, &Path)> = edits
@@ -72,7 +73,6 @@ pub(super) fn read_files(
         return Ok(saved);
     }
     let hash = repo.object_hash();
-    let blobs = FileBlobs::shared();
     let mut deflaters: Vec<Deflater> = (0..threads).map(|_| Deflater::default()).collect();
     for window in files.chunks(PARALLEL_WINDOW) {
         let next = std::sync::atomic::AtomicUsize::new(0);
@@ -165,6 +165,7 @@ fn prepare(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::git::snapshot::Caches;
     use crate::git::snapshot::build::build_tree_on;
     use gix::bstr::ByteSlice;
 
@@ -205,13 +206,14 @@ mod tests {
     /// whose compressed bytes or header disagree with its object.
     #[test]
     fn files_saved_on_several_threads_make_the_tree_one_thread_makes() {
+        let caches = Caches::default();
         let dir = tempfile::tempdir().unwrap();
         let edits = many_files(dir.path(), 300);
         let serial = gix::init_bare(dir.path().join("one")).unwrap();
         let parallel = gix::init_bare(dir.path().join("two")).unwrap();
         let empty = ObjectId::empty_tree(serial.object_hash());
-        let a = build_tree_on(&serial, empty, &edits, None, 1).unwrap();
-        let b = build_tree_on(&parallel, empty, &edits, None, 3).unwrap();
+        let a = build_tree_on(&serial, empty, &edits, None, &caches, 1).unwrap();
+        let b = build_tree_on(&parallel, empty, &edits, None, &caches, 3).unwrap();
         assert_eq!(a, b);
         let mut blobs = 0;
         for e in &edits {
@@ -249,8 +251,8 @@ mod tests {
         );
         // Remembered ids (the files changed before the clock) on the second snapshot.
         let later = Some((i64::MAX, 0));
-        let c = build_tree_on(&parallel, empty, &edits, later, 3).unwrap();
-        let d = build_tree_on(&parallel, empty, &edits, later, 3).unwrap();
+        let c = build_tree_on(&parallel, empty, &edits, later, &caches, 3).unwrap();
+        let d = build_tree_on(&parallel, empty, &edits, later, &caches, 3).unwrap();
         assert_eq!((c, d), (a, a));
     }
 
@@ -260,12 +262,13 @@ mod tests {
     /// without that file, or with a blob that is not in the mirror), a half-written pack left.
     #[test]
     fn a_file_that_cannot_be_read_fails_the_parallel_save_and_writes_nothing() {
+        let caches = Caches::default();
         let dir = tempfile::tempdir().unwrap();
         let edits = many_files(dir.path(), 200);
         std::fs::remove_file(dir.path().join("data150")).unwrap();
         let repo = gix::init_bare(dir.path().join("repo")).unwrap();
         let empty = ObjectId::empty_tree(repo.object_hash());
-        let e = build_tree_on(&repo, empty, &edits, None, 2).unwrap_err();
+        let e = build_tree_on(&repo, empty, &edits, None, &caches, 2).unwrap_err();
         assert!(e.to_string().contains("data150"), "{e}");
         let mut left = Vec::new();
         let mut stack = vec![repo.git_dir().join("objects")];
