@@ -336,6 +336,7 @@ fn snapshot_tree(
     w: &Workspace,
     repo: &gix::Repository,
     last: Option<gix::ObjectId>,
+    caches: &octofs::git::snapshot::Caches,
 ) -> gix::ObjectId {
     let v = w.fs.snapshot_view(last).expect("snapshot view");
     assert_eq!(
@@ -346,7 +347,8 @@ fn snapshot_tree(
     let mut edits = v.edits;
     edits.sort_by(|a, b| a.path().cmp(b.path()));
     let clock = Some((v.taken_at.0, i64::from(v.taken_at.1)));
-    let tree = octofs::git::snapshot::build_tree(repo, v.onto, &edits, clock).expect("build tree");
+    let tree =
+        octofs::git::snapshot::build_tree(repo, v.onto, &edits, clock, caches).expect("build tree");
     w.fs.snapshot_saved(v.epoch, tree);
     tree
 }
@@ -361,7 +363,9 @@ fn snapshot_after_copy_ups(b: Bencher, k: usize, since_last: bool) {
     let repo = gix::open(BASE._repo.path()).expect("open the base repository");
     let dirs: Vec<u64> = (0..DIRS).map(|d| w.dir(&dir_name(d))).collect();
     append(&w, &dirs, 0..COPIED_UP, b"copied up\n");
-    let last = std::cell::Cell::new(Some(snapshot_tree(&w, &repo, None)));
+    // One set of snapshot caches across the samples, as the daemon keeps one across snapshots.
+    let caches = octofs::git::snapshot::Caches::new();
+    let last = std::cell::Cell::new(Some(snapshot_tree(&w, &repo, None, &caches)));
     let next = std::cell::Cell::new(0usize);
     b.with_inputs(|| {
         let from = next.get();
@@ -375,7 +379,12 @@ fn snapshot_after_copy_ups(b: Bencher, k: usize, since_last: bool) {
     })
     .bench_local_values(|()| {
         let before = thread_cpu_ns();
-        let tree = snapshot_tree(&w, &repo, if since_last { last.get() } else { None });
+        let tree = snapshot_tree(
+            &w,
+            &repo,
+            if since_last { last.get() } else { None },
+            &caches,
+        );
         cpu.borrow_mut()
             .push(thread_cpu_ns().saturating_sub(before));
         last.set(Some(tree));

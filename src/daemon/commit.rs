@@ -415,7 +415,7 @@ impl Daemon {
                 })
                 .collect();
             // Objects already in the mirror: no file is read, nothing to remember.
-            snap::build_tree(&repo, head_tree, &edits, None)?
+            snap::build_tree(&repo, head_tree, &edits, None, &self.snapshot_caches)?
         };
         let who = identity(&core);
         let commit = snap::write_commit_as(&repo, tree, parents, &message, who.as_ref())?;

@@ -90,7 +90,8 @@ impl Daemon {
         let opened = Arc::new(
             ObjectStore::open(&self.layout.mirror(project))
                 .context(|| format!("cannot open the mirror of {project}"))?
-                .with_fallback(&crate::deps::DepStore::new(&self.layout).objects()),
+                .with_fallback(&crate::deps::DepStore::new(&self.layout).objects())
+                .with_snapshot_caches(self.snapshot_caches.clone()),
         );
         Ok(lock(&self.stores)
             .entry(project.to_string())

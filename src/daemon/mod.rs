@@ -180,6 +180,9 @@ pub struct Daemon {
     quotas: Mutex<HashMap<u32, Arc<crate::cow::quota::UserBytes>>>,
     /// The page cache no-open mounts may take (`io_auto`): decided and held under its own lock.
     io_budget: Arc<io_auto::Budget>,
+    /// What snapshots keep in memory between them (trees written, ids of files read), shared by
+    /// every workspace and every mirror's object store.
+    snapshot_caches: Arc<crate::git::snapshot::Caches>,
 }
 
 /// A request's answer (one of `proto`'s types) and its warnings, or why it failed.
@@ -205,6 +208,7 @@ impl Daemon {
             settings,
             blobs: Arc::new(blobs),
             stores: Mutex::new(HashMap::new()),
+            snapshot_caches: Arc::default(),
             mounts: Mutex::new(HashMap::new()),
             locks: Arc::default(),
             idle_waits: Mutex::default(),

@@ -463,7 +463,13 @@ impl Daemon {
             base_tree
         };
         let Some((head, head_ref)) = head else {
-            return Ok(snap::build_tree(&repo, onto, &edits, clock)?);
+            return Ok(snap::build_tree(
+                &repo,
+                onto,
+                &edits,
+                clock,
+                &self.snapshot_caches,
+            )?);
         };
         let tref = snap::thread_ref(thread);
         let prev = snap::read_ref(&repo, &tref);
@@ -509,7 +515,7 @@ impl Daemon {
             != crate::git::mirror::UpstreamKind::Directory;
         let record = super::repo_record::save(&core, &self.layout, &repo, thread, has_origin)?;
         spans.mark(Span::Keep);
-        let tree = snap::build_tree(&repo, onto, &edits, clock)?;
+        let tree = snap::build_tree(&repo, onto, &edits, clock, &self.snapshot_caches)?;
         spans.mark(Span::Tree);
         // What the tree cannot hold goes into the POSIX record, named by the commit's message.
         // A file of the tree hard-linked to one kept beside it is that link, not a copy.

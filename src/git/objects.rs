@@ -130,6 +130,8 @@ pub struct ObjectStore {
     trees: Mutex<TreeCache>,
     sizes: DashMap<ObjectId, u64>,
     fallback: Option<Fallback>,
+    /// The daemon's snapshot caches: a tree a snapshot just wrote is read from there.
+    snapshots: Option<Arc<crate::git::snapshot::Caches>>,
 }
 
 /// The object store searched when the mirror lacks an object (the dependency layer store).
@@ -163,7 +165,18 @@ impl ObjectStore {
             trees: Mutex::new(TreeCache::new(TreeCache::BUDGET)),
             sizes: DashMap::new(),
             fallback: None,
+            snapshots: None,
         })
+    }
+
+    /// The same store, reading a tree a snapshot just wrote from `caches` (the daemon's snapshot
+    /// caches) before the mirror.
+    pub fn with_snapshot_caches(
+        mut self,
+        caches: Arc<crate::git::snapshot::Caches>,
+    ) -> ObjectStore {
+        self.snapshots = Some(caches);
+        self
     }
 
     /// The same store, looking up in the repository at `path` (a bare repository; it may not exist
@@ -317,11 +330,15 @@ impl ObjectStore {
         // A tree a snapshot of this daemon just wrote is still in memory: a fork of that snapshot
         // reads it from there, not from its loose object (whose first read would also dirty the
         // file's atime, which the fork's fsyncs then wait for).
-        let kept = crate::git::snapshot::kept_tree(&id).and_then(|raw| {
-            gix::objs::TreeRef::from_bytes(&raw, id.kind())
-                .ok()
-                .map(|t| parsed(&t))
-        });
+        let kept = self
+            .snapshots
+            .as_ref()
+            .and_then(|c| c.kept_tree(&id))
+            .and_then(|raw| {
+                gix::objs::TreeRef::from_bytes(&raw, id.kind())
+                    .ok()
+                    .map(|t| parsed(&t))
+            });
         let entries: Arc<[TreeEntry]> = match kept {
             Some(e) => e,
             None => self.find(|repo| -> io::Result<Arc<[TreeEntry]>> {

@@ -53,6 +53,8 @@ pub struct Case<'b> {
     /// whether the core was reloaded since (it cannot know that snapshot then).
     pub snap_last: Option<gix::ObjectId>,
     pub snap_reloaded: bool,
+    /// The snapshot caches of this case (the daemon's are one per daemon).
+    pub snap_caches: octofs::git::snapshot::Caches,
 }
 
 impl<'b> Case<'b> {
@@ -81,6 +83,7 @@ impl<'b> Case<'b> {
             may_quarantine: 0,
             snap_last: None,
             snap_reloaded: false,
+            snap_caches: Default::default(),
         }
     }
 

@@ -616,7 +616,8 @@ impl Case<'_> {
         );
         let mut edits = v.edits.clone();
         edits.sort_by(|a, b| a.path().cmp(b.path()));
-        let got = build_tree(&repo, v.onto, &edits, None).expect("build the incremental tree");
+        let got = build_tree(&repo, v.onto, &edits, None, &self.snap_caches)
+            .expect("build the incremental tree");
         let full = fs.view().unwrap_or_else(|e| panic!("view: {}", e));
         // The metadata for the POSIX record, updated from the last snapshot view's with what
         // was noted since, must be what a walk of every node gives.
@@ -626,7 +627,8 @@ impl Case<'_> {
         );
         let mut all = full.edits.clone();
         all.sort_by(|a, b| a.path().cmp(b.path()));
-        let want = build_tree(&repo, full.base_tree, &all, None).expect("build the full tree");
+        let want = build_tree(&repo, full.base_tree, &all, None, &self.snap_caches)
+            .expect("build the full tree");
         assert_eq!(
             got, want,
             "snapshot_view (since last: {}, onto {}): the tree from the edits {:?} differs from the full walk's",
