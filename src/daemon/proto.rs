@@ -644,4 +644,46 @@ mod tests {
             serde_json::json!({"released": ["a"], "kept": [{"thread": "b", "why": "active"}]})
         );
     }
+
+    /// Every checked-in request and answer line reads and writes back byte for byte: a field
+    /// renamed, reordered, dropped or newly written changes the wire, and fails here
+    /// (`src/proto/requests.jsonl`, `src/proto/answers.tsv`).
+    #[test]
+    fn the_wire_is_the_checked_in_one() {
+        fn same<T: serde::de::DeserializeOwned + Serialize>(line: &str) {
+            let v: T = serde_json::from_str(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert_eq!(serde_json::to_string(&v).unwrap(), line);
+        }
+        let requests = include_str!("../proto/requests.jsonl");
+        for line in requests.lines() {
+            same::<Request>(line);
+        }
+        let answers = include_str!("../proto/answers.tsv");
+        for row in answers.lines() {
+            let (kind, line) = row.split_once('\t').expect("kind<TAB>json");
+            match kind {
+                "response" => same::<Response>(line),
+                "ack" => same::<Ack>(line),
+                "opened" => same::<Opened>(line),
+                "snapshotted" => same::<Snapshotted>(line),
+                "committed" => same::<Committed>(line),
+                "status" => same::<WorkspaceStatus>(line),
+                "release" => same::<ReleaseAnswer>(line),
+                "forked" => same::<Forked>(line),
+                "sweep" => same::<SweepAnswer>(line),
+                "diff" => same::<DiffAnswer>(line),
+                "pushed" => same::<Pushed>(line),
+                "watch" => same::<WatchAnswer>(line),
+                "fsmonitor" => same::<FsmonitorAnswer>(line),
+                "access" => same::<AccessAnswer>(line),
+                "resynced" => same::<Resynced>(line),
+                "pulled" => same::<Pulled>(line),
+                "named" => same::<NamedSnapshot>(line),
+                "exported" => same::<Exported>(line),
+                "restarted" => same::<Restarted>(line),
+                "progress" => same::<FetchProgress>(line),
+                _ => panic!("unknown kind {kind}"),
+            }
+        }
+    }
 }
