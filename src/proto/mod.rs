@@ -154,7 +154,8 @@ mod tests {
 
     /// Every checked-in request and answer line reads and writes back byte for byte: a field
     /// renamed, reordered, dropped or newly written changes the wire, and fails here
-    /// (`src/proto/requests.jsonl`, `src/proto/answers.tsv`).
+    /// (`src/proto/requests.jsonl`, `src/proto/answers.tsv`). A response's `result` is a JSON value:
+    /// its keys come sorted, as `--json` prints them.
     #[test]
     fn the_wire_is_the_checked_in_one() {
         fn same<T: serde::de::DeserializeOwned + Serialize>(line: &str) {
