@@ -1,5 +1,7 @@
-//! The CLI's side of the control socket: send one request, read one response, and start a daemon
-//! when none answers.
+//! The clients' side of the control socket (the CLI, doctor, the CSI plugin): send one request,
+//! read one response as the request's answer type ([`call`]), and start a daemon when none answers.
+//! Owns the connection and the daemon's start; knows the protocol only through `crate::proto`,
+//! never the daemon.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -10,8 +12,10 @@ use std::time::{Duration, Instant};
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
-use crate::daemon::proto::{Request, Response};
+use serde::Deserialize;
+
 use crate::layout::Layout;
+use crate::proto::{Call, Request, Response};
 
 /// Why the CLI could not get an answer from a daemon: the one line it prints.
 #[derive(Debug, thiserror::Error)]
@@ -87,9 +91,51 @@ fn connect(layout: &Layout) -> std::io::Result<UnixStream> {
     UnixStream::connect(layout.socket())
 }
 
-/// Sends `req` and returns the daemon's response. With `autostart`, a daemon is started in the
-/// background (logging to `<state>/octofs.log`) when none answers.
-pub fn call(layout: &Layout, req: &Request, autostart: bool) -> Result<Response, ClientError> {
+/// An answer of the daemon: typed, as it came (`--json` prints it so), and its warnings.
+#[derive(Debug, Clone)]
+pub struct Answered<A> {
+    pub answer: A,
+    /// The response's `result` as the daemon wrote it.
+    pub result: serde_json::Value,
+    pub warnings: Vec<String>,
+}
+
+impl<A> Answered<A> {
+    /// The same answer seen as another type (a text form that needs the request's context).
+    pub fn map<B>(self, f: impl FnOnce(A) -> B) -> Answered<B> {
+        Answered {
+            answer: f(self.answer),
+            result: self.result,
+            warnings: self.warnings,
+        }
+    }
+}
+
+/// Sends `req` and returns the daemon's answer as `R`'s answer type; a refusal is
+/// [`ClientError::Refused`] with the daemon's one line. With `autostart`, a daemon is started in
+/// the background (logging to `<state>/octofs.log`) when none answers.
+pub fn call<R: Call>(
+    layout: &Layout,
+    req: R,
+    autostart: bool,
+) -> Result<Answered<R::Answer>, ClientError> {
+    let resp = send(layout, &req.into(), autostart)?;
+    if !resp.ok {
+        return Err(ClientError::Refused(
+            resp.error
+                .unwrap_or_else(|| "the daemon reported an error".into()),
+        ));
+    }
+    let answer = R::Answer::deserialize(&resp.result).map_err(ClientError::BadAnswer)?;
+    Ok(Answered {
+        answer,
+        result: resp.result,
+        warnings: resp.warnings,
+    })
+}
+
+/// Sends `req` and returns the daemon's response as it came (ok or not).
+pub fn send(layout: &Layout, req: &Request, autostart: bool) -> Result<Response, ClientError> {
     let stream = match connect(layout) {
         Ok(s) => s,
         // Only when no daemon listens: a socket the caller may not reach is not a reason to start

@@ -144,7 +144,7 @@ fn probe_daemon(layout: &Layout) -> DaemonState {
     };
     let _ = s.set_read_timeout(Some(PROBE));
     let _ = s.set_write_timeout(Some(PROBE));
-    let Ok(mut req) = serde_json::to_vec(&crate::daemon::proto::Request::List) else {
+    let Ok(mut req) = serde_json::to_vec(&crate::proto::Request::List) else {
         return DaemonState::NotAnswering;
     };
     req.push(b'\n');
@@ -466,15 +466,12 @@ fn octofs_mount_at(mp: &Path, thread: &str) -> bool {
 
 /// Asks the running daemon to mount `thread` again; its notes (files moved in) on success.
 fn ask_remount(layout: &Layout, thread: &str) -> Result<Vec<String>, String> {
-    let req = crate::daemon::proto::Request::Remount {
+    let req = crate::proto::Remount {
         thread: thread.to_string(),
     };
-    let resp = crate::client::call(layout, &req, false).map_err(|e| e.to_string())?;
-    if resp.ok {
-        Ok(resp.warnings)
-    } else {
-        Err(resp.error.unwrap_or_else(|| "refused".into()))
-    }
+    crate::client::call(layout, req, false)
+        .map(|a| a.warnings)
+        .map_err(|e| e.to_string())
 }
 
 fn remove_leftovers(

@@ -15,7 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::daemon::proto::WorkspaceStatus;
+use crate::proto::WorkspaceStatus;
 
 /// Runs hooks in one mounted workspace as its owner.
 #[derive(Debug)]

@@ -15,6 +15,8 @@
 //!   what `git add -A` would add, and the agent's own commits carried into the mirror.
 //! - [`deps`]: dependency layers: ignored dependency trees (`node_modules`, `.venv`) installed once
 //!   per host by the package manager, sealed as git trees and presented read-through in workspaces.
+//! - [`proto`]: the control protocol's requests (each naming its answer type) and answers, shared
+//!   by the daemon and its clients.
 //! - [`daemon`]: the one process that serves every mount and the control socket.
 //! - [`client`]: what the CLI uses to talk to (and start) the daemon.
 //! - [`hooks`]: commit hooks, run by the CLI in a mount as the workspace's owner (never by the daemon).
@@ -41,6 +43,7 @@ pub mod layout;
 pub mod names;
 pub mod own_repo;
 pub mod private_state;
+pub mod proto;
 pub mod records;
 pub mod repo;
 pub mod run;

@@ -19,9 +19,10 @@ use serde::{Deserialize, Serialize};
 use tonic::{Code, Status};
 
 use super::proto::{AccessType, NodePublishVolumeRequest};
-use crate::daemon::proto::Request;
+use crate::client::ClientError;
 use crate::layout::Layout;
 use crate::names::{NameKind, validate};
+use crate::proto::{Call, MirrorList, Ping};
 
 /// What the plugin is told at start.
 #[derive(Debug, Clone)]
@@ -141,20 +142,15 @@ impl Node {
 
     /// Whether the daemon answers (Probe).
     pub fn daemon_ready(&self) -> bool {
-        crate::client::call(&self.config.layout, &Request::Ping, false).is_ok_and(|r| r.ok)
+        crate::client::call(&self.config.layout, Ping, false).is_ok()
     }
 
     /// A read-only request to the daemon as root (this process).
-    fn ask(&self, req: &Request) -> Result<serde_json::Value, Status> {
-        let r = crate::client::call(&self.config.layout, req, false)
-            .map_err(|e| Status::unavailable(format!("the octofs daemon: {e}")))?;
-        if r.ok {
-            Ok(r.result)
-        } else {
-            Err(from_daemon(
-                "the octofs daemon",
-                r.error.as_deref().unwrap_or("refused"),
-            ))
+    fn ask<R: Call>(&self, req: R) -> Result<R::Answer, Status> {
+        match crate::client::call(&self.config.layout, req, false) {
+            Ok(a) => Ok(a.answer),
+            Err(ClientError::Refused(e)) => Err(from_daemon("the octofs daemon", &e)),
+            Err(e) => Err(Status::unavailable(format!("the octofs daemon: {e}"))),
         }
     }
 
@@ -230,11 +226,8 @@ impl Node {
             // Recorded but not mounted (the node restarted): publish it again below.
         }
         // An unknown project is NOT_FOUND before anything is opened.
-        let projects = self.ask(&Request::MirrorList)?;
-        let known = projects.as_array().is_some_and(|a| {
-            a.iter()
-                .any(|m| m.get("project").and_then(|v| v.as_str()) == Some(p.project.as_str()))
-        });
+        let projects = self.ask(MirrorList)?;
+        let known = projects.iter().any(|m| m.project.project == p.project);
         if !known {
             return Err(Status::not_found(format!(
                 "no project {:?} on node {} (octofs mirror add {} UPSTREAM --share REMOTE)",

@@ -9,7 +9,7 @@
 //! changes nothing.
 
 use super::error::{Error, on_workspace};
-use super::proto::{CommitMode, Committed};
+use super::proto::{Commit, CommitMode, Committed};
 use super::snapshot::{Goal, read_head};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
@@ -144,16 +144,6 @@ pub(super) fn write_index(core: &WorkspaceFs, bytes: &[u8]) -> Result<(), Error>
     Ok(())
 }
 
-/// What `octofs commit` asks for, beyond the thread.
-#[derive(Debug, Clone, Default)]
-pub(super) struct CommitRequest {
-    pub message: String,
-    pub paths: Vec<String>,
-    pub gates: Vec<String>,
-    pub mode: CommitMode,
-    pub anchor: Option<String>,
-}
-
 /// The commit a fixup fixes: `spec` resolved in the mirror (the agent's commits are carried there
 /// before), which must be HEAD or one of its ancestors — a fixup of anything else could never
 /// be squashed into it.
@@ -255,15 +245,16 @@ pub(super) fn move_head(
 
 impl Daemon {
     /// `octofs commit`: returns the new commit.
-    pub(super) fn commit(&self, thread: &str, req: &CommitRequest, c: &Caller) -> Reply<Committed> {
-        let CommitRequest {
+    pub(super) fn commit(&self, req: &Commit, c: &Caller) -> Reply<Committed> {
+        let Commit {
+            thread,
             message,
             paths,
             gates: gate_specs,
             mode,
             anchor,
         } = req;
-        let (message, mode) = (message.as_str(), *mode);
+        let (thread, message, mode) = (thread.as_str(), message.as_str(), *mode);
         validate(NameKind::Thread, thread)?;
         // Every gate is known before anything runs.
         let gates = parse_gates(self, gate_specs, c)?;

@@ -18,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::Error;
-use super::proto::{Ack, DiffFormat, Request, Response};
+use super::proto::{Ack, Call, Request, Response};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 
@@ -54,155 +54,130 @@ impl Daemon {
         }
     }
 
+    /// Each request to the room that serves it; `answer::<R>` checks at compile time that the
+    /// room answers with the type the request names (`R::Answer`), which the client reads.
     pub(super) fn dispatch(&self, req: Request, c: &Caller) -> Reply<serde_json::Value> {
+        use crate::proto as p;
         match req {
-            Request::Ping => answer(Ok((Ack("pong".into()), vec![]))),
-            Request::MirrorAdd {
-                project,
-                upstream,
-                credential,
-                access,
-            } => {
+            Request::Ping => answer::<p::Ping>(Ok((Ack("pong".into()), vec![]))),
+            Request::MirrorAdd(r) => {
                 self.require_admin(c, "add mirrors")?;
-                answer(self.mirror_add(&project, &upstream, credential.as_deref(), access))
+                answer::<p::MirrorAdd>(self.mirror_add(
+                    &r.project,
+                    &r.upstream,
+                    r.credential.as_deref(),
+                    r.access,
+                ))
             }
-            Request::MirrorAccess { project, access } => {
+            Request::MirrorAccess(r) => {
                 self.require_admin(c, "see or change who may bind a project")?;
-                answer(self.mirror_access(&project, access))
+                answer::<p::MirrorAccess>(self.mirror_access(&r.project, r.access))
             }
-            Request::MirrorSync { project } => {
+            Request::MirrorSync(r) => {
                 self.require_admin(c, "sync mirrors")?;
-                answer(self.mirror_sync(&project))
+                answer::<p::MirrorSync>(self.mirror_sync(&r.project))
             }
-            Request::MirrorList => answer(self.mirror_list(c)),
-            Request::Open {
-                thread,
-                project,
-                git_ref,
-                io,
-            } => answer(self.open(&thread, project.as_deref(), git_ref.as_deref(), io, c)),
-            Request::List => answer(self.list(c)),
-            Request::Status { thread } => answer(self.status(&thread, c)),
-            Request::Fsmonitor { thread, token } => answer(self.fsmonitor(&thread, &token, c)),
-            Request::Snapshot { thread } => answer(self.snapshot(&thread, c)),
-            Request::Release {
-                thread,
-                force,
-                discard,
-            } => answer(self.release(&thread, force, discard, c)),
-            Request::Sweep { idle_secs } => {
+            Request::MirrorList => answer::<p::MirrorList>(self.mirror_list(c)),
+            Request::Open(r) => answer::<p::Open>(self.open(
+                &r.thread,
+                r.project.as_deref(),
+                r.git_ref.as_deref(),
+                r.io,
+                c,
+            )),
+            Request::List => answer::<p::List>(self.list(c)),
+            Request::Status(r) => answer::<p::Status>(self.status(&r.thread, c)),
+            Request::Fsmonitor(r) => answer::<p::Fsmonitor>(self.fsmonitor(&r.thread, &r.token, c)),
+            Request::Snapshot(r) => answer::<p::Snapshot>(self.snapshot(&r.thread, c)),
+            Request::Release(r) => {
+                answer::<p::Release>(self.release(&r.thread, r.force, r.discard, c))
+            }
+            Request::Sweep(r) => {
                 self.require_admin(c, "sweep every user's workspaces")?;
-                answer(self.sweep(idle_secs))
+                answer::<p::Sweep>(self.sweep(r.idle_secs))
             }
-            Request::Diff {
-                thread,
-                from,
-                to,
-                patch,
-                format,
-            } => {
-                let format = format.unwrap_or(if patch {
-                    DiffFormat::Patch
-                } else {
-                    DiffFormat::NameStatus
-                });
-                answer(self.diff(&thread, from.as_deref(), to.as_deref(), format, c))
-            }
-            Request::Stats { thread } => answer(self.stats(thread.as_deref(), c)),
-            Request::Metrics => answer(self.metrics(c)),
+            Request::Diff(r) => answer::<p::Diff>(self.diff(
+                &r.thread,
+                r.from.as_deref(),
+                r.to.as_deref(),
+                r.format(),
+                c,
+            )),
+            Request::Stats(r) => answer::<p::Stats>(self.stats(r.thread.as_deref(), c)),
+            Request::Metrics => answer::<p::Metrics>(self.metrics(c)),
             Request::Stop => {
                 self.require_admin(c, "stop the daemon")?;
-                answer(Ok((Ack("stopping".into()), vec![])))
+                answer::<p::Stop>(Ok((Ack("stopping".into()), vec![])))
             }
-            Request::Watch { thread, token } => answer(self.watch(&thread, &token, c)),
-            Request::Fork { from, to } => answer(self.fork(&from, &to, c)),
-            Request::Teleport {
-                from,
-                to,
-                project,
-                git_ref,
-            } => answer(self.teleport(&from, &to, project.as_deref(), git_ref.as_deref(), c)),
-            Request::ReleaseWhenIdle { thread } => answer(self.release_when_idle(&thread, c)),
-            Request::Commit {
-                thread,
-                message,
-                paths,
-                gates,
-                mode,
-                anchor,
-            } => answer(self.commit(
-                &thread,
-                &super::commit::CommitRequest {
-                    message,
-                    paths,
-                    gates,
-                    mode,
-                    anchor,
-                },
+            Request::Watch(r) => answer::<p::Watch>(self.watch(&r.thread, &r.token, c)),
+            Request::Fork(r) => answer::<p::Fork>(self.fork(&r.from, &r.to, c)),
+            Request::Teleport(r) => answer::<p::Teleport>(self.teleport(
+                &r.from,
+                &r.to,
+                r.project.as_deref(),
+                r.git_ref.as_deref(),
                 c,
             )),
-            Request::Push {
-                thread,
-                remote,
-                branch,
-                lease,
-                gates,
-            } => answer(self.push(
-                &thread,
-                remote.as_deref(),
-                branch.as_deref(),
-                lease.as_deref(),
-                &gates,
+            Request::ReleaseWhenIdle(r) => {
+                answer::<p::ReleaseWhenIdle>(self.release_when_idle(&r.thread, c))
+            }
+            Request::Commit(r) => answer::<p::Commit>(self.commit(&r, c)),
+            Request::Push(r) => answer::<p::Push>(self.push(
+                &r.thread,
+                r.remote.as_deref(),
+                r.branch.as_deref(),
+                r.lease.as_deref(),
+                &r.gates,
                 c,
             )),
-            Request::DepsBuild { project, git_ref } => {
+            Request::DepsBuild(r) => {
                 self.require_admin(c, "build dependency layers")?;
-                answer(self.deps_build(&project, git_ref.as_deref()))
+                answer::<p::DepsBuild>(self.deps_build(&r.project, r.git_ref.as_deref()))
             }
-            Request::DepsList => answer(self.deps_list(c)),
+            Request::DepsList => answer::<p::DepsList>(self.deps_list(c)),
             Request::DepsGc => {
                 self.require_admin(c, "collect dependency layers")?;
-                answer(self.deps_gc())
+                answer::<p::DepsGc>(self.deps_gc())
             }
-            Request::DepsProgress { project, after } => {
+            Request::DepsProgress(r) => {
                 self.require_admin(c, "follow dependency builds")?;
-                answer(self.deps_progress(&project, after))
+                answer::<p::DepsProgress>(self.deps_progress(&r.project, r.after))
             }
-            Request::Export { thread, dry_run } => answer(self.export(&thread, dry_run, c)),
-            Request::Resync { thread, role } => answer(self.resync(&thread, &role, c)),
-            Request::SnapshotNamed { thread, name, push } => {
-                answer(self.snapshot_named(&thread, name.as_deref(), push.as_deref(), c))
+            Request::Export(r) => answer::<p::Export>(self.export(&r.thread, r.dry_run, c)),
+            Request::Resync(r) => answer::<p::Resync>(self.resync(&r.thread, &r.role, c)),
+            Request::SnapshotNamed(r) => answer::<p::SnapshotNamed>(self.snapshot_named(
+                &r.thread,
+                r.name.as_deref(),
+                r.push.as_deref(),
+                c,
+            )),
+            Request::Pull(r) => {
+                answer::<p::Pull>(self.pull(&r.thread, &r.remote, &r.name, r.force, c))
             }
-            Request::Pull {
-                thread,
-                remote,
-                name,
-                force,
-            } => answer(self.pull(&thread, &remote, &name, force, c)),
-            Request::MirrorShare { project, share } => {
+            Request::MirrorShare(r) => {
                 self.require_admin(c, "change a project's share remote")?;
-                answer(self.mirror_share(&project, share.as_deref()))
+                answer::<p::MirrorShare>(self.mirror_share(&r.project, r.share.as_deref()))
             }
-            Request::MirrorExcludes { project, excludes } => {
+            Request::MirrorExcludes(r) => {
                 self.require_admin(c, "change a project's excludes")?;
-                answer(self.mirror_excludes(&project, excludes))
+                answer::<p::MirrorExcludes>(self.mirror_excludes(&r.project, r.excludes))
             }
-            Request::MirrorProgress { project } => {
+            Request::MirrorProgress(r) => {
                 self.require_admin(c, "follow a mirror's clone or fetch")?;
-                answer(Ok((super::mirrors::progress(&project), vec![])))
+                answer::<p::MirrorProgress>(Ok((super::mirrors::progress(&r.project), vec![])))
             }
-            Request::MirrorCancel { project } => {
+            Request::MirrorCancel(r) => {
                 self.require_admin(c, "cancel a mirror's clone or fetch")?;
-                answer(super::mirrors::cancel(&project))
+                answer::<p::MirrorCancel>(super::mirrors::cancel(&r.project))
             }
-            Request::Restart { exe } => answer(self.restart(exe.as_deref(), c)),
-            Request::Remount { thread } => answer(self.remount(&thread, c)),
+            Request::Restart(r) => answer::<p::Restart>(self.restart(r.exe.as_deref(), c)),
+            Request::Remount(r) => answer::<p::Remount>(self.remount(&r.thread, c)),
         }
     }
 }
 
-/// A typed answer as the `result` of a response.
-fn answer<T: serde::Serialize>(r: Reply<T>) -> Reply<serde_json::Value> {
+/// `R`'s answer as the `result` of a response.
+fn answer<R: Call>(r: Reply<R::Answer>) -> Reply<serde_json::Value> {
     let (v, warnings) = r?;
     let v = serde_json::to_value(v).map_err(|e| Error::Op {
         what: "cannot encode the answer".into(),
@@ -433,7 +408,7 @@ async fn connection(
     };
     // Only the answer to `restart` ends a daemon that handed over: another connection answered
     // meanwhile (a ping, a status) must not make it exit before that answer is written.
-    let restart = matches!(request, Ok(Request::Restart { .. }));
+    let restart = matches!(request, Ok(Request::Restart(_)));
     let resp = match (request, caller) {
         (Err(e), _) => Response::err(e.to_string()),
         (Ok(_), Err(e)) => Response::err(format!("cannot tell who is asking: {e}")),
@@ -460,14 +435,14 @@ async fn serve_request(
 ) -> Response {
     let pool = match req {
         Request::Ping => return daemon.handle(req, &caller),
-        Request::Fsmonitor { .. }
-        | Request::Stats { .. }
+        Request::Fsmonitor(_)
+        | Request::Stats(_)
         | Request::Metrics
-        | Request::Watch { .. }
+        | Request::Watch(_)
         | Request::Stop
-        | Request::DepsProgress { .. }
-        | Request::MirrorProgress { .. }
-        | Request::MirrorCancel { .. } => &pools.fast,
+        | Request::DepsProgress(_)
+        | Request::MirrorProgress(_)
+        | Request::MirrorCancel(_) => &pools.fast,
         _ => &pools.heavy,
     };
     let is_stop = matches!(req, Request::Stop);
