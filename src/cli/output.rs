@@ -63,6 +63,15 @@ pub fn access_line(a: &Access) -> String {
     parts.join(" ")
 }
 
+/// A mount's I/O mode and why (`no-open (auto: 210 MiB of 4.0 GiB budget)`), for `status` and
+/// `stats`; none when not mounted.
+pub fn io_shown(io: Option<&str>, why: Option<&str>) -> Option<String> {
+    Some(match (io?, why) {
+        (io, Some(why)) => format!("{io} ({why})"),
+        (io, None) => io.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,13 +83,4 @@ mod tests {
         // 13 bytes, byte 12 inside the last 'é': shown whole (slicing at 12 panicked).
         assert_eq!(short("aéééééé"), "aéééééé");
     }
-}
-
-/// A mount's I/O mode and why (`no-open (auto: 210 MiB of 4.0 GiB budget)`), for `status` and
-/// `stats`; none when not mounted.
-pub fn io_shown(io: Option<&str>, why: Option<&str>) -> Option<String> {
-    Some(match (io?, why) {
-        (io, Some(why)) => format!("{io} ({why})"),
-        (io, None) => io.to_string(),
-    })
 }
