@@ -34,6 +34,7 @@
 
 mod authz;
 mod commit;
+mod create;
 mod deps;
 mod diff;
 pub mod error;
@@ -53,6 +54,7 @@ mod posix;
 pub mod proto;
 mod pull;
 mod push;
+mod recover;
 mod repo_config;
 mod repo_record;
 mod resync;
@@ -63,6 +65,7 @@ mod status;
 mod strays;
 mod takeover;
 mod threads;
+mod tree_diff;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
