@@ -10,8 +10,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use common::op_count as count;
 use common::*;
-use serde_json::Value;
 
 /// Files in the project, of [`SIZE`] bytes each: the base weighs `N * SIZE` bytes.
 const N: usize = 20;
@@ -29,14 +29,6 @@ fn daemon() -> Daemon {
     repo.commit_all("files", DATE1);
     d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
     d
-}
-
-fn count(v: &Value, op: &str) -> u64 {
-    v["total"]["ops"]
-        .as_array()
-        .and_then(|ops| ops.iter().find(|o| o["op"] == op))
-        .and_then(|o| o["count"].as_u64())
-        .unwrap_or(0)
 }
 
 /// OPEN requests the kernel sent for one warm pass reading every file of `mnt` (after two passes

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::op_count as count;
 use common::*;
 use serde_json::Value;
 
@@ -35,14 +36,6 @@ fn no_open_workspace() -> (Daemon, GitRepo, std::path::PathBuf) {
 
 fn stats(d: &Daemon) -> Value {
     parse_json("stats --json", &d.cli_ok(["stats", "t", "--json"]))
-}
-
-fn count(v: &Value, op: &str) -> u64 {
-    v["total"]["ops"]
-        .as_array()
-        .and_then(|ops| ops.iter().find(|o| o["op"] == op))
-        .and_then(|o| o["count"].as_u64())
-        .unwrap_or(0)
 }
 
 fn read_all(mnt: &Path) -> Vec<String> {

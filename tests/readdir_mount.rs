@@ -11,19 +11,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use common::op_count as count;
 use common::*;
 use serde_json::Value;
 
 /// Files in the large directory: a listing of it takes many READDIRPLUS requests.
 const BIG: usize = 3000;
-
-fn count(v: &Value, op: &str) -> u64 {
-    v["total"]["ops"]
-        .as_array()
-        .and_then(|ops| ops.iter().find(|o| o["op"] == op))
-        .and_then(|o| o["count"].as_u64())
-        .unwrap_or(0)
-}
 
 fn stats(d: &Daemon) -> Value {
     parse_json("stats --json", &d.cli_ok(["stats", "--json", "t"]))

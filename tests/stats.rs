@@ -10,6 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::op_count as count;
 use common::*;
 use serde_json::Value;
 
@@ -19,15 +20,6 @@ fn stats(d: &Daemon, thread: Option<&str>) -> Value {
     let mut args = vec!["stats", "--json"];
     args.extend(thread);
     parse_json("stats --json", &d.cli_ok(args))
-}
-
-/// Requests of `op` in the answer's total.
-fn count(v: &Value, op: &str) -> u64 {
-    v["total"]["ops"]
-        .as_array()
-        .and_then(|ops| ops.iter().find(|o| o["op"] == op))
-        .and_then(|o| o["count"].as_u64())
-        .unwrap_or(0)
 }
 
 /// Waits until `op` of `thread` reached `want` (RELEASE reaches the daemon after `close` returns).

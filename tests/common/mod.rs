@@ -1093,6 +1093,15 @@ pub fn extract_archive(repo: &Path, rev: &str, dest: &Path) {
     fs::remove_file(&tarball).expect("rm tarball");
 }
 
+/// Requests of `op` in the total of a `stats --json` answer.
+pub fn op_count(v: &serde_json::Value, op: &str) -> u64 {
+    v["total"]["ops"]
+        .as_array()
+        .and_then(|ops| ops.iter().find(|o| o["op"] == op))
+        .and_then(|o| o["count"].as_u64())
+        .unwrap_or(0)
+}
+
 /// Collects every string (values and object keys) in a JSON document.
 pub fn json_strings(v: &serde_json::Value, out: &mut Vec<String>) {
     match v {
