@@ -240,14 +240,20 @@ fn owned_copy(d: &Daemon, from: &str, u: User) -> String {
     to.display().to_string()
 }
 
-#[test]
-fn a_forged_record_sets_only_what_the_owner_could() {
-    let a = user_a();
+/// A daemon on a one-file project `p` and the thread `t` that user `a` opened on it.
+fn a_thread_of(a: User) -> Daemon {
     let d = Daemon::start();
     open_the_way(&d);
     add_project(&d, "p", &[("README.md", "# demo\n", 0o644)]);
     let out = d.cli_as(a, &["open", "t", "--project", "p"]);
     assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    d
+}
+
+#[test]
+fn a_forged_record_sets_only_what_the_owner_could() {
+    let a = user_a();
+    let d = a_thread_of(a);
     let m = d.mount("t");
     let base = git(&d.mirror("p"), ["rev-parse", "HEAD"])
         .trim()
@@ -362,11 +368,7 @@ print("devices", [p for p in ("mem", "disk") if os.path.lexists(p)])
 #[test]
 fn the_owner_cannot_make_them_through_the_mount_either() {
     let a = user_a();
-    let d = Daemon::start();
-    open_the_way(&d);
-    add_project(&d, "p", &[("README.md", "# demo\n", 0o644)]);
-    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
-    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let d = a_thread_of(a);
     let m = d.mount("t");
     // Root (who may join any thread) leaves a file of its own in a's workspace.
     let rf = m.join("rootfile");
@@ -624,11 +626,7 @@ fn a_forged_share_record_brings_no_command_in_its_config() {
 #[test]
 fn root_forking_a_users_thread_gets_no_command_of_theirs() {
     let a = user_a();
-    let d = Daemon::start();
-    open_the_way(&d);
-    add_project(&d, "p", &[("README.md", "# demo\n", 0o644)]);
-    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
-    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let d = a_thread_of(a);
     let ws = d.mount("t");
     let m = marks_dir(&d);
     let mk = m.display().to_string();
