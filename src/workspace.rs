@@ -210,4 +210,20 @@ impl WorkspaceRecord {
         out.sort_by(|a, b| a.thread.cmp(&b.thread));
         Ok(out)
     }
+
+    /// Every layer a workspace record holds, with the thread and its owner's uid: what
+    /// `deps list` shows as a layer's users and `deps gc` keeps ([`crate::deps::gc`]).
+    pub fn layer_uses(layout: &Layout) -> std::io::Result<Vec<crate::deps::gc::LayerUse>> {
+        let recs = Self::list(layout).map_err(|e| std::io::Error::other(e.to_string()))?;
+        Ok(recs
+            .into_iter()
+            .flat_map(|r| {
+                let thread = r.thread.clone();
+                let uid = r.owner.uid;
+                r.layers
+                    .into_iter()
+                    .map(move |l| (l.key, thread.clone(), uid))
+            })
+            .collect())
+    }
 }

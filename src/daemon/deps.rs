@@ -24,6 +24,7 @@ use crate::deps::gc::{self, GcAnswer, LayerInfo, Needed};
 use crate::deps::{DepLayer, DepStore, Lockfile, Manager};
 use crate::git::mirror;
 use crate::names::{NameKind, validate};
+use crate::workspace::WorkspaceRecord;
 
 /// Builds started at open that are still running, by (manager, lockfile hash): when the first
 /// started and how many opens wait on it.
@@ -246,9 +247,10 @@ impl Daemon {
     /// `octofs deps list`: every layer; a caller other than root sees only their own threads
     /// among its users.
     pub(super) fn deps_list(&self, c: &Caller) -> Reply<Vec<LayerInfo>> {
-        let mut l = gc::list(&self.layout).context(|| "cannot list the layers".to_string())?;
+        let mut l = gc::list(&self.layout, || WorkspaceRecord::layer_uses(&self.layout))
+            .context(|| "cannot list the layers".to_string())?;
         if !self.is_admin(c) {
-            let own: Vec<String> = crate::workspace::WorkspaceRecord::list(&self.layout)?
+            let own: Vec<String> = WorkspaceRecord::list(&self.layout)?
                 .into_iter()
                 .filter(|r| r.owner.uid == c.uid)
                 .map(|r| r.thread)
@@ -290,7 +292,10 @@ impl Daemon {
                 }
             }
         }
-        let a = gc::gc(&self.layout, &needed).map_err(Error::Refused)?;
+        let a = gc::gc(&self.layout, &needed, || {
+            WorkspaceRecord::layer_uses(&self.layout)
+        })
+        .map_err(Error::Refused)?;
         Ok((a, vec![]))
     }
 

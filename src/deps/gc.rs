@@ -2,7 +2,9 @@
 //! their collection (`octofs deps gc`): a layer no workspace record uses and no mirror's
 //! default-branch tip needs loses its record, log and ref, and `store.git` is pruned.
 //!
-//! Reads workspace records; never writes one, never touches a mirror or a mount.
+//! Which layers workspaces use comes from the caller ([`LayerUse`], read from the workspace
+//! records by [`crate::workspace::WorkspaceRecord::layer_uses`]): this module knows nothing of
+//! those records, never writes one, never touches a mirror or a mount.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -12,7 +14,6 @@ use serde::{Deserialize, Serialize};
 use super::{DepStore, LayerRecord, LayerState, Manager, build, seal};
 use crate::git::Git;
 use crate::layout::Layout;
-use crate::workspace::WorkspaceRecord;
 
 /// One layer as `deps list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,25 +108,17 @@ fn info(rec: LayerRecord, users: Vec<String>) -> LayerInfo {
     }
 }
 
-/// `(key, thread, owner's uid)` for every layer a workspace record holds.
-fn uses(layout: &Layout) -> std::io::Result<Vec<(String, String, u32)>> {
-    let recs = WorkspaceRecord::list(layout).map_err(|e| std::io::Error::other(e.to_string()))?;
-    Ok(recs
-        .into_iter()
-        .flat_map(|r| {
-            let thread = r.thread.clone();
-            let uid = r.owner.uid;
-            r.layers
-                .into_iter()
-                .map(move |l| (l.key, thread.clone(), uid))
-        })
-        .collect())
-}
+/// One layer a workspace record holds: `(key, thread, owner's uid)`.
+pub type LayerUse = (String, String, u32);
 
-/// Every layer on the host, newest first, with its users.
-pub fn list(layout: &Layout) -> std::io::Result<Vec<LayerInfo>> {
+/// Every layer on the host, newest first, with its users (`uses`: what the workspace records
+/// hold).
+pub fn list(
+    layout: &Layout,
+    uses: impl FnOnce() -> std::io::Result<Vec<LayerUse>>,
+) -> std::io::Result<Vec<LayerInfo>> {
     let deps = DepStore::new(layout);
-    let uses = uses(layout)?;
+    let uses = uses()?;
     let mut out: Vec<LayerInfo> = deps
         .list()?
         .into_iter()
@@ -172,12 +165,17 @@ fn disk_bytes(path: &Path) -> u64 {
 
 /// Removes every layer that no workspace record holds and `needed` does not name, and prunes the
 /// store. A layer whose build is under way is kept; so is every layer while a build seals (gc
-/// waits for the store's lock).
-pub fn gc(layout: &Layout, needed: &Needed) -> Result<GcAnswer, String> {
+/// waits for the store's lock). `uses` reads what the workspace records hold; it is called once
+/// the store is locked, so that a layer a new workspace took before then is seen.
+pub fn gc(
+    layout: &Layout,
+    needed: &Needed,
+    uses: impl FnOnce() -> std::io::Result<Vec<LayerUse>>,
+) -> Result<GcAnswer, String> {
     let deps = DepStore::new(layout);
     let _store =
         seal::store_lock(&deps, true).map_err(|e| format!("cannot lock the layer store: {e}"))?;
-    let used: HashSet<String> = uses(layout)
+    let used: HashSet<String> = uses()
         .map_err(|e| format!("cannot read the workspace records: {e}"))?
         .into_iter()
         .map(|(k, _, _)| k)
