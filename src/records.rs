@@ -14,6 +14,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub mod hex;
+
 /// Why a record could not be loaded, saved or listed: one line naming the record and the file.
 #[derive(Debug, thiserror::Error)]
 pub enum RecordError {

@@ -227,3 +227,27 @@ impl WorkspaceRecord {
             .collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records as the daemon wrote them before they held object ids (hex strings), checked in.
+    const WORKSPACE: &str = include_str!("../tests/fixtures/records/workspace.json");
+    const WORKSPACE_PLAIN: &str = include_str!("../tests/fixtures/records/workspace-plain.json");
+    const BINDING: &str = include_str!("../tests/fixtures/records/binding.json");
+
+    /// Catches: a record whose object ids are written in another form than the 40-hex strings on
+    /// disk (gix's `{"Sha1":[…]}`), a missing `null`, or a field that reads back differently.
+    #[test]
+    fn records_on_disk_read_and_write_back_byte_for_byte() {
+        for text in [WORKSPACE, WORKSPACE_PLAIN] {
+            let rec: WorkspaceRecord = serde_json::from_str(text).expect("workspace record");
+            let out = serde_json::to_vec_pretty(&rec).expect("encode");
+            assert_eq!(String::from_utf8_lossy(&out), text);
+        }
+        let b: Binding = serde_json::from_str(BINDING).expect("binding");
+        let out = serde_json::to_vec_pretty(&b).expect("encode");
+        assert_eq!(String::from_utf8_lossy(&out), BINDING);
+    }
+}
