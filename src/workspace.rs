@@ -7,6 +7,7 @@
 //!
 //! This module only stores and loads records; mounting is the daemon's job.
 
+use gix::ObjectId;
 use serde::{Deserialize, Serialize};
 
 use crate::layout::Layout;
@@ -16,9 +17,11 @@ use crate::records::{RecordDir, RecordError};
 pub struct WorkspaceRecord {
     pub thread: String,
     pub project: String,
-    /// The base commit (hex) and its tree: the lower layer of the workspace.
-    pub base_commit: String,
-    pub base_tree: String,
+    /// The base commit and its tree: the lower layer of the workspace.
+    #[serde(with = "crate::records::hex")]
+    pub base_commit: ObjectId,
+    #[serde(with = "crate::records::hex")]
+    pub base_tree: ObjectId,
     /// The base commit's committer time (Unix seconds): the times unmodified files present.
     pub base_time: i64,
     /// The ref the caller asked for, when they named one.
@@ -60,8 +63,12 @@ pub struct WorkspaceRecord {
     /// The tree whose lockfiles chose the layers when it differs from `base_tree` (a resumed
     /// thread's snapshot, whose lockfile may be its agent's): what `status` compares the presented
     /// layers with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub files_tree: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::records::hex::option"
+    )]
+    pub files_tree: Option<ObjectId>,
     /// The I/O mode the thread asked for (`open --io`); none: the daemon's (`serve --io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io: Option<crate::fs::IoMode>,
@@ -95,7 +102,8 @@ pub struct Owner {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SavedMark {
     /// The snapshot commit (None: the state is the fork's base, which the mirror has).
-    pub commit: Option<String>,
+    #[serde(default, with = "crate::records::hex::option")]
+    pub commit: Option<ObjectId>,
     /// The workspace generation and the time of the view the snapshot was built from.
     pub generation: u64,
     pub at: crate::cow::catalog::Ts,
@@ -110,7 +118,8 @@ pub struct Binding {
     pub thread: String,
     pub project: String,
     /// Where the thread was first forked (resumed from when it was released with no snapshot).
-    pub base_commit: String,
+    #[serde(with = "crate::records::hex")]
+    pub base_commit: ObjectId,
     pub branch: Option<String>,
     pub created: u64,
     /// Who owns the thread, for good: the user who first opened it (bindings written before
@@ -249,5 +258,38 @@ mod tests {
         let b: Binding = serde_json::from_str(BINDING).expect("binding");
         let out = serde_json::to_vec_pretty(&b).expect("encode");
         assert_eq!(String::from_utf8_lossy(&out), BINDING);
+    }
+
+    /// Catches: a record whose base commit is not an object id loaded as some id (or a panic)
+    /// instead of a corrupt record naming the file and the bad value.
+    #[test]
+    fn a_malformed_object_id_makes_the_record_corrupt() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = Layout {
+            state: dir.path().to_path_buf(),
+            root: dir.path().join("root"),
+        };
+        let good = "\"base_commit\": \"3f2a9c0d5e7b41a8c6d2e0f19b8a7c6d5e4f3a21\"";
+        assert!(WORKSPACE.contains(good));
+        let ws = layout.workspaces().join("t1");
+        std::fs::create_dir_all(&ws).expect("mkdir");
+        let path = ws.join("workspace.json");
+        std::fs::write(&path, WORKSPACE.replace(good, "\"base_commit\": \"3f2a\"")).expect("write");
+        let e = WorkspaceRecord::load(&layout, "t1")
+            .expect_err("a bad id")
+            .to_string();
+        assert!(
+            e.starts_with(&format!(
+                "thread t1: corrupt {}: not a hex object id: \"3f2a\" (",
+                path.display()
+            )),
+            "{e}"
+        );
+        let bad_saved = WORKSPACE.replace("c0ffee00c0ffee00c0ffee00c0ffee00c0ffee00", "c0ffee");
+        std::fs::write(&path, bad_saved).expect("write");
+        let e = WorkspaceRecord::load(&layout, "t1")
+            .expect_err("a bad id")
+            .to_string();
+        assert!(e.contains("not a hex object id: \"c0ffee\""), "{e}");
     }
 }

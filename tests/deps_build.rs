@@ -392,7 +392,7 @@ fn gc_removes_an_unused_layer_and_keeps_a_used_one_and_the_tips() {
         "lockfile_hash": "0",
     });
     let record = serde_json::json!({
-        "thread": "holder", "project": "p", "base_commit": repo.head(), "base_tree": "0",
+        "thread": "holder", "project": "p", "base_commit": repo.head(), "base_tree": "0".repeat(40),
         "base_time": 0, "requested_ref": null, "branch": null, "created": 0, "mounted": false,
         "layers": [used_layer],
     });

@@ -20,7 +20,7 @@ use std::sync::Arc;
 pub(super) struct Fork {
     pub(super) project: String,
     /// The commit whose tree the files are, its tree and time.
-    pub(super) base_commit: String,
+    pub(super) base_commit: gix::ObjectId,
     pub(super) base_tree: gix::ObjectId,
     pub(super) base_time: i64,
     /// The tree the index describes (HEAD's tree).
@@ -30,7 +30,7 @@ pub(super) struct Fork {
     pub(super) branch: Option<String>,
     pub(super) requested_ref: Option<String>,
     /// The snapshot this workspace resumes (recorded as `refs/octomate/saved`).
-    pub(super) saved: Option<String>,
+    pub(super) saved: Option<gix::ObjectId>,
     /// Changes applied over the base before the first mount: the diff between these two trees.
     pub(super) apply: Option<(gix::ObjectId, gix::ObjectId)>,
     pub(super) chat: bool,
@@ -45,14 +45,16 @@ impl Daemon {
     pub(super) fn resume_fork(&self, thread: &str, b: &Binding) -> Result<Fork, Error> {
         let repo = snap::open(&self.layout.mirror(&b.project))?;
         let Some(s) = snap::read_ref(&repo, &snap::thread_ref(thread)) else {
-            let base = self.store(&b.project)?.resolve(Some(&b.base_commit))?;
+            let base = self
+                .store(&b.project)?
+                .resolve(Some(&b.base_commit.to_string()))?;
             return Ok(Fork {
                 project: b.project.clone(),
-                base_commit: b.base_commit.clone(),
+                base_commit: b.base_commit,
                 base_tree: base.tree,
                 base_time: base.time,
                 index_tree: base.tree,
-                head_commit: b.base_commit.clone(),
+                head_commit: b.base_commit.to_string(),
                 branch: b.branch.clone(),
                 requested_ref: None,
                 saved: None,
@@ -75,14 +77,14 @@ impl Daemon {
         };
         Ok(Fork {
             project: b.project.clone(),
-            base_commit: head.to_string(),
+            base_commit: head,
             base_tree: head_tree,
             base_time: head_time,
             index_tree: head_tree,
             head_commit: head.to_string(),
             branch,
             requested_ref: None,
-            saved: Some(s.to_string()),
+            saved: Some(s),
             apply: Some((head_tree, tree)),
             chat: false,
             io: b.io,
@@ -118,8 +120,8 @@ impl Daemon {
         let mut rec = WorkspaceRecord {
             thread: thread.into(),
             project: fork.project.clone(),
-            base_commit: fork.base_commit.clone(),
-            base_tree: fork.base_tree.to_string(),
+            base_commit: fork.base_commit,
+            base_tree: fork.base_tree,
             base_time: fork.base_time,
             requested_ref: fork.requested_ref.clone(),
             branch: fork.branch.clone(),
@@ -144,8 +146,7 @@ impl Daemon {
             files_tree: fork
                 .apply
                 .map(|(_, to)| to)
-                .filter(|t| *t != fork.base_tree && !fork.chat)
-                .map(|t| t.to_string()),
+                .filter(|t| *t != fork.base_tree && !fork.chat),
         };
         // What an interrupted create left (no record: the callers found none under the thread's
         // lock) goes first: the new upper layer starts empty.
@@ -188,14 +189,14 @@ impl Daemon {
             // into the plan, its files after the seed (`repo_record`).
             let record = match &fork.saved {
                 Some(s) => {
-                    let id = gix::ObjectId::from_hex(s.as_bytes())
-                        .context(|| format!("saved snapshot id {s:?}"))?;
+                    let id = *s;
                     let repo = snap::open(&self.layout.mirror(&fork.project))?;
                     let (_, _, message, _) = snap::commit_info(&repo, id)?;
-                    let shown = format!("snapshot {}", s.get(..12).unwrap_or(s));
+                    let shown = format!("snapshot {}", s.to_hex_with_len(12));
                     // Its config byte for byte only when the snapshot is the owner's own from
                     // this host (`repo_config`).
-                    let trust = super::repo_config::trust(&self.layout, thread, s, owner.uid);
+                    let trust =
+                        super::repo_config::trust(&self.layout, thread, &s.to_string(), owner.uid);
                     super::repo_record::record_of(&message)
                         .map(|r| super::repo_record::load(&repo, r, &shown, trust))
                         .transpose()?
@@ -249,13 +250,12 @@ impl Daemon {
                         .map(|r| r.left_out.clone())
                         .unwrap_or_default();
                     if let Some(s) = &fork.saved {
-                        let id = gix::ObjectId::from_hex(s.as_bytes())
-                            .context(|| format!("saved snapshot id {s:?}"))?;
+                        let id = *s;
                         let repo = snap::open(&self.layout.mirror(&fork.project))?;
                         // With the owner's authority only: the record may have come from a share
                         // remote (docs/security.md, privilege separation).
                         let who = super::posix::authority(&owner);
-                        let shown = format!("snapshot {}", s.get(..12).unwrap_or(s));
+                        let shown = format!("snapshot {}", s.to_hex_with_len(12));
                         // Nested repositories and names git refuses first: the record's
                         // metadata of the directories above them comes after.
                         let kept = super::kept::restore(&core, &repo, id, &who)?;
@@ -292,7 +292,7 @@ impl Daemon {
                 core.clock()
             };
             rec.saved = Some(SavedMark {
-                commit: fork.saved.clone(),
+                commit: fork.saved,
                 generation: core.generation(),
                 at: at.map_err(on_workspace("cannot read the upper layer's clock"))?,
                 bookkeeping,

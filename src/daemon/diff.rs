@@ -60,8 +60,7 @@ impl Daemon {
         };
         let from_tree = match (from, &live) {
             (Some(f), _) => resolve(f)?,
-            (None, Some(r)) => gix::ObjectId::from_hex(r.base_tree.as_bytes())
-                .context(|| format!("the workspace record's base tree {:?}", r.base_tree))?,
+            (None, Some(r)) => r.base_tree,
             (None, None) => resolve("saved")?,
         };
         let to_tree = match (to, &live) {

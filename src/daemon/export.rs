@@ -119,8 +119,7 @@ impl Daemon {
                         let b = binding
                             .as_ref()
                             .ok_or_else(|| Error::Refused("the thread has no binding".into()))?;
-                        gix::ObjectId::from_hex(b.base_commit.as_bytes())
-                            .context(|| format!("the binding's base commit {:?}", b.base_commit))?
+                        b.base_commit
                     }
                 }
             }

@@ -664,10 +664,7 @@ impl Daemon {
     /// layer is building, was built after the workspace opened, failed, or was never built — and
     /// which lockfile's layer it presents meanwhile, if any.
     pub(super) fn dependency_lines(&self, rec: &WorkspaceRecord) -> Vec<String> {
-        let files = rec.files_tree.as_deref().unwrap_or(&rec.base_tree);
-        let Ok(tree) = ObjectId::from_hex(files.as_bytes()) else {
-            return Vec::new();
-        };
+        let tree = rec.files_tree.unwrap_or(rec.base_tree);
         let deps = DepStore::new(&self.layout);
         let Ok(store) = self.store(&rec.project) else {
             return Vec::new();

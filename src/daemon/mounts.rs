@@ -140,9 +140,7 @@ impl Daemon {
     /// The file bytes of `rec`'s base: kept beside its shared index (`repo::index_bytes`), no
     /// blob read; 0 when there is no such index (logged).
     pub(super) fn base_bytes(&self, rec: &WorkspaceRecord) -> u64 {
-        let Ok(tree) = gix::ObjectId::from_hex(rec.base_tree.as_bytes()) else {
-            return 0;
-        };
+        let tree = rec.base_tree;
         let index =
             crate::repo::shared_index_path(&self.layout, tree, tree, rec.owner.uid, rec.owner.gid);
         crate::repo::index_bytes(&index).unwrap_or_else(|| {
@@ -173,8 +171,7 @@ impl Daemon {
     /// Loads the filesystem core of `rec`'s workspace (its upper layer over its base).
     pub(super) fn load_core(&self, rec: &WorkspaceRecord) -> Result<Arc<WorkspaceFs>, Error> {
         let store = self.store(&rec.project)?;
-        let base = gix::ObjectId::from_hex(rec.base_tree.as_bytes())
-            .context(|| format!("thread {}: bad base tree", rec.thread))?;
+        let base = rec.base_tree;
         // The view's root: the base with the dependency layers grafted in (the same tree at every
         // load). A layer that cannot be grafted is left out, logged: the workspace still opens.
         let tree = match crate::git::graft::graft(&store, base, &super::layers::grafts(rec)?) {

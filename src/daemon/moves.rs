@@ -242,8 +242,7 @@ impl Daemon {
                 let b = bound
                     .as_ref()
                     .ok_or_else(|| Error::Refused("the thread has no binding".into()))?;
-                let head = gix::ObjectId::from_hex(b.base_commit.as_bytes())
-                    .context(|| format!("the binding's base commit {:?}", b.base_commit))?;
+                let head = b.base_commit;
                 let (tree, _, _, _) = snap::commit_info(&repo, head)?;
                 let head_ref = b
                     .branch
@@ -312,7 +311,7 @@ impl Daemon {
         let binding = Binding {
             thread: to.into(),
             project: project.clone(),
-            base_commit: head.to_string(),
+            base_commit: head,
             branch: branch.clone(),
             created: now(),
             owner: me,
@@ -397,11 +396,7 @@ impl Daemon {
         let Some(mark) = &rec.saved else {
             return Ok(None);
         };
-        let Some(commit) = mark
-            .commit
-            .as_deref()
-            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok())
-        else {
+        let Some(commit) = mark.commit else {
             return Ok(None);
         };
         let Some(core) = lock(&self.mounts).get(&rec.thread).map(|m| m.core.clone()) else {

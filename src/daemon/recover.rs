@@ -105,7 +105,7 @@ impl Daemon {
         let b = Binding {
             thread: rec.thread.clone(),
             project: rec.project.clone(),
-            base_commit: rec.base_commit.clone(),
+            base_commit: rec.base_commit,
             branch: rec.branch.clone(),
             created: rec.created,
             owner: rec.owner,

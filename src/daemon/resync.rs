@@ -476,7 +476,7 @@ impl Daemon {
             return Ok(false);
         }
         let old = rec.clone();
-        let (c, t) = (commit.to_string(), tree.to_string());
+        let (c, t) = (commit, tree);
         if rec.base_commit != c || rec.base_tree != t {
             rec.base_commit = c;
             rec.base_tree = t;

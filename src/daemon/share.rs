@@ -294,7 +294,7 @@ impl Daemon {
         let b = Binding {
             thread: thread.into(),
             project,
-            base_commit: head.to_string(),
+            base_commit: head,
             branch: match snap::head_of(&message) {
                 HeadRef::Branch(b) => Some(b),
                 HeadRef::Detached => None,

@@ -406,8 +406,7 @@ impl Daemon {
         let last = rec
             .saved
             .as_ref()
-            .and_then(|m| m.commit.as_deref())
-            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok())
+            .and_then(|m| m.commit)
             .and_then(|c| snap::commit_info(&repo, c).ok())
             .map(|(tree, ..)| tree);
         // 1. A consistent view of what changed (the only step that holds the workspace's lock).
@@ -421,11 +420,7 @@ impl Daemon {
         };
         // What `git add -A` cannot hold, kept beside the tree: nested repositories and names git
         // refuses (`super::kept`). A refused name never reaches the tree.
-        let saved_commit = rec
-            .saved
-            .as_ref()
-            .and_then(|m| m.commit.as_deref())
-            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        let saved_commit = rec.saved.as_ref().and_then(|m| m.commit);
         let kept_plan = super::kept::Plan::of(&repo, saved_commit, view.since_last, &view.edits)?;
         // 2. What `git add -A` would leave out; nested repositories become gitlinks.
         let mut edits = add_all::keep(
@@ -444,8 +439,7 @@ impl Daemon {
         let base_tree = if rec.layers.is_empty() {
             view.base_tree
         } else {
-            gix::ObjectId::from_hex(rec.base_tree.as_bytes())
-                .context(|| format!("thread {thread}: bad base tree"))?
+            rec.base_tree
         };
         let edits = super::layers::strip(rec, &core, &*self.store(project)?, &repo, edits)?;
         let (meta, kept_meta) = kept_plan.split_meta(view.meta);
@@ -477,11 +471,7 @@ impl Daemon {
         // workspace that moved the ref just before the daemon died, before they were recorded
         // here — one per such death in a row, each the second parent of the next, the first on
         // top of what was recorded.
-        let mut saved = rec
-            .saved
-            .as_ref()
-            .and_then(|m| m.commit.as_deref())
-            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        let mut saved = rec.saved.as_ref().and_then(|m| m.commit);
         // A mirror re-created from its upstream has neither the ref nor the snapshot: nobody moved
         // it, the chain starts again (the old snapshots went with the old mirror).
         if prev.is_none()
@@ -559,7 +549,7 @@ impl Daemon {
                 && super::repo_record::record_of(&pmsg) == Some(record)
                 && kept::side_of(&pmsg) == side
             {
-                self.mark_saved(rec, &core, &p.to_string(), view.generation, view.taken_at)?;
+                self.mark_saved(rec, &core, p, view.generation, view.taken_at)?;
                 core.snapshot_saved(view.epoch, tree);
                 return Ok(p);
             }
@@ -582,13 +572,7 @@ impl Daemon {
             &format!("octofs: snapshot of {thread}"),
         )?;
         spans.mark(Span::Commit);
-        self.mark_saved(
-            rec,
-            &core,
-            &commit.to_string(),
-            view.generation,
-            view.taken_at,
-        )?;
+        self.mark_saved(rec, &core, commit, view.generation, view.taken_at)?;
         core.snapshot_saved(view.epoch, tree);
         spans.mark(Span::Saved);
         let edits = edits.len();
@@ -636,7 +620,7 @@ impl Daemon {
         &self,
         rec: &mut WorkspaceRecord,
         core: &WorkspaceFs,
-        commit: &str,
+        commit: gix::ObjectId,
         generation: u64,
         at: Ts,
     ) -> Result<(), Error> {
@@ -652,7 +636,7 @@ impl Daemon {
         // A process in the mount reads the new mark as soon as the snapshot is answered.
         self.tell_kernel(&rec.thread);
         rec.saved = Some(SavedMark {
-            commit: Some(commit.into()),
+            commit: Some(commit),
             generation,
             at,
             bookkeeping,
@@ -669,7 +653,12 @@ impl Daemon {
         staged.publish()?;
         // This snapshot is its owner's own, made here from their workspace: its config comes
         // back byte for byte (`repo_config`).
-        super::repo_config::mark_own(&self.layout, &rec.thread, commit, rec.owner.uid);
+        super::repo_config::mark_own(
+            &self.layout,
+            &rec.thread,
+            &commit.to_string(),
+            rec.owner.uid,
+        );
         Ok(())
     }
 }

@@ -30,7 +30,7 @@ impl Daemon {
         WorkspaceStatus {
             thread: rec.thread.clone(),
             project: rec.project.clone(),
-            base_commit: rec.base_commit.clone(),
+            base_commit: rec.base_commit.to_string(),
             branch: rec.branch.clone(),
             requested_ref: rec.requested_ref.clone(),
             mounted: in_kernel,
@@ -51,7 +51,11 @@ impl Daemon {
             quarantined: m.map(|m| m.core.quarantined() as u64).unwrap_or(0),
             damaged: m.map(|m| m.core.damaged().to_vec()).unwrap_or_default(),
             base_content_opens: m.map(|m| m.core.base_content_opens()).unwrap_or(0),
-            last_snapshot: rec.saved.as_ref().and_then(|s| s.commit.clone()),
+            last_snapshot: rec
+                .saved
+                .as_ref()
+                .and_then(|s| s.commit)
+                .map(|c| c.to_string()),
             state: if in_kernel {
                 "mounted"
             } else if m.is_some() || rec.mounted {
@@ -121,11 +125,7 @@ impl Daemon {
         core: Option<&WorkspaceFs>,
     ) -> Option<String> {
         let repo = crate::git::snapshot::open(&self.layout.mirror(&rec.project)).ok()?;
-        let last = rec
-            .saved
-            .as_ref()
-            .and_then(|m| m.commit.as_deref())
-            .and_then(|c| gix::ObjectId::from_hex(c.as_bytes()).ok());
+        let last = rec.saved.as_ref().and_then(|m| m.commit);
         let roots = match core {
             Some(core) => super::kept::live_roots(core, &repo, last),
             None => last
@@ -146,7 +146,7 @@ impl Daemon {
         WorkspaceStatus {
             thread: b.thread.clone(),
             project: b.project.clone(),
-            base_commit: last.clone().unwrap_or_else(|| b.base_commit.clone()),
+            base_commit: last.clone().unwrap_or_else(|| b.base_commit.to_string()),
             branch: b.branch.clone(),
             requested_ref: None,
             mounted: false,

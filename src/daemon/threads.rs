@@ -80,10 +80,10 @@ impl Daemon {
         }
         if let (Some(rec), Some(r)) = (&live, git_ref) {
             let resolved = self.store(&rec.project)?.resolve(Some(r))?;
-            if gix::ObjectId::from_hex(rec.base_commit.as_bytes()).ok() != Some(resolved.commit) {
+            if rec.base_commit != resolved.commit {
                 return Err(Error::Refused(format!(
                     "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
-                    rec.base_commit.get(..12).unwrap_or(&rec.base_commit)
+                    rec.base_commit.to_hex_with_len(12)
                 )));
             }
         }
@@ -178,7 +178,7 @@ impl Daemon {
                     .unwrap_or_else(|| format!("octofs/{thread}"));
                 Fork {
                     project: proj.project,
-                    base_commit: base.commit.to_string(),
+                    base_commit: base.commit,
                     base_tree: base.tree,
                     base_time: base.time,
                     index_tree: base.tree,
@@ -201,7 +201,7 @@ impl Daemon {
                 let base = self.store(BLANK)?.resolve(None)?;
                 Fork {
                     project: BLANK.into(),
-                    base_commit: base.commit.to_string(),
+                    base_commit: base.commit,
                     base_tree: base.tree,
                     base_time: base.time,
                     index_tree: base.tree,
@@ -223,7 +223,7 @@ impl Daemon {
         let new_binding = (binding.is_none() && project.is_some()).then(|| Binding {
             thread: thread.into(),
             project: fork.project.clone(),
-            base_commit: fork.base_commit.clone(),
+            base_commit: fork.base_commit,
             branch: fork.branch.clone(),
             created: now(),
             owner,
