@@ -16,7 +16,9 @@
 //! - `mounts`: mounting, unmounting and remounting workspaces, and whether the kernel still has a
 //!   mount (mountinfo, not the table);
 //! - `strays`: files written into a bare mount point, moved into the workspace at its next mount;
-//! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
+//! - `lifecycle`: a thread's lifecycle policy as pure plans (open, release, sweep), no I/O;
+//! - `threads`: a thread's lifecycle carried out: open (fork, resume, share), release (also when
+//!   idle), sweep;
 //! - `moves`: a thread's state carried to a new thread: `fork` and `teleport`;
 //! - `resync`: a live workspace brought to its upstream tip, as a developer or a reviewer may;
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
@@ -44,6 +46,7 @@ pub mod io_auto;
 mod keeper;
 mod kept;
 mod layers;
+mod lifecycle;
 mod limits;
 pub mod metrics;
 mod mirrors;
