@@ -13,6 +13,7 @@
 //! - `limits`: what one user's threads may take of the host (live threads, bytes);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
 //! - `io_auto`: which I/O mode each new mount gets under `serve --io auto` (the default);
+//! - `mounter`: the seam between the daemon and the kernel's mounts (FUSE, or core-only in tests);
 //! - `mounts`: mounting, unmounting and remounting workspaces, and whether the kernel still has a
 //!   mount (mountinfo, not the table);
 //! - `strays`: files written into a bare mount point, moved into the workspace at its next mount;
@@ -50,6 +51,7 @@ mod lifecycle;
 mod limits;
 pub mod metrics;
 mod mirrors;
+mod mounter;
 mod mounts;
 mod moves;
 pub mod notify;
@@ -121,7 +123,8 @@ pub struct Settings {
 
 struct Mounted {
     path: PathBuf,
-    session: fuser::BackgroundSession,
+    /// What serves it: a fuser session, or nothing (a core-only mount, `mounter`).
+    session: mounter::Session,
     info: Arc<MountInfo>,
     core: Arc<WorkspaceFs>,
     /// The workspace's owner (fsmonitor answers go to them or root only).
@@ -171,6 +174,8 @@ pub struct Daemon {
     stores: Mutex<HashMap<String, Arc<ObjectStore>>>,
     /// The workspaces being served, by thread.
     mounts: Mutex<HashMap<String, Mounted>>,
+    /// How they are mounted: by the kernel (FUSE), or core-only in tests.
+    mounter: Arc<dyn mounter::Mounter>,
     /// `project:<name>`, `thread:<name>` and `index:<trees>` locks.
     locks: Arc<KeyedLocks>,
     /// Threads whose `release --when-idle` waits for their mount to be idle (their records say so
@@ -216,6 +221,7 @@ impl Daemon {
             stores: Mutex::new(HashMap::new()),
             snapshot_caches: Arc::default(),
             mounts: Mutex::new(HashMap::new()),
+            mounter: Arc::new(mounter::Fuse),
             locks: Arc::default(),
             idle_waits: Mutex::default(),
             access_epoch: Arc::default(),

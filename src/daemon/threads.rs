@@ -362,9 +362,12 @@ impl Daemon {
     /// out (git's detached maintenance after a commit) is waited for, up to a second; then the
     /// copies of the mount elsewhere (a sandbox's bind).
     fn busy(&self, mountpoint: &std::path::Path) -> Busy {
-        if crate::sys::is_busy_settled(mountpoint, std::time::Duration::from_secs(1)) {
+        if self
+            .mounter
+            .is_busy_settled(mountpoint, std::time::Duration::from_secs(1))
+        {
             Busy::InUse
-        } else if let Some((pid, at)) = crate::sys::bound_elsewhere(mountpoint) {
+        } else if let Some((pid, at)) = self.mounter.bound_elsewhere(mountpoint) {
             Busy::Elsewhere { pid, at }
         } else {
             Busy::Idle
@@ -425,7 +428,7 @@ impl Daemon {
         let at = self.layout.mountpoint(thread);
         // The copies first: an idle answer of `is_busy` marks the mount expired, and a second one
         // in a row would unmount it.
-        crate::sys::bound_elsewhere(&at).is_some() || crate::sys::is_busy(&at)
+        self.mounter.bound_elsewhere(&at).is_some() || self.mounter.is_busy(&at)
     }
 
     /// Whether any `release --when-idle` waits (the timer asks before it does any work).
@@ -560,3 +563,7 @@ impl Daemon {
         Ok((SweepAnswer { released, kept }, vec![]))
     }
 }
+
+#[cfg(test)]
+#[path = "threads_tests.rs"]
+mod tests;

@@ -168,7 +168,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
             thread,
             Mounted {
                 path,
-                session,
+                session: session.into(),
                 info,
                 core,
                 owner,
@@ -395,7 +395,7 @@ fn adopt_one(
     let dev = crate::daemon::mounts::kernel_dev(&b.path, &thread);
     let mounted = Mounted {
         path: b.path,
-        session,
+        session: session.into(),
         info: b.info,
         core: b.core,
         owner: b.owner,
