@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::access::Caller;
-use crate::daemon::error::Error;
+use crate::daemon::guard::LockKey;
 use crate::daemon::proto::Restarted;
 use crate::daemon::{Daemon, Mounted, Reply, lock};
 
@@ -28,7 +28,7 @@ impl Daemon {
     pub(in crate::daemon) fn restart(&self, exe: Option<&Path>, c: &Caller) -> Reply<Restarted> {
         self.require_admin(c, "restart the daemon")?;
         if HANDING_OVER.swap(true, Ordering::SeqCst) {
-            return Err(Error::Refused("a restart is already under way".into()));
+            return Err(RestartRefusal::UnderWay.into());
         }
         match self.hand_over(exe) {
             Ok(r) => {
@@ -48,9 +48,7 @@ impl Daemon {
             Err(why) => {
                 HANDING_OVER.store(false, Ordering::SeqCst);
                 tracing::warn!("restart failed, this daemon goes on serving: {why}");
-                Err(Error::Refused(format!(
-                    "restart failed, the running daemon goes on serving: {why}"
-                )))
+                Err(RestartRefusal::Failed { why }.into())
             }
         }
     }
@@ -76,7 +74,7 @@ impl Daemon {
         let threads: Vec<String> = lock(&self.mounts).keys().cloned().collect();
         let locks: Vec<_> = threads
             .iter()
-            .map(|t| self.locks.get(&format!("thread:{t}")))
+            .map(|t| self.locks.get(&LockKey::thread(t)))
             .collect();
         let _guards = loop {
             let guards: Vec<_> = locks.iter().filter_map(|l| l.try_lock().ok()).collect();

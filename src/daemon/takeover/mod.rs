@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::Error;
 use super::lock;
+use super::refusal::RestartRefusal;
 use crate::fs::fuse::AdapterState;
 use crate::fs::uring::Transport;
 
@@ -85,9 +86,7 @@ pub(super) fn enter() -> Result<InFlight, Error> {
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
     let g = InFlight;
     if HANDING_OVER.load(Ordering::SeqCst) {
-        return Err(Error::Refused(
-            "the daemon is restarting; try again in a moment".into(),
-        ));
+        return Err(RestartRefusal::Restarting.into());
     }
     Ok(g)
 }
