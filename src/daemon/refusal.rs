@@ -367,7 +367,7 @@ pub enum RestartRefusal {
     #[error("a restart is already under way")]
     UnderWay,
     #[error("restart failed, the running daemon goes on serving: {why}")]
-    Failed { why: String },
+    Failed { why: super::takeover::HandoverError },
     #[error("the daemon is restarting; try again in a moment")]
     Restarting,
 }
@@ -861,8 +861,10 @@ mod tests {
                 "a restart is already under way".into(),
             ),
             (
-                line(RestartRefusal::Failed { why: "w".into() }),
-                "restart failed, the running daemon goes on serving: w".into(),
+                line(RestartRefusal::Failed {
+                    why: super::super::takeover::HandoverError::ThreadBusy,
+                }),
+                "restart failed, the running daemon goes on serving: a workspace stayed busy with another operation".into(),
             ),
             (
                 line(RestartRefusal::Restarting),
