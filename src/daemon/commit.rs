@@ -10,14 +10,14 @@
 
 use super::error::{Error, on_workspace};
 use super::proto::{Commit, CommitMode, Committed};
+use super::refusal::{ChatOp, CommitRefusal, GateRefusal};
 use super::snapshot::{Goal, read_head};
-use super::{Daemon, Reply, lock};
+use super::{Daemon, Reply};
 use crate::access::Caller;
 use crate::fs::WorkspaceFs;
 use crate::git::gates::{self, Gate, Item};
 use crate::git::mirror::{Change, changes};
 use crate::git::snapshot::{self as snap, HeadRef, ViewEdit, ViewSource};
-use crate::names::{NameKind, validate};
 use crate::own_repo::{add_all, carry};
 
 /// Whether `path` is `p` or below it.
@@ -34,7 +34,7 @@ pub(super) fn parse_gates(d: &Daemon, specs: &[String], c: &Caller) -> Result<Ve
         .iter()
         .map(|g| gates::parse(g))
         .collect::<Result<Vec<Gate>, _>>()
-        .map_err(|e| Error::Refused(e.to_string()))?;
+        .map_err(GateRefusal::from)?;
     if gates.iter().any(|g| matches!(g, Gate::Cmd(_))) {
         d.require_admin(c, "run a cmd= gate (the daemon runs the program as itself)")?;
     }
@@ -49,7 +49,7 @@ pub(super) fn check_gates(
     changes: &[Change],
     gates: &[Gate],
     project_excludes: &[String],
-    what: &str,
+    what: &'static str,
 ) -> Result<(), Error> {
     let mut items: Vec<Item> = Vec::new();
     for ch in changes.iter().filter(|ch| ch.mode != 0) {
@@ -90,7 +90,7 @@ pub(super) fn check_gates(
     if refusals.is_empty() {
         Ok(())
     } else {
-        Err(Error::Refused(gates::refused_message(what, &refusals)))
+        Err(GateRefusal::Refused { what, refusals }.into())
     }
 }
 
@@ -132,10 +132,7 @@ pub(super) fn write_index(core: &WorkspaceFs, bytes: &[u8]) -> Result<(), Error>
         .map_err(on_workspace("cannot read .git"))?
         .is_some()
     {
-        return Err(Error::Refused(
-            ".git/index.lock exists: git is running in the workspace (or died there); try again"
-                .into(),
-        ));
+        return Err(CommitRefusal::IndexLocked.into());
     }
     core.put_file_quietly(&[".git"], "index.lock", bytes)
         .map_err(on_workspace("cannot write .git/index.lock"))?;
@@ -152,7 +149,12 @@ fn resolve_anchor(
     spec: &str,
     head: gix::ObjectId,
 ) -> Result<gix::ObjectId, Error> {
-    let unknown = || Error::Refused(format!("--anchor {spec}: no such commit"));
+    let unknown = || -> Error {
+        CommitRefusal::NoSuchAnchor {
+            spec: spec.to_string(),
+        }
+        .into()
+    };
     let anchor = if spec == "HEAD" {
         head
     } else {
@@ -175,9 +177,11 @@ fn resolve_anchor(
             .filter_map(Result::ok)
             .any(|info| info.id == anchor);
     if !reaches {
-        return Err(Error::Refused(format!(
-            "--anchor {spec} ({anchor}) is not HEAD or an ancestor of it: nothing to fix up"
-        )));
+        return Err(CommitRefusal::AnchorNotAncestor {
+            spec: spec.to_string(),
+            anchor,
+        }
+        .into());
     }
     Ok(anchor)
 }
@@ -228,9 +232,7 @@ pub(super) fn move_head(
         HeadRef::Branch(b) => {
             let mut dirs: Vec<&str> = vec![".git", "refs", "heads"];
             let comps: Vec<&str> = b.split('/').collect();
-            let (name, parents) = comps
-                .split_last()
-                .ok_or_else(|| Error::Refused("empty branch name".into()))?;
+            let (name, parents) = comps.split_last().ok_or(CommitRefusal::EmptyBranch)?;
             dirs.extend(parents);
             core.put_file_quietly(&dirs, name, line.as_bytes())
                 .map_err(on_workspace("cannot move the branch"))?;
@@ -255,32 +257,22 @@ impl Daemon {
             anchor,
         } = req;
         let (thread, message, mode) = (thread.as_str(), message.as_str(), *mode);
-        validate(NameKind::Thread, thread)?;
+        let thread_lock = self.thread_lock(thread)?;
         // Every gate is known before anything runs.
         let gates = parse_gates(self, gate_specs, c)?;
         if message.trim().is_empty() && mode == CommitMode::Commit {
-            return Err(Error::Refused("a commit needs a message (-m)".into()));
+            return Err(CommitRefusal::NoMessage.into());
         }
         match (mode, anchor) {
             (CommitMode::Fixup, None) => {
-                return Err(Error::Refused(
-                    "--mode fixup needs --anchor: the commit it fixes".into(),
-                ));
+                return Err(CommitRefusal::FixupNeedsAnchor.into());
             }
             (CommitMode::Commit | CommitMode::Amend, Some(_)) => {
-                return Err(Error::Refused("--anchor is only for --mode fixup".into()));
+                return Err(CommitRefusal::AnchorOnlyForFixup.into());
             }
             _ => {}
         }
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let rec = self.live_record(thread)?;
-        if rec.chat {
-            return Err(Error::Refused(format!(
-                "thread {thread} is a chat workspace (no project): nothing to commit to"
-            )));
-        }
+        let (rec, _held) = thread_lock.live(c, ChatOp::Commit)?;
         let core = self.core_of(&rec)?;
         let excludes = crate::git::mirror::require(&self.layout, &rec.project)?.excludes;
         let (head, head_ref) = read_head(&core)?;
@@ -334,14 +326,10 @@ impl Daemon {
         // An amend may only change the message (as `git commit --amend -m` does).
         let reworded = mode == CommitMode::Amend && message.as_bytes() != head_message.as_slice();
         if changes.is_empty() && !reworded {
-            let what = if paths.is_empty() {
-                String::new()
-            } else {
-                format!(" under {}", paths.join(", "))
-            };
-            return Err(Error::Refused(format!(
-                "nothing to commit{what}: the working state equals HEAD"
-            )));
+            return Err(CommitRefusal::Nothing {
+                paths: paths.clone(),
+            }
+            .into());
         }
         // A dependency layer's path is ignored content even if HEAD tracks it: never committed.
         let in_layer: Vec<gates::Refusal> = changes
@@ -359,7 +347,11 @@ impl Daemon {
             })
             .collect();
         if !in_layer.is_empty() {
-            return Err(Error::Refused(gates::refused_message("commit", &in_layer)));
+            return Err(GateRefusal::Refused {
+                what: "commit",
+                refusals: in_layer,
+            }
+            .into());
         }
         // The gates see every path the commit adds or changes; an amended commit's paths are
         // those it changes from its own parent (HEAD's, which travel again under the new id).

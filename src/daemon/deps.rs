@@ -15,6 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::error::{Context, Error};
+use super::refusal::DepsRefusal;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::deps::build::{
@@ -286,9 +287,7 @@ impl Daemon {
                 }
                 // Without knowing what the tip needs, keep everything of a lockfile it may have.
                 Err(e) => {
-                    return Err(Error::Refused(format!(
-                        "cannot tell which layers {project} needs ({e}); nothing removed"
-                    )));
+                    return Err(DepsRefusal::UnknownNeeds { project, error: e }.into());
                 }
             }
         }

@@ -5,13 +5,13 @@
 //! Runs git only in the thread's mirror.
 
 use super::error::{Context, Error};
+use super::guard::Bound;
 use super::proto::{DiffAnswer, DiffFormat};
+use super::refusal::{ChatOp, DiffRefusal};
 use super::snapshot::Goal;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::git::snapshot as snap;
-use crate::names::{NameKind, validate};
-use crate::workspace::{Binding, WorkspaceRecord};
 
 impl Daemon {
     /// `octofs diff`: what changed between two commits (snapshots), or from one to the live state.
@@ -23,29 +23,14 @@ impl Daemon {
         format: DiffFormat,
         c: &Caller,
     ) -> Reply<DiffAnswer> {
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let binding = Binding::load(&self.layout, thread)?;
-        let live = WorkspaceRecord::load(&self.layout, thread)?;
-        let project = match (&live, &binding) {
-            (Some(r), _) if r.chat => {
-                return Err(Error::Refused(format!(
-                    "thread {thread} is a chat workspace: nothing is saved to diff"
-                )));
-            }
-            (Some(r), _) => r.project.clone(),
-            (None, Some(b)) => b.project.clone(),
-            (None, None) => return Err(Error::UnknownThread(thread.to_string())),
-        };
+        let thread_lock = self.thread_lock(thread)?;
+        let (Bound { project, live, .. }, _held) = thread_lock.bound(c, ChatOp::Diff)?;
         let mirror = self.layout.mirror(&project);
         let repo = snap::open(&mirror)?;
         let last = snap::read_ref(&repo, &snap::thread_ref(thread));
         let resolve = |spec: &str| -> Result<gix::ObjectId, Error> {
             let spec = if spec == "saved" || spec == "last" {
-                last.map(|l| l.to_string())
-                    .ok_or_else(|| Error::Refused("the thread has no snapshot yet".into()))?
+                last.map(|l| l.to_string()).ok_or(DiffRefusal::NoSnapshot)?
             } else if super::snapshot::check_snapshot_name(spec).is_ok()
                 && let Some(id) = snap::read_ref(&repo, &super::snapshot::named_ref(spec))
             {
@@ -54,7 +39,9 @@ impl Daemon {
                 spec.to_string()
             };
             let out = crate::git!(Some(&mirror); "rev-parse", "--verify", "--quiet", "--end-of-options", &format!("{spec}^{{tree}}"))
-                .map_err(|_| Error::Refused(format!("{spec:?} does not name a commit or tree in the mirror")))?;
+                .map_err(|_| DiffRefusal::NotACommit {
+                    spec: spec.to_string(),
+                })?;
             gix::ObjectId::from_hex(out.as_bytes())
                 .context(|| format!("git rev-parse {spec:?} answered {out:?}"))
         };

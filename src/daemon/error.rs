@@ -18,7 +18,11 @@ pub enum Error {
     Released(String),
     #[error("thread {0} is not mounted")]
     NotMounted(String),
-    /// The request cannot be done in the thread's or project's current state, or as asked.
+    /// The request cannot be done in the thread's or project's current state, or as asked: why,
+    /// as data (`refusal`; boxed: a refusal carries more than the other variants).
+    #[error(transparent)]
+    Refusal(Box<super::refusal::Refusal>),
+    /// A refusal still built as text (threads, mounts, create, recover; to become a [`Self::Refusal`]).
     #[error("{0}")]
     Refused(String),
     /// An operation on a workspace's core failed: what, the errno by name and what the core knew.

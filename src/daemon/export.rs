@@ -24,14 +24,14 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use super::error::{Context, Error};
+use super::guard::{Bound, LockKey};
 use super::proto::{ExportChange, Exported};
+use super::refusal::{ChatOp, ExportRefusal, MoveRefusal};
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 use crate::git::Git;
 use crate::git::mirror::{self, UpstreamKind};
 use crate::git::snapshot as snap;
-use crate::names::{NameKind, validate};
-use crate::workspace::{Binding, WorkspaceRecord};
 
 /// The empty tree: as `attr.tree`, the merge reads no `.gitattributes` at all (no merge driver or
 /// `merge=union` of the folder's own decides what the thread's files become).
@@ -59,45 +59,41 @@ struct Plan {
 impl Daemon {
     /// `octofs export <thread> [--dry-run]`.
     pub(super) fn export(&self, thread: &str, dry_run: bool, c: &Caller) -> Reply<Exported> {
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let live = WorkspaceRecord::load(&self.layout, thread)?;
-        let binding = Binding::load(&self.layout, thread)?;
-        let project = match (&live, &binding) {
-            (Some(r), _) if r.chat => {
-                return Err(Error::Refused(format!(
-                    "thread {thread} is a chat workspace (no project): there is no folder to export to"
-                )));
-            }
-            (Some(r), _) => r.project.clone(),
-            (None, Some(b)) => b.project.clone(),
-            (None, None) => return Err(Error::UnknownThread(thread.to_string())),
-        };
+        let thread_lock = self.thread_lock(thread)?;
+        let (
+            Bound {
+                project,
+                live,
+                binding,
+            },
+            _held,
+        ) = thread_lock.bound(c, ChatOp::Export)?;
         let p = mirror::require(&self.layout, &project)?;
         if p.kind != UpstreamKind::Directory {
-            return Err(Error::Refused(format!(
-                "project {project}'s upstream {} is not a folder: export writes back to a plain-directory upstream only (push a git upstream)",
-                mirror::redact(&p.upstream)
-            )));
+            return Err(ExportRefusal::NotAFolder {
+                project,
+                upstream: mirror::redact(&p.upstream),
+            }
+            .into());
         }
         let folder = PathBuf::from(&p.upstream);
         let meta = match std::fs::symlink_metadata(&folder) {
             Ok(m) if m.is_dir() => m,
             _ => {
-                return Err(Error::Refused(format!(
-                    "project {project}'s folder {} no longer exists (or is not a directory)",
-                    folder.display()
-                )));
+                return Err(ExportRefusal::FolderGone {
+                    project,
+                    folder: folder.display().to_string(),
+                }
+                .into());
             }
         };
         let (uid, gid) = (meta.uid(), meta.gid());
         if !self.is_admin(c) && c.uid != uid {
-            return Err(Error::Refused(format!(
-                "only the owner of {} (uid {uid}) or root may export into it",
-                folder.display()
-            )));
+            return Err(ExportRefusal::NotTheFolderOwner {
+                folder: folder.display().to_string(),
+                uid,
+            }
+            .into());
         }
 
         // T: the thread's saved state.
@@ -116,26 +112,22 @@ impl Daemon {
                 match snap::read_ref(&repo, &snap::thread_ref(thread)) {
                     Some(s) => s,
                     None => {
-                        let b = binding
-                            .as_ref()
-                            .ok_or_else(|| Error::Refused("the thread has no binding".into()))?;
+                        let b = binding.as_ref().ok_or(MoveRefusal::NoBinding)?;
                         b.base_commit
                     }
                 }
             }
         };
 
-        let pl = self.locks.get(&format!("project:{project}"));
+        let pl = self.locks.get(&LockKey::project(&project));
         let _pg = lock(&pl);
         // O: the folder now, committed as `mirror sync` does.
         let synced = mirror::sync(&self.layout, &project, 0)?;
         if let Some(w) = synced.warning {
-            return Err(Error::Refused(w));
+            return Err(ExportRefusal::NotSynced { warning: w }.into());
         }
-        let o = synced.head.ok_or_else(|| {
-            Error::Refused(format!(
-                "the mirror of {project} has no commit to merge into"
-            ))
+        let o = synced.head.ok_or_else(|| ExportRefusal::NoCommit {
+            project: project.clone(),
         })?;
         let merged = merge(&mirror_dir, &o, &t.to_string())?;
         let plan = plan(&mirror_dir, &o, &merged)?;
@@ -209,18 +201,19 @@ fn merge(mirror_dir: &Path, ours: &str, theirs: &str) -> Result<String, Error> {
                 .map(|f| String::from_utf8_lossy(f).into_owned())
                 .collect();
             paths.dedup();
-            Err(Error::Refused(format!(
-                "export refused: {} conflict(s) between the folder's changes and the thread's (git cannot merge them): {}; nothing was written",
-                paths.len(),
-                paths.join(", ")
-            )))
+            Err(ExportRefusal::Conflicts { paths }.into())
         }
         _ => {
             let err = String::from_utf8_lossy(&out.stderr);
-            Err(Error::Refused(format!(
-                "git merge-tree failed: {}",
-                err.lines().last().unwrap_or("no message").trim()
-            )))
+            Err(ExportRefusal::MergeTree {
+                line: err
+                    .lines()
+                    .last()
+                    .unwrap_or("no message")
+                    .trim()
+                    .to_string(),
+            }
+            .into())
         }
     }
 }
@@ -241,9 +234,10 @@ fn plan(mirror_dir: &Path, o: &str, merged: &str) -> Result<Plan, Error> {
         let meta = String::from_utf8_lossy(meta);
         let f: Vec<&str> = meta.trim_start_matches(':').split(' ').collect();
         let [old_mode, new_mode, _, new_id, status] = f[..] else {
-            return Err(Error::Refused(format!(
-                "unexpected diff-tree output {meta:?}"
-            )));
+            return Err(ExportRefusal::DiffTreeOutput {
+                meta: meta.to_string(),
+            }
+            .into());
         };
         let path = path.to_vec();
         if old_mode == "160000" || new_mode == "160000" {
@@ -258,9 +252,10 @@ fn plan(mirror_dir: &Path, o: &str, merged: &str) -> Result<Plan, Error> {
             (_, "100755") => Write::File { id, exec: true },
             (_, "120000") => Write::Symlink { id },
             _ => {
-                return Err(Error::Refused(format!(
-                    "unexpected diff-tree entry {meta:?}"
-                )));
+                return Err(ExportRefusal::DiffTreeEntry {
+                    meta: meta.to_string(),
+                }
+                .into());
             }
         };
         match write {
@@ -311,16 +306,10 @@ fn check_folder(folder: &Path, plan: &Plan) -> Result<(), Error> {
         }
     }
     if !lost.is_empty() {
-        return Err(Error::Refused(format!(
-            "export refused: the folder holds files git does not track where the thread has files: {}; nothing was written",
-            lost.join(", ")
-        )));
+        return Err(ExportRefusal::Untracked { paths: lost }.into());
     }
     if !outside.is_empty() {
-        return Err(Error::Refused(format!(
-            "export refused: in the folder, a symlink or a file stands where the thread has a directory: {}; nothing was written",
-            outside.join(", ")
-        )));
+        return Err(ExportRefusal::NotADirectory { paths: outside }.into());
     }
     Ok(())
 }

@@ -31,6 +31,7 @@ use gix::ObjectId;
 
 use super::error::{Context, Error, on_workspace};
 use super::posix::{Admitted, LeftOut, admit};
+use super::refusal::SnapshotRefusal;
 use crate::access::Caller;
 use crate::fs::{NodeMeta, TreeChange, WorkspaceFs};
 use crate::git::kept::{self, KeptEntry, KeptRecord, KeptRoot, KeptWhy};
@@ -531,10 +532,13 @@ pub fn restore(
         if let Some(id) = id
             && !repo.has_object(id)
         {
-            return Err(Error::Refused(format!(
-                "the kept side {side} of snapshot {snapshot} names {id} ({}), which is missing from the mirror",
-                shown(&m.path)
-            )));
+            return Err(SnapshotRefusal::KeptMissing {
+                side,
+                snapshot,
+                id,
+                path: shown(&m.path),
+            }
+            .into());
         }
         admitted.push(m);
     }

@@ -19,6 +19,7 @@ use gix_ignore::search::Ignore;
 
 use super::Daemon;
 use super::error::{Error, on_workspace};
+use super::refusal::SnapshotRefusal;
 use crate::deps::build::{layer_key, major};
 use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, Manager, detect};
 use crate::fs::WorkspaceFs;
@@ -163,10 +164,11 @@ pub(super) fn grafts(rec: &WorkspaceRecord) -> Result<Vec<Graft>, Error> {
             Ok(Graft {
                 path: l.path.clone(),
                 tree: ObjectId::from_hex(l.tree.as_bytes()).map_err(|_| {
-                    Error::Refused(format!(
-                        "thread {}: layer {} has a bad tree id {:?}",
-                        rec.thread, l.key, l.tree
-                    ))
+                    SnapshotRefusal::BadLayerTree {
+                        thread: rec.thread.clone(),
+                        key: l.key.clone(),
+                        tree: l.tree.clone(),
+                    }
                 })?,
             })
         })

@@ -11,6 +11,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::error::Error;
+use super::refusal::LimitRefusal;
 use super::{Daemon, lock};
 use crate::workspace::WorkspaceRecord;
 
@@ -131,10 +132,12 @@ impl Daemon {
                     return Ok(slot);
                 }
                 if pruned {
-                    return Err(Error::Refused(format!(
-                        "user {uid} has {} live threads, the most one user may have (octofs serve --max-threads-per-user {cap}); release one first",
-                        set.len()
-                    )));
+                    return Err(LimitRefusal::TooMany {
+                        uid,
+                        live: set.len(),
+                        cap,
+                    }
+                    .into());
                 }
                 let names: Vec<String> = set
                     .iter()
@@ -161,8 +164,6 @@ impl Daemon {
                 }
             }
         }
-        Err(Error::Refused(format!(
-            "user {uid} is at the cap of live threads (octofs serve --max-threads-per-user {cap}); release one first"
-        )))
+        Err(LimitRefusal::AtCap { uid, cap }.into())
     }
 }

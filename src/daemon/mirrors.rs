@@ -13,9 +13,11 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
 use super::error::{Context, Error};
+use super::guard::LockKey;
 use super::proto::{
     Access, AccessAnswer, AccessChange, Ack, FetchProgress, MirrorInfo, SyncOutcome,
 };
+use super::refusal::MirrorRefusal;
 use super::{Daemon, KeyedLocks, Reply, lock};
 use crate::access::Caller;
 use crate::git::Git;
@@ -36,8 +38,11 @@ pub(super) struct IndexJob {
 
 /// The keyed lock every build of the shared index of (`index_tree`, `worktree_tree`) holds: a fork
 /// that finds a build under way waits for it instead of building a second one.
-pub(super) fn index_lock_key(index_tree: gix::ObjectId, worktree_tree: gix::ObjectId) -> String {
-    format!("index:{index_tree}-{worktree_tree}")
+pub(super) fn index_lock_key(index_tree: gix::ObjectId, worktree_tree: gix::ObjectId) -> LockKey {
+    LockKey::Index {
+        index_tree,
+        worktree_tree,
+    }
 }
 
 /// Builds `jobs` one after the other, each under its `index:` lock and nothing else. A failure is
@@ -119,7 +124,7 @@ impl Daemon {
         credential: Option<&str>,
         access: Access,
     ) -> Reply<MirrorInfo> {
-        let l = self.locks.get(&format!("project:{project}"));
+        let l = self.locks.get(&LockKey::project(project));
         let _g = lock(&l);
         let info = super::metrics::timed(super::metrics::Kind::MirrorClone, project, || {
             mirror::add(&self.layout, project, upstream, credential, access)
@@ -237,7 +242,7 @@ impl Daemon {
         access: Option<Access>,
     ) -> Reply<AccessAnswer> {
         validate(NameKind::Project, project)?;
-        let l = self.locks.get(&format!("project:{project}"));
+        let l = self.locks.get(&LockKey::project(project));
         let _g = lock(&l);
         let before = mirror::require(&self.layout, project)?.access;
         let Some(a) = access else {
@@ -332,7 +337,7 @@ impl Daemon {
     }
 
     fn mirror_sync_watched(&self, project: &str) -> Reply<SyncOutcome> {
-        let l = self.locks.get(&format!("project:{project}"));
+        let l = self.locks.get(&LockKey::project(project));
         let _g = lock(&l);
         let out = super::metrics::timed(super::metrics::Kind::MirrorFetch, project, || {
             mirror::sync(&self.layout, project, self.settings.freshness_secs)
@@ -349,7 +354,7 @@ impl Daemon {
 
     /// Creates the blank repository chat workspaces fork from, once.
     pub(super) fn ensure_blank(&self) -> Result<(), Error> {
-        let l = self.locks.get(&format!("project:{BLANK}"));
+        let l = self.locks.get(&LockKey::project(BLANK));
         let _g = lock(&l);
         let dir = self.layout.mirror(BLANK);
         if dir.join(".git").exists() {
@@ -380,9 +385,7 @@ impl Daemon {
         })();
         if let Err(e) = made {
             let _ = std::fs::remove_dir_all(&staging);
-            return Err(Error::Refused(format!(
-                "cannot create the blank repository: {e}"
-            )));
+            return Err(MirrorRefusal::Blank { error: e }.into());
         }
         Ok(())
     }
@@ -439,8 +442,9 @@ pub(super) fn cancel(project: &str) -> Reply<Ack> {
             tracing::info!(%project, "clone or fetch cancelled by its caller");
             Ok((Ack("cancelling".into()), vec![]))
         }
-        None => Err(Error::Refused(format!(
-            "no mirror add or mirror sync of {project} is running"
-        ))),
+        None => Err(MirrorRefusal::NotRunning {
+            project: project.to_string(),
+        }
+        .into()),
     }
 }

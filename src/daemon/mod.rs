@@ -10,13 +10,17 @@
 //! - this file: the [`Daemon`] and its state, and [`serve`] (start-up and shutdown);
 //! - `server`: the control socket, its connection limits and worker pools, request dispatch;
 //! - `authz`: who may do what (peer credentials against thread owners and project access);
+//! - `guard`: the keyed locks' keys, and the thread guard (a request's lock, owner check, record);
 //! - `limits`: what one user's threads may take of the host (live threads, bytes);
 //! - `mirrors`: mirror add/sync/access and the object stores the mounts read;
 //! - `io_auto`: which I/O mode each new mount gets under `serve --io auto` (the default);
+//! - `mounter`: the seam between the daemon and the kernel's mounts (FUSE, or core-only in tests);
 //! - `mounts`: mounting, unmounting and remounting workspaces, and whether the kernel still has a
 //!   mount (mountinfo, not the table);
 //! - `strays`: files written into a bare mount point, moved into the workspace at its next mount;
-//! - `threads`: a thread's lifecycle: open (fork, resume, share), release (also when idle), sweep;
+//! - `lifecycle`: a thread's lifecycle policy as pure plans (open, release, sweep), no I/O;
+//! - `threads`: a thread's lifecycle carried out: open (fork, resume, share), release (also when
+//!   idle), sweep;
 //! - `moves`: a thread's state carried to a new thread: `fork` and `teleport`;
 //! - `resync`: a live workspace brought to its upstream tip, as a developer or a reviewer may;
 //! - `snapshot`: snapshot assembly (the one place a workspace becomes a tree and a commit);
@@ -30,6 +34,7 @@
 //! - `keeper`: the connection keeper process, which lets the mounts outlive a crash of the daemon;
 //! - `metrics`: the Prometheus exposition of what the daemon counts, and its opt-in listener;
 //! - `takeover`: graceful restart: every mount's connection and state handed to a new process;
+//! - `error`, `refusal`: why a request failed, and why it was refused (typed, one line each);
 //! - [`proto`]: the request and reply types of the control protocol.
 
 mod authz;
@@ -40,13 +45,16 @@ mod diff;
 pub mod error;
 mod export;
 mod fdstore;
+mod guard;
 pub mod io_auto;
 mod keeper;
 mod kept;
 mod layers;
+mod lifecycle;
 mod limits;
 pub mod metrics;
 mod mirrors;
+mod mounter;
 mod mounts;
 mod moves;
 pub mod notify;
@@ -55,6 +63,7 @@ pub mod proto;
 mod pull;
 mod push;
 mod recover;
+mod refusal;
 mod repo_config;
 mod repo_record;
 mod resync;
@@ -82,6 +91,7 @@ use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::workspace::Owner;
 use error::Error;
+use guard::{LockKey, ToLockKey};
 pub use keeper::run_keeper;
 pub use limits::DEFAULT_MAX_THREADS_PER_USER;
 pub use takeover::serve_takeover;
@@ -118,7 +128,8 @@ pub struct Settings {
 
 struct Mounted {
     path: PathBuf,
-    session: fuser::BackgroundSession,
+    /// What serves it: a fuser session, or nothing (a core-only mount, `mounter`).
+    session: mounter::Session,
     info: Arc<MountInfo>,
     core: Arc<WorkspaceFs>,
     /// The workspace's owner (fsmonitor answers go to them or root only).
@@ -130,15 +141,15 @@ struct Mounted {
     io: io_auto::Hold,
 }
 
-/// Named mutexes: one per project and one per thread.
+/// Named mutexes: one per project, one per thread, one per shared index being built.
 #[derive(Default)]
-struct KeyedLocks(Mutex<HashMap<String, Arc<Mutex<()>>>>);
+struct KeyedLocks(Mutex<HashMap<LockKey, Arc<Mutex<()>>>>);
 
 /// Past this many keyed locks, the ones nobody holds or waits for are dropped.
 const KEYED_LOCKS_KEPT: usize = 256;
 
 impl KeyedLocks {
-    fn get(&self, key: &str) -> Arc<Mutex<()>> {
+    fn get(&self, key: &impl ToLockKey) -> Arc<Mutex<()>> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         // A lock only the map refers to is neither held nor waited for (both hold a clone of its
         // `Arc`), so dropping it changes nothing: the next user of its key makes a fresh one. Without
@@ -146,7 +157,7 @@ impl KeyedLocks {
         if map.len() >= KEYED_LOCKS_KEPT {
             map.retain(|_, l| Arc::strong_count(l) > 1);
         }
-        map.entry(key.to_string()).or_default().clone()
+        map.entry(key.to_lock_key()).or_default().clone()
     }
 
     #[cfg(test)]
@@ -168,7 +179,9 @@ pub struct Daemon {
     stores: Mutex<HashMap<String, Arc<ObjectStore>>>,
     /// The workspaces being served, by thread.
     mounts: Mutex<HashMap<String, Mounted>>,
-    /// `project:<name>`, `thread:<name>` and `index:<trees>` locks.
+    /// How they are mounted: by the kernel (FUSE), or core-only in tests.
+    mounter: Arc<dyn mounter::Mounter>,
+    /// The project, thread and shared-index locks ([`LockKey`]).
     locks: Arc<KeyedLocks>,
     /// Threads whose `release --when-idle` waits for their mount to be idle (their records say so
     /// too; this is what the timer walks). Held only to read or change the set.
@@ -213,6 +226,7 @@ impl Daemon {
             stores: Mutex::new(HashMap::new()),
             snapshot_caches: Arc::default(),
             mounts: Mutex::new(HashMap::new()),
+            mounter: Arc::new(mounter::Fuse),
             locks: Arc::default(),
             idle_waits: Mutex::default(),
             access_epoch: Arc::default(),
@@ -355,10 +369,10 @@ mod tests {
     #[test]
     fn keyed_locks_do_not_pile_up_and_a_held_one_stays_the_same() {
         let locks = KeyedLocks::default();
-        let held = locks.get("thread:busy");
+        let held = locks.get(&LockKey::thread("busy"));
         let guard = lock(&held);
         for i in 0..10_000 {
-            let l = locks.get(&format!("thread:t{i}"));
+            let l = locks.get(&LockKey::Thread(format!("t{i}")));
             drop(lock(&l));
         }
         assert!(
@@ -367,7 +381,7 @@ mod tests {
             locks.len()
         );
         // The held lock survived the pruning: a second user of its key waits on the same mutex.
-        let again = locks.get("thread:busy");
+        let again = locks.get(&LockKey::thread("busy"));
         assert!(Arc::ptr_eq(&held, &again));
         assert!(again.try_lock().is_err());
         drop(guard);

@@ -1,5 +1,6 @@
 //! Mounting: a workspace's core loaded over its base and served at `<root>/<thread>` by its own
-//! fuser session; unmounting (refused when busy unless forced, then detached lazily); remounting
+//! fuser session (through `super::mounter`, the seam a test replaces with a core-only mounter);
+//! unmounting (refused when busy unless forced, then detached lazily); remounting
 //! every mounted workspace when the daemon starts and unmounting all when it stops; and telling
 //! the kernel what the daemon changed in a mount behind its back. Whether a thread is mounted is
 //! the kernel's word (mountinfo: this daemon's mount, on the connection it made, at the path), not
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use super::error::{Context, Error};
 use super::{Daemon, Mounted, lock};
-use crate::fs::fuse::{FuseAdapter, MountInfo};
+
 use crate::fs::objects::MirrorObjects;
 use crate::fs::{Durable, Presentation, WorkspaceFs, unix_time};
 use crate::workspace::WorkspaceRecord;
@@ -259,8 +260,8 @@ impl Daemon {
         io: super::io_auto::Hold,
     ) -> Result<Option<String>, Error> {
         let path = self.layout.mountpoint(&rec.thread);
-        if crate::sys::is_stale_mount(&path) {
-            let _ = crate::sys::lazy_unmount(&path);
+        if self.mounter.is_stale(&path) {
+            let _ = self.mounter.lazy_unmount(&path);
         }
         // Whoever can write in the root must not redirect the mount (root's, content chosen by
         // the workspace's owner) onto a directory elsewhere.
@@ -302,22 +303,9 @@ impl Daemon {
             }
         }
         self.relative_alternates(rec, &core);
-        let info = Arc::new(MountInfo::default());
-        let is_root = crate::sys::euid() == 0;
-        let adapter = FuseAdapter::new(
-            core.clone(),
-            is_root && self.passthrough_for(rec.owner.uid),
-            info.clone(),
-        )
-        .with_io(io.mode)
-        .with_objects(self.mirror_objects(rec));
-        // From here on, what the daemon changes other than through the mount is told to the kernel.
-        core.watch_kernel();
-        let cfg = crate::fs::fuse::mount_config(&rec.thread, is_root);
-        let session = crate::fs::fuse::mount(adapter, &path, &cfg, self.settings.transport)
-            .context(|| format!("cannot mount {}", path.display()))?;
+        let (session, info) = self.mounter.mount(self, rec, &core, &path, io.mode)?;
         tracing::info!(thread = %rec.thread, path = %path.display(), "mounted");
-        let dev = kernel_dev(&path, &rec.thread);
+        let dev = self.mounter.kernel_dev(&path, &rec.thread);
         let m = Mounted {
             path,
             session,
@@ -364,7 +352,7 @@ impl Daemon {
     pub(super) fn kernel_has(&self, thread: &str) -> bool {
         lock(&self.mounts)
             .get(thread)
-            .is_some_and(|m| in_kernel(thread, m))
+            .is_some_and(|m| in_kernel(self.mounter.as_ref(), thread, m))
     }
 
     /// Lets go of `thread`'s session when the kernel no longer has its mount, so that it can be
@@ -376,7 +364,7 @@ impl Daemon {
     pub(super) fn forget_lost_mount(&self, thread: &str) -> Result<(), Error> {
         let lost = lock(&self.mounts)
             .get(thread)
-            .is_some_and(|m| !in_kernel(thread, m));
+            .is_some_and(|m| !in_kernel(self.mounter.as_ref(), thread, m));
         if !lost {
             return Ok(());
         }
@@ -385,7 +373,7 @@ impl Daemon {
         loop {
             let ended = lock(&self.mounts)
                 .get(thread)
-                .map(|m| (m.session.guard.is_finished(), m.path.clone()));
+                .map(|m| (m.session.is_finished(), m.path.clone()));
             match ended {
                 None => return Ok(()),
                 Some((true, _)) => break,
@@ -411,9 +399,10 @@ impl Daemon {
     /// worker, never a FUSE thread, holding no lock a FUSE request waits for (the kernel may wait
     /// for requests in flight on the same inodes first).
     pub(super) fn tell_kernel(&self, thread: &str) {
+        // (A core-only mount has no kernel to tell.)
         let Some((core, notifier, info)) = lock(&self.mounts)
             .get(thread)
-            .map(|m| (m.core.clone(), m.session.notifier(), m.info.clone()))
+            .and_then(|m| Some((m.core.clone(), m.session.notifier()?, m.info.clone())))
         else {
             return;
         };
@@ -426,7 +415,7 @@ impl Daemon {
         let Some(m) = lock(&self.mounts).remove(thread) else {
             return Ok(());
         };
-        match crate::sys::unmount(&m.path) {
+        match self.mounter.unmount(&m.path) {
             Ok(()) => {
                 super::keeper::forget(thread);
                 let (tx, rx) = std::sync::mpsc::channel();
@@ -449,7 +438,7 @@ impl Daemon {
                 if e.raw_os_error() == Some(libc::EBUSY) {
                     tracing::warn!(%thread, "busy mount detached lazily (--force)");
                 }
-                let _ = crate::sys::lazy_unmount(&m.path);
+                let _ = self.mounter.lazy_unmount(&m.path);
                 drop(m.session);
                 super::keeper::forget(thread);
                 Ok(())
@@ -499,7 +488,7 @@ impl Daemon {
     pub(super) fn unmount_all(&self) {
         let mounts: Vec<_> = lock(&self.mounts).drain().collect();
         for (thread, m) in mounts {
-            unmount(&thread, m);
+            unmount(self.mounter.as_ref(), &thread, m);
         }
     }
 }
@@ -535,7 +524,7 @@ pub(super) fn keep_mount(thread: &str, m: &Mounted) {
     super::keeper::keep(thread, &m.path, meta, &fds);
 }
 
-fn unmount(thread: &str, m: Mounted) {
+fn unmount(mounter: &dyn super::mounter::Mounter, thread: &str, m: Mounted) {
     // fuser unmounts and joins the session threads; a busy mount fails fast with EBUSY and is then
     // detached lazily, so its users see the daemon gone instead of a hang.
     let Mounted { path, session, .. } = m;
@@ -552,7 +541,7 @@ fn unmount(thread: &str, m: Mounted) {
                 _ => "no answer within 5 s".to_string(),
             };
             tracing::warn!(%thread, "unmount: {why}; detaching lazily");
-            if let Err(e) = crate::sys::lazy_unmount(&path) {
+            if let Err(e) = mounter.lazy_unmount(&path) {
                 tracing::error!(%thread, "lazy unmount: {e}");
             }
         }
@@ -580,8 +569,8 @@ pub(super) fn kernel_dev(path: &Path, thread: &str) -> Option<String> {
 
 /// Whether the kernel has `m` (the mount of `thread`) at its path: the topmost mount there is
 /// octofs's of that thread, on the connection it had when mounted.
-fn in_kernel(thread: &str, m: &Mounted) -> bool {
-    match (kernel_dev(&m.path, thread), &m.dev) {
+fn in_kernel(mounter: &dyn super::mounter::Mounter, thread: &str, m: &Mounted) -> bool {
+    match (mounter.kernel_dev(&m.path, thread), &m.dev) {
         (Some(now), Some(then)) => now == *then,
         (now, None) => now.is_some(),
         (None, Some(_)) => false,

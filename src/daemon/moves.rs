@@ -12,7 +12,9 @@
 //! mount. Both threads' locks are held (in name order) for the whole operation.
 
 use super::error::{Context, Error, on_workspace};
+use super::guard::LockKey;
 use super::proto::Forked;
+use super::refusal::{MoveRefusal, SnapshotRefusal};
 use super::{Daemon, Reply, lock, now};
 use crate::access::Caller;
 use crate::git::kept;
@@ -66,10 +68,7 @@ impl Daemon {
     ) -> Reply<Forked> {
         let Some(p) = project else {
             if git_ref.is_some() {
-                return Err(Error::Refused(
-                    "--ref needs --project: without one, teleport carries the source's state"
-                        .into(),
-                ));
+                return Err(MoveRefusal::RefNeedsProject.into());
             }
             return self.carry_state(from, to, BranchRule::KeepChosen, true, c);
         };
@@ -77,19 +76,16 @@ impl Daemon {
         validate(NameKind::Thread, to)?;
         validate(NameKind::Project, p)?;
         if from == to {
-            return Err(Error::Refused(format!(
-                "teleport needs a new thread: {to} is the source"
-            )));
+            return Err(MoveRefusal::TeleportToSource { to: to.to_string() }.into());
         }
         {
             // The source is only the conversation that moves (a chat thread's workspace may be
             // gone already); if it exists, it must be the caller's.
-            let l = self.locks.get(&format!("thread:{from}"));
-            let _g = lock(&l);
-            self.check_thread(c, from)?;
+            let thread_lock = self.thread_lock(from)?;
+            let _held = thread_lock.owner(c)?;
         }
         {
-            let l = self.locks.get(&format!("thread:{to}"));
+            let l = self.locks.get(&LockKey::thread(to));
             let _g = lock(&l);
             self.refuse_existing(to)?;
         }
@@ -118,20 +114,23 @@ impl Daemon {
     /// Refuses a thread that exists (bound, or with a workspace): fork and teleport make new ones.
     fn refuse_existing(&self, to: &str) -> Result<(), Error> {
         if let Some(r) = WorkspaceRecord::load(&self.layout, to)? {
-            return Err(Error::Refused(if r.chat {
-                format!("thread {to} already exists (a chat workspace); choose a new thread")
+            let to = to.to_string();
+            return Err(if r.chat {
+                MoveRefusal::ChatExists { to }
             } else {
-                format!(
-                    "thread {to} is already bound to project {}; choose a new thread",
-                    r.project
-                )
-            }));
+                MoveRefusal::Bound {
+                    to,
+                    project: r.project,
+                }
+            }
+            .into());
         }
         if let Some(b) = Binding::load(&self.layout, to)? {
-            return Err(Error::Refused(format!(
-                "thread {to} is already bound to project {}; choose a new thread",
-                b.project
-            )));
+            return Err(MoveRefusal::Bound {
+                to: to.to_string(),
+                project: b.project,
+            }
+            .into());
         }
         Ok(())
     }
@@ -151,15 +150,13 @@ impl Daemon {
         validate(NameKind::Thread, from)?;
         validate(NameKind::Thread, to)?;
         if from == to {
-            return Err(Error::Refused(format!(
-                "{to} is the source: name a new thread"
-            )));
+            return Err(MoveRefusal::ToSource { to: to.to_string() }.into());
         }
         // Both threads' locks, always in name order: two crossed forks never deadlock.
         let (a, b) = if from < to { (from, to) } else { (to, from) };
-        let la = self.locks.get(&format!("thread:{a}"));
+        let la = self.locks.get(&LockKey::thread(a));
         let _ga = lock(&la);
-        let lb = self.locks.get(&format!("thread:{b}"));
+        let lb = self.locks.get(&LockKey::thread(b));
         let _gb = lock(&lb);
 
         let live = WorkspaceRecord::load(&self.layout, from)?;
@@ -167,9 +164,11 @@ impl Daemon {
         let (project, owner) = match (&live, &bound) {
             (Some(r), _) if r.chat => {
                 self.require_owner(c, from, r.owner)?;
-                return Err(Error::Refused(format!(
-                    "thread {from} is a chat workspace (no project): its files are never saved, so there is no state to carry; `octofs teleport {from} {to} --project P` binds a new thread instead"
-                )));
+                return Err(MoveRefusal::ChatCarry {
+                    from: from.to_string(),
+                    to: to.to_string(),
+                }
+                .into());
             }
             (Some(r), _) => (r.project.clone(), r.owner),
             (None, Some(b)) => (b.project.clone(), b.owner),
@@ -225,9 +224,7 @@ impl Daemon {
         let (head, head_ref, tree, posix, record, side) = match state {
             Some(s) => {
                 let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
-                let head = *parents
-                    .first()
-                    .ok_or_else(|| Error::Refused("the snapshot has no parent".into()))?;
+                let head = *parents.first().ok_or(SnapshotRefusal::NoParent)?;
                 (
                     head,
                     snap::head_of(&message),
@@ -239,9 +236,7 @@ impl Daemon {
             }
             None => {
                 // Released with nothing saved: its first base, unchanged.
-                let b = bound
-                    .as_ref()
-                    .ok_or_else(|| Error::Refused("the thread has no binding".into()))?;
+                let b = bound.as_ref().ok_or(MoveRefusal::NoBinding)?;
                 let head = b.base_commit;
                 let (tree, _, _, _) = snap::commit_info(&repo, head)?;
                 let head_ref = b

@@ -12,12 +12,12 @@
 
 use super::error::{Context, Error};
 use super::proto::Pulled;
+use super::refusal::{ChatOp, PullRefusal};
 use super::snapshot::{Goal, check_snapshot_name, named_ref, read_head};
-use super::{Daemon, Reply, lock};
+use super::{Daemon, Reply};
 use crate::access::Caller;
 use crate::git::mirror;
 use crate::git::snapshot as snap;
-use crate::names::{NameKind, validate};
 
 /// The most snapshots of a chain `pull` walks back to find one equal to the working state.
 const CHAIN_MAX: usize = 10_000;
@@ -65,34 +65,34 @@ impl Daemon {
         force: bool,
         c: &Caller,
     ) -> Reply<Pulled> {
-        validate(NameKind::Thread, thread)?;
+        let thread_lock = self.thread_lock(thread)?;
         check_snapshot_name(name)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let rec = self.live_record(thread)?;
-        if rec.chat {
-            return Err(Error::Refused(format!(
-                "thread {thread} is a chat workspace (no project): nothing to pull into"
-            )));
-        }
+        let (rec, _held) = thread_lock.live(c, ChatOp::Pull)?;
         let project = rec.project.clone();
         let mirror_dir = self.layout.mirror(&project);
         let target = mirror::push_target(&self.layout, &project, Some(remote), self.far_side(c))?;
         let full = named_ref(name);
         let theirs = mirror::fetch_ref(&mirror_dir, &target, &full, &pulled_ref(name))?
-            .ok_or_else(|| Error::Refused(format!("{remote} has no {full}")))?;
+            .ok_or_else(|| PullRefusal::NoSuchName {
+                remote: remote.to_string(),
+                name_ref: full.clone(),
+            })?;
         let repo = snap::open(&mirror_dir)?;
         let (tree, parents, message, _) = snap::commit_info(&repo, theirs)?;
-        let base = *parents
-            .first()
-            .ok_or_else(|| Error::Refused(format!("{full} ({theirs}) has no parent")))?;
+        let base = *parents.first().ok_or_else(|| PullRefusal::NoParent {
+            name_ref: full.clone(),
+            theirs,
+        })?;
         let core = self.core_of(&rec)?;
         let (head, _) = read_head(&core)?;
         if head != base {
-            return Err(Error::Refused(format!(
-                "HEAD is at {head}, but {full} ({theirs}) is based on {base}: pull only fast-forwards a workspace whose HEAD is the snapshot's base"
-            )));
+            return Err(PullRefusal::NotAtBase {
+                head,
+                name_ref: full,
+                theirs,
+                base,
+            }
+            .into());
         }
         let live = self.assemble(&mut rec.clone(), Goal::Tree)?;
         let (head_tree, _, _, _) = snap::commit_info(&repo, head)?;
@@ -130,9 +130,12 @@ impl Daemon {
                 if lost.len() > NAMED_MAX {
                     shown.push_str(&format!(" and {} more", lost.len() - NAMED_MAX));
                 }
-                return Err(Error::Refused(format!(
-                    "pull of {full} would lose local changes of thread {thread}: {shown} (snapshot or commit them first, or pull --force, which saves them in a snapshot first)"
-                )));
+                return Err(PullRefusal::WouldLose {
+                    name_ref: full,
+                    thread: thread.to_string(),
+                    changes: shown,
+                }
+                .into());
             }
             let s = self.snapshot_locked(thread)?;
             tracing::info!(%thread, snapshot = %s, "pull --force: the local changes saved first");

@@ -6,14 +6,13 @@
 //! mirror, never with a workspace's configuration; a refusal sends nothing.
 
 use super::commit::{check_gates, parse_gates};
-use super::error::Error;
 use super::proto::Pushed;
+use super::refusal::{ChatOp, PushRefusal};
 use super::snapshot::read_head;
-use super::{Daemon, Reply, lock};
+use super::{Daemon, Reply};
 use crate::access::Caller;
 use crate::git::mirror::{changes, push, push_target, remote_tip};
 use crate::git::snapshot::{self as snap, HeadRef};
-use crate::names::{NameKind, validate};
 use crate::own_repo::carry;
 
 impl Daemon {
@@ -27,37 +26,30 @@ impl Daemon {
         gate_specs: &[String],
         c: &Caller,
     ) -> Reply<Pushed> {
-        validate(NameKind::Thread, thread)?;
+        let thread_lock = self.thread_lock(thread)?;
         let gates = parse_gates(self, gate_specs, c)?;
         let lease = lease
             .map(|l| {
-                gix::ObjectId::from_hex(l.as_bytes()).map_err(|_| {
-                    Error::Refused(format!("--lease wants a full commit id, not {l:?}"))
+                gix::ObjectId::from_hex(l.as_bytes()).map_err(|_| PushRefusal::BadLease {
+                    lease: l.to_string(),
                 })
             })
             .transpose()?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let rec = self.live_record(thread)?;
-        if rec.chat {
-            return Err(Error::Refused(format!(
-                "thread {thread} is a chat workspace (no project): nothing to push"
-            )));
-        }
+        let (rec, _held) = thread_lock.live(c, ChatOp::Push)?;
         let core = self.core_of(&rec)?;
         let (head, head_ref) = read_head(&core)?;
         let branch = match (branch, &head_ref) {
             (Some(b), _) => b.to_string(),
             (None, HeadRef::Branch(b)) => b.clone(),
             (None, HeadRef::Detached) => {
-                return Err(Error::Refused(
-                    "HEAD is detached: name the remote branch with --branch".into(),
-                ));
+                return Err(PushRefusal::Detached.into());
             }
         };
-        gix::refs::FullName::try_from(format!("refs/heads/{branch}"))
-            .map_err(|_| Error::Refused(format!("{branch:?} is not a branch name")))?;
+        gix::refs::FullName::try_from(format!("refs/heads/{branch}")).map_err(|_| {
+            PushRefusal::NotABranch {
+                branch: branch.clone(),
+            }
+        })?;
         let mirror = self.layout.mirror(&rec.project);
         let mut repo = snap::open(&mirror)?;
         if !repo.has_object(head) {
@@ -99,10 +91,10 @@ impl Daemon {
         let touched = changes(&raw)?;
         let excludes = crate::git::mirror::require(&self.layout, &rec.project)?.excludes;
         check_gates(&core, &repo, &touched, &gates, &excludes, "push")?;
-        push(&mirror, &target, head, &branch, lease).map_err(|e| {
-            Error::Refused(format!(
-                "push of {head} to {branch} failed: {e} (when the remote refused it: its branch is not at --lease, or the push is not a fast-forward)"
-            ))
+        push(&mirror, &target, head, &branch, lease).map_err(|error| PushRefusal::Failed {
+            head,
+            branch: branch.clone(),
+            error,
         })?;
         tracing::info!(%thread, %branch, commit = %head, "push");
         Ok((

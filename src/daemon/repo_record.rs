@@ -39,6 +39,7 @@ use gix::objs::tree::{Entry, EntryKind};
 use gix::objs::{Find as _, Kind, Write as _, WriteTo as _};
 
 use super::error::{Context, Error, on_workspace};
+use super::refusal::SnapshotRefusal;
 use crate::fs::WorkspaceFs;
 use crate::git::snapshot as snap;
 use crate::layout::Layout;
@@ -106,10 +107,7 @@ fn read_bounded(core: &WorkspaceFs, path: &[&[u8]], max: u64) -> Result<Option<V
         .read_to_end(&mut out)
         .context(|| format!("cannot read {}", shown()))?;
     if out.len() as u64 > max {
-        return Err(Error::Refused(format!(
-            "{} is larger than {max} bytes: release would not keep it",
-            shown()
-        )));
+        return Err(SnapshotRefusal::FileTooLarge { path: shown(), max }.into());
     }
     Ok(Some(out))
 }
@@ -175,9 +173,7 @@ fn read_refs(core: &WorkspaceFs) -> Result<WsRefs, Error> {
                 _ => {}
             }
             if out.direct.len() + out.symbolic.len() > REFS_MAX {
-                return Err(Error::Refused(format!(
-                    "the workspace has more than {REFS_MAX} refs: release would not keep them all"
-                )));
+                return Err(SnapshotRefusal::TooManyRefs { max: REFS_MAX }.into());
             }
         }
     }
@@ -249,10 +245,12 @@ pub(super) fn save(
     thread: &str,
     has_origin: bool,
 ) -> Result<ObjectId, Error> {
-    let keep_as_is = |e: Error| {
-        Error::Refused(format!(
-            "cannot keep the workspace's refs: {e}; `octofs release {thread} --discard` drops the workspace without saving"
-        ))
+    let keep_as_is = |e: Error| -> Error {
+        SnapshotRefusal::RefsNotKept {
+            error: Box::new(e),
+            thread: thread.to_string(),
+        }
+        .into()
     };
     let presented: BTreeMap<String, ObjectId> = crate::repo::mirror_refs(repo)?
         .direct

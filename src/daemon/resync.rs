@@ -25,13 +25,13 @@ use std::collections::HashMap;
 use super::commit::{keep_stat, write_index};
 use super::error::{Context, Error, on_workspace};
 use super::proto::Resynced;
+use super::refusal::{ChatOp, ResyncRefusal};
 use super::snapshot::{Goal, read_head};
-use super::{Daemon, Reply, lock};
+use super::{Daemon, Reply};
 use crate::access::Caller;
 use crate::fs::{TreeChange, WorkspaceFs};
 use crate::git::mirror::{UpstreamKind, changes};
 use crate::git::snapshot::{self as snap, HeadRef};
-use crate::names::{NameKind, validate};
 use crate::own_repo::{add_all, carry};
 use crate::workspace::WorkspaceRecord;
 
@@ -45,13 +45,13 @@ pub enum Role {
 }
 
 impl Role {
-    pub fn parse(s: &str) -> Result<Role, String> {
+    pub fn parse(s: &str) -> Result<Role, ResyncRefusal> {
         match s {
             "developer" => Ok(Role::Developer),
             "reviewer" => Ok(Role::Reviewer),
-            _ => Err(format!(
-                "unknown role {s:?}: a role is developer or reviewer"
-            )),
+            _ => Err(ResyncRefusal::UnknownRole {
+                role: s.to_string(),
+            }),
         }
     }
 
@@ -123,17 +123,9 @@ fn index_stat(a: &fuser::FileAttr) -> gix::index::entry::Stat {
 impl Daemon {
     /// `octofs resync`.
     pub(super) fn resync(&self, thread: &str, role: &str, c: &Caller) -> Reply<Resynced> {
-        validate(NameKind::Thread, thread)?;
-        let role = Role::parse(role).map_err(Error::Refused)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
-        let rec = self.live_record(thread)?;
-        if rec.chat {
-            return Err(Error::Refused(format!(
-                "thread {thread} is a chat workspace (no project): it has no upstream to re-sync with"
-            )));
-        }
+        let thread_lock = self.thread_lock(thread)?;
+        let role = Role::parse(role)?;
+        let (rec, _held) = thread_lock.live(c, ChatOp::Resync)?;
         let started = std::time::Instant::now();
         let core = self.core_of(&rec)?;
         let (head, head_ref) = read_head(&core)?;
@@ -302,12 +294,12 @@ impl Daemon {
                 return Ok(Upstream { shown, tip });
             }
         }
-        Err(Error::Refused(format!(
-            "thread {} has no upstream branch in the mirror of {} (it follows none, and {} is not a branch there)",
-            rec.thread,
-            rec.project,
-            candidates.last().map_or("its base", String::as_str)
-        )))
+        Err(ResyncRefusal::NoUpstream {
+            thread: rec.thread.clone(),
+            project: rec.project.clone(),
+            last: candidates.pop(),
+        }
+        .into())
     }
 
     /// Whether the workspace's index records anything other than `tree` (staged changes, a
@@ -631,9 +623,10 @@ fn relation(
     let mut it = text.split_whitespace().map(str::parse::<u64>);
     match (it.next(), it.next()) {
         (Some(Ok(ahead)), Some(Ok(behind))) => Ok(Relation { ahead, behind }),
-        _ => Err(Error::Refused(format!(
-            "unexpected `git rev-list --count` output {text:?}"
-        ))),
+        _ => Err(ResyncRefusal::RevListOutput {
+            text: text.into_owned(),
+        }
+        .into()),
     }
 }
 

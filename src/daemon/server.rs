@@ -19,6 +19,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::Error;
 use super::proto::{Ack, Call, Request, Response};
+use super::refusal::RequestRefusal;
 use super::{Daemon, Reply, lock};
 use crate::access::Caller;
 
@@ -370,20 +371,14 @@ async fn read_request(r: tokio::net::unix::OwnedReadHalf) -> Result<Request, Err
     BufReader::new(r.take(MAX_REQUEST as u64 + 1))
         .read_until(b'\n', &mut line)
         .await
-        .map_err(|e| Error::Refused(format!("bad request: {e}")))?;
+        .map_err(RequestRefusal::Unreadable)?;
     if line.len() > MAX_REQUEST {
-        return Err(Error::Refused(format!(
-            "bad request: longer than {} KiB",
-            MAX_REQUEST >> 10
-        )));
+        return Err(RequestRefusal::TooLong { max: MAX_REQUEST }.into());
     }
-    let text = std::str::from_utf8(&line).map_err(|e| {
-        Error::Refused(format!(
-            "bad request: not UTF-8 (invalid byte at offset {})",
-            e.valid_up_to()
-        ))
+    let text = std::str::from_utf8(&line).map_err(|e| RequestRefusal::NotUtf8 {
+        offset: e.valid_up_to(),
     })?;
-    serde_json::from_str(text).map_err(|e| Error::Refused(format!("bad request: {e}")))
+    Ok(serde_json::from_str(text).map_err(RequestRefusal::NotJson)?)
 }
 
 async fn connection(
@@ -401,10 +396,10 @@ async fn connection(
     let (r, mut w) = stream.into_split();
     let request = match tokio::time::timeout(IO_TIMEOUT, read_request(r)).await {
         Ok(req) => req,
-        Err(_) => Err(Error::Refused(format!(
-            "bad request: no request line within {} s",
-            IO_TIMEOUT.as_secs()
-        ))),
+        Err(_) => Err(RequestRefusal::NoLine {
+            secs: IO_TIMEOUT.as_secs(),
+        }
+        .into()),
     };
     // Only the answer to `restart` ends a daemon that handed over: another connection answered
     // meanwhile (a ping, a status) must not make it exit before that answer is written.

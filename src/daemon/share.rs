@@ -14,7 +14,9 @@
 //! never in a workspace. The share URL carries no credential.
 
 use super::error::Error;
+use super::guard::LockKey;
 use super::proto::MirrorInfo;
+use super::refusal::SnapshotRefusal;
 use super::{Daemon, Reply, lock, now};
 use crate::access::{Caller, describe_uid};
 use crate::git::mirror::{self, Shared};
@@ -47,7 +49,7 @@ impl Daemon {
     /// `octofs mirror set P --share REMOTE` (and the second half of `mirror add … --share`).
     pub(super) fn mirror_share(&self, project: &str, share: Option<&str>) -> Reply<MirrorInfo> {
         validate(NameKind::Project, project)?;
-        let l = self.locks.get(&format!("project:{project}"));
+        let l = self.locks.get(&LockKey::project(project));
         let _g = lock(&l);
         let p = mirror::set_share(&self.layout, project, share)?;
         tracing::info!(%project, share = ?p.share, "share remote set");
@@ -61,7 +63,7 @@ impl Daemon {
         excludes: Vec<String>,
     ) -> Reply<MirrorInfo> {
         validate(NameKind::Project, project)?;
-        let l = self.locks.get(&format!("project:{project}"));
+        let l = self.locks.get(&LockKey::project(project));
         let _g = lock(&l);
         let p = mirror::set_excludes(&self.layout, project, excludes)?;
         tracing::info!(%project, excludes = ?p.excludes, "excludes set");
@@ -258,9 +260,9 @@ impl Daemon {
             return Ok((binding, None));
         }
         let (_, parents, message, _) = snap::commit_info(&repo, theirs)?;
-        let head = *parents.first().ok_or_else(|| {
-            Error::Refused(format!("the share's snapshot {theirs} has no parent"))
-        })?;
+        let head = *parents
+            .first()
+            .ok_or(SnapshotRefusal::ShareNoParent { theirs })?;
         // A thread this host does not know yet becomes the share's owner's, never the caller's
         // merely because they asked first: a share holds every user's threads.
         let owner = match &binding {

@@ -15,7 +15,8 @@
 
 use super::error::{Context, Error, on_workspace};
 use super::proto::{NamedSnapshot, Snapshotted};
-use super::{Daemon, Reply, lock};
+use super::refusal::{ChatOp, Refusal, SnapshotRefusal};
+use super::{Daemon, Reply};
 use crate::access::Caller;
 use crate::cow::catalog::Ts;
 use crate::fs::WorkspaceFs;
@@ -35,9 +36,10 @@ pub(super) fn named_ref(name: &str) -> String {
 /// A snapshot name: one component of a git ref (the rules of a thread's name).
 pub(super) fn check_snapshot_name(name: &str) -> Result<(), Error> {
     validate(NameKind::Thread, name).map_err(|_| {
-        Error::Refused(format!(
-            "bad snapshot name {name:?}: 1-128 characters of [A-Za-z0-9._-], not starting with . or -, one component of a git ref"
-        ))
+        SnapshotRefusal::BadName {
+            name: name.to_string(),
+        }
+        .into()
     })
 }
 
@@ -103,14 +105,15 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
             .read_to_end(&mut out)
             .context(|| format!("cannot read .git/{shown}"))?;
         if out.len() as u64 > REF_LINE_MAX {
-            return Err(Error::Refused(format!(
-                ".git/{shown} is larger than {REF_LINE_MAX} bytes: not a ref"
-            )));
+            return Err(SnapshotRefusal::RefTooLarge {
+                path: shown.to_string(),
+                max: REF_LINE_MAX,
+            }
+            .into());
         }
         Ok(Some(out))
     };
-    let head = read(&[b"HEAD"], "HEAD")?
-        .ok_or_else(|| Error::Refused("the workspace has no .git/HEAD".into()))?;
+    let head = read(&[b"HEAD"], "HEAD")?.ok_or(SnapshotRefusal::NoHead)?;
     let head = String::from_utf8_lossy(&head).trim().to_string();
     let parse = |s: &str| {
         gix::ObjectId::from_hex(s.trim().as_bytes())
@@ -140,9 +143,7 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
                 break;
             }
             if n as u64 > REF_LINE_MAX {
-                return Err(Error::Refused(format!(
-                    ".git/packed-refs has a line longer than {REF_LINE_MAX} bytes: not refs"
-                )));
+                return Err(SnapshotRefusal::PackedRefsLine { max: REF_LINE_MAX }.into());
             }
             let line = String::from_utf8_lossy(&line);
             if let Some((oid, n)) = line.trim_end_matches(['\n', '\r']).split_once(' ')
@@ -152,9 +153,10 @@ fn read_head_at(core: &WorkspaceFs, git_dir: &[&[u8]]) -> Result<(gix::ObjectId,
             }
         }
     }
-    Err(Error::Refused(format!(
-        "HEAD ({name}) has no commit yet: nothing to snapshot"
-    )))
+    Err(SnapshotRefusal::Unborn {
+        name: name.to_string(),
+    }
+    .into())
 }
 
 /// How far [`Daemon::assemble`] goes.
@@ -170,15 +172,13 @@ impl Daemon {
     /// `octofs snapshot`: saves the working state; returns the snapshot commit (an error naming
     /// the divergence when the project's share remote refused it: the snapshot is saved).
     pub(super) fn snapshot(&self, thread: &str, c: &Caller) -> Reply<Snapshotted> {
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
+        let thread_lock = self.thread_lock(thread)?;
+        let _held = thread_lock.owner(c)?;
         // Saved either way; a share remote that refused it fails the command (after the save). A
         // share that is merely ahead of it (behind) is a note.
         let (commit, unshared) = self.snapshot_locked_shared(thread)?;
         match unshared {
-            Some(u) if !u.behind => Err(Error::Refused(u.why)),
+            Some(u) if !u.behind => Err(SnapshotRefusal::Unshared { why: u.why }.into()),
             u => Ok((
                 Snapshotted { commit },
                 u.map(|u| u.why).into_iter().collect(),
@@ -201,9 +201,11 @@ impl Daemon {
     ) -> Result<(String, Option<super::share::Unshared>), Error> {
         let mut rec = self.live_record(thread)?;
         if rec.chat {
-            return Err(Error::Refused(format!(
-                "thread {thread} is a chat workspace (no project): it is never saved"
-            )));
+            return Err(Refusal::Chat {
+                thread: thread.to_string(),
+                op: ChatOp::Snapshot,
+            }
+            .into());
         }
         let project = rec.project.clone();
         let id = super::metrics::timed(super::metrics::Kind::Snapshot, &project, || {
@@ -224,18 +226,14 @@ impl Daemon {
         push: Option<&str>,
         c: &Caller,
     ) -> Reply<NamedSnapshot> {
-        validate(NameKind::Thread, thread)?;
+        let thread_lock = self.thread_lock(thread)?;
         if let Some(n) = name {
             check_snapshot_name(n)?;
         }
         if push.is_some() && name.is_none() {
-            return Err(Error::Refused(
-                "--push needs --name: only a named snapshot is pushed".into(),
-            ));
+            return Err(SnapshotRefusal::PushNeedsName.into());
         }
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
+        let _held = thread_lock.owner(c)?;
         let (snapshot, unshared) = self.snapshot_locked_shared(thread)?;
         let project = self.live_record(thread)?.project;
         let id = gix::ObjectId::from_hex(snapshot.as_bytes())
@@ -262,15 +260,19 @@ impl Daemon {
                     tracing::info!(%thread, snapshot = %n, %commit, "named snapshot pushed");
                 }
                 Shared::Diverged(theirs) => {
-                    return Err(Error::Refused(format!(
-                        "{full} on {r} has diverged: it names {theirs}, which {commit} does not descend from; not overwritten (the local snapshot {commit} is kept)"
-                    )));
+                    return Err(SnapshotRefusal::Diverged {
+                        name_ref: full,
+                        remote: r.to_string(),
+                        theirs,
+                        commit,
+                    }
+                    .into());
                 }
             }
         }
         let mut notes = Vec::new();
         match unshared {
-            Some(u) if !u.behind => return Err(Error::Refused(u.why)),
+            Some(u) if !u.behind => return Err(SnapshotRefusal::Unshared { why: u.why }.into()),
             Some(u) => notes.push(u.why),
             None => {}
         }
@@ -337,9 +339,7 @@ impl Daemon {
     ) -> Result<gix::ObjectId, Error> {
         let repo = snap::open(&self.layout.mirror(project))?;
         let (tree, parents, message, _) = snap::commit_info(&repo, snapshot)?;
-        let head = *parents
-            .first()
-            .ok_or_else(|| Error::Refused("the snapshot has no parent".into()))?;
+        let head = *parents.first().ok_or(SnapshotRefusal::NoParent)?;
         let head_ref = snap::head_of(&message);
         let posix = posix_record::blob_of(&message);
         let full = named_ref(name);
@@ -445,10 +445,12 @@ impl Daemon {
         let (meta, kept_meta) = kept_plan.split_meta(view.meta);
         let meta = super::layers::strip_meta(rec, &core, meta)?;
         if !repo.has_object(base_tree) {
-            return Err(Error::Refused(format!(
-                "the workspace's base tree {} is not in the mirror of project {project} (the mirror was re-created without it); `octofs release {thread} --discard` drops the workspace without saving",
-                base_tree
-            )));
+            return Err(SnapshotRefusal::BaseTreeMissing {
+                base_tree,
+                project: project.to_string(),
+                thread: thread.to_string(),
+            }
+            .into());
         }
         // The edits apply to the last snapshot's tree (incremental), else to the real base.
         let onto = if view.since_last {
@@ -487,11 +489,12 @@ impl Daemon {
                 None => false,
             };
             if !ours {
-                return Err(Error::Refused(format!(
-                    "{tref} moved underneath (expected {}, found {}); not overwriting it",
-                    saved.map_or("none".into(), |s| s.to_string()),
-                    prev.map_or("none".into(), |s| s.to_string())
-                )));
+                return Err(SnapshotRefusal::MovedUnderneath {
+                    thread_ref: tref,
+                    expected: saved,
+                    found: prev,
+                }
+                .into());
             }
         }
         if !repo.has_object(head) {

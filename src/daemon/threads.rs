@@ -4,13 +4,20 @@
 //! thread is `super::moves`; making a new workspace is `super::create`, the tree diff a resume
 //! applies is `super::tree_diff`, and what a crash during a create leaves is `super::recover`.
 //!
-//! Policy only: the mechanisms are the filesystem core, `repo` (the workspace's `.git`) and the
-//! records of `workspace`. Nothing here runs git in a workspace or reads one through its mount.
-//! Every operation on a thread holds that thread's lock, and under it refuses a caller who neither
-//! owns the thread nor is root.
+//! Each operation gathers the facts its decision needs (records, the caller, whether the kernel
+//! has the mount, busy, idle times), lets `super::lifecycle` decide — every refusal is decided
+//! there, before anything is written — and carries the plan out. The mechanisms are the
+//! filesystem core, `repo` (the workspace's `.git`) and the records of `workspace`. Nothing here
+//! runs git in a workspace or reads one through its mount. Every operation on a thread holds that
+//! thread's lock, and under it refuses a caller who neither owns the thread nor is root.
 
 use super::create::Fork;
 use super::error::Error;
+use super::lifecycle::open::{self, CreatePlan, OpenPlan};
+use super::lifecycle::release::{
+    self, Busy, IdleWait, ReleaseFacts, ReleasePlan, WhenIdleFacts, WhenIdlePlan,
+};
+use super::lifecycle::sweep::{self, SweepFacts};
 use super::mirrors::BLANK;
 use super::proto::{Kept, Opened, ReleaseAnswer, SweepAnswer};
 use super::{Daemon, Reply, lock, now};
@@ -42,94 +49,73 @@ impl Daemon {
         let _g = lock(&l);
         let binding = Binding::load(&self.layout, thread)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
-        let owner = match (&live, &binding) {
-            (Some(r), _) => Some(r.owner),
-            (None, Some(b)) => Some(b.owner),
-            (None, None) => None,
-        };
-        if let Some(o) = owner {
-            self.require_owner(c, thread, o)?;
-        }
-        let owner = owner.unwrap_or(crate::workspace::Owner {
-            uid: c.uid,
-            gid: c.gid,
+        let admin = self.is_admin(c);
+        // The facts the decision needs, read (a failed read is reported where it matters).
+        let access = open::access_needed(
+            admin,
+            open::bound_project(live.as_ref(), binding.as_ref(), project),
+        )
+        .map(|p| {
+            mirror::require(&self.layout, p)
+                .map(|p| p.access)
+                .map_err(Error::from)
         });
-        let bound = match (&live, &binding) {
-            (Some(r), _) if r.chat => None,
-            (Some(r), _) => Some(r.project.as_str()),
-            (None, Some(b)) => Some(b.project.as_str()),
-            (None, None) => project,
+        let ref_commit = live.as_ref().zip(git_ref).map(|(rec, r)| {
+            self.store(&rec.project)
+                .and_then(|s| Ok(s.resolve(Some(r))?.commit))
+        });
+        // Served means the kernel has the mount, not only that the daemon has a session: a mount
+        // taken away behind the daemon is let go and mounted again below.
+        let mount = match &live {
+            Some(_) => open::Mount {
+                served: self.kernel_has(thread),
+                mode: lock(&self.mounts).get(thread).map(|m| m.io.mode),
+            },
+            None => open::Mount::default(),
         };
-        if let Some(p) = bound {
-            self.check_bind(c, p)?;
-        }
-        if let (Some(b), Some(p)) = (&binding, project)
-            && b.project != p
-        {
-            return Err(Error::Refused(format!(
-                "thread {thread} is bound to project {}; it cannot be re-bound to {p}",
-                b.project
-            )));
-        }
-        if let (Some(rec), Some(p)) = (&live, project)
-            && rec.chat
-        {
-            return Err(Error::Refused(format!(
-                "thread {thread} has a chat workspace (no project); release it before binding it to {p}"
-            )));
-        }
-        if let (Some(rec), Some(r)) = (&live, git_ref) {
-            let resolved = self.store(&rec.project)?.resolve(Some(r))?;
-            if rec.base_commit != resolved.commit {
-                return Err(Error::Refused(format!(
-                    "thread {thread} already has a workspace based on {}; --ref {r} applies only when it is created",
-                    rec.base_commit.to_hex_with_len(12)
-                )));
-            }
-        }
+        let plan = open::decide_open(open::OpenFacts {
+            thread,
+            caller: c,
+            admin,
+            binding: binding.as_ref(),
+            live: live.as_ref(),
+            project,
+            git_ref,
+            io,
+            access,
+            ref_commit,
+            mount,
+        })?;
+        let owner = match (&live, &binding) {
+            (Some(r), _) => r.owner,
+            (None, Some(b)) => b.owner,
+            (None, None) => crate::workspace::Owner {
+                uid: c.uid,
+                gid: c.gid,
+            },
+        };
         let path = Opened {
             path: self.layout.mountpoint(thread).display().to_string(),
         };
-        if let Some(mut rec) = live {
+        if let (Some(mut rec), OpenPlan::Join(users) | OpenPlan::Remount(users)) = (live, &plan) {
             // One more user of the live workspace, counted in its record so that a restart keeps
             // the count. A record the daemon serves (or should: its remount failed) keeps its users.
-            // Served means the kernel has the mount, not only that the daemon has a session: a
-            // mount taken away behind the daemon is let go here and mounted again below.
-            self.forget_lost_mount(thread)?;
-            let served = self.kernel_has(thread);
-            let current = lock(&self.mounts).get(thread).map(|m| m.io.mode);
-            if let (Some(want), Some(current)) = (io, current)
-                && want != current
-                && served
-            {
-                return Err(Error::Refused(format!(
-                    "thread {thread} is mounted in {current} mode; release it to reopen it in {want} mode"
-                )));
+            let remount = matches!(plan, OpenPlan::Remount(_));
+            if remount {
+                // A session whose mount the kernel no longer has is let go first.
+                self.forget_lost_mount(thread)?;
             }
             let before = rec.clone();
-            if io.is_some() {
-                rec.io = io;
-            }
-            // Each caller counts once: the same user opening it again (`cd $(octofs open t)`,
-            // doctor's advice) is no other user.
-            let holders = if rec.release_when_idle {
-                // A pending `release --when-idle` was its last user's release: this open cancels
-                // it and is the one user now.
+            if users.cancels_pending {
                 tracing::info!(%thread, "pending release cancelled by open");
-                vec![c.uid]
-            } else if served || rec.mounted {
-                let mut h = rec.holders();
-                h.push(c.uid);
-                h
-            } else {
-                vec![c.uid]
-            };
-            rec.set_holders(holders);
+            }
+            rec.io = users.io;
+            rec.set_holders(users.holders.clone());
             rec.release_when_idle = false;
             rec.mounted = true;
             rec.save(&self.layout)?;
             let mut notes = Vec::new();
-            if !served {
+            if remount {
                 match self.mount(&rec) {
                     Ok(note) => notes.extend(note),
                     Err(e) => {
@@ -156,26 +142,19 @@ impl Daemon {
         };
         // A thread adopted from the share is its recorded owner's (see `shared_owner`).
         let owner = binding.as_ref().map_or(owner, |b| b.owner);
-        let fork = match (&binding, project) {
-            (Some(b), _) => {
-                if git_ref.is_some() {
-                    return Err(Error::Refused(format!(
-                        "thread {thread} was released; it resumes from its last snapshot (--ref applies only when a thread is created)"
-                    )));
-                }
+        let fork = match open::decide_create(thread, binding.as_ref(), project, git_ref)? {
+            CreatePlan::Resume(b) => {
                 let mut fork = self.resume_fork(thread, b)?;
                 if io.is_some() {
                     fork.io = io;
                 }
                 fork
             }
-            (None, Some(p)) => {
+            CreatePlan::Fork(p) => {
                 let proj = mirror::require(&self.layout, p)?;
                 let base = self.store(p)?.resolve(git_ref)?;
                 // HEAD goes on the branch the caller named, else on a branch of the thread's own.
-                let branch = git_ref
-                    .and(base.branch.clone())
-                    .unwrap_or_else(|| format!("octofs/{thread}"));
+                let branch = open::fork_branch(thread, git_ref, base.branch.clone());
                 Fork {
                     project: proj.project,
                     base_commit: base.commit,
@@ -191,12 +170,7 @@ impl Daemon {
                     io,
                 }
             }
-            (None, None) => {
-                if git_ref.is_some() {
-                    return Err(Error::Refused(
-                        "a chat workspace (no --project) has no refs to choose from".into(),
-                    ));
-                }
+            CreatePlan::Chat => {
                 self.ensure_blank()?;
                 let base = self.store(BLANK)?.resolve(None)?;
                 Fork {
@@ -306,81 +280,67 @@ impl Daemon {
         discard: bool,
         by: Option<u32>,
     ) -> Reply<ReleaseAnswer> {
-        let mut rec = match WorkspaceRecord::load(&self.layout, thread)? {
-            Some(r) => r,
-            None if Binding::load(&self.layout, thread)?.is_some() => {
+        let live = WorkspaceRecord::load(&self.layout, thread)?;
+        let bound = live.is_none() && Binding::load(&self.layout, thread)?.is_some();
+        let mountpoint = self.layout.mountpoint(thread);
+        let mut facts = ReleaseFacts {
+            thread,
+            live: live.as_ref(),
+            bound,
+            by,
+            force,
+            discard,
+            served: lock(&self.mounts).contains_key(thread),
+            busy: Busy::NotAsked,
+            mountpoint: &mountpoint,
+        };
+        if release::busy_matters(&facts) {
+            facts.busy = self.busy(&mountpoint);
+        }
+        let plan = release::decide_release(&facts)?;
+        let answer = |released, already| ReleaseAnswer {
+            thread: thread.into(),
+            released,
+            already,
+            users: None,
+            user_names: Vec::new(),
+            snapshot: None,
+            pending: false,
+        };
+        let (save, force) = match plan {
+            ReleasePlan::Already => return Ok((answer(true, true), vec![])),
+            ReleasePlan::DropHolder { holders } => {
+                let Some(mut rec) = live else {
+                    return Err(Error::UnknownThread(thread.to_string()));
+                };
+                let names = holders.iter().map(|u| user_label(*u)).collect();
+                rec.set_holders(holders);
+                rec.save(&self.layout)?;
                 return Ok((
                     ReleaseAnswer {
-                        thread: thread.into(),
-                        released: true,
-                        already: true,
-                        users: None,
-                        user_names: Vec::new(),
-                        snapshot: None,
-                        pending: false,
+                        users: Some(rec.users),
+                        user_names: names,
+                        ..answer(false, false)
                     },
                     vec![],
                 ));
             }
-            None => return Err(Error::UnknownThread(thread.to_string())),
+            ReleasePlan::SaveAndUnmount { force } => (true, force),
+            ReleasePlan::Unmount { force } => (false, force),
+            ReleasePlan::Discard => (false, true),
         };
-        let holders = after_release(&rec, by);
-        if !holders.is_empty() && !force {
-            let names = holders.iter().map(|u| user_label(*u)).collect();
-            rec.set_holders(holders);
-            rec.save(&self.layout)?;
-            return Ok((
-                ReleaseAnswer {
-                    thread: thread.into(),
-                    released: false,
-                    already: false,
-                    users: Some(rec.users),
-                    user_names: names,
-                    snapshot: None,
-                    pending: false,
-                },
-                vec![],
-            ));
-        }
-        // A busy mount is refused before anything is saved: a refused release changes nothing.
-        // A process on its way out (git's detached maintenance after a commit) is waited for,
-        // up to a second. (`served` first, as a statement of its own: the guard of `mounts` must
-        // be gone before the mount is checked.)
-        let served = lock(&self.mounts).contains_key(thread);
-        if !force
-            && served
-            && crate::sys::is_busy_settled(
-                &self.layout.mountpoint(thread),
-                std::time::Duration::from_secs(1),
-            )
-        {
-            return Err(Error::Refused(format!(
-                "{} is busy (a process still has its working directory or files in it); stop them or use --force",
-                self.layout.mountpoint(thread).display()
-            )));
-        }
-        if !force
-            && served
-            && let Some((pid, at)) = crate::sys::bound_elsewhere(&self.layout.mountpoint(thread))
-        {
-            return Err(Error::Refused(format!(
-                "{} is busy: it is also mounted at {} for process {pid} (a sandbox or a bind); stop it or use --force",
-                self.layout.mountpoint(thread).display(),
-                at.display()
-            )));
-        }
         // A workspace created moments ago: its background sync ends before it is taken apart.
         let core = lock(&self.mounts).get(thread).map(|m| m.core.clone());
         if let Some(core) = core {
             self.settled(&core);
         }
         let mut warnings = Vec::new();
-        let saved = if rec.chat || discard {
-            None
-        } else {
+        let saved = if save {
             let (s, unshared) = self.snapshot_locked_shared(thread)?;
             warnings.extend(unshared.map(|u| u.why));
             Some(s)
+        } else {
+            None
         };
         if discard {
             tracing::warn!(%thread, "discarding the workspace without saving it");
@@ -391,16 +351,27 @@ impl Daemon {
         tracing::info!(%thread, "released");
         Ok((
             ReleaseAnswer {
-                thread: thread.into(),
-                released: true,
-                already: false,
-                users: None,
-                user_names: Vec::new(),
                 snapshot: saved,
-                pending: false,
+                ..answer(true, false)
             },
             warnings,
         ))
+    }
+
+    /// Whether a process uses the mount at `mountpoint`, as a release asks: a process on its way
+    /// out (git's detached maintenance after a commit) is waited for, up to a second; then the
+    /// copies of the mount elsewhere (a sandbox's bind).
+    fn busy(&self, mountpoint: &std::path::Path) -> Busy {
+        if self
+            .mounter
+            .is_busy_settled(mountpoint, std::time::Duration::from_secs(1))
+        {
+            Busy::InUse
+        } else if let Some((pid, at)) = self.mounter.bound_elsewhere(mountpoint) {
+            Busy::Elsewhere { pid, at }
+        } else {
+            Busy::Idle
+        }
     }
 
     /// `octofs release <thread> --when-idle`: answers at once. A user who is not the last one
@@ -413,35 +384,41 @@ impl Daemon {
         let l = self.locks.get(&format!("thread:{thread}"));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
-        let Some(mut rec) = WorkspaceRecord::load(&self.layout, thread)? else {
-            return self.release_locked(thread, false, false, Some(c.uid));
+        let live = WorkspaceRecord::load(&self.layout, thread)?;
+        let mut facts = WhenIdleFacts {
+            live: live.as_ref(),
+            by: c.uid,
+            served: lock(&self.mounts).contains_key(thread),
+            in_use: None,
         };
-        if !after_release(&rec, Some(c.uid)).is_empty() {
-            return self.release_locked(thread, false, false, Some(c.uid));
-        }
-        // (`served` first, as a statement of its own: the guard of `mounts` must be gone before
-        // `is_busy` walks the mount.)
-        let served = lock(&self.mounts).contains_key(thread);
-        if !served || !self.in_use(thread) {
+        if release::in_use_matters(&facts) {
             // Idle now (checked once: a second check in a row would unmount it behind us).
-            return self.release_locked(thread, true, false, Some(c.uid));
+            facts.in_use = Some(self.in_use(thread));
         }
-        rec.release_when_idle = true;
-        rec.save(&self.layout)?;
-        lock(&self.idle_waits).insert(thread.to_string());
-        tracing::info!(%thread, "release pending until the mount is idle");
-        Ok((
-            ReleaseAnswer {
-                thread: thread.into(),
-                released: false,
-                already: false,
-                users: None,
-                user_names: Vec::new(),
-                snapshot: None,
-                pending: true,
-            },
-            vec![],
-        ))
+        match (release::decide_when_idle(&facts), live) {
+            (WhenIdlePlan::Release, _) | (_, None) => {
+                self.release_locked(thread, false, false, Some(c.uid))
+            }
+            (WhenIdlePlan::ReleaseNow, _) => self.release_locked(thread, true, false, Some(c.uid)),
+            (WhenIdlePlan::Pending, Some(mut rec)) => {
+                rec.release_when_idle = true;
+                rec.save(&self.layout)?;
+                lock(&self.idle_waits).insert(thread.to_string());
+                tracing::info!(%thread, "release pending until the mount is idle");
+                Ok((
+                    ReleaseAnswer {
+                        thread: thread.into(),
+                        released: false,
+                        already: false,
+                        users: None,
+                        user_names: Vec::new(),
+                        snapshot: None,
+                        pending: true,
+                    },
+                    vec![],
+                ))
+            }
+        }
     }
 
     /// Whether a process uses the thread's mount: on the host (its cwd, root, open files or
@@ -451,7 +428,7 @@ impl Daemon {
         let at = self.layout.mountpoint(thread);
         // The copies first: an idle answer of `is_busy` marks the mount expired, and a second one
         // in a row would unmount it.
-        crate::sys::bound_elsewhere(&at).is_some() || crate::sys::is_busy(&at)
+        self.mounter.bound_elsewhere(&at).is_some() || self.mounter.is_busy(&at)
     }
 
     /// Whether any `release --when-idle` waits (the timer asks before it does any work).
@@ -468,17 +445,20 @@ impl Daemon {
         for thread in waiting {
             let l = self.locks.get(&format!("thread:{thread}"));
             let _g = lock(&l);
-            let rec = match WorkspaceRecord::load(&self.layout, &thread) {
-                Ok(Some(r)) if r.release_when_idle => r,
+            let rec = WorkspaceRecord::load(&self.layout, &thread)
+                .ok()
+                .flatten()
+                .filter(|r| r.release_when_idle);
+            let served = lock(&self.mounts).contains_key(&thread);
+            let in_use = (rec.is_some() && served).then(|| self.in_use(&thread));
+            match release::idle_wait(rec.is_some(), served, in_use) {
                 // Released, cancelled by an open, or unreadable: nothing waits any more.
-                _ => {
+                IdleWait::Gone => {
                     lock(&self.idle_waits).remove(&thread);
                     continue;
                 }
-            };
-            let served = lock(&self.mounts).contains_key(&thread);
-            if served && self.in_use(&thread) {
-                continue;
+                IdleWait::Wait => continue,
+                IdleWait::Release => {}
             }
             lock(&self.idle_waits).remove(&thread);
             match self.release_locked(&thread, true, false, None) {
@@ -488,9 +468,10 @@ impl Daemon {
                 }
                 Err(e) => {
                     tracing::warn!(%thread, "release when idle failed: {e}; the workspace stays");
-                    let mut rec = rec;
-                    rec.release_when_idle = false;
-                    let _ = rec.save(&self.layout);
+                    if let Some(mut rec) = rec {
+                        rec.release_when_idle = false;
+                        let _ = rec.save(&self.layout);
+                    }
                 }
             }
         }
@@ -544,26 +525,25 @@ impl Daemon {
             let Some(core) = lock(&self.mounts).get(&thread).map(|m| m.core.clone()) else {
                 continue;
             };
-            let (last, open) = core.activity();
-            let why = if rec.chat {
-                Some("chat workspace")
-            } else if open {
-                Some("files open")
-            } else if now().saturating_sub(last) < idle {
-                Some("active")
-            } else if rec
-                .saved
-                .as_ref()
-                .is_none_or(|m| core.changed_since(m.generation, m.at, &m.bookkeeping))
-            {
-                Some("unsaved changes")
-            } else {
-                None
+            let (last_activity, files_open) = core.activity();
+            let mut facts = SweepFacts {
+                chat: rec.chat,
+                files_open,
+                last_activity,
+                now: now(),
+                unsaved: None,
             };
-            if let Some(why) = why {
+            if sweep::unsaved_matters(&facts, idle) {
+                facts.unsaved = Some(
+                    rec.saved
+                        .as_ref()
+                        .is_none_or(|m| core.changed_since(m.generation, m.at, &m.bookkeeping)),
+                );
+            }
+            if let Some(why) = sweep::verdict(&facts, idle) {
                 kept.push(Kept {
                     thread,
-                    why: why.into(),
+                    why: why.to_string(),
                 });
                 continue;
             }
@@ -584,18 +564,6 @@ impl Daemon {
     }
 }
 
-/// Who still holds `rec`'s thread once `by` releases it: the caller's hold ends; a caller who holds
-/// none (root releasing a user's thread) ends the oldest one.
-fn after_release(rec: &WorkspaceRecord, by: Option<u32>) -> Vec<u32> {
-    let mut holders = rec.holders();
-    match by.and_then(|u| holders.iter().position(|h| *h == u)) {
-        Some(i) => {
-            holders.remove(i);
-        }
-        None if !holders.is_empty() => {
-            holders.remove(0);
-        }
-        None => {}
-    }
-    holders
-}
+#[cfg(test)]
+#[path = "threads_tests.rs"]
+mod tests;

@@ -23,9 +23,10 @@ pub enum Error {
     UnknownProject(String),
     #[error("project {0:?} already exists")]
     ProjectExists(String),
-    /// A request refused before anything was changed (an upstream, a credential).
-    #[error("{0}")]
-    Refused(String),
+    /// A request refused before anything was changed (an upstream, a credential), as data
+    /// (`refusal`; boxed: a refusal carries more than the other variants).
+    #[error(transparent)]
+    Refused(Box<super::refusal::Refusal>),
     /// A repository or record does not hold what it must (a moved ref, a damaged record, a name
     /// that resolves to nothing).
     #[error("{0}")]

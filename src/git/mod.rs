@@ -18,6 +18,7 @@ pub mod objects;
 pub mod pack;
 pub mod posix_record;
 pub mod record;
+pub mod refusal;
 pub mod snapshot;
 pub mod tips;
 

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::access::Caller;
-use crate::daemon::error::Error;
+use crate::daemon::guard::LockKey;
 use crate::daemon::proto::Restarted;
 use crate::daemon::{Daemon, Mounted, Reply, lock};
 
@@ -28,7 +28,7 @@ impl Daemon {
     pub(in crate::daemon) fn restart(&self, exe: Option<&Path>, c: &Caller) -> Reply<Restarted> {
         self.require_admin(c, "restart the daemon")?;
         if HANDING_OVER.swap(true, Ordering::SeqCst) {
-            return Err(Error::Refused("a restart is already under way".into()));
+            return Err(RestartRefusal::UnderWay.into());
         }
         match self.hand_over(exe) {
             Ok(r) => {
@@ -48,35 +48,31 @@ impl Daemon {
             Err(why) => {
                 HANDING_OVER.store(false, Ordering::SeqCst);
                 tracing::warn!("restart failed, this daemon goes on serving: {why}");
-                Err(Error::Refused(format!(
-                    "restart failed, the running daemon goes on serving: {why}"
-                )))
+                Err(RestartRefusal::Failed { why }.into())
             }
         }
     }
 
-    fn hand_over(&self, exe: Option<&Path>) -> Result<Restarted, String> {
+    fn hand_over(&self, exe: Option<&Path>) -> Result<Restarted, HandoverError> {
         let deadline = Instant::now() + QUIESCE_TIMEOUT;
         // Only this request may run.
         while IN_FLIGHT.load(Ordering::SeqCst) > 1 {
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} control requests still running after {QUIESCE_TIMEOUT:?}",
-                    IN_FLIGHT.load(Ordering::SeqCst) - 1
-                ));
+                return Err(HandoverError::Busy {
+                    running: IN_FLIGHT.load(Ordering::SeqCst) - 1,
+                    timeout: QUIESCE_TIMEOUT,
+                });
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         // New workspaces' background syncs end in this process, before it goes.
         self.settle_all();
-        let lock_file = LOCK_FILE
-            .get()
-            .ok_or("this daemon does not hold its lock file")?;
+        let lock_file = LOCK_FILE.get().ok_or(HandoverError::NoLockFile)?;
         // Every mounted thread's lock: the timers (sweep, release when idle) wait meanwhile.
         let threads: Vec<String> = lock(&self.mounts).keys().cloned().collect();
         let locks: Vec<_> = threads
             .iter()
-            .map(|t| self.locks.get(&format!("thread:{t}")))
+            .map(|t| self.locks.get(&LockKey::thread(t)))
             .collect();
         let _guards = loop {
             let guards: Vec<_> = locks.iter().filter_map(|l| l.try_lock().ok()).collect();
@@ -85,7 +81,7 @@ impl Daemon {
             }
             drop(guards);
             if Instant::now() >= deadline {
-                return Err("a workspace stayed busy with another operation".into());
+                return Err(HandoverError::ThreadBusy);
             }
             std::thread::sleep(Duration::from_millis(10));
         };
@@ -123,16 +119,14 @@ impl Daemon {
         exe: Option<&Path>,
         lock_file: &File,
         taken: &mut [Taken],
-    ) -> Result<Restarted, String> {
+    ) -> Result<Restarted, HandoverError> {
         for t in taken.iter() {
             if let Some(tr) = t.m.info.transport.get()
                 && tr.starts_with("uring")
             {
-                return Err(format!(
-                    "thread {} is served over io_uring, whose rings cannot be handed over \
-                     (serve with --transport dev to restart without unmounting)",
-                    t.thread
-                ));
+                return Err(HandoverError::Uring {
+                    thread: t.thread.clone(),
+                });
             }
         }
         let exe = match exe {
@@ -141,12 +135,18 @@ impl Daemon {
         };
         let sock_path = self.layout.state.join("takeover.sock");
         let _ = std::fs::remove_file(&sock_path);
-        let listener = UnixListener::bind(&sock_path)
-            .map_err(|e| format!("cannot listen on {}: {e}", sock_path.display()))?;
+        let listener = UnixListener::bind(&sock_path).map_err(|source| HandoverError::Listen {
+            path: sock_path.clone(),
+            source,
+        })?;
         {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| format!("cannot make {} private: {e}", sock_path.display()))?;
+            std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600)).map_err(
+                |source| HandoverError::Private {
+                    path: sock_path.clone(),
+                    source,
+                },
+            )?;
         }
         let child = Command::new(&exe)
             .arg("--state")
@@ -158,7 +158,10 @@ impl Daemon {
             .arg(&sock_path)
             .stdin(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", exe.display()));
+            .map_err(|source| HandoverError::Start {
+                exe: exe.clone(),
+                source,
+            });
         let mut child = match child {
             Ok(c) => c,
             Err(e) => {
@@ -196,7 +199,7 @@ impl Daemon {
         started: Instant,
         lock_file: &File,
         taken: &mut [Taken],
-    ) -> Result<Restarted, String> {
+    ) -> Result<Restarted, HandoverError> {
         let deadline = started + HANDOVER_TIMEOUT;
         let left = || {
             deadline
@@ -204,13 +207,12 @@ impl Daemon {
                 .max(Duration::from_millis(1))
         };
         let mut s = accept_child(listener, child, deadline)?;
-        s.set_read_timeout(Some(left()))
-            .map_err(|e| e.to_string())?;
+        s.set_read_timeout(Some(left()))?;
         match read_frame(&mut s).map(serde_json::from_value::<ChildMsg>) {
             Ok(Ok(ChildMsg::Hello { .. })) => {}
-            Ok(Ok(other)) => return Err(format!("the new daemon said {other:?}")),
-            Ok(Err(e)) => return Err(format!("the new daemon said something else: {e}")),
-            Err(e) => return Err(child_gone(child, &e)),
+            Ok(Ok(other)) => return Err(said(&other)),
+            Ok(Err(e)) => return Err(HandoverError::Garbled(e)),
+            Err(e) => return Err(child_gone(child, e)),
         }
         // Quiesce: from here requests wait in the kernel.
         let pause_start = Instant::now();
@@ -219,12 +221,15 @@ impl Daemon {
                 for t in &taken[..i] {
                     t.m.session.resume_readers();
                 }
-                return Err(format!("thread {}: {e}", t.thread));
+                return Err(HandoverError::Mount {
+                    thread: t.thread.clone(),
+                    source: e,
+                });
             }
         }
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut files_kept = Vec::new();
-        let dup = |f: BorrowedFd<'_>| f.try_clone_to_owned().map_err(|e| e.to_string());
+        let dup = |f: BorrowedFd<'_>| f.try_clone_to_owned();
         fds.push(dup(lock_file.as_fd())?);
         let mut mounts = Vec::new();
         let mut handles = 0;
@@ -232,11 +237,18 @@ impl Daemon {
             let negotiated =
                 t.m.session
                     .negotiated()
-                    .ok_or_else(|| format!("thread {}: INIT state unknown", t.thread))?;
+                    .ok_or_else(|| HandoverError::InitUnknown {
+                        thread: t.thread.clone(),
+                    })?;
             let dev_fd = fds.len();
-            fds.push(t.m.session.dup_dev_fd().map_err(|e| e.to_string())?);
-            let (adapter, files) = crate::fs::fuse::export_state(&t.m.info, &t.m.core)
-                .map_err(|e| format!("thread {}: {e}", t.thread))?;
+            fds.push(t.m.session.dup_dev_fd()?);
+            let (adapter, files) =
+                crate::fs::fuse::export_state(&t.m.info, &t.m.core).map_err(|source| {
+                    HandoverError::Mount {
+                        thread: t.thread.clone(),
+                        source,
+                    }
+                })?;
             let mut idx = Vec::with_capacity(files.len());
             for f in &files {
                 idx.push(fds.len());
@@ -284,14 +296,13 @@ impl Daemon {
             mounts,
         };
         let n_mounts = handover.mounts.len();
-        write_frame(&mut s, &handover).map_err(|e| child_gone(child, &e))?;
+        write_frame(&mut s, &handover).map_err(|e| child_gone(child, e))?;
         for chunk in fds.chunks(crate::sys::FDS_PER_MESSAGE) {
             let borrowed: Vec<BorrowedFd<'_>> = chunk.iter().map(|f| f.as_fd()).collect();
-            crate::sys::send_fds(&s, &borrowed).map_err(|e| child_gone(child, &e))?;
+            crate::sys::send_fds(&s, &borrowed).map_err(|e| child_gone(child, e))?;
         }
-        s.set_read_timeout(Some(left()))
-            .map_err(|e| e.to_string())?;
-        let answer = read_frame(&mut s).map_err(|e| child_gone(child, &e))?;
+        s.set_read_timeout(Some(left()))?;
+        let answer = read_frame(&mut s).map_err(|e| child_gone(child, e))?;
         match serde_json::from_value::<ChildMsg>(answer) {
             Ok(ChildMsg::Serving { pid }) => {
                 let pause_ms = pause_start.elapsed().as_secs_f64() * 1000.0;
@@ -307,9 +318,9 @@ impl Daemon {
                     pause_ms,
                 })
             }
-            Ok(ChildMsg::Refused { why }) => Err(format!("the new daemon refused: {why}")),
-            Ok(other) => Err(format!("the new daemon said {other:?}")),
-            Err(e) => Err(format!("the new daemon said something else: {e}")),
+            Ok(ChildMsg::Refused { why }) => Err(HandoverError::Refused { why }),
+            Ok(other) => Err(said(&other)),
+            Err(e) => Err(HandoverError::Garbled(e)),
         }
     }
 }
@@ -319,12 +330,12 @@ fn accept_child(
     listener: &UnixListener,
     child: &mut Child,
     deadline: Instant,
-) -> Result<UnixStream, String> {
-    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+) -> Result<UnixStream, HandoverError> {
+    listener.set_nonblocking(true)?;
     loop {
         match listener.accept() {
             Ok((s, _)) => {
-                s.set_nonblocking(false).map_err(|e| e.to_string())?;
+                s.set_nonblocking(false)?;
                 match crate::sys::peer_pid(&s) {
                     Ok(pid) if pid == child.id() => return Ok(s),
                     // Someone else (root only: the socket is 0600): not the new daemon.
@@ -332,32 +343,35 @@ fn accept_child(
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(format!("takeover socket: {e}")),
+            Err(e) => return Err(HandoverError::Accept(e)),
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "the new daemon exited ({status}) before taking over"
-            ));
+            return Err(HandoverError::ExitedEarly(status));
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "the new daemon did not connect within {HANDOVER_TIMEOUT:?}"
-            ));
+            return Err(HandoverError::NoConnect(HANDOVER_TIMEOUT));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
 /// Why the exchange with the new process broke off.
-fn child_gone(child: &mut Child, e: &std::io::Error) -> String {
+fn child_gone(child: &mut Child, e: std::io::Error) -> HandoverError {
     std::thread::sleep(Duration::from_millis(20));
     match child.try_wait() {
-        Ok(Some(status)) => format!("the new daemon exited ({status}) during the handover"),
+        Ok(Some(status)) => HandoverError::Exited(status),
         _ if e.kind() == std::io::ErrorKind::WouldBlock
             || e.kind() == std::io::ErrorKind::TimedOut =>
         {
-            format!("the new daemon did not answer within {HANDOVER_TIMEOUT:?}")
+            HandoverError::NoAnswer(HANDOVER_TIMEOUT)
         }
-        _ => format!("the handover connection broke: {e}"),
+        _ => HandoverError::Broke(e),
+    }
+}
+
+/// The new process answered out of turn.
+fn said(msg: &ChildMsg) -> HandoverError {
+    HandoverError::Said {
+        said: format!("{msg:?}"),
     }
 }

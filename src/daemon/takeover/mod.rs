@@ -20,7 +20,7 @@
 //! drop): a failure answers the refusal and exits at once.
 //!
 //! Files: `mod.rs` the protocol (the frame, what it carries, the in-flight gate), `give.rs` the
-//! old side, `take.rs` the new side and the adoption of kept mounts.
+//! old side, `take.rs` the new side and the adoption of kept mounts, `error.rs` why either failed.
 //!
 //! Owns the protocol and the order of the steps; what a mount's state is belongs to the adapter
 //! (`fs::fuse`), the handles and the core.
@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::Error;
 use super::lock;
+use super::refusal::RestartRefusal;
 use crate::fs::fuse::AdapterState;
 use crate::fs::uring::Transport;
 
@@ -85,9 +86,7 @@ pub(super) fn enter() -> Result<InFlight, Error> {
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
     let g = InFlight;
     if HANDING_OVER.load(Ordering::SeqCst) {
-        return Err(Error::Refused(
-            "the daemon is restarting; try again in a moment".into(),
-        ));
+        return Err(RestartRefusal::Restarting.into());
     }
     Ok(g)
 }
@@ -224,9 +223,8 @@ fn transport_name(t: Transport) -> &'static str {
 }
 
 /// The binary at the running daemon's path (after an upgrade replaced the file, the new one).
-fn own_path() -> Result<PathBuf, String> {
-    let exe = std::fs::read_link("/proc/self/exe")
-        .map_err(|e| format!("cannot tell this daemon's binary: {e}"))?;
+fn own_path() -> Result<PathBuf, HandoverError> {
+    let exe = std::fs::read_link("/proc/self/exe").map_err(HandoverError::OwnPath)?;
     let s = exe.to_string_lossy();
     Ok(match s.strip_suffix(" (deleted)") {
         Some(p) => PathBuf::from(p),
@@ -234,8 +232,12 @@ fn own_path() -> Result<PathBuf, String> {
     })
 }
 
+mod error;
 mod give;
 mod take;
+
+use error::AdoptError;
+pub(super) use error::HandoverError;
 
 pub(super) use take::adopt_kept;
 pub use take::serve_takeover;

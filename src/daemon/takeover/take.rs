@@ -132,7 +132,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     let mut built: Vec<Built> = Vec::new();
     for m in h.mounts {
         if let Err(why) = build(&daemon, &layout, m, &mut fds, &mut built) {
-            refuse_and_exit(&mut s, &why);
+            refuse_and_exit(&mut s, &why.to_string());
         }
     }
     if fault == "refuse" {
@@ -168,7 +168,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
             thread,
             Mounted {
                 path,
-                session,
+                session: session.into(),
                 info,
                 core,
                 owner,
@@ -236,12 +236,15 @@ fn build(
     m: MountHandover,
     fds: &mut [Option<OwnedFd>],
     built: &mut Vec<Built>,
-) -> Result<(), String> {
+) -> Result<(), AdoptError> {
     let thread = m.thread;
-    let mut take = |i: usize| {
-        fds.get_mut(i)
+    let mut take = |index: usize| {
+        fds.get_mut(index)
             .and_then(Option::take)
-            .ok_or_else(|| format!("thread {thread}: descriptor {i} missing"))
+            .ok_or_else(|| AdoptError::MissingFd {
+                thread: thread.clone(),
+                index,
+            })
     };
     let dev = take(m.dev_fd)?;
     let files = m
@@ -250,11 +253,17 @@ fn build(
         .map(|&i| take(i).map(File::from))
         .collect::<Result<Vec<_>, _>>()?;
     let rec = WorkspaceRecord::load(layout, &thread)
-        .map_err(|e| format!("thread {thread}: {e}"))?
-        .ok_or_else(|| format!("thread {thread}: no workspace record"))?;
-    let core = daemon
-        .load_core(&rec)
-        .map_err(|e| format!("thread {thread}: {e}"))?;
+        .map_err(|source| AdoptError::Record {
+            thread: thread.clone(),
+            source,
+        })?
+        .ok_or_else(|| AdoptError::NoRecord {
+            thread: thread.clone(),
+        })?;
+    let core = daemon.load_core(&rec).map_err(|e| AdoptError::Core {
+        thread: thread.clone(),
+        source: Box::new(e),
+    })?;
     let info = Arc::new(MountInfo::default());
     let is_root = crate::sys::euid() == 0;
     // The mode the kernel has the mount in (the old daemon's INIT decided it), whatever the
@@ -288,7 +297,10 @@ fn build(
         max_readahead: n.max_readahead,
     };
     let session = crate::fs::fuse::adopt(adapter, dev, &m.path, &cfg, negotiated, m.adapter, files)
-        .map_err(|e| format!("thread {thread}: {e}"))?;
+        .map_err(|source| AdoptError::Session {
+            thread: thread.clone(),
+            source,
+        })?;
     built.push(Built {
         thread: thread.clone(),
         path: m.path,
@@ -339,25 +351,22 @@ fn adopt_one(
     daemon: &Daemon,
     layout: &Layout,
     k: crate::daemon::keeper::Kept,
-) -> Result<usize, String> {
+) -> Result<usize, AdoptError> {
     let thread = k.thread;
     let rec = WorkspaceRecord::load(layout, &thread)
-        .map_err(|e| e.to_string())?
-        .ok_or("no workspace record")?;
+        .map_err(AdoptError::KeptRecord)?
+        .ok_or(AdoptError::KeptNoRecord)?;
     if !rec.mounted {
-        return Err("not recorded as mounted".into());
+        return Err(AdoptError::NotMounted);
     }
     if k.path != layout.mountpoint(&thread) {
-        return Err(format!(
-            "kept for {}, not its mount point",
-            k.path.display()
-        ));
+        return Err(AdoptError::KeptElsewhere(k.path));
     }
     let mut fds = k.fds.into_iter();
-    let dev = fds.next().ok_or("no descriptor kept")?;
+    let dev = fds.next().ok_or(AdoptError::NoDescriptor)?;
     // The dead daemon's clones: requests it read from them are queued again below.
     let old_clones: Vec<OwnedFd> = fds.collect();
-    let ask = dev.try_clone().map_err(|e| e.to_string())?;
+    let ask = dev.try_clone()?;
     let m = MountHandover {
         thread: thread.clone(),
         path: k.path,
@@ -375,8 +384,8 @@ fn adopt_one(
     let mut slots = vec![Some(dev)];
     let mut built = Vec::new();
     build(daemon, layout, m, &mut slots, &mut built)?;
-    let b = built.pop().ok_or("nothing built")?;
-    let names = b.core.register_all().map_err(|e| format!("{e:?}"))?;
+    let b = built.pop().ok_or(AdoptError::NothingBuilt)?;
+    let names = b.core.register_all().map_err(AdoptError::Register)?;
     // Before any reader runs: a request read by a new reader and queued again would be served
     // twice.
     match crate::sys::fuse_notify_resend(ask.as_fd()) {
@@ -387,7 +396,7 @@ fn adopt_one(
              Linux 6.9): {e}; a process waiting for one of them waits until killed"
         ),
     }
-    let session = b.session.spawn().map_err(|e| e.to_string())?;
+    let session = b.session.spawn()?;
     drop(old_clones);
     if b.when_idle {
         lock(&daemon.idle_waits).insert(thread.clone());
@@ -395,7 +404,7 @@ fn adopt_one(
     let dev = crate::daemon::mounts::kernel_dev(&b.path, &thread);
     let mounted = Mounted {
         path: b.path,
-        session,
+        session: session.into(),
         info: b.info,
         core: b.core,
         owner: b.owner,

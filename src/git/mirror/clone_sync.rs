@@ -5,6 +5,7 @@
 //! `--end-of-options`) before its positional arguments.
 
 use crate::git::error::{Context, Error};
+use crate::git::refusal::Refusal;
 use std::ffi::OsStr;
 use std::path::Path;
 
@@ -43,17 +44,13 @@ pub fn add(
         (Some(c), Some(file)) => match c.strip_suffix(':') {
             Some(user) if !user.contains(':') => Some(credential_from_file(Some(user), file)?),
             _ => {
-                return Err(Error::Refused(format!(
-                    "upstream {upstream} carries a password and a credential file was given: use one"
-                )));
+                return Err(Refusal::TwoCredentials { upstream }.into());
             }
         },
     };
     let (kind, upstream) = classify(&upstream)?;
     if credential.is_some() && !is_http(&upstream) {
-        return Err(Error::Refused(format!(
-            "upstream {upstream}: credentials are only used with http(s) upstreams"
-        )));
+        return Err(Refusal::CredentialNotHttp { upstream }.into());
     }
     crate::layout::create_private_dir(&layout.mirrors())
         .context(|| "cannot create mirrors dir".to_string())?;
@@ -79,10 +76,7 @@ pub fn add(
     let dest = layout.mirror(project);
     if let Err(e) = std::fs::rename(&staging, &dest) {
         let _ = std::fs::remove_dir_all(&staging);
-        return Err(Error::Refused(format!(
-            "cannot publish mirror {}: {e}",
-            dest.display()
-        )));
+        return Err(Refusal::Publish { dest, source: e }.into());
     }
     let p = Project {
         project: project.to_string(),
@@ -330,9 +324,11 @@ fn recreate(layout: &Layout, p: &mut Project) -> Result<(), Error> {
         Ok(b) => b,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&staging);
-            return Err(Error::Refused(format!(
-                "cannot re-create the mirror of {project}: {e}"
-            )));
+            return Err(Refusal::Recreate {
+                project,
+                error: Box::new(e),
+            }
+            .into());
         }
     };
     let aside = layout
@@ -341,17 +337,11 @@ fn recreate(layout: &Layout, p: &mut Project) -> Result<(), Error> {
     let moved = std::fs::symlink_metadata(&dest).is_ok();
     if moved && let Err(e) = std::fs::rename(&dest, &aside) {
         let _ = std::fs::remove_dir_all(&staging);
-        return Err(Error::Refused(format!(
-            "cannot move the broken mirror {} aside: {e}",
-            dest.display()
-        )));
+        return Err(Refusal::MoveAside { dest, source: e }.into());
     }
     if let Err(e) = std::fs::rename(&staging, &dest) {
         let _ = std::fs::remove_dir_all(&staging);
-        return Err(Error::Refused(format!(
-            "cannot publish mirror {}: {e}",
-            dest.display()
-        )));
+        return Err(Refusal::Publish { dest, source: e }.into());
     }
     if moved {
         tracing::warn!(%project, kept = %aside.display(), "the broken mirror is kept aside");

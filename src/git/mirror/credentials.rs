@@ -7,6 +7,7 @@
 use super::{Project, save};
 use crate::git;
 use crate::git::error::{Context, Error};
+use crate::git::refusal::Refusal;
 use crate::layout::Layout;
 
 /// Moves the credentials of `p`'s upstream URL into its credentials file, and the URL without them
@@ -113,9 +114,7 @@ pub(super) fn split_credentials(upstream: &str) -> Result<(String, Option<String
     let clean = redact_url(upstream);
     if !is_http(upstream) {
         if info.contains(':') {
-            return Err(Error::Refused(format!(
-                "upstream {clean}: a password in the URL is only supported over http(s) (use an ssh key)"
-            )));
+            return Err(Refusal::PasswordNotHttp { upstream: clean }.into());
         }
         return Ok((clean, None));
     }
@@ -139,12 +138,10 @@ const TOKEN_USER: &str = "x-access-token";
 pub(super) fn credential_from_file(user: Option<&str>, content: &str) -> Result<String, Error> {
     let c = content.trim_end_matches(['\n', '\r']);
     if c.is_empty() {
-        return Err(Error::Refused("the credential file is empty".into()));
+        return Err(Refusal::EmptyCredential.into());
     }
     if c.contains(['\n', '\r', '\0']) {
-        return Err(Error::Refused(
-            "the credential file must hold one line: a token or user:token".into(),
-        ));
+        return Err(Refusal::CredentialLines.into());
     }
     if c.contains(':') {
         return Ok(c.to_string());

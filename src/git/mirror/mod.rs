@@ -23,6 +23,7 @@ mod push;
 mod upstream;
 
 use crate::git::error::Error;
+use crate::git::refusal::Refusal;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -173,9 +174,10 @@ pub fn set_excludes(
         .iter()
         .find(|e| e.trim().is_empty() || e.contains('\n') || e.starts_with('#'))
     {
-        return Err(Error::Refused(format!(
-            "{bad:?} is not an exclude pattern (one gitignore line, not empty, not a comment)"
-        )));
+        return Err(Refusal::BadExclude {
+            pattern: bad.clone(),
+        }
+        .into());
     }
     p.excludes = excludes;
     save(layout, &p)?;

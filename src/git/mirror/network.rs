@@ -232,15 +232,16 @@ fn dubious_ownership(line: &str) -> Option<String> {
     let owner = std::fs::metadata(path)
         .map(|m| crate::access::describe_uid(std::os::unix::fs::MetadataExt::uid(&m)))
         .unwrap_or_else(|_| "another user".into());
-    Some(not_ours(path, &owner))
+    Some(not_ours(path, &owner).to_string())
 }
 
 /// The refusal of a repository at `path` that `owner` owns, not the daemon's user.
-pub(super) fn not_ours(path: &str, owner: &str) -> String {
-    format!(
-        "the repository {path} belongs to {owner}, not to the daemon's user ({}): git reads no repository another user owns; add a clone the daemon's user owns (git clone --bare), or serve it over ssh, git:// or http(s)",
-        crate::access::describe_uid(crate::sys::euid())
-    )
+pub(super) fn not_ours(path: &str, owner: &str) -> crate::git::refusal::Refusal {
+    crate::git::refusal::Refusal::NotOurs {
+        path: path.to_string(),
+        owner: owner.to_string(),
+        daemon_user: crate::access::describe_uid(crate::sys::euid()),
+    }
 }
 
 /// The command of [`network_git`]: the daemon's one hardened git ([`Git`]), plus what talking to

@@ -15,6 +15,7 @@ use super::far_side::{self, FarSide};
 use super::network::{network_command, network_git_with};
 use super::{UpstreamKind, require};
 use crate::git::error::Error;
+use crate::git::refusal::Refusal;
 use crate::layout::Layout;
 
 /// One path a commit changed (`--raw`): its new mode (0: removed) and object.
@@ -140,10 +141,11 @@ pub fn push_target(
         None | Some("origin") => {
             let p = require(layout, project)?;
             if p.kind == UpstreamKind::Directory {
-                return Err(Error::Refused(format!(
-                    "project {project}'s upstream {} is a plain directory, not a repository: give --remote",
-                    p.upstream
-                )));
+                return Err(Refusal::FolderUpstream {
+                    project: project.to_string(),
+                    upstream: p.upstream,
+                }
+                .into());
             }
             Ok(PushTarget {
                 credential: load_credential(layout, project)?,
@@ -156,14 +158,10 @@ pub fn push_target(
         Some(r) => {
             let (url, cred) = split_credentials(r)?;
             if cred.is_some() {
-                return Err(Error::Refused(
-                    "a remote given on the command line may not carry credentials".into(),
-                ));
+                return Err(Refusal::RemoteCredentials.into());
             }
             if !super::is_url(&url) && !Path::new(&url).is_absolute() {
-                return Err(Error::Refused(format!(
-                    "remote {url:?}: give `origin`, a URL or an absolute path"
-                )));
+                return Err(Refusal::BadRemote { url }.into());
             }
             super::check_upstream(&url)?;
             // Compared with the caller's canonical path by the far side; canonical here too.
@@ -285,14 +283,10 @@ pub fn check_share(remote: &str) -> Result<String, Error> {
     super::check_upstream(remote)?;
     let (url, cred) = split_credentials(remote)?;
     if cred.is_some() {
-        return Err(Error::Refused(
-            "a share remote may not carry credentials".into(),
-        ));
+        return Err(Refusal::ShareCredentials.into());
     }
     if !super::is_url(&url) && !Path::new(&url).is_absolute() {
-        return Err(Error::Refused(format!(
-            "share remote {url:?}: give a URL or an absolute path"
-        )));
+        return Err(Refusal::BadShare { url }.into());
     }
     Ok(url)
 }

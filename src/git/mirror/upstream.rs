@@ -4,6 +4,7 @@
 //! creates nothing.
 
 use crate::git::error::{Context, Error};
+use crate::git::refusal::Refusal;
 use std::path::Path;
 
 use super::UpstreamKind;
@@ -25,17 +26,13 @@ const ALLOWED_SCHEMES: [&str; 7] = ["file", "git", "http", "https", "ssh", "git+
 pub fn check_upstream(upstream: &str) -> Result<(), Error> {
     let shown = redact(upstream);
     if upstream.is_empty() {
-        return Err(Error::Refused("upstream must not be empty".into()));
+        return Err(Refusal::EmptyUpstream.into());
     }
     if upstream.starts_with('-') {
-        return Err(Error::Refused(format!(
-            "upstream {shown:?} must not start with '-' (git would read it as an option)"
-        )));
+        return Err(Refusal::OptionLike { upstream: shown }.into());
     }
     if upstream.contains(['\0', '\n']) {
-        return Err(Error::Refused(format!(
-            "upstream {shown:?} contains a NUL or a newline"
-        )));
+        return Err(Refusal::ControlCharacter { upstream: shown }.into());
     }
     // `<transport>::<address>` makes git run `git-remote-<transport>` (`fd::`, `ext::` run
     // anything): never an upstream.
@@ -45,21 +42,23 @@ pub fn check_upstream(upstream: &str) -> Result<(), Error> {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
     {
-        return Err(Error::Refused(format!(
-            "upstream {shown}: remote helpers ({helper}::) are not allowed; use a path or a file://, git://, http(s):// or ssh URL"
-        )));
+        return Err(Refusal::RemoteHelper {
+            upstream: shown,
+            helper: helper.to_string(),
+        }
+        .into());
     }
     if let Some((scheme, _)) = upstream.split_once("://")
         && !ALLOWED_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str())
     {
-        return Err(Error::Refused(format!(
-            "upstream {shown}: transport {scheme:?} is not allowed (allowed: file, git, http, https, ssh)"
-        )));
+        return Err(Refusal::Transport {
+            upstream: shown,
+            scheme: scheme.to_string(),
+        }
+        .into());
     }
     if !is_url(upstream) && !Path::new(upstream).is_absolute() {
-        return Err(Error::Refused(format!(
-            "upstream path {shown} is relative: give an absolute path (the octofs command resolves it against its working directory)"
-        )));
+        return Err(Refusal::Relative { upstream: shown }.into());
     }
     Ok(())
 }
@@ -71,26 +70,28 @@ pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), Error> {
         if let Some(path) = upstream.strip_prefix("file://")
             && !Path::new(path).exists()
         {
-            return Err(Error::Refused(format!(
-                "upstream {} does not exist",
-                redact(upstream)
-            )));
+            return Err(Refusal::Missing {
+                upstream: redact(upstream),
+            }
+            .into());
         }
         return Ok((UpstreamKind::Url, upstream.to_string()));
     }
     let path = std::path::absolute(upstream).context(|| format!("upstream {upstream}"))?;
     let meta = match std::fs::metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(Error::Refused(format!(
-                "upstream {upstream} does not exist"
-            )));
+            return Err(Refusal::Missing {
+                upstream: upstream.to_string(),
+            }
+            .into());
         }
         r => r.context(|| format!("upstream {upstream}"))?,
     };
     if !meta.is_dir() {
-        return Err(Error::Refused(format!(
-            "upstream {upstream} is not a git repository or a directory"
-        )));
+        return Err(Refusal::NotARepository {
+            upstream: upstream.to_string(),
+        }
+        .into());
     }
     let shown = path.to_string_lossy().into_owned();
     let is_repo = path.join(".git").exists()
@@ -102,10 +103,11 @@ pub fn classify(upstream: &str) -> Result<(UpstreamKind, String), Error> {
             Ok(_) => {}
             // git's ownership check; its advice names a `safe.directory` the daemon never reads.
             Err(Error::Git(line)) if line.contains("safe.directory") => {
-                return Err(Error::Refused(super::network::not_ours(
+                return Err(super::network::not_ours(
                     &shown,
                     &crate::access::describe_uid(std::os::unix::fs::MetadataExt::uid(&meta)),
-                )));
+                )
+                .into());
             }
             r => {
                 r.context(|| format!("upstream {upstream} is not a usable git repository"))?;
