@@ -33,6 +33,10 @@ const SOCKET: &str = "octofs.sock";
 /// off examining the files itself.
 const TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The output's encoding, shared with `octofs fsmonitor` (std only: included, not linked).
+#[path = "../proto/hook.rs"]
+mod hook;
+
 #[derive(serde::Serialize)]
 struct Query<'a> {
     cmd: &'static str,
@@ -82,7 +86,7 @@ fn run() -> Result<(), String> {
         .map(|t| t.to_string_lossy().into_owned())
         .unwrap_or_default();
     let answer = ask(&state.join(SOCKET), &thread, &token)?;
-    let out = encode(&answer);
+    let out = hook::encode(&answer.token, answer.everything, &answer.paths);
     let mut stdout = std::io::stdout().lock();
     stdout
         .write_all(&out)
@@ -159,23 +163,6 @@ fn ask(socket: &Path, thread: &str, token: &str) -> Result<Answer, String> {
         .ok_or_else(|| "the daemon's answer has no result".to_string())
 }
 
-/// The hook's output: the token, then the paths (or `/`: everything), each ended by NUL.
-fn encode(a: &Answer) -> Vec<u8> {
-    let size = a.token.len() + 3 + a.paths.iter().map(|p| p.len() + 1).sum::<usize>();
-    let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(a.token.as_bytes());
-    out.push(0);
-    if a.everything {
-        out.extend_from_slice(b"/\0");
-    } else {
-        for p in &a.paths {
-            out.extend_from_slice(p.as_bytes());
-            out.push(0);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,27 +190,5 @@ mod tests {
             let e = locate(Path::new(argv0)).expect_err(argv0);
             assert!(e.contains("<state>/fsmonitor-<thread>"), "{e}");
         }
-    }
-
-    #[test]
-    fn the_answer_is_what_git_reads() {
-        let some = Answer {
-            token: "octofs:1:2".into(),
-            everything: false,
-            paths: vec!["a.txt".into(), "dir/".into()],
-        };
-        assert_eq!(encode(&some), b"octofs:1:2\0a.txt\0dir/\0");
-        let none = Answer {
-            token: "octofs:1:3".into(),
-            everything: false,
-            paths: vec![],
-        };
-        assert_eq!(encode(&none), b"octofs:1:3\0");
-        let all = Answer {
-            token: "octofs:1:4".into(),
-            everything: true,
-            paths: vec!["ignored".into()],
-        };
-        assert_eq!(encode(&all), b"octofs:1:4\0/\0");
     }
 }

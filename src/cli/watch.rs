@@ -114,17 +114,7 @@ pub fn fsmonitor(layout: &Layout, a: FsmonitorArgs) -> Result<(), String> {
         token: a.token.unwrap_or_default(),
     };
     let a = client::call(layout, req, false)?.answer;
-    let mut out = Vec::new();
-    out.extend_from_slice(a.token.as_bytes());
-    out.push(0);
-    if a.everything {
-        out.extend_from_slice(b"/\0");
-    } else {
-        for p in &a.paths {
-            out.extend_from_slice(p.as_bytes());
-            out.push(0);
-        }
-    }
+    let out = proto::hook::encode(&a.token, a.everything, &a.paths);
     std::io::stdout()
         .write_all(&out)
         .map_err(|e| format!("fsmonitor: {e}"))

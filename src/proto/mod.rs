@@ -13,6 +13,7 @@
 //! client or the CLI (it sits below all three), and does no I/O.
 
 mod answers;
+pub mod hook;
 mod requests;
 
 use serde::de::DeserializeOwned;
