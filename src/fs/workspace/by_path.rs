@@ -10,7 +10,7 @@ use crate::fs::FsError;
 use fuser::{Errno, FileAttr, FileType};
 use gix::ObjectId;
 
-use crate::cow::catalog::Kind;
+use crate::cow::catalog::{InodeRecord, Kind};
 
 use super::{ROOT_INO, State, WorkspaceFs, convert::io_errno, types::Listing};
 
@@ -33,6 +33,19 @@ impl WorkspaceFs {
         Ok(Some(cur))
     }
 
+    /// The record at `path` (components from the root, symlinks not followed), or `None` when
+    /// nothing is there (also when something on the way is not a directory).
+    fn rec_at(&self, path: &[&[u8]]) -> Result<Option<InodeRecord>, FsError> {
+        let mut st = self.lock();
+        let ino = match self.walk(&mut st, path) {
+            Ok(Some(ino)) => ino,
+            Ok(None) => return Ok(None),
+            Err(e) if e == Errno::ENOTDIR => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(Some(st.node(ino)?.rec.clone()))
+    }
+
     /// The content of the regular file at `path` (components from the root), without the kernel.
     pub fn read_file(&self, path: &[&[u8]]) -> Result<Option<Vec<u8>>, FsError> {
         let Some(mut f) = self.open_file(path)? else {
@@ -47,15 +60,8 @@ impl WorkspaceFs {
     /// kernel. `None` when nothing is there, or something other than a regular file: a symlink on
     /// the way or at the end is never followed (the daemon must not reach outside the workspace).
     pub fn open_file(&self, path: &[&[u8]]) -> Result<Option<File>, FsError> {
-        let rec = {
-            let mut st = self.lock();
-            let ino = match self.walk(&mut st, path) {
-                Ok(Some(ino)) => ino,
-                Ok(None) => return Ok(None),
-                Err(e) if e == Errno::ENOTDIR => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            st.node(ino)?.rec.clone()
+        let Some(rec) = self.rec_at(path)? else {
+            return Ok(None);
         };
         if rec.kind != Kind::File {
             return Ok(None);
@@ -75,30 +81,17 @@ impl WorkspaceFs {
     /// The attributes presented for `path` (components from the root; symlinks are not
     /// followed), or `None` when nothing is there. Takes no lookup the kernel would have to forget.
     pub fn attr_at(&self, path: &[&[u8]]) -> Result<Option<FileAttr>, FsError> {
-        let mut st = self.lock();
-        let ino = match self.walk(&mut st, path) {
-            Ok(Some(ino)) => ino,
-            Ok(None) => return Ok(None),
-            Err(e) if e == Errno::ENOTDIR => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(rec) = self.rec_at(path)? else {
+            return Ok(None);
         };
-        let rec = st.node(ino)?.rec.clone();
-        drop(st);
         Ok(Some(self.attr(&rec)?))
     }
 
     /// The target of the symlink at `path` (components from the root; symlinks on the way are not
     /// followed), or `None` when nothing or something else is there.
     pub fn link_at(&self, path: &[&[u8]]) -> Result<Option<Vec<u8>>, FsError> {
-        let rec = {
-            let mut st = self.lock();
-            let ino = match self.walk(&mut st, path) {
-                Ok(Some(ino)) => ino,
-                Ok(None) => return Ok(None),
-                Err(e) if e == Errno::ENOTDIR => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            st.node(ino)?.rec.clone()
+        let Some(rec) = self.rec_at(path)? else {
+            return Ok(None);
         };
         if rec.kind != Kind::Symlink {
             return Ok(None);
@@ -116,14 +109,9 @@ impl WorkspaceFs {
     /// The names in the directory at `path` (components from the root) with their kinds, without
     /// `.` and `..`; `None` when it is not a directory (symlinks are not followed).
     pub fn list_dir(&self, path: &[&[u8]]) -> Result<Option<Listing>, FsError> {
-        let ino = {
-            let mut st = self.lock();
-            match self.walk(&mut st, path) {
-                Ok(Some(ino)) if st.node(ino)?.rec.kind == Kind::Dir => ino,
-                Ok(_) => return Ok(None),
-                Err(e) if e == Errno::ENOTDIR => return Ok(None),
-                Err(e) => return Err(e),
-            }
+        let ino = match self.rec_at(path)? {
+            Some(rec) if rec.kind == Kind::Dir => rec.ino,
+            _ => return Ok(None),
         };
         Ok(Some(
             self.readdir(ino)?
