@@ -13,31 +13,26 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::Manager;
+use super::error::{Error, FsOp, fs};
 
 /// Refuses the staged project at `staging` when a dependency is not a registry package: the
 /// reason names the file, the dependency and its spec, on one line.
-pub fn check(manager: Manager, staging: &Path) -> Result<(), String> {
+pub fn check(manager: Manager, staging: &Path) -> Result<(), Error> {
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = staging.join(&rel);
-        let rd =
-            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let rd = std::fs::read_dir(&dir).map_err(fs(FsOp::Read, &dir))?;
         let mut entries: Vec<_> = rd.flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for entry in entries {
             let name = entry.file_name().to_string_lossy().into_owned();
             let rel_path = rel.join(&name);
-            let ft = entry
-                .file_type()
-                .map_err(|e| format!("cannot stat {}: {e}", rel_path.display()))?;
+            let ft = entry.file_type().map_err(fs(FsOp::Stat, &rel_path))?;
             if ft.is_dir() {
                 stack.push(rel_path);
                 continue;
             }
-            let text = || {
-                std::fs::read_to_string(entry.path())
-                    .map_err(|e| format!("cannot read {}: {e}", rel_path.display()))
-            };
+            let text = || std::fs::read_to_string(entry.path()).map_err(fs(FsOp::Read, &rel_path));
             let shown = rel_path.to_string_lossy().into_owned();
             let verdict = match (manager, name.as_str()) {
                 (Manager::Npm | Manager::Pnpm, "package.json") => package_json(&text()?, &rel),
@@ -52,7 +47,7 @@ pub fn check(manager: Manager, staging: &Path) -> Result<(), String> {
                 (Manager::Uv, "pyproject.toml") => uv_toml(&text()?, &rel, false),
                 _ => Ok(()),
             };
-            verdict.map_err(|why| format!("refused: {shown}: {why}"))?;
+            verdict.map_err(|why| Error::Refused { file: shown, why })?;
         }
     }
     Ok(())
