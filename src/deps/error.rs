@@ -105,7 +105,7 @@ pub enum Error {
     },
     /// The staged project names a dependency that is not a registry package (the file, and why).
     #[error("refused: {file}: {why}")]
-    Refused { file: String, why: String },
+    Refused { file: String, why: Vet },
     /// The layer would run what the staging path held.
     #[error(
         "{} names the staging path {} (the layer would not be relocatable)",
@@ -140,6 +140,43 @@ pub enum Error {
     },
     #[error("cannot prune the layer store: {0}")]
     Prune(#[source] crate::git::Error),
+}
+
+/// Why the vet refused a staged manifest (`vet`): what it names, and what it is instead of a
+/// registry package.
+#[derive(Debug, thiserror::Error)]
+pub enum Vet {
+    #[error("not valid JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("dependency {name:?} is {spec:?} ({why}), not a registry package")]
+    Spec {
+        name: String,
+        spec: String,
+        why: &'static str,
+    },
+    #[error("dependency {name:?} is resolved from {resolved:?}, not a registry package")]
+    Resolved { name: String, resolved: String },
+    #[error("package {key:?} lies outside the project")]
+    Outside { key: String },
+    #[error("workspace package glob {glob:?} lies outside the project")]
+    GlobOutside { glob: String },
+    /// A whole line names the source (a pnpm lockfile key, a requirement with `@ git+`).
+    #[error("{line:?} is {why}, not a registry package")]
+    Line { line: String, why: &'static str },
+    /// A YAML `key: value` (pnpm's lockfile).
+    #[error("{key} {value:?} is {why}, not a registry package")]
+    Yaml {
+        key: String,
+        value: String,
+        why: &'static str,
+    },
+    /// A TOML `key = value` (uv's lockfile, `pyproject.toml`).
+    #[error("{key} = {value:?} is {why}, not a registry package")]
+    Toml {
+        key: String,
+        value: String,
+        why: &'static str,
+    },
 }
 
 /// `Error::Fs` for a failed step on `path`: `.map_err(fs(FsOp::Read, &dir))`.
@@ -217,9 +254,71 @@ mod tests {
             (
                 Error::Refused {
                     file: "package.json".into(),
-                    why: "why".into(),
+                    why: Vet::Spec {
+                        name: "x".into(),
+                        spec: "git+file:///r".into(),
+                        why: "a git source",
+                    },
                 },
-                "refused: package.json: why",
+                "refused: package.json: dependency \"x\" is \"git+file:///r\" (a git source), not a registry package",
+            ),
+            (
+                Error::Refused {
+                    file: "uv.lock".into(),
+                    why: Vet::Toml {
+                        key: "path".into(),
+                        value: "../x".into(),
+                        why: "a path source",
+                    },
+                },
+                "refused: uv.lock: path = \"../x\" is a path source, not a registry package",
+            ),
+            (
+                Error::Refused {
+                    file: "pnpm-lock.yaml".into(),
+                    why: Vet::Yaml {
+                        key: "tarball".into(),
+                        value: "file:x.tgz".into(),
+                        why: "a local tarball",
+                    },
+                },
+                "refused: pnpm-lock.yaml: tarball \"file:x.tgz\" is a local tarball, not a registry package",
+            ),
+            (
+                Error::Refused {
+                    file: "pnpm-lock.yaml".into(),
+                    why: Vet::Line {
+                        line: "/x@file:y:".into(),
+                        why: "a local directory",
+                    },
+                },
+                "refused: pnpm-lock.yaml: \"/x@file:y:\" is a local directory, not a registry package",
+            ),
+            (
+                Error::Refused {
+                    file: "package-lock.json".into(),
+                    why: Vet::Resolved {
+                        name: "x".into(),
+                        resolved: "file:../x".into(),
+                    },
+                },
+                "refused: package-lock.json: dependency \"x\" is resolved from \"file:../x\", not a registry package",
+            ),
+            (
+                Error::Refused {
+                    file: "package-lock.json".into(),
+                    why: Vet::Outside { key: "../x".into() },
+                },
+                "refused: package-lock.json: package \"../x\" lies outside the project",
+            ),
+            (
+                Error::Refused {
+                    file: "pnpm-workspace.yaml".into(),
+                    why: Vet::GlobOutside {
+                        glob: "../*".into(),
+                    },
+                },
+                "refused: pnpm-workspace.yaml: workspace package glob \"../*\" lies outside the project",
             ),
             (
                 Error::Bound {
