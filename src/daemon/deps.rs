@@ -289,7 +289,7 @@ impl Daemon {
                 }
             }
         }
-        let a = gc::gc(&self.layout, &needed).map_err(Error::Refused)?;
+        let a = gc::gc(&self.layout, &needed)?;
         Ok((a, vec![]))
     }
 
