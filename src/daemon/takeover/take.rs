@@ -41,6 +41,8 @@ struct Built {
     when_idle: bool,
     /// The mode the kernel has this mount in, held against the no-open budget.
     io: crate::daemon::io_auto::Hold,
+    /// The ring memory of a ring mount, mapped at its old address.
+    ring: Option<crate::fs::uring::KeptRing>,
 }
 
 /// `octofs takeover-serve --from SOCKET`: the new daemon of a restart, started by the old one.
@@ -131,7 +133,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     };
     let mut built: Vec<Built> = Vec::new();
     for m in h.mounts {
-        if let Err(why) = build(&daemon, &layout, m, &mut fds, &mut built) {
+        if let Err(why) = build(&daemon, &layout, m, &mut fds, &mut built, Some(h.old_pid)) {
             refuse_and_exit(&mut s, &why);
         }
     }
@@ -141,7 +143,13 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     // Every mount is ready: from here this process serves them.
     let mut spawned = Vec::new();
     for b in built {
-        let session = match b.session.spawn() {
+        let session = match crate::fs::uring::serve_adopted(
+            b.session,
+            &b.path,
+            b.ring,
+            &b.info.transport,
+            &b.info.ring,
+        ) {
             Ok(s) => s,
             // Mounts already spawned serve; this one cannot: nothing to answer but the truth.
             Err(e) => refuse_and_exit(&mut s, &format!("thread {}: {e}", b.thread)),
@@ -236,6 +244,7 @@ fn build(
     m: MountHandover,
     fds: &mut [Option<OwnedFd>],
     built: &mut Vec<Built>,
+    old_pid: Option<u32>,
 ) -> Result<(), String> {
     let thread = m.thread;
     let mut take = |i: usize| {
@@ -244,6 +253,11 @@ fn build(
             .ok_or_else(|| format!("thread {thread}: descriptor {i} missing"))
     };
     let dev = take(m.dev_fd)?;
+    // Mapped now, before anything of this process could take its address.
+    let ring = match (m.ring, m.ring_fd) {
+        (Some(g), Some(i)) => Some(crate::fs::uring::KeptRing::map(g, take(i)?, old_pid)),
+        _ => None,
+    };
     let files = m
         .files
         .iter()
@@ -298,6 +312,7 @@ fn build(
         owner: rec.owner,
         when_idle: rec.release_when_idle,
         io,
+        ring,
     });
     Ok(())
 }
@@ -353,7 +368,13 @@ fn adopt_one(
             k.path.display()
         ));
     }
-    let mut fds = k.fds.into_iter();
+    let mut fds = k.fds;
+    // A ring mount's memory comes last.
+    let ring_fd = match k.meta.ring {
+        Some(_) => Some(fds.pop().ok_or("no ring memory kept")?),
+        None => None,
+    };
+    let mut fds = fds.into_iter();
     let dev = fds.next().ok_or("no descriptor kept")?;
     // The dead daemon's clones: requests it read from them are queued again below.
     let old_clones: Vec<OwnedFd> = fds.collect();
@@ -371,10 +392,12 @@ fn adopt_one(
             nodes: Vec::new(),
         },
         files: Vec::new(),
+        ring: k.meta.ring,
+        ring_fd: ring_fd.is_some().then_some(1),
     };
-    let mut slots = vec![Some(dev)];
+    let mut slots = vec![Some(dev), ring_fd];
     let mut built = Vec::new();
-    build(daemon, layout, m, &mut slots, &mut built)?;
+    build(daemon, layout, m, &mut slots, &mut built, None)?;
     let b = built.pop().ok_or("nothing built")?;
     let names = b.core.register_all().map_err(|e| format!("{e:?}"))?;
     // Before any reader runs: a request read by a new reader and queued again would be served
@@ -387,7 +410,14 @@ fn adopt_one(
              Linux 6.9): {e}; a process waiting for one of them waits until killed"
         ),
     }
-    let session = b.session.spawn().map_err(|e| e.to_string())?;
+    let session = crate::fs::uring::serve_adopted(
+        b.session,
+        &b.path,
+        b.ring,
+        &b.info.transport,
+        &b.info.ring,
+    )
+    .map_err(|e| e.to_string())?;
     drop(old_clones);
     if b.when_idle {
         lock(&daemon.idle_waits).insert(thread.clone());
