@@ -186,8 +186,40 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
     // A crash: the keeper holds the connections and the ring memories.
     d.kill9();
     std::thread::sleep(Duration::from_millis(300));
+    // Requests made while no daemon runs, from each CPU (each queue): the kernel queues them and
+    // hands them to no entry registered later; the new daemon's kick of each queue gets them
+    // served.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut waiting = Vec::new();
+    for cpu in 0..cpus {
+        let mut c = std::process::Command::new("taskset");
+        c.arg("-c")
+            .arg(cpu.to_string())
+            .arg("stat")
+            .arg(mounts[1].join(format!("absent-{cpu}")))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        waiting.push(c.spawn().expect("spawn stat"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
     d.spawn_with(&serve);
     progress(&done, 20, "after the crash", &d);
+    for mut c in waiting {
+        let Some(_) = wait_timeout(&mut c, Duration::from_secs(20)) else {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!(
+                "a lookup made while no daemon ran was never answered\n{}",
+                d.log_tail()
+            );
+        };
+        let out = c.wait_with_output().expect("stat output");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("No such file or directory"),
+            "a lookup made while no daemon ran: {err}"
+        );
+    }
     eprintln!("after the crash:\n{}", ring_lines(&d));
     for t in ["busy", "idle"] {
         let tr = transport_of(&d, t);

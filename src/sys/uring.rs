@@ -340,7 +340,7 @@ impl RingMemory {
         }
         let span = (len as u64).div_ceil(RING_SLOT);
         for t in 0..RING_TRIES {
-            let slot = (key.wrapping_add(t * span)) % (RING_SLOTS - span);
+            let slot = (key.wrapping_add(t * span)) % RING_SLOTS.saturating_sub(span).max(1);
             if let Ok(map) = map_shared_at(&fd, RING_BASE + slot * RING_SLOT, len) {
                 return Ok(RingMemory { fd, map });
             }

@@ -256,6 +256,9 @@ fn build(
     // Mapped now, before anything of this process could take its address.
     let ring = match (m.ring, m.ring_fd) {
         (Some(g), Some(i)) => Some(crate::fs::uring::KeptRing::map(g, take(i)?, old_pid)),
+        // A ring connection whose memory did not come with it: still served from the rings
+        // (the kernel sends every request there), with fresh entries only.
+        (Some(g), None) => Some(crate::fs::uring::KeptRing::lost(g, old_pid)),
         _ => None,
     };
     let files = m
@@ -369,9 +372,9 @@ fn adopt_one(
         ));
     }
     let mut fds = k.fds;
-    // A ring mount's memory comes last.
+    // A ring mount's memory (given last; found by what it is, whatever order a store kept).
     let ring_fd = match k.meta.ring {
-        Some(_) => Some(fds.pop().ok_or("no ring memory kept")?),
+        Some(_) => fds.iter().position(is_ring_memory).map(|i| fds.remove(i)),
         None => None,
     };
     let mut fds = fds.into_iter();
@@ -436,4 +439,11 @@ fn adopt_one(
     lock(&daemon.mounts).insert(thread, mounted);
     daemon.grant_owner(&rec.project, rec.owner, true);
     Ok(names)
+}
+
+/// Whether `fd` is a ring memory (`RingMemory`'s memfd), not a `/dev/fuse` descriptor.
+fn is_ring_memory(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|p| p.to_string_lossy().starts_with("/memfd:octofs-ring"))
 }

@@ -196,6 +196,15 @@ pub struct KeptRing {
 }
 
 impl KeptRing {
+    /// A ring connection whose memory was not kept: served with fresh entries only.
+    pub fn lost(geometry: RingGeometry, wait_for: Option<u32>) -> KeptRing {
+        KeptRing {
+            geometry,
+            mem: Err("it was not kept with the connection".into()),
+            wait_for,
+        }
+    }
+
     /// Maps the memory `fd` of `geometry` at its old address (now: nothing else of this process
     /// may take it first).
     pub fn map(geometry: RingGeometry, fd: OwnedFd, wait_for: Option<u32>) -> KeptRing {
@@ -247,8 +256,14 @@ pub fn serve_adopted<FS: Filesystem>(
         }
     };
     let queues = usize::from(g.queues);
-    let geometry = RingGeometry::new(mem.addr(), queues);
+    // The old shape (entries per queue included), at the address the memory is mapped at.
+    let geometry = RingGeometry {
+        addr: mem.addr(),
+        ..g
+    };
     let pause = Arc::new(RingPause::default());
+    // With a fresh memory there is nothing to take over, and no buffer shared with the old
+    // daemon's entries: register at once.
     let adopt = lost.is_none().then_some(Adopt {
         wait_for: ring.wait_for,
     });
