@@ -394,7 +394,7 @@ fn a_failed_restart_leaves_the_old_daemon_serving() {
 
 /// A daemon with a mount on the io_uring transport restarts like any other (its ring threads are
 /// paused and their ring memory handed over: docs/transport.md, "Surviving the daemon"): a failed
-/// handover (`--exe /bin/true`) resumes the paused ring threads (a read and a write answer at
+/// handover (a new daemon that refuses after receiving everything) resumes the paused ring threads (a read and a write answer at
 /// once), and a real one leaves the mount on the ring, served by the new process. Before, such a
 /// daemon refused to restart.
 #[test]
@@ -421,10 +421,23 @@ fn a_daemon_with_ring_mounts_restarts_and_keeps_them_on_the_ring() {
         return;
     }
     let pid = d.pid().expect("pid");
-    let (out, _) = restart(&d, &["--exe", "/bin/true"]);
+    // A new daemon that refuses after it received everything: the old one had paused its readers
+    // and ring threads.
+    let script_dir = tempfile::tempdir().expect("tempdir");
+    let refusing = script_dir.path().join("octofs-refuse");
+    write_file(
+        &refusing,
+        format!(
+            "#!/bin/sh\nOCTOFS_TAKEOVER_FAULT=refuse exec {} \"$@\"\n",
+            bin()
+        )
+        .as_bytes(),
+        0o755,
+    );
+    let (out, _) = restart(&d, &["--exe", &refusing.to_string_lossy()]);
     assert!(
-        !out.success(),
-        "a restart with /bin/true: {}",
+        !out.success() && out.stderr_str().contains("refused"),
+        "a restart with a refusing daemon: {}",
         out.describe()
     );
     assert!(!gone(pid));
