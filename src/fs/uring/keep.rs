@@ -417,6 +417,8 @@ mod tests {
     fn only_a_request_after_the_last_answered_is_unanswered() {
         // Never used, or cleared before a fresh registration.
         assert!(!holds_unanswered(0, 0));
+        // Zero is never a request, whatever the mark says.
+        assert!(!holds_unanswered(0, 42));
         // Answered, then idle (its command cancelled with its daemon): nothing held.
         assert!(!holds_unanswered(42, 42));
         // A request arrived after 42 was answered, or one being served when the daemon died.
