@@ -297,14 +297,12 @@ fn check_mounts(layout: &Layout, daemon: DaemonState, fix: bool, r: &mut Report)
 fn why_not_kept(layout: &Layout) -> String {
     if UnixStream::connect(layout.state.join("keeper.sock")).is_ok() {
         // A keeper answers but does not hold this one: it was not given to it.
-        return "its connection keeper does not hold it (a mount served over io_uring is never \
-                kept: its rings belong to the daemon; or the daemon could not give it: see the \
+        return "its connection keeper does not hold it (the daemon could not give it: see the \
                 daemon log)"
             .into();
     }
     "no connection keeper held it (the daemon ran with --keep-connections false, or its keeper \
-     could not start, or let the connections go after 120 s with no daemon; a mount served over \
-     io_uring is never kept)"
+     could not start, or let the connections go after 120 s with no daemon)"
         .into()
 }
 

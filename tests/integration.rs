@@ -72,5 +72,6 @@ mod trust_socket;
 mod unprivileged;
 mod untracked_cache;
 mod uring;
+mod uring_survives;
 mod watch;
 mod write_visibility;

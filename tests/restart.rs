@@ -392,11 +392,13 @@ fn a_failed_restart_leaves_the_old_daemon_serving() {
     assert!(wait_gone(new), "the new daemon {new} did not exit at stop");
 }
 
-/// A daemon with a mount on the io_uring transport refuses to restart (the rings belong to its
-/// process) and goes on serving; without the check the new daemon would serve a connection whose
-/// requests arrive on rings nobody reads.
+/// A daemon with a mount on the io_uring transport restarts like any other (its ring threads are
+/// paused and their ring memory handed over: docs/transport.md, "Surviving the daemon"): a failed
+/// handover (a new daemon that refuses after receiving everything) resumes the paused ring threads (a read and a write answer at
+/// once), and a real one leaves the mount on the ring, served by the new process. Before, such a
+/// daemon refused to restart.
 #[test]
-fn a_daemon_with_ring_mounts_refuses_to_restart_and_keeps_serving() {
+fn a_daemon_with_ring_mounts_restarts_and_keeps_them_on_the_ring() {
     if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
         eprintln!("skipped: this kernel has no FUSE over io_uring");
         return;
@@ -419,24 +421,64 @@ fn a_daemon_with_ring_mounts_refuses_to_restart_and_keeps_serving() {
         return;
     }
     let pid = d.pid().expect("pid");
-    let (out, _) = restart(&d, &[]);
-    assert!(
-        !out.success(),
-        "a ring daemon restarted: {}",
-        out.describe()
+    // A new daemon that refuses after it received everything: the old one had paused its readers
+    // and ring threads.
+    let script_dir = tempfile::tempdir().expect("tempdir");
+    let refusing = script_dir.path().join("octofs-refuse");
+    write_file(
+        &refusing,
+        format!(
+            "#!/bin/sh\nOCTOFS_TAKEOVER_FAULT=refuse exec {} \"$@\"\n",
+            bin()
+        )
+        .as_bytes(),
+        0o755,
     );
+    let (out, _) = restart(&d, &["--exe", &refusing.to_string_lossy()]);
     assert!(
-        out.stderr_str().contains("io_uring") && out.stderr_str().contains("goes on serving"),
-        "{}",
+        !out.success() && out.stderr_str().contains("refused"),
+        "a restart with a refusing daemon: {}",
         out.describe()
     );
     assert!(!gone(pid));
-    assert_eq!(
-        fs::read_to_string(mount.join("README.md")).expect("read"),
-        "ring\n"
+    let m = mount.clone();
+    with_timeout(
+        "a read and a write after a failed handover",
+        Duration::from_secs(20),
+        move || {
+            assert_eq!(
+                fs::read_to_string(m.join("README.md")).expect("read"),
+                "ring\n"
+            );
+            fs::write(m.join("new.txt"), "still serving\n").expect("write after the failure");
+        },
     );
-    fs::write(mount.join("new.txt"), "still serving\n").expect("write after the refusal");
+    let (out, pids) = restart(&d, &[]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let (old, new) = pids.expect("restart printed the pids");
+    assert_eq!(old, pid);
+    assert_ne!(new, pid);
+    assert!(wait_gone(pid), "the old daemon did not exit");
+    let status = d.cli_ok(["status", "t"]);
+    assert!(status.contains("transport:     uring"), "{status}");
+    let m = mount.clone();
+    with_timeout(
+        "a read and a write after the restart",
+        Duration::from_secs(20),
+        move || {
+            assert_eq!(
+                fs::read_to_string(m.join("new.txt")).expect("read"),
+                "still serving\n"
+            );
+            fs::write(m.join("after.txt"), "served by the new daemon\n").expect("write");
+            assert_eq!(
+                fs::read_to_string(m.join("after.txt")).expect("read"),
+                "served by the new daemon\n"
+            );
+        },
+    );
     d.stop();
+    assert!(!is_mounted(&mount), "left mounted");
 }
 
 /// A `cargo build` of a small crate in a workspace spans two restarts and a `kill -9` of the

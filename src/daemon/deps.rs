@@ -293,8 +293,7 @@ impl Daemon {
         }
         let a = gc::gc(&self.layout, &needed, || {
             WorkspaceRecord::layer_uses(&self.layout)
-        })
-        .map_err(Error::Refused)?;
+        })?;
         Ok((a, vec![]))
     }
 

@@ -48,6 +48,9 @@ pub enum Error {
     /// A workspace's `.git`, read in process, could not be read or its commits carried.
     #[error(transparent)]
     OwnRepo(#[from] crate::own_repo::Error),
+    /// A dependency layer could not be built or collected.
+    #[error(transparent)]
+    Deps(#[from] crate::deps::error::Error),
     /// A new workspace's `.git` or its shared index could not be made.
     #[error(transparent)]
     Repo(#[from] crate::repo::Error),

@@ -81,7 +81,9 @@ pub(super) struct ThreadLock<'d> {
 }
 
 /// The thread's lock, held until dropped.
-pub(super) struct Held<'l>(#[allow(dead_code)] MutexGuard<'l, ()>);
+pub(super) struct Held<'l> {
+    _guard: MutexGuard<'l, ()>,
+}
 
 impl Daemon {
     /// Validates `thread`'s name and finds its lock (not taken).
@@ -99,7 +101,9 @@ impl ThreadLock<'_> {
     /// Takes the thread's lock and checks that `c` may act on the thread (its owner or root, when
     /// it exists at all).
     pub(super) fn owner(&self, c: &Caller) -> Result<Held<'_>, Error> {
-        let held = Held(lock(&self.lock));
+        let held = Held {
+            _guard: lock(&self.lock),
+        };
         self.daemon.check_thread(c, self.thread)?;
         Ok(held)
     }

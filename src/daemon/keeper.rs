@@ -47,6 +47,9 @@ pub struct KeptMeta {
     pub passthrough: bool,
     pub no_opendir: bool,
     pub no_open: bool,
+    /// A ring mount: its ring memory's geometry (the memfd is the last descriptor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<crate::fs::uring::RingGeometry>,
 }
 
 /// One mount as the keeper holds it: its thread, mount point, facts, and descriptors (the

@@ -7,15 +7,14 @@
 //! whether a process uses one, unmounting. Must not decide when to mount or unmount (that is
 //! `super::mounts` and `super::threads`), nor touch records or the mount point's contents.
 
-use std::collections::HashSet;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::Daemon;
 use super::error::{Context, Error};
-use super::{Daemon, lock};
 use crate::fs::fuse::{FuseAdapter, MountInfo};
 use crate::fs::{IoMode, WorkspaceFs};
 use crate::workspace::WorkspaceRecord;
@@ -105,31 +104,33 @@ impl Mounter for Fuse {
     }
 }
 
-/// Cores held without a kernel mount (tests): a path is "mounted" from its mount until its
+/// Cores held without a kernel mount (tests only): a path is "mounted" from its mount until its
 /// unmount, or until a test takes it away behind the daemon; a test may mark one busy.
+#[cfg(test)]
 #[derive(Default)]
 pub(super) struct CoreOnly {
-    mounted: Mutex<HashSet<PathBuf>>,
-    busy: Mutex<HashSet<PathBuf>>,
+    mounted: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
+    busy: std::sync::Mutex<std::collections::HashSet<PathBuf>>,
 }
 
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 impl CoreOnly {
     /// Takes the mount at `path` away behind the daemon (as an `umount` by hand would).
     pub(super) fn take_away(&self, path: &Path) {
-        lock(&self.mounted).remove(path);
+        super::lock(&self.mounted).remove(path);
     }
 
     /// Marks the mount at `path` used by a process, or no longer.
     pub(super) fn set_busy(&self, path: &Path, busy: bool) {
         if busy {
-            lock(&self.busy).insert(path.to_path_buf());
+            super::lock(&self.busy).insert(path.to_path_buf());
         } else {
-            lock(&self.busy).remove(path);
+            super::lock(&self.busy).remove(path);
         }
     }
 }
 
+#[cfg(test)]
 impl Mounter for CoreOnly {
     fn mount(
         &self,
@@ -139,26 +140,26 @@ impl Mounter for CoreOnly {
         path: &Path,
         _: IoMode,
     ) -> Result<(Session, Arc<MountInfo>), Error> {
-        lock(&self.mounted).insert(path.to_path_buf());
+        super::lock(&self.mounted).insert(path.to_path_buf());
         Ok((Session::Core, Arc::new(MountInfo::default())))
     }
 
     fn kernel_dev(&self, path: &Path, _: &str) -> Option<String> {
-        lock(&self.mounted)
+        super::lock(&self.mounted)
             .contains(path)
             .then(|| "core-only".to_string())
     }
 
     fn unmount(&self, path: &Path) -> io::Result<()> {
-        if lock(&self.busy).contains(path) {
+        if super::lock(&self.busy).contains(path) {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
-        lock(&self.mounted).remove(path);
+        super::lock(&self.mounted).remove(path);
         Ok(())
     }
 
     fn lazy_unmount(&self, path: &Path) -> io::Result<()> {
-        lock(&self.mounted).remove(path);
+        super::lock(&self.mounted).remove(path);
         Ok(())
     }
 
@@ -167,7 +168,7 @@ impl Mounter for CoreOnly {
     }
 
     fn is_busy(&self, path: &Path) -> bool {
-        lock(&self.busy).contains(path)
+        super::lock(&self.busy).contains(path)
     }
 
     fn is_busy_settled(&self, path: &Path, _: Duration) -> bool {
@@ -182,6 +183,10 @@ impl Mounter for CoreOnly {
 /// What serves a mounted workspace: a fuser session, or nothing (a core-only mount).
 pub(super) enum Session {
     Fuse(fuser::BackgroundSession),
+    #[cfg_attr(
+        not(test),
+        expect(dead_code, reason = "made by the core-only mounter, in tests only")
+    )]
     Core,
 }
 

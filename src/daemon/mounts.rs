@@ -494,32 +494,35 @@ impl Daemon {
 }
 
 /// Gives the connection keeper the descriptors `m`'s requests are read from, with what the next
-/// daemon needs to serve them (docs/restart.md "A crash"). A mount on the io_uring transport is
-/// not kept: its rings belong to this process and cannot be adopted.
+/// daemon needs to serve them (docs/restart.md "A crash"). A mount on the io_uring transport also
+/// gives its ring memory (last), whose entries the next daemon takes over.
 pub(super) fn keep_mount(thread: &str, m: &Mounted) {
     use std::sync::atomic::Ordering;
-    if !super::keeper::attached()
-        || m.info
-            .transport
-            .get()
-            .is_some_and(|t| t.starts_with("uring"))
-    {
+    if !super::keeper::attached() {
         return;
     }
     let Some(negotiated) = m.session.negotiated() else {
         return;
     };
-    let fds = match m.session.dup_reader_fds() {
+    let mut fds = match m.session.dup_reader_fds() {
         Ok(f) => f,
         Err(e) => {
             return tracing::warn!(%thread, "cannot keep its connection: {e}");
         }
     };
+    let ring = m.info.ring.get();
+    if let Some(r) = ring {
+        match r.dup_fd() {
+            Ok(f) => fds.push(f),
+            Err(e) => return tracing::warn!(%thread, "cannot keep its ring memory: {e}"),
+        }
+    }
     let meta = super::keeper::KeptMeta {
         negotiated: negotiated.into(),
         passthrough: m.info.passthrough.load(Ordering::Relaxed),
         no_opendir: m.info.no_opendir.load(Ordering::Relaxed),
         no_open: m.info.no_open.load(Ordering::Relaxed),
+        ring: ring.map(|r| r.geometry),
     };
     super::keeper::keep(thread, &m.path, meta, &fds);
 }

@@ -154,3 +154,48 @@ fn lifecycle_open_write_release_resume_without_a_kernel_mount() {
     let (answer, _) = d.release("t", true, false, &me).expect("release");
     assert!(answer.released);
 }
+
+#[test]
+fn lifecycle_when_idle_waits_for_the_mount_and_the_sweep_releases_a_saved_idle_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (d, mounter) = daemon(dir.path());
+    let me = me();
+    d.open("t", Some("p"), None, None, &me).expect("open");
+    let mountpoint = d.layout.mountpoint("t");
+
+    // Another user may neither open nor release it.
+    let other = Caller {
+        uid: me.uid.wrapping_add(1),
+        gid: me.gid,
+        groups: Vec::new(),
+    };
+    let e = d
+        .open("t", None, None, None, &other)
+        .expect_err("not theirs");
+    assert!(matches!(e, Error::PermissionDenied(_)), "{e}");
+
+    // The last user's release --when-idle waits while a process uses the mount ...
+    mounter.set_busy(&mountpoint, true);
+    let (answer, _) = d.release_when_idle("t", &me).expect("when idle");
+    assert!(answer.pending && !answer.released);
+    assert!(d.has_idle_waits());
+    assert!(d.release_idle_waits().is_empty(), "still in use");
+    // ... an open cancels it ...
+    d.open("t", None, None, None, &me).expect("open again");
+    let rec = WorkspaceRecord::load(&d.layout, "t")
+        .expect("record")
+        .expect("live");
+    assert!(!rec.release_when_idle);
+    // ... and once asked again, the timer releases it when nothing uses it any more.
+    d.release_when_idle("t", &me).expect("when idle");
+    mounter.set_busy(&mountpoint, false);
+    assert_eq!(d.release_idle_waits(), vec!["t".to_string()]);
+    assert!(core(&d, "t").is_none());
+    assert!(!d.has_idle_waits());
+
+    // Resumed, it is saved as it was: the sweep's idle rule releases it.
+    d.open("t", None, None, None, &me).expect("resume");
+    let (swept, _) = d.sweep(0).expect("sweep");
+    assert_eq!(swept.released, vec!["t".to_string()], "{:?}", swept.kept);
+    assert!(core(&d, "t").is_none());
+}

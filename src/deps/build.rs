@@ -14,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::error::{Error, FsOp, fs};
 use super::sandbox::{self, BuildDirs, Sandbox};
 use super::{
     DepLayer, DepStore, LayerRecord, LayerState, Lockfile, Manager, NestedTree, detect, seal, vet,
@@ -116,17 +117,14 @@ pub struct BuildAnswer {
 /// (workspace packages' own: pnpm links each package's dependencies there; npm puts there what it
 /// cannot hoist), relative to `staging`, sorted. Never looks into a `node_modules`, `.venv` or
 /// `.git`.
-fn nested_installs(staging: &Path) -> Result<Vec<String>, String> {
+fn nested_installs(staging: &Path) -> Result<Vec<String>, Error> {
     let mut out = Vec::new();
     let mut stack = vec![(staging.to_path_buf(), String::new())];
     while let Some((dir, rel)) = stack.pop() {
-        let rd =
-            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let rd = std::fs::read_dir(&dir).map_err(fs(FsOp::Read, &dir))?;
         for entry in rd {
-            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-            let ft = entry
-                .file_type()
-                .map_err(|e| format!("cannot stat {}: {e}", entry.path().display()))?;
+            let entry = entry.map_err(fs(FsOp::Read, &dir))?;
+            let ft = entry.file_type().map_err(fs(FsOp::Stat, &entry.path()))?;
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
                 continue;
             };
@@ -198,7 +196,7 @@ pub fn layer_key(manager: Manager, major: &str, lockfile: &[u8]) -> String {
 
 /// A probe of a manager (`--version`, `--help`): as the build user, in a sandbox that may write
 /// nothing.
-fn probe(program: &str) -> Result<Command, String> {
+fn probe(program: &str) -> Result<Command, Error> {
     sandbox::Sandbox {
         id: sandbox::identity(),
         state: PathBuf::new(),
@@ -209,16 +207,15 @@ fn probe(program: &str) -> Result<Command, String> {
 
 /// Why a manager the daemon finds on its `PATH` cannot be started by the build user: it lies in a
 /// place only the daemon's user reaches (a pyenv shim or nvm tree under `/root`).
-fn unreachable_manager(name: &str) -> String {
-    format!(
-        "{name} cannot be run by the build user (uid {}): install it where every user can run it \
-         (e.g. /usr/local/bin), not under a private HOME",
-        sandbox::identity().uid
-    )
+fn unreachable_manager(name: &str) -> Error {
+    Error::Unreachable {
+        program: name.to_string(),
+        uid: sandbox::identity().uid,
+    }
 }
 
 /// The manager's version, as `<manager> --version` prints it (`uv 0.9.1 (...)` gives `0.9.1`).
-pub fn manager_version(manager: Manager) -> Result<String, String> {
+pub fn manager_version(manager: Manager) -> Result<String, Error> {
     let name = manager.name();
     let out = probe(name)?
         .arg("--version")
@@ -226,18 +223,29 @@ pub fn manager_version(manager: Manager) -> Result<String, String> {
         .stderr(Stdio::piped())
         .output()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("{name} is not installed on this host"),
+            std::io::ErrorKind::NotFound => Error::NotInstalled {
+                program: name.to_string(),
+            },
             _ if e.raw_os_error() == Some(libc::EACCES) => unreachable_manager(name),
-            _ => format!("cannot run {name} --version as the build user: {e}"),
+            _ => Error::Run {
+                what: format!("{name} --version"),
+                source: e,
+            },
         })?;
     if !out.status.success() {
-        return Err(format!("{name} --version failed ({})", out.status));
+        return Err(Error::VersionFailed {
+            program: name.to_string(),
+            status: out.status,
+        });
     }
     let text = String::from_utf8_lossy(&out.stdout);
     text.split_whitespace()
         .find(|w| w.starts_with(|c: char| c.is_ascii_digit()))
         .map(str::to_string)
-        .ok_or_else(|| format!("{name} --version printed no version: {:?}", text.trim()))
+        .ok_or_else(|| Error::NoVersion {
+            program: name.to_string(),
+            output: text.trim().to_string(),
+        })
 }
 
 /// The lockfiles of `tree` and the keys of their layers on this host (asks each manager its
@@ -246,7 +254,7 @@ pub fn plan(store: &ObjectStore, tree: gix::ObjectId) -> std::io::Result<Vec<Pla
     let mut plans = Vec::new();
     for lock in detect(store, tree)? {
         let bytes = lock.key_input.clone();
-        let version = manager_version(lock.manager);
+        let version = manager_version(lock.manager).map_err(|e| e.to_string());
         let key = match &version {
             Ok(v) => layer_key(lock.manager, &major(v), &bytes),
             // Keyed as "no manager": a later build with the manager present is another key.
@@ -283,14 +291,14 @@ fn stage(
     tree: gix::ObjectId,
     manager: Manager,
     dir: &Path,
-) -> Result<u64, String> {
+) -> Result<u64, Error> {
     let wanted = manifests(manager);
     let mut written = 0;
     let mut stack = vec![(tree, dir.to_path_buf())];
     while let Some((t, at)) = stack.pop() {
         let entries = store
             .tree(t)
-            .map_err(|e| format!("cannot read tree {t}: {e}"))?;
+            .map_err(|source| Error::Tree { tree: t, source })?;
         for e in entries.iter() {
             let Ok(name) = std::str::from_utf8(&e.name) else {
                 continue;
@@ -300,14 +308,13 @@ fn stage(
                     stack.push((e.id, at.join(name)));
                 }
                 EntryKind::Blob | EntryKind::Executable if wanted.contains(&name) => {
-                    let bytes = store
-                        .blob(e.id)
-                        .map_err(|err| format!("cannot read {name}: {err}"))?;
-                    std::fs::create_dir_all(&at)
-                        .map_err(|err| format!("cannot create {}: {err}", at.display()))?;
+                    let bytes = store.blob(e.id).map_err(|source| Error::Blob {
+                        name: name.to_string(),
+                        source,
+                    })?;
+                    std::fs::create_dir_all(&at).map_err(fs(FsOp::Create, &at))?;
                     let path = at.join(name);
-                    std::fs::write(&path, bytes)
-                        .map_err(|err| format!("cannot write {}: {err}", path.display()))?;
+                    std::fs::write(&path, bytes).map_err(fs(FsOp::Write, &path))?;
                     written += 1;
                 }
                 _ => {}
@@ -401,13 +408,9 @@ fn run_logged(
     dir: &Path,
     log: &std::fs::File,
     timeout: Duration,
-) -> Result<(), String> {
-    let out = log
-        .try_clone()
-        .map_err(|e| format!("cannot write the log: {e}"))?;
-    let err = log
-        .try_clone()
-        .map_err(|e| format!("cannot write the log: {e}"))?;
+) -> Result<(), Error> {
+    let out = log.try_clone().map_err(Error::Log)?;
+    let err = log.try_clone().map_err(Error::Log)?;
     let mut child = sandbox
         .command(&argv[0], dir)?
         .args(&argv[1..])
@@ -416,34 +419,50 @@ fn run_logged(
         .stderr(err)
         .spawn()
         .map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => format!("{} is not installed on this host", argv[0]),
+            std::io::ErrorKind::NotFound => Error::NotInstalled {
+                program: argv[0].clone(),
+            },
             _ if e.raw_os_error() == Some(libc::EACCES) => unreachable_manager(&argv[0]),
-            _ => format!("cannot run {} as the build user: {e}", argv[0]),
+            _ => Error::Run {
+                what: argv[0].clone(),
+                source: e,
+            },
         })?;
     let deadline = Instant::now() + timeout;
     loop {
         match child.try_wait() {
             Ok(Some(status)) if status.success() => return Ok(()),
-            Ok(Some(status)) => return Err(format!("`{}` failed ({status})", argv.join(" "))),
+            Ok(Some(status)) => {
+                return Err(Error::Failed {
+                    argv: argv.to_vec(),
+                    status,
+                });
+            }
             Ok(None) if Instant::now() >= deadline => {
                 let _ = crate::sys::kill_process_group(child.id());
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!(
-                    "`{}` did not finish within {} s and was killed",
-                    argv.join(" "),
-                    timeout.as_secs()
-                ));
+                return Err(Error::TimedOut {
+                    argv: argv.to_vec(),
+                    secs: timeout.as_secs(),
+                });
             }
             // The `mirror add`/`mirror sync` that runs this build was cancelled (Ctrl-C).
             Ok(None) if crate::git::mirror::cancelled() => {
                 let _ = crate::sys::kill_process_group(child.id());
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(format!("`{}` cancelled", argv.join(" ")));
+                return Err(Error::Cancelled {
+                    argv: argv.to_vec(),
+                });
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(format!("cannot wait for {}: {e}", argv[0])),
+            Err(source) => {
+                return Err(Error::Wait {
+                    program: argv[0].clone(),
+                    source,
+                });
+            }
         }
     }
 }
@@ -563,14 +582,16 @@ pub fn build(
             deps.dir().join("logs"),
             deps.dir().join("staging"),
         ] {
-            crate::layout::create_private_dir(&d)
-                .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            crate::layout::create_private_dir(&d).map_err(fs(FsOp::Create, &d))?;
         }
-        key_lock(deps, &plan.key).map_err(|e| format!("cannot lock the build of {}: {e}", plan.key))
+        key_lock(deps, &plan.key).map_err(|source| Error::KeyLock {
+            key: plan.key.clone(),
+            source,
+        })
     })();
     let _lock = match prepared {
         Ok(l) => l,
-        Err(message) => return failed(message, started),
+        Err(e) => return failed(e.to_string(), started),
     };
     // Another build of this key may have finished while this one waited for the lock.
     if let Some(done) = deps.load(&plan.key).and_then(|r| up_to_date(plan, &r)) {
@@ -601,7 +622,8 @@ pub fn build(
                 result: OutcomeKind::Built { tree, bytes, files },
             },
         ),
-        Err(message) => {
+        Err(e) => {
+            let message = e.to_string();
             let _ = append(&log_path, &format!("octofs: build failed: {message}\n"));
             (
                 LayerState::Failed {
@@ -647,7 +669,7 @@ fn build_locked(
     plan: &Plan,
     what: &str,
     timeout: Duration,
-) -> Result<(String, Vec<NestedTree>, u64, u64), String> {
+) -> Result<(String, Vec<NestedTree>, u64, u64), Error> {
     let manager = plan.lock.manager;
     let log_path = deps.log(&plan.key);
     let mut log = std::fs::OpenOptions::new()
@@ -657,7 +679,7 @@ fn build_locked(
         .truncate(true)
         .mode(crate::layout::PRIVATE_FILE_MODE)
         .open(&log_path)
-        .map_err(|e| format!("cannot create {}: {e}", log_path.display()))?;
+        .map_err(fs(FsOp::Create, &log_path))?;
     let _ = writeln!(
         log,
         "octofs: {} layer {} for {} of {what} (manager {})",
@@ -666,12 +688,13 @@ fn build_locked(
         plan.lock.name,
         plan.version.as_deref().unwrap_or("missing")
     );
-    plan.version.as_ref().map_err(String::clone)?;
+    plan.version
+        .as_ref()
+        .map_err(|why| Error::NoManager(why.clone()))?;
     let staging = deps.staging(&plan.key);
     let dirs = BuildDirs::of(deps, &plan.key);
     dirs.remove();
-    crate::layout::create_private_dir(&staging)
-        .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+    crate::layout::create_private_dir(&staging).map_err(fs(FsOp::Create, &staging))?;
     let result = (|| {
         let n = stage(store, tree, manager, &staging)?;
         let _ = writeln!(
@@ -703,7 +726,7 @@ fn build_locked(
                 let _ = (&log).take(4 << 20).read_to_string(&mut out);
                 let _ = log.seek(std::io::SeekFrom::End(0));
                 return Err(match failure_line(&out) {
-                    Some(line) if !e.contains("did not finish") => line,
+                    Some(line) if !matches!(e, Error::TimedOut { .. }) => Error::Manager(line),
                     _ => e,
                 });
             }
@@ -711,11 +734,10 @@ fn build_locked(
         }
         let install = staging.join(plan.lock.install_path);
         if !install.is_dir() {
-            return Err(format!(
-                "{} finished without creating {}",
-                manager.name(),
-                plan.lock.install_path
-            ));
+            return Err(Error::NoInstall {
+                manager: manager.name(),
+                path: plan.lock.install_path,
+            });
         }
         let mut paths = vec![plan.lock.install_path.to_string()];
         if manager != Manager::Uv {
@@ -735,7 +757,7 @@ fn build_locked(
         }
         let _ = writeln!(log, "octofs: sealed {files} files, {bytes} bytes");
         let mut all = paths.into_iter().zip(trees);
-        let (_, tree) = all.next().ok_or_else(|| "nothing was sealed".to_string())?;
+        let (_, tree) = all.next().ok_or(Error::NothingSealed)?;
         let nested = all.map(|(path, tree)| NestedTree { path, tree }).collect();
         Ok((tree, nested, bytes, files))
     })();

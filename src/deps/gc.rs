@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::error::{Error, FsOp, fs};
 use super::{DepStore, LayerRecord, LayerState, Manager, build, seal};
 use crate::git::Git;
 use crate::layout::Layout;
@@ -171,18 +172,15 @@ pub fn gc(
     layout: &Layout,
     needed: &Needed,
     uses: impl FnOnce() -> std::io::Result<Vec<LayerUse>>,
-) -> Result<GcAnswer, String> {
+) -> Result<GcAnswer, Error> {
     let deps = DepStore::new(layout);
-    let _store =
-        seal::store_lock(&deps, true).map_err(|e| format!("cannot lock the layer store: {e}"))?;
+    let _store = seal::store_lock(&deps, true).map_err(Error::StoreLock)?;
     let used: HashSet<String> = uses()
-        .map_err(|e| format!("cannot read the workspace records: {e}"))?
+        .map_err(Error::Records)?
         .into_iter()
         .map(|(k, _, _)| k)
         .collect();
-    let records = deps
-        .list()
-        .map_err(|e| format!("cannot list the layers: {e}"))?;
+    let records = deps.list().map_err(Error::List)?;
     let before = disk_bytes(deps.dir());
     let mut answer = GcAnswer::default();
     let mut refs_removed = false;
@@ -207,14 +205,17 @@ pub fn gc(
                 .env("GIT_DIR", deps.objects())
                 .args(["update-ref", "-d", &format!("refs/layers/{}", rec.key)])
                 .output()
-                .map_err(|e| format!("cannot remove the ref of layer {}: {e}", rec.key))?;
+                .map_err(|source| Error::RemoveRef {
+                    key: rec.key.clone(),
+                    source,
+                })?;
             refs_removed = true;
         }
         for f in [deps.record(&rec.key), deps.log(&rec.key)] {
             match std::fs::remove_file(&f) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(format!("cannot remove {}: {e}", f.display())),
+                Err(e) => return Err(fs(FsOp::Remove, &f)(e)),
             }
         }
         let (state, bytes) = match rec.state {
@@ -248,7 +249,7 @@ pub fn gc(
             .env("GIT_DIR", deps.objects())
             .args(["gc", "--prune=now", "--quiet"])
             .output()
-            .map_err(|e| format!("cannot prune the layer store: {e}"))?;
+            .map_err(Error::Prune)?;
     }
     answer.freed_bytes = before.saturating_sub(disk_bytes(deps.dir()));
     Ok(answer)

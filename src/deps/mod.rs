@@ -9,6 +9,7 @@
 //! and never runs anything a workspace can configure: a layer is built from a mirror's commit.
 
 pub mod build;
+pub mod error;
 pub mod gc;
 pub mod sandbox;
 pub mod seal;

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use super::DepStore;
+use super::error::{Error, FsOp, fs};
 
 /// The system user package managers run as, when it exists (scripts/install creates it).
 pub const BUILD_USER: &str = "octofs-build";
@@ -86,9 +87,8 @@ impl BuildDirs {
     /// and the staged tree (written by the daemon) handed over to it. Then checks, as `id`, that
     /// it can reach the staging directory: a state directory below a path `id` may not search
     /// fails here, with the reason, not inside the manager.
-    pub fn hand_over(&self, deps: &DepStore, id: Identity) -> Result<(), String> {
-        let fail =
-            |what: &Path, e: std::io::Error| format!("cannot prepare {}: {e}", what.display());
+    pub fn hand_over(&self, deps: &DepStore, id: Identity) -> Result<(), Error> {
+        let fail = |what: &Path, e: std::io::Error| fs(FsOp::Prepare, what)(e);
         let staging_root = deps.dir().join("staging");
         for d in [&staging_root, &self.cache] {
             crate::layout::create_private_dir(d).map_err(|e| fail(d, e))?;
@@ -109,12 +109,11 @@ impl BuildDirs {
         own_tree(&self.staging, id).map_err(|e| fail(&self.staging, e))?;
         match crate::sys::as_fs_user(id.uid, id.gid, || std::fs::read_dir(&self.staging)) {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) | Err(e) => Err(format!(
-                "the build user (uid {}) cannot reach {}: {e} (every directory above the state \
-                 directory must be searchable by it)",
-                id.uid,
-                self.staging.display()
-            )),
+            Ok(Err(source)) | Err(source) => Err(Error::Unsearchable {
+                uid: id.uid,
+                dir: self.staging.clone(),
+                source,
+            }),
         }
     }
 
@@ -138,26 +137,20 @@ fn pnpm_locks(id: Identity) -> PathBuf {
 /// Makes [`pnpm_locks`] a directory of the build user's, 0700, the only place in `/tmp` the sandbox
 /// lets it write. One that exists already must be a real directory of the build user's: `/tmp` is
 /// everyone's, and one made by another user (or a symlink) would be theirs to tamper with.
-fn prepare_pnpm_locks(id: Identity) -> Result<(), String> {
+fn prepare_pnpm_locks(id: Identity) -> Result<(), Error> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let dir = pnpm_locks(id);
     match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
-        Ok(()) => own(&dir, id).map_err(|e| format!("cannot prepare {}: {e}", dir.display())),
+        Ok(()) => own(&dir, id).map_err(fs(FsOp::Prepare, &dir)),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            let m = std::fs::symlink_metadata(&dir)
-                .map_err(|e| format!("cannot stat {}: {e}", dir.display()))?;
+            let m = std::fs::symlink_metadata(&dir).map_err(fs(FsOp::Stat, &dir))?;
             if m.is_dir() && m.uid() == id.uid && m.mode() & 0o022 == 0 {
                 Ok(())
             } else {
-                Err(format!(
-                    "{} is not a directory of the build user (uid {}) writable by it alone: \
-                     remove it",
-                    dir.display(),
-                    id.uid
-                ))
+                Err(Error::ForeignLocks { dir, uid: id.uid })
             }
         }
-        Err(e) => Err(format!("cannot create {}: {e}", dir.display())),
+        Err(e) => Err(fs(FsOp::Create, &dir)(e)),
     }
 }
 
@@ -248,12 +241,12 @@ pub fn ruleset(
     program: &str,
     writable: &[PathBuf],
     state: &Path,
-) -> Result<Option<OwnedFd>, String> {
+) -> Result<Option<OwnedFd>, Error> {
     use landlock::{
         ABI, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, Scope, path_beneath_rules,
     };
     let abi = ABI::V7;
-    let err = |e: landlock::RulesetError| format!("cannot build the build sandbox: {e}");
+    let err = Error::Sandbox;
     let existing = |paths: Vec<PathBuf>| -> Vec<PathBuf> {
         paths.into_iter().filter(|p| p.exists()).collect()
     };
@@ -388,7 +381,7 @@ pub struct Sandbox {
 impl Sandbox {
     /// `program` in `dir` as the build user, in the sandbox: cleared environment, stdin null, its
     /// own process group.
-    pub fn command(&self, program: &str, dir: &Path) -> Result<Command, String> {
+    pub fn command(&self, program: &str, dir: &Path) -> Result<Command, Error> {
         let (writable, home, cache) = match &self.dirs {
             Some(d) => (d.writable(self.id), d.home.clone(), Some(d.cache.as_path())),
             // A probe's HOME does not exist: it may write nothing anyway.

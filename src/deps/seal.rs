@@ -10,6 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+use super::error::{Error, FsOp, fs};
 use super::{DepStore, Manager};
 use crate::git::Git;
 
@@ -35,35 +36,31 @@ pub fn store_lock(deps: &DepStore, exclusive: bool) -> std::io::Result<std::fs::
 }
 
 /// Creates `store.git` (bare) when missing.
-pub fn ensure_store(deps: &DepStore) -> Result<(), String> {
+pub fn ensure_store(deps: &DepStore) -> Result<(), Error> {
     let dir = deps.objects();
     if dir.join("HEAD").exists() {
         return Ok(());
     }
-    crate::layout::create_private_dir(deps.dir())
-        .map_err(|e| format!("cannot create {}: {e}", deps.dir().display()))?;
+    crate::layout::create_private_dir(deps.dir()).map_err(fs(FsOp::Create, deps.dir()))?;
     Git::new(None)
         .args(["init", "--bare", "--quiet"])
         .arg(&dir)
         .output()
         .map(|_| ())
-        .map_err(|e| format!("cannot create the layer store: {e}"))
+        .map_err(Error::Store)
 }
 
 /// Removes what a layer must not carry: every entry named `.git` (a nested repository would be
 /// stored as a submodule link, its files lost; git stores no `.git` name), and pnpm's workspace
 /// state file, a cache that records the staging path (pnpm rebuilds it).
-pub fn prepare(manager: Manager, install: &Path) -> Result<(), String> {
+pub fn prepare(manager: Manager, install: &Path) -> Result<(), Error> {
     let mut stack = vec![install.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let rd =
-            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let rd = std::fs::read_dir(&dir).map_err(fs(FsOp::Read, &dir))?;
         for entry in rd {
-            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+            let entry = entry.map_err(fs(FsOp::Read, &dir))?;
             let path = entry.path();
-            let ft = entry
-                .file_type()
-                .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+            let ft = entry.file_type().map_err(fs(FsOp::Stat, &path))?;
             let name = entry.file_name();
             let drop = name == ".git"
                 || (manager == Manager::Pnpm
@@ -75,7 +72,7 @@ pub fn prepare(manager: Manager, install: &Path) -> Result<(), String> {
                 } else {
                     std::fs::remove_file(&path)
                 };
-                gone.map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+                gone.map_err(fs(FsOp::Remove, &path))?;
             } else if ft.is_dir() {
                 stack.push(path);
             }
@@ -87,7 +84,7 @@ pub fn prepare(manager: Manager, install: &Path) -> Result<(), String> {
 /// Walks the installed tree: its content's bytes (files and symlink targets) and its file count
 /// (files and symlinks), refusing a tree in which any file or symlink names the staging
 /// directory: such a layer would run, from a workspace, what the staging path held.
-pub fn check_unbound(install: &Path, staging: &Path) -> Result<(u64, u64), String> {
+pub fn check_unbound(install: &Path, staging: &Path) -> Result<(u64, u64), Error> {
     let mut needles: Vec<Vec<u8>> = vec![staging.as_os_str().as_bytes().to_vec()];
     if let Ok(c) = staging.canonicalize()
         && c != staging
@@ -97,22 +94,20 @@ pub fn check_unbound(install: &Path, staging: &Path) -> Result<(u64, u64), Strin
     let (mut bytes, mut files) = (0u64, 0u64);
     let mut stack = vec![install.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        let rd =
-            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let rd = std::fs::read_dir(&dir).map_err(fs(FsOp::Read, &dir))?;
         for entry in rd {
-            let entry = entry.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+            let entry = entry.map_err(fs(FsOp::Read, &dir))?;
             let path = entry.path();
-            let meta = std::fs::symlink_metadata(&path)
-                .map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
+            let meta = std::fs::symlink_metadata(&path).map_err(fs(FsOp::Stat, &path))?;
             let content = if meta.is_dir() {
                 stack.push(path);
                 continue;
             } else if meta.file_type().is_symlink() {
                 std::fs::read_link(&path)
                     .map(|t| t.as_os_str().as_bytes().to_vec())
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                    .map_err(fs(FsOp::Read, &path))?
             } else if meta.is_file() {
-                std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?
+                std::fs::read(&path).map_err(fs(FsOp::Read, &path))?
             } else {
                 // Sockets, fifos, devices: git stores none of them.
                 continue;
@@ -125,11 +120,10 @@ pub fn check_unbound(install: &Path, staging: &Path) -> Result<(u64, u64), Strin
             };
             if needles.iter().any(|n| contains(&content, n)) {
                 let rel = path.strip_prefix(staging).unwrap_or(&path);
-                return Err(format!(
-                    "{} names the staging path {} (the layer would not be relocatable)",
-                    rel.display(),
-                    staging.display()
-                ));
+                return Err(Error::Bound {
+                    file: rel.to_path_buf(),
+                    staging: staging.to_path_buf(),
+                });
             }
         }
     }
@@ -160,9 +154,8 @@ pub fn seal(
     staging: &Path,
     paths: &[String],
     key: &str,
-) -> Result<Vec<String>, String> {
-    let _shared =
-        store_lock(deps, false).map_err(|e| format!("cannot lock the layer store: {e}"))?;
+) -> Result<Vec<String>, Error> {
+    let _shared = store_lock(deps, false).map_err(Error::StoreLock)?;
     ensure_store(deps)?;
     let store = deps.objects();
     let index = deps.dir().join("staging").join(format!("{key}.index"));
@@ -174,7 +167,10 @@ pub fn seal(
             .env("GIT_ATTR_SOURCE", EMPTY_TREE)
     };
     let what = paths.join(", ");
-    let failed = |e: crate::git::error::Error| format!("cannot seal {what}: {e}");
+    let failed = |source: crate::git::error::Error| Error::Seal {
+        what: what.clone(),
+        source,
+    };
     let sealed = (|| {
         git()
             .env("GIT_WORK_TREE", staging)
@@ -234,13 +230,15 @@ mod tests {
         std::fs::write(venv.join("pyvenv.cfg"), b"home = /usr/bin\n").expect("write");
         std::os::unix::fs::symlink("../pyvenv.cfg", venv.join("bin/cfg")).expect("symlink");
         assert_eq!(
-            check_unbound(&venv, &staging),
-            Ok((16 + 13, 2)),
+            check_unbound(&venv, &staging).ok(),
+            Some((16 + 13, 2)),
             "plain tree refused or miscounted"
         );
         let shebang = format!("#!{}/.venv/bin/python\n", staging.display());
         std::fs::write(venv.join("bin/tool"), shebang).expect("write");
-        let err = check_unbound(&venv, &staging).expect_err("bound script accepted");
+        let err = check_unbound(&venv, &staging)
+            .expect_err("bound script accepted")
+            .to_string();
         assert!(err.contains(".venv/bin/tool"), "{err}");
         std::fs::remove_file(venv.join("bin/tool")).expect("rm");
         std::os::unix::fs::symlink(venv.join("pyvenv.cfg"), venv.join("bin/abs")).expect("symlink");

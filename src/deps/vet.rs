@@ -13,31 +13,26 @@
 use std::path::{Component, Path, PathBuf};
 
 use super::Manager;
+use super::error::{Error, FsOp, Vet, fs};
 
 /// Refuses the staged project at `staging` when a dependency is not a registry package: the
 /// reason names the file, the dependency and its spec, on one line.
-pub fn check(manager: Manager, staging: &Path) -> Result<(), String> {
+pub fn check(manager: Manager, staging: &Path) -> Result<(), Error> {
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = staging.join(&rel);
-        let rd =
-            std::fs::read_dir(&dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+        let rd = std::fs::read_dir(&dir).map_err(fs(FsOp::Read, &dir))?;
         let mut entries: Vec<_> = rd.flatten().collect();
         entries.sort_by_key(|e| e.file_name());
         for entry in entries {
             let name = entry.file_name().to_string_lossy().into_owned();
             let rel_path = rel.join(&name);
-            let ft = entry
-                .file_type()
-                .map_err(|e| format!("cannot stat {}: {e}", rel_path.display()))?;
+            let ft = entry.file_type().map_err(fs(FsOp::Stat, &rel_path))?;
             if ft.is_dir() {
                 stack.push(rel_path);
                 continue;
             }
-            let text = || {
-                std::fs::read_to_string(entry.path())
-                    .map_err(|e| format!("cannot read {}: {e}", rel_path.display()))
-            };
+            let text = || std::fs::read_to_string(entry.path()).map_err(fs(FsOp::Read, &rel_path));
             let shown = rel_path.to_string_lossy().into_owned();
             let verdict = match (manager, name.as_str()) {
                 (Manager::Npm | Manager::Pnpm, "package.json") => package_json(&text()?, &rel),
@@ -52,7 +47,7 @@ pub fn check(manager: Manager, staging: &Path) -> Result<(), String> {
                 (Manager::Uv, "pyproject.toml") => uv_toml(&text()?, &rel, false),
                 _ => Ok(()),
             };
-            verdict.map_err(|why| format!("refused: {shown}: {why}"))?;
+            verdict.map_err(|why| Error::Refused { file: shown, why })?;
         }
     }
     Ok(())
@@ -150,9 +145,8 @@ const DEP_FIELDS: [&str; 5] = [
     "overrides",
 ];
 
-fn package_json(text: &str, base: &Path) -> Result<(), String> {
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+fn package_json(text: &str, base: &Path) -> Result<(), Vet> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(Vet::NotJson)?;
     for field in DEP_FIELDS {
         let mut stack: Vec<(String, &serde_json::Value)> = vec![(String::new(), &v[field])];
         // `overrides` nests: every string in it is a spec.
@@ -167,9 +161,11 @@ fn package_json(text: &str, base: &Path) -> Result<(), String> {
                         continue;
                     }
                     if let Some(why) = npm_spec(spec, base) {
-                        return Err(format!(
-                            "dependency {name:?} is {spec:?} ({why}), not a registry package"
-                        ));
+                        return Err(Vet::Spec {
+                            name,
+                            spec: spec.clone(),
+                            why,
+                        });
                     }
                 }
                 _ => {}
@@ -179,13 +175,12 @@ fn package_json(text: &str, base: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn package_lock(text: &str, base: &Path) -> Result<(), String> {
-    let v: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+fn package_lock(text: &str, base: &Path) -> Result<(), Vet> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(Vet::NotJson)?;
     if let Some(packages) = v["packages"].as_object() {
         for (key, entry) in packages {
             if !key.is_empty() && !inside(base, key) {
-                return Err(format!("package {key:?} lies outside the project"));
+                return Err(Vet::Outside { key: key.clone() });
             }
             let name = key.rsplit("node_modules/").next().unwrap_or(key);
             if let Some(resolved) = entry["resolved"].as_str() {
@@ -198,17 +193,20 @@ fn package_lock(text: &str, base: &Path) -> Result<(), String> {
                         && npm_spec(resolved, base).is_none()
                 };
                 if !ok {
-                    return Err(format!(
-                        "dependency {name:?} is resolved from {resolved:?}, not a registry package"
-                    ));
+                    return Err(Vet::Resolved {
+                        name: name.to_string(),
+                        resolved: resolved.to_string(),
+                    });
                 }
             }
             if let Some(version) = entry["version"].as_str()
                 && let Some(why) = npm_spec(version, base).filter(|_| version.contains(':'))
             {
-                return Err(format!(
-                    "dependency {name:?} is {version:?} ({why}), not a registry package"
-                ));
+                return Err(Vet::Spec {
+                    name: name.to_string(),
+                    spec: version.to_string(),
+                    why,
+                });
             }
         }
     }
@@ -224,9 +222,11 @@ fn package_lock(text: &str, base: &Path) -> Result<(), String> {
                     && spec.contains(':')
                     && let Some(why) = npm_spec(spec, base)
                 {
-                    return Err(format!(
-                        "dependency {name:?} is {spec:?} ({why}), not a registry package"
-                    ));
+                    return Err(Vet::Spec {
+                        name: name.clone(),
+                        spec: spec.to_string(),
+                        why,
+                    });
                 }
             }
             stack.push(&entry["dependencies"]);
@@ -271,7 +271,7 @@ fn pnpm_key(key: &str) -> Option<&'static str> {
     .map(|(_, why)| why)
 }
 
-fn pnpm_lock(text: &str, _base: &Path) -> Result<(), String> {
+fn pnpm_lock(text: &str, _base: &Path) -> Result<(), Vet> {
     let mut section = String::new();
     let mut importer = PathBuf::new();
     for line in text.lines() {
@@ -292,10 +292,10 @@ fn pnpm_lock(text: &str, _base: &Path) -> Result<(), String> {
             };
         }
         if let Some(why) = pnpm_key(line) {
-            return Err(format!(
-                "{:?} is {why}, not a registry package",
-                line.trim()
-            ));
+            return Err(Vet::Line {
+                line: line.trim().to_string(),
+                why,
+            });
         }
         let pairs = yaml_pairs(line);
         for (key, value) in &pairs {
@@ -319,14 +319,18 @@ fn pnpm_lock(text: &str, _base: &Path) -> Result<(), String> {
                 _ => None,
             };
             if let Some(why) = refused {
-                return Err(format!("{key} {value:?} is {why}, not a registry package"));
+                return Err(Vet::Yaml {
+                    key: key.clone(),
+                    value: value.clone(),
+                    why,
+                });
             }
         }
     }
     Ok(())
 }
 
-fn pnpm_workspace(text: &str, base: &Path) -> Result<(), String> {
+fn pnpm_workspace(text: &str, base: &Path) -> Result<(), Vet> {
     let mut section = String::new();
     for line in text.lines() {
         let indent = line.len() - line.trim_start().len();
@@ -344,9 +348,9 @@ fn pnpm_workspace(text: &str, base: &Path) -> Result<(), String> {
             let glob = glob.trim().trim_matches(['\'', '"']);
             let glob = glob.trim_start_matches('!');
             if !inside(base, glob) {
-                return Err(format!(
-                    "workspace package glob {glob:?} lies outside the project"
-                ));
+                return Err(Vet::GlobOutside {
+                    glob: glob.to_string(),
+                });
             }
         }
     }
@@ -385,7 +389,7 @@ fn toml_pairs(line: &str) -> Vec<(String, String)> {
 /// repository in a requirement string.
 /// In a `pyproject.toml` (`lock` false) only the tables that uv reads dependencies from are
 /// looked at: other tools' tables have `path =` and `directory =` keys of their own.
-fn uv_toml(text: &str, base: &Path, lock: bool) -> Result<(), String> {
+fn uv_toml(text: &str, base: &Path, lock: bool) -> Result<(), Vet> {
     let mut relevant = lock;
     for line in text.lines() {
         let t = line.trim();
@@ -411,7 +415,10 @@ fn uv_toml(text: &str, base: &Path, lock: bool) -> Result<(), String> {
             ("@file:", "a local path"),
         ] {
             if l.contains(needle) {
-                return Err(format!("{t:?} is {why}, not a registry package"));
+                return Err(Vet::Line {
+                    line: t.to_string(),
+                    why,
+                });
             }
         }
         for (key, value) in toml_pairs(t) {
@@ -433,9 +440,7 @@ fn uv_toml(text: &str, base: &Path, lock: bool) -> Result<(), String> {
                 _ => None,
             };
             if let Some(why) = refused {
-                return Err(format!(
-                    "{key} = {value:?} is {why}, not a registry package"
-                ));
+                return Err(Vet::Toml { key, value, why });
             }
         }
     }
@@ -491,7 +496,8 @@ mod tests {
             r#"{"dependencies":{"left-pad":"1.3.0","secret":"git+file:///root/secret-repo"}}"#,
             &root(),
         )
-        .expect_err("refused");
+        .expect_err("refused")
+        .to_string();
         assert!(
             err.contains("\"secret\"") && err.contains("git+file:///root/secret-repo"),
             "{err}"
@@ -511,6 +517,7 @@ mod tests {
         assert!(
             package_lock(git, &root())
                 .expect_err("git")
+                .to_string()
                 .contains("\"s\"")
         );
         let out = r#"{"packages":{"node_modules/s":{"resolved":"../../root/s","link":true},"../../root/s":{}}}"#;

@@ -28,6 +28,9 @@ pub struct MountInfo {
     pub no_opendir: AtomicBool,
     /// The request transport the mount runs on ("uring (…)" or "dev (…)"), set once at mount.
     pub transport: std::sync::OnceLock<String>,
+    /// The ring memory and pause of a mount on the io_uring transport (kept and handed over with
+    /// its connection: `super::uring::RingShare`).
+    pub ring: std::sync::OnceLock<super::uring::RingShare>,
     /// Every request this mount answered (recorded by a guard at the top of each method).
     pub stats: Stats,
     /// The mount runs in no-open mode (asked for, and the kernel offered `FUSE_NO_OPEN_SUPPORT`).
@@ -196,5 +199,12 @@ pub fn mount(
     transport: super::uring::Transport,
 ) -> std::io::Result<fuser::BackgroundSession> {
     let info = adapter.info().clone();
-    super::uring::mount(adapter, mountpoint, cfg, transport, &info.transport)
+    super::uring::mount(
+        adapter,
+        mountpoint,
+        cfg,
+        transport,
+        &info.transport,
+        &info.ring,
+    )
 }

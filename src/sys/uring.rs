@@ -5,7 +5,9 @@
 //! entries; the protocol lives in `fs::uring`. Like `sys`, every function checks its arguments and
 //! turns a failure into an `io::Error` carrying errno. The invariants that make the safe API sound:
 //! a [`Ring`] owns its mappings and file descriptor, and an [`EntryBuffers`] is never unmapped while
-//! the kernel may still write into it (see its doc).
+//! the kernel may still write into it (see its doc). A mount's entry buffers live in one memfd
+//! ([`RingMemory`]) at an address the next daemon can map it at again, so that it can take over
+//! the entries of a daemon that died or handed over (docs/transport.md, "Surviving the daemon").
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -300,8 +302,177 @@ impl Ring {
     }
 }
 
+/// Where the ring memories of a process are mapped: slots of [`RING_SLOT`] bytes from
+/// [`RING_BASE`], far from where the kernel puts mappings by itself (just below the top of the
+/// 47-bit user address space), so that the next daemon finds the same addresses free and can map a
+/// dead daemon's ring memory exactly where the kernel expects it.
+const RING_BASE: u64 = 0x5000_0000_0000;
+const RING_SLOT: u64 = 1 << 30;
+const RING_SLOTS: u64 = 4096;
+/// How many slots a new ring memory tries (from the one its key hashes to) before it lets the
+/// kernel choose (then a next daemon can rarely map it again: only fresh entries).
+const RING_TRIES: u64 = 64;
+
+/// The buffers of every ring entry of one mount, in one memfd mapped shared at an address a later
+/// process can map the same memfd at (`MAP_FIXED_NOREPLACE`): the kernel keeps the *user
+/// addresses* an entry was registered with and copies replies from them in the committing task's
+/// address space, so a daemon that adopts a dead daemon's entries must have their buffers at the
+/// same addresses. Unmapped when the last [`EntryBuffers`] of it goes (see its contract).
+pub struct RingMemory {
+    fd: OwnedFd,
+    map: Mapping,
+}
+
+impl RingMemory {
+    /// A new memfd of `len` bytes, mapped at a free slot of the reserved range (the first tried is
+    /// chosen by `key`), or where the kernel chooses if none is free.
+    pub fn create(len: usize, key: u64) -> io::Result<RingMemory> {
+        // SAFETY: memfd_create reads the NUL-terminated name only.
+        let fd = unsafe { libc::memfd_create(c"octofs-ring".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: ftruncate on our memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let span = (len as u64).div_ceil(RING_SLOT);
+        for t in 0..RING_TRIES {
+            let slot = (key.wrapping_add(t * span)) % RING_SLOTS.saturating_sub(span).max(1);
+            if let Ok(map) = map_shared_at(&fd, RING_BASE + slot * RING_SLOT, len) {
+                return Ok(RingMemory { fd, map });
+            }
+        }
+        let map = map_shared_at(&fd, 0, len)?;
+        Ok(RingMemory { fd, map })
+    }
+
+    /// Maps a ring memory another process made (`fd`, at least `len` bytes) at the same address
+    /// `addr` it had there; fails (`EEXIST`) if something of this process is in the way.
+    pub fn adopt(fd: OwnedFd, addr: u64, len: usize) -> io::Result<RingMemory> {
+        // SAFETY: fstat fills `st` only.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if (st.st_size as u64) < len as u64 || addr == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let map = map_shared_at(&fd, addr, len)?;
+        Ok(RingMemory { fd, map })
+    }
+
+    /// The address the memory is mapped at (to record with the geometry).
+    pub fn addr(&self) -> u64 {
+        self.map.ptr.as_ptr() as u64
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.len == 0
+    }
+
+    /// The memfd, to hand to the keeper or to the next daemon.
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd as _;
+        self.fd.as_fd()
+    }
+
+    /// The buffers of the entry at byte `off` of this memory: a header page, `payload_len` bytes
+    /// of payload, a page holding the iovec pair that registers them
+    /// ([`EntryBuffers::stride`] bytes in all). The iovec pair is (re)written; nothing else is.
+    pub fn entry(
+        self: &std::sync::Arc<Self>,
+        off: usize,
+        header_len: usize,
+        payload_len: usize,
+    ) -> io::Result<EntryBuffers> {
+        if header_len > PAGE
+            || !payload_len.is_multiple_of(PAGE)
+            || !off.is_multiple_of(PAGE)
+            || off
+                .checked_add(EntryBuffers::stride(payload_len))
+                .is_none_or(|e| e > self.map.len)
+        {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        let b = EntryBuffers {
+            mem: self.clone(),
+            off,
+            header_len,
+            payload_len,
+        };
+        // SAFETY: `off` and the entry's stride lie within the mapping (checked above).
+        let base = unsafe { self.map.ptr.as_ptr().add(off) };
+        let iovs = [
+            libc::iovec {
+                iov_base: base.cast(),
+                iov_len: header_len,
+            },
+            libc::iovec {
+                // SAFETY: within the entry (checked above).
+                iov_base: unsafe { base.add(PAGE) }.cast(),
+                iov_len: payload_len,
+            },
+        ];
+        // SAFETY: the iovec page lies after the payload, page-aligned (checked above); the kernel
+        // reads it only during a REGISTER of this entry.
+        unsafe {
+            std::ptr::write(
+                base.add(PAGE + payload_len).cast::<[libc::iovec; 2]>(),
+                iovs,
+            );
+        }
+        Ok(b)
+    }
+}
+
+const PAGE: usize = 4096;
+
+/// Maps `len` bytes of `fd` shared at `addr` exactly (`MAP_FIXED_NOREPLACE`: never over an
+/// existing mapping), or where the kernel chooses when `addr` is 0.
+fn map_shared_at(fd: &OwnedFd, addr: u64, len: usize) -> io::Result<Mapping> {
+    let flags = if addr == 0 {
+        libc::MAP_SHARED
+    } else {
+        libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE
+    };
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping of ours (EEXIST instead); the result is
+    // checked before use.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let m = NonNull::new(p.cast::<u8>())
+        .map(|ptr| Mapping { ptr, len })
+        .ok_or_else(|| io::Error::other("mmap returned NULL"))?;
+    if addr != 0 && m.ptr.as_ptr() as u64 != addr {
+        // A kernel before 4.17 takes the address as a hint only.
+        return Err(io::Error::from_raw_os_error(libc::EEXIST));
+    }
+    Ok(m)
+}
+
+// SAFETY: shared plain memory; which thread touches which entry is decided by the owners of the
+// entries (one thread each).
+unsafe impl Sync for RingMemory {}
+
 /// The two buffers of one FUSE ring entry — headers and payload — plus the two-element iovec that
-/// registers them (`sqe.addr`), in one anonymous mapping so they have stable addresses.
+/// registers them (`sqe.addr`), a slice of the mount's [`RingMemory`] at stable addresses.
 ///
 /// Soundness contract: while the entry is registered with the kernel and not handed back to us in
 /// a completion, the kernel may write into these buffers at any time. The owner therefore reads
@@ -309,94 +480,79 @@ impl Ring {
 /// unmaps them while the connection may still use them: dropping is fine after the kernel tore
 /// the entry down (a completion with an error), otherwise call [`EntryBuffers::leak`].
 pub struct EntryBuffers {
-    map: Mapping,
+    mem: std::sync::Arc<RingMemory>,
+    off: usize,
     header_len: usize,
     payload_len: usize,
 }
 
 impl EntryBuffers {
-    /// Maps `header_len` bytes of headers (page-aligned) followed by `payload_len` bytes of
-    /// payload. Untouched pages cost nothing: the kernel backs them on first write.
+    /// One entry's buffers in a memory of their own (for tests and one-off entries).
     pub fn new(header_len: usize, payload_len: usize) -> io::Result<EntryBuffers> {
-        let page = 4096;
-        let hdr = header_len.div_ceil(page) * page;
-        let iov = 2 * std::mem::size_of::<libc::iovec>();
-        let map = Mapping::map(hdr + payload_len + iov, None)?;
-        let b = EntryBuffers {
-            map,
-            header_len,
-            payload_len,
-        };
-        let base = b.map.ptr.as_ptr();
-        let iovs = [
-            libc::iovec {
-                iov_base: base.cast(),
-                iov_len: header_len,
-            },
-            libc::iovec {
-                // SAFETY: `hdr` < mapping length.
-                iov_base: unsafe { base.add(hdr) }.cast(),
-                iov_len: payload_len,
-            },
-        ];
-        if !(hdr + payload_len).is_multiple_of(std::mem::align_of::<libc::iovec>()) {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        // SAFETY: the iovec area lies at the end of the mapping, aligned (checked above).
-        unsafe {
-            std::ptr::write(base.add(hdr + payload_len).cast::<[libc::iovec; 2]>(), iovs);
-        }
-        Ok(b)
+        let mem = std::sync::Arc::new(RingMemory::create(Self::stride(payload_len), 0)?);
+        mem.entry(0, header_len, payload_len)
     }
 
-    fn header_off(&self) -> usize {
-        self.header_len.div_ceil(4096) * 4096
+    /// The bytes one entry takes in a [`RingMemory`]: header page, payload, iovec page.
+    pub const fn stride(payload_len: usize) -> usize {
+        PAGE + payload_len + PAGE
+    }
+
+    fn base(&self) -> *mut u8 {
+        // SAFETY: `off` lies within the mapping (checked by `RingMemory::entry`).
+        unsafe { self.mem.map.ptr.as_ptr().add(self.off) }
     }
 
     /// The address of the two-element iovec to put in the REGISTER submission's `addr`.
     pub fn iovec_addr(&self) -> u64 {
-        self.map.ptr.as_ptr() as u64 + (self.header_off() + self.payload_len) as u64
+        self.base() as u64 + (PAGE + self.payload_len) as u64
     }
 
     pub fn header(&self) -> &[u8] {
         // SAFETY: within the mapping; see the type's soundness contract for when to call.
-        unsafe { std::slice::from_raw_parts(self.map.ptr.as_ptr(), self.header_len) }
+        unsafe { std::slice::from_raw_parts(self.base(), self.header_len) }
     }
 
     pub fn header_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as `header`, exclusive through `&mut self`.
-        unsafe { std::slice::from_raw_parts_mut(self.map.ptr.as_ptr(), self.header_len) }
+        // SAFETY: as `header`, exclusive through `&mut self` (one owner per entry).
+        unsafe { std::slice::from_raw_parts_mut(self.base(), self.header_len) }
+    }
+
+    /// The header page past the kernel's headers: octofs's own bookkeeping, which the kernel never
+    /// reads or writes (`PAGE - header_len` bytes).
+    pub fn own(&self) -> &[u8] {
+        // SAFETY: within the entry's header page.
+        unsafe {
+            std::slice::from_raw_parts(self.base().add(self.header_len), PAGE - self.header_len)
+        }
+    }
+
+    pub fn own_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as `own`, exclusive through `&mut self`.
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base().add(self.header_len), PAGE - self.header_len)
+        }
     }
 
     pub fn payload(&self) -> &[u8] {
         // SAFETY: within the mapping; see the type's soundness contract.
-        unsafe {
-            std::slice::from_raw_parts(
-                self.map.ptr.as_ptr().add(self.header_off()),
-                self.payload_len,
-            )
-        }
+        unsafe { std::slice::from_raw_parts(self.base().add(PAGE), self.payload_len) }
     }
 
     pub fn payload_mut(&mut self) -> &mut [u8] {
         // SAFETY: as `payload`, exclusive through `&mut self`.
-        unsafe {
-            std::slice::from_raw_parts_mut(
-                self.map.ptr.as_ptr().add(self.header_off()),
-                self.payload_len,
-            )
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.base().add(PAGE), self.payload_len) }
     }
 
     /// Gives the payload's pages back to the system (they read as zeros afterwards); for after
     /// a large request, so a rare big write does not keep its memory resident.
     pub fn release_payload_pages(&mut self) {
-        // SAFETY: MADV_DONTNEED on a private anonymous range we own; it only drops pages.
+        // SAFETY: MADV_REMOVE on a shared memfd range of this entry; it only frees its pages.
         unsafe {
             libc::madvise(
-                self.map.ptr.as_ptr().add(self.header_off()).cast(),
+                self.base().add(PAGE).cast(),
                 self.payload_len,
-                libc::MADV_DONTNEED,
+                libc::MADV_REMOVE,
             );
         }
     }
@@ -406,6 +562,20 @@ impl EntryBuffers {
     pub fn leak(self) {
         std::mem::forget(self);
     }
+}
+
+/// `statfs(2)` of `path`, result dropped: on a FUSE mount root, one STATFS request from the
+/// caller's CPU (the ring transport's queue kick).
+pub fn statfs(path: &std::path::Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: statfs reads the NUL-terminated path and fills `st` only.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Runs the calling thread on `cpu` only.
@@ -452,6 +622,9 @@ mod tests {
     #[test]
     fn entry_buffers_are_separate_and_writable() {
         let mut b = EntryBuffers::new(288, 8192).expect("map");
+        b.own_mut()[0] = 5;
+        assert_eq!(b.own()[0], 5);
+        assert_eq!(b.own().len(), 4096 - 288);
         b.header_mut()[0] = 7;
         b.payload_mut()[8191] = 9;
         assert_eq!(b.header()[0], 7);

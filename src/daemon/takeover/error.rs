@@ -19,10 +19,6 @@ pub enum HandoverError {
     NoLockFile,
     #[error("a workspace stayed busy with another operation")]
     ThreadBusy,
-    #[error(
-        "thread {thread} is served over io_uring, whose rings cannot be handed over (serve with --transport dev to restart without unmounting)"
-    )]
-    Uring { thread: String },
     #[error("cannot tell this daemon's binary: {0}")]
     OwnPath(#[source] io::Error),
     #[error("cannot listen on {}: {source}", .path.display())]
@@ -114,10 +110,6 @@ mod tests {
                 }
                 .to_string(),
                 "2 control requests still running after 10s",
-            ),
-            (
-                HandoverError::Uring { thread: "t".into() }.to_string(),
-                "thread t is served over io_uring, whose rings cannot be handed over (serve with --transport dev to restart without unmounting)",
             ),
             (
                 HandoverError::Listen {

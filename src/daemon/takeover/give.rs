@@ -22,6 +22,23 @@ struct Taken {
     m: Mounted,
 }
 
+/// Stops a mount's request readers: the `/dev/fuse` side, and the ring threads of a ring mount
+/// (a request they get meanwhile stays in their buffers for the new daemon).
+fn pause(t: &Taken) -> std::io::Result<()> {
+    t.m.session.pause_readers(Duration::from_secs(5))?;
+    if let Some(r) = t.m.info.ring.get() {
+        r.pause.pause(Duration::from_secs(5))?;
+    }
+    Ok(())
+}
+
+fn resume(t: &Taken) {
+    t.m.session.resume_readers();
+    if let Some(r) = t.m.info.ring.get() {
+        r.pause.resume();
+    }
+}
+
 impl Daemon {
     /// `octofs restart`: hands everything to a new daemon process (`exe`, else the binary now at
     /// this daemon's path); on success this process exits once the answer is written.
@@ -120,15 +137,6 @@ impl Daemon {
         lock_file: &File,
         taken: &mut [Taken],
     ) -> Result<Restarted, HandoverError> {
-        for t in taken.iter() {
-            if let Some(tr) = t.m.info.transport.get()
-                && tr.starts_with("uring")
-            {
-                return Err(HandoverError::Uring {
-                    thread: t.thread.clone(),
-                });
-            }
-        }
         let exe = match exe {
             Some(p) => p.to_path_buf(),
             None => own_path()?,
@@ -182,7 +190,7 @@ impl Daemon {
                     if let Err(e) = t.m.core.reopen_after_handover() {
                         tracing::error!(thread = %t.thread, "catalog: {e}");
                     }
-                    t.m.session.resume_readers();
+                    resume(t);
                     // The new process may have given the keeper its own descriptors before it
                     // was stopped: the keeper gets this daemon's again.
                     crate::daemon::mounts::keep_mount(&t.thread, &t.m);
@@ -217,9 +225,9 @@ impl Daemon {
         // Quiesce: from here requests wait in the kernel.
         let pause_start = Instant::now();
         for (i, t) in taken.iter().enumerate() {
-            if let Err(e) = t.m.session.pause_readers(Duration::from_secs(5)) {
-                for t in &taken[..i] {
-                    t.m.session.resume_readers();
+            if let Err(e) = pause(t) {
+                for t in &taken[..=i] {
+                    resume(t);
                 }
                 return Err(HandoverError::Mount {
                     thread: t.thread.clone(),
@@ -242,6 +250,14 @@ impl Daemon {
                     })?;
             let dev_fd = fds.len();
             fds.push(t.m.session.dup_dev_fd()?);
+            // A ring mount's memory: the new daemon serves what its paused entries hold.
+            let ring = match t.m.info.ring.get() {
+                Some(r) => {
+                    fds.push(r.dup_fd()?);
+                    Some((r.geometry, fds.len() - 1))
+                }
+                None => None,
+            };
             let (adapter, files) =
                 crate::fs::fuse::export_state(&t.m.info, &t.m.core).map_err(|source| {
                     HandoverError::Mount {
@@ -271,6 +287,8 @@ impl Daemon {
                 },
                 adapter,
                 files: idx,
+                ring: ring.map(|r| r.0),
+                ring_fd: ring.map(|r| r.1),
             });
         }
         let st = &self.settings;

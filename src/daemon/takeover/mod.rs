@@ -182,6 +182,12 @@ struct MountHandover {
     adapter: AdapterState,
     /// Index of each handle's file among the descriptors (order of `adapter.handles.handles`).
     files: Vec<usize>,
+    /// A ring mount's memory (absent: `/dev/fuse`, or an older daemon's handover) and the index of
+    /// its memfd among the descriptors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ring: Option<crate::fs::uring::RingGeometry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ring_fd: Option<usize>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]

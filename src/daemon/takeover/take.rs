@@ -41,6 +41,8 @@ struct Built {
     when_idle: bool,
     /// The mode the kernel has this mount in, held against the no-open budget.
     io: crate::daemon::io_auto::Hold,
+    /// The ring memory of a ring mount, mapped at its old address.
+    ring: Option<crate::fs::uring::KeptRing>,
 }
 
 /// `octofs takeover-serve --from SOCKET`: the new daemon of a restart, started by the old one.
@@ -131,7 +133,7 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     };
     let mut built: Vec<Built> = Vec::new();
     for m in h.mounts {
-        if let Err(why) = build(&daemon, &layout, m, &mut fds, &mut built) {
+        if let Err(why) = build(&daemon, &layout, m, &mut fds, &mut built, Some(h.old_pid)) {
             refuse_and_exit(&mut s, &why.to_string());
         }
     }
@@ -141,7 +143,13 @@ pub fn serve_takeover(layout: Layout, from: &Path) -> anyhow::Result<()> {
     // Every mount is ready: from here this process serves them.
     let mut spawned = Vec::new();
     for b in built {
-        let session = match b.session.spawn() {
+        let session = match crate::fs::uring::serve_adopted(
+            b.session,
+            &b.path,
+            b.ring,
+            &b.info.transport,
+            &b.info.ring,
+        ) {
             Ok(s) => s,
             // Mounts already spawned serve; this one cannot: nothing to answer but the truth.
             Err(e) => refuse_and_exit(&mut s, &format!("thread {}: {e}", b.thread)),
@@ -236,6 +244,7 @@ fn build(
     m: MountHandover,
     fds: &mut [Option<OwnedFd>],
     built: &mut Vec<Built>,
+    old_pid: Option<u32>,
 ) -> Result<(), AdoptError> {
     let thread = m.thread;
     let mut take = |index: usize| {
@@ -247,6 +256,14 @@ fn build(
             })
     };
     let dev = take(m.dev_fd)?;
+    // Mapped now, before anything of this process could take its address.
+    let ring = match (m.ring, m.ring_fd) {
+        (Some(g), Some(i)) => Some(crate::fs::uring::KeptRing::map(g, take(i)?, old_pid)),
+        // A ring connection whose memory did not come with it: still served from the rings
+        // (the kernel sends every request there), with fresh entries only.
+        (Some(g), None) => Some(crate::fs::uring::KeptRing::lost(g, old_pid)),
+        _ => None,
+    };
     let files = m
         .files
         .iter()
@@ -310,6 +327,7 @@ fn build(
         owner: rec.owner,
         when_idle: rec.release_when_idle,
         io,
+        ring,
     });
     Ok(())
 }
@@ -362,7 +380,13 @@ fn adopt_one(
     if k.path != layout.mountpoint(&thread) {
         return Err(AdoptError::KeptElsewhere(k.path));
     }
-    let mut fds = k.fds.into_iter();
+    let mut fds = k.fds;
+    // A ring mount's memory (given last; found by what it is, whatever order a store kept).
+    let ring_fd = match k.meta.ring {
+        Some(_) => fds.iter().position(is_ring_memory).map(|i| fds.remove(i)),
+        None => None,
+    };
+    let mut fds = fds.into_iter();
     let dev = fds.next().ok_or(AdoptError::NoDescriptor)?;
     // The dead daemon's clones: requests it read from them are queued again below.
     let old_clones: Vec<OwnedFd> = fds.collect();
@@ -380,10 +404,12 @@ fn adopt_one(
             nodes: Vec::new(),
         },
         files: Vec::new(),
+        ring: k.meta.ring,
+        ring_fd: ring_fd.is_some().then_some(1),
     };
-    let mut slots = vec![Some(dev)];
+    let mut slots = vec![Some(dev), ring_fd];
     let mut built = Vec::new();
-    build(daemon, layout, m, &mut slots, &mut built)?;
+    build(daemon, layout, m, &mut slots, &mut built, None)?;
     let b = built.pop().ok_or(AdoptError::NothingBuilt)?;
     let names = b.core.register_all().map_err(AdoptError::Register)?;
     // Before any reader runs: a request read by a new reader and queued again would be served
@@ -396,7 +422,13 @@ fn adopt_one(
              Linux 6.9): {e}; a process waiting for one of them waits until killed"
         ),
     }
-    let session = b.session.spawn()?;
+    let session = crate::fs::uring::serve_adopted(
+        b.session,
+        &b.path,
+        b.ring,
+        &b.info.transport,
+        &b.info.ring,
+    )?;
     drop(old_clones);
     if b.when_idle {
         lock(&daemon.idle_waits).insert(thread.clone());
@@ -415,4 +447,11 @@ fn adopt_one(
     lock(&daemon.mounts).insert(thread, mounted);
     daemon.grant_owner(&rec.project, rec.owner, true);
     Ok(names)
+}
+
+/// Whether `fd` is a ring memory (`RingMemory`'s memfd), not a `/dev/fuse` descriptor.
+fn is_ring_memory(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .is_ok_and(|p| p.to_string_lossy().starts_with("/memfd:octofs-ring"))
 }

@@ -75,7 +75,7 @@ pub fn adopt(
     info.passthrough.store(state.passthrough, Ordering::Relaxed);
     info.no_opendir.store(state.no_opendir, Ordering::Relaxed);
     info.no_open.store(state.no_open, Ordering::Relaxed);
-    let _ = info.transport.set("dev".into());
+    // The transport is set when the session is spawned (`fs::uring::serve_adopted`).
     adapter.files().core().import_nodes(state.nodes);
     let mut session =
         fuser::Session::from_fd_initialized(adapter, fd, mountpoint, cfg.clone(), negotiated)?;

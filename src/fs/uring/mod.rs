@@ -18,7 +18,11 @@ use std::time::Duration;
 
 use fuser::{Filesystem, InitFlags, RingDispatcher, RingReplySink, RingWorker};
 
-use crate::sys::uring::{EntryBuffers, Ring};
+use crate::sys::uring::{EntryBuffers, Ring, RingMemory};
+
+mod keep;
+use keep::{Adopt, mark_answered};
+pub use keep::{KeptRing, RingGeometry, RingPause, RingShare, holds_unanswered, serve_adopted};
 
 /// Which transport a mount should use (`octofs serve --transport`). The default is `Dev` until
 /// the ring is shown to win on a quiet machine (docs/transport.md, "Measurements").
@@ -73,6 +77,8 @@ const FUSE_IO_URING_CMD_COMMIT_AND_FETCH: u32 = 2;
 /// `/dev/fuse`).
 const FUSE_FORGET: u32 = 2;
 const FUSE_BATCH_FORGET: u32 = 42;
+/// `FUSE_UNIQUE_RESEND`: bit 63 of a request's unique marks it as sent again.
+const UNIQUE_RESEND: u64 = 1 << 63;
 /// How long the entries may take to register before the connection is aborted.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -89,6 +95,7 @@ pub fn mount<FS: Filesystem>(
     cfg: &fuser::Config,
     want: Transport,
     served: &OnceLock<String>,
+    share: &OnceLock<RingShare>,
 ) -> io::Result<fuser::BackgroundSession> {
     let dev = |fs: FS, why: Option<String>| {
         let s = fuser::Session::new(fs, mountpoint, cfg)?.spawn()?;
@@ -101,7 +108,7 @@ pub fn mount<FS: Filesystem>(
     if want == Transport::Dev {
         return dev(fs, None);
     }
-    let queues = match prepare() {
+    let (queues, mem, geometry) = match prepare(keep::key_of(mountpoint)) {
         Ok(q) => q,
         Err(why) if want == Transport::Auto => return dev(fs, Some(why)),
         Err(why) => return Err(io::Error::other(format!("io_uring transport: {why}"))),
@@ -163,12 +170,14 @@ pub fn mount<FS: Filesystem>(
     let (tx, rx) = mpsc::channel();
     let mut workers: Vec<RingWorker<FS>> = Vec::new();
     let mut first_err = None;
+    let pause = Arc::new(RingPause::default());
     let fault = std::env::var(FAULT_ENV).unwrap_or_default();
     let last = queues.iter().map(|q| q.qid).max().unwrap_or(0);
     for mut q in queues {
         if q.qid == last {
             q.fault = fault.clone();
         }
+        q.pause = pause.clone();
         match session.as_fd().try_clone_to_owned() {
             Ok(dev_fd) => {
                 let tx = tx.clone();
@@ -209,6 +218,11 @@ pub fn mount<FS: Filesystem>(
                 PAYLOAD / 1024,
                 disagree.map(|d| format!("; {d}")).unwrap_or_default()
             ));
+            let _ = share.set(RingShare {
+                geometry,
+                mem,
+                pause,
+            });
             tracing::info!(
                 mountpoint = %mountpoint.display(),
                 entries = expected,
@@ -235,8 +249,10 @@ pub fn mount<FS: Filesystem>(
     }
 }
 
-/// Turns on the kernel's switch and builds every queue's rings and buffers (before INIT).
-fn prepare() -> Result<Vec<QueueEntry>, String> {
+/// Turns on the kernel's switch and builds every queue's rings and buffers (before INIT): the
+/// buffers in one ring memory (`key` chooses where it tries to be mapped).
+type Prepared = (Vec<QueueEntry>, Arc<RingMemory>, RingGeometry);
+fn prepare(key: u64) -> Result<Prepared, String> {
     match std::fs::read_to_string(ENABLE_URING) {
         Err(_) => {
             return Err("this kernel has no FUSE over io_uring (no fuse.enable_uring)".into());
@@ -249,21 +265,26 @@ fn prepare() -> Result<Vec<QueueEntry>, String> {
         }
     }
     let cpus = possible_cpus().map_err(|e| format!("cannot count CPUs: {e}"))?;
-    let mut v = Vec::with_capacity(cpus * ENTRIES_PER_QUEUE);
-    for qid in 0..cpus {
-        for _ in 0..ENTRIES_PER_QUEUE {
-            let ring = Ring::new(4).map_err(|e| format!("io_uring_setup: {e}"))?;
-            let buf =
-                EntryBuffers::new(HEADER_LEN, PAYLOAD).map_err(|e| format!("ring buffers: {e}"))?;
-            v.push(QueueEntry {
-                qid: qid as u16,
-                ring,
-                buf,
-                fault: String::new(),
-            });
-        }
+    let len = RingGeometry::new(1, cpus).len();
+    let mem = Arc::new(RingMemory::create(len, key).map_err(|e| format!("ring buffers: {e}"))?);
+    let geometry = RingGeometry::new(mem.addr(), cpus);
+    let mut v = Vec::with_capacity(geometry.entries());
+    for i in 0..geometry.entries() {
+        let (off, qid) = geometry.entry(i);
+        let ring = Ring::new(4).map_err(|e| format!("io_uring_setup: {e}"))?;
+        let buf = mem
+            .entry(off, HEADER_LEN, PAYLOAD)
+            .map_err(|e| format!("ring buffers: {e}"))?;
+        v.push(QueueEntry {
+            qid,
+            ring,
+            buf,
+            fault: String::new(),
+            adopt: None,
+            pause: Arc::default(),
+        });
     }
-    Ok(v)
+    Ok((v, mem, geometry))
 }
 
 /// The kernel makes one queue per *possible* CPU (`num_possible_cpus()`), and switches to the
@@ -323,6 +344,10 @@ struct QueueEntry {
     buf: EntryBuffers,
     /// `FAULT_ENV`'s value for this entry (empty: none).
     fault: String,
+    /// Set when the entry's buffers are another daemon's: serve what they hold, else register.
+    adopt: Option<Adopt>,
+    /// The mount's pause (a restart's handover).
+    pause: Arc<RingPause>,
 }
 
 /// Where a request's reply lands: fuser's encoder writes it here (possibly from another thread),
@@ -389,41 +414,37 @@ impl QueueEntry {
             tracing::debug!(qid = self.qid, "cannot pin ring thread: {e}");
         }
         let fd = dev.as_raw_fd();
-        let qid = match self.fault.as_str() {
-            "bad-queue" => u16::MAX,
-            "no-register" => {
-                // Silent until the mount gave up on it (as a thread stuck before registering).
-                std::thread::sleep(REGISTER_TIMEOUT + Duration::from_secs(2));
-                drop(registered);
+        // An adopted entry holding a request the old daemon never answered: that request is
+        // served (as sent again) and committed from this ring, which makes the entry ours.
+        let held = self.adopt.and_then(|a| {
+            a.wait();
+            keep::unanswered(&self.buf)
+        });
+        if held.is_none() {
+            keep::clear(&mut self.buf);
+            if let Err(why) = self.register(fd) {
+                let _ = registered.send(Err(why));
                 return Ok(());
             }
-            _ => self.qid,
-        };
-        let reg = self
-            .ring
-            .push_uring_cmd(
-                fd,
-                FUSE_IO_URING_CMD_REGISTER,
-                0,
-                self.buf.iovec_addr(),
-                2,
-                &cmd_req(0, qid),
-            )
-            .and_then(|()| self.ring.submit_and_wait(false));
-        if let Err(e) = reg {
-            // The kernel never saw this entry: the caller aborts the connection.
-            let _ = registered.send(Err(format!("queue {}: submit: {e}", self.qid)));
-            return Ok(());
-        }
-        // A refused REGISTER completes at once; an accepted one stays pending until a request.
-        if let Some(c) = self.ring.pop() {
-            let e = io::Error::from_raw_os_error(-c.res);
-            let _ = registered.send(Err(format!("queue {}: register: {e}", self.qid)));
-            return Ok(());
         }
         let _ = registered.send(Ok(()));
         drop(registered);
         let slot = Arc::new(ReplySlot::default());
+        // The first commit of an adopted entry, until the kernel took it.
+        let mut adopted = None;
+        if let Some(id) = held {
+            tracing::info!(
+                qid = self.qid,
+                commit_id = id,
+                "serving a request the old daemon held"
+            );
+            self.pause.enter();
+            let commit_id = self.serve(&mut d, &slot, true);
+            let r = self.commit(fd, commit_id);
+            self.pause.leave();
+            r?;
+            adopted = Some(commit_id);
+        }
         loop {
             if let Err(e) = self.ring.submit_and_wait(true) {
                 tracing::error!(qid = self.qid, "io_uring_enter: {e}");
@@ -433,6 +454,23 @@ impl QueueEntry {
             while let Some(c) = self.ring.pop() {
                 if c.res < 0 {
                     match -c.res {
+                        // The request of an adopted entry is no longer the kernel's (the old
+                        // daemon answered it and died before marking it): the entry was the old
+                        // ring's, cancelled with it; this one registers afresh instead.
+                        libc::ENOENT if adopted.is_some() => {
+                            tracing::info!(
+                                qid = self.qid,
+                                commit_id = adopted,
+                                "the old daemon had answered it; registering afresh"
+                            );
+                            adopted = None;
+                            keep::clear(&mut self.buf);
+                            if let Err(why) = self.register(fd) {
+                                tracing::error!(qid = self.qid, "{why}");
+                                return Ok(());
+                            }
+                            continue;
+                        }
                         // Unmount or abort: the kernel tore the entry down.
                         libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
                             return Ok(());
@@ -445,25 +483,80 @@ impl QueueEntry {
                         }
                     }
                 }
-                let commit_id = self.serve(&mut d, &slot);
-                if let Err(e) = self.ring.push_uring_cmd(
-                    fd,
-                    FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
-                    0,
-                    0,
-                    0,
-                    &cmd_req(commit_id, self.qid),
-                ) {
-                    tracing::error!(qid = self.qid, "cannot commit: {e}");
-                    self.buf.leak();
-                    return Err(e);
-                }
+                adopted = None;
+                // While paused (a handover), the request stays in the buffers, unanswered:
+                // the next daemon serves it.
+                self.pause.enter();
+                let commit_id = self.serve(&mut d, &slot, false);
+                let r = self.commit(fd, commit_id);
+                self.pause.leave();
+                r?;
             }
         }
     }
 
+    /// Registers the entry's buffers on its queue; an error says why (the kernel refused it, or
+    /// never saw it).
+    fn register(&mut self, fd: i32) -> Result<(), String> {
+        let qid = match self.fault.as_str() {
+            "bad-queue" => u16::MAX,
+            "no-register" => {
+                // Silent until the mount gave up on it (as a thread stuck before registering).
+                std::thread::sleep(REGISTER_TIMEOUT + Duration::from_secs(2));
+                return Err(format!("queue {}: never registered (fault)", self.qid));
+            }
+            _ => self.qid,
+        };
+        self.ring
+            .push_uring_cmd(
+                fd,
+                FUSE_IO_URING_CMD_REGISTER,
+                0,
+                self.buf.iovec_addr(),
+                2,
+                &cmd_req(0, qid),
+            )
+            .and_then(|()| self.ring.submit_and_wait(false))
+            .map_err(|e| format!("queue {}: submit: {e}", self.qid))?;
+        // A refused REGISTER completes at once; an accepted one stays pending until a request.
+        if let Some(c) = self.ring.pop() {
+            let e = io::Error::from_raw_os_error(-c.res);
+            return Err(format!("queue {}: register: {e}", self.qid));
+        }
+        Ok(())
+    }
+
+    /// Hands the reply now in the buffers to the kernel (COMMIT_AND_FETCH, which also asks for the
+    /// next request), then marks it answered: a next daemon serves again only what is not.
+    fn commit(&mut self, fd: i32, commit_id: u64) -> io::Result<()> {
+        let r = self
+            .ring
+            .push_uring_cmd(
+                fd,
+                FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
+                0,
+                0,
+                0,
+                &cmd_req(commit_id, self.qid),
+            )
+            .and_then(|()| self.ring.submit_and_wait(false));
+        if let Err(e) = r {
+            tracing::error!(qid = self.qid, "cannot commit: {e}");
+            return Err(e);
+        }
+        mark_answered(&mut self.buf, commit_id);
+        Ok(())
+    }
+
     /// Answers the request now in the entry's buffers; returns its commit id.
-    fn serve<FS: Filesystem>(&mut self, d: &mut RingDispatcher<FS>, slot: &Arc<ReplySlot>) -> u64 {
+    /// `resent`: the request was read by a daemon that may have carried it out (marked as
+    /// `FUSE_UNIQUE_RESEND` for the filesystem, the reply still carrying the kernel's unique).
+    fn serve<FS: Filesystem>(
+        &mut self,
+        d: &mut RingDispatcher<FS>,
+        slot: &Arc<ReplySlot>,
+        resent: bool,
+    ) -> u64 {
         let hdr = self.buf.header();
         let len = le_u32(hdr, 0) as usize;
         let opcode = le_u32(hdr, 4);
@@ -478,8 +571,13 @@ impl QueueEntry {
         let reply = match op_in {
             None => None,
             Some(op_in) => {
+                let mut in_header = [0u8; IN_HEADER_LEN];
+                in_header.copy_from_slice(&hdr[..IN_HEADER_LEN]);
+                if resent {
+                    in_header[8..16].copy_from_slice(&(unique | UNIQUE_RESEND).to_ne_bytes());
+                }
                 let parts: [&[u8]; 3] = [
-                    &hdr[..IN_HEADER_LEN],
+                    &in_header,
                     &hdr[OP_IN..OP_IN + op_in],
                     &self.buf.payload()[..payload_sz],
                 ];
@@ -504,6 +602,8 @@ impl QueueEntry {
         };
         let body = reply.len() - OUT_HEADER_LEN;
         self.buf.header_mut()[..OUT_HEADER_LEN].copy_from_slice(&reply[..OUT_HEADER_LEN]);
+        // The kernel matches the reply by its own unique (without a resend mark).
+        self.buf.header_mut()[8..16].copy_from_slice(&unique.to_ne_bytes());
         self.buf.header_mut()[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
             .copy_from_slice(&(body as u32).to_ne_bytes());
         self.buf.payload_mut()[..body].copy_from_slice(&reply[OUT_HEADER_LEN..]);

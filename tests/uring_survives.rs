@@ -1,0 +1,308 @@
+//! A workspace on FUSE over io_uring outlives its daemon: `kill -9` of the daemon, then a new one
+//! started on the same state, and an `octofs restart`, while a process reads and appends in a loop
+//! in one workspace and a second workspace sits idle. The new daemon maps the old ring memory at
+//! the same address (the keeper or the handover gives it its memfd), serves the requests the old
+//! entries hold unanswered, registers fresh entries for the others and kicks each queue
+//! (docs/transport.md, "Surviving the daemon"). The loop must see no error, every line it appended
+//! must be there, a process started afterwards must read every base file equal to `git show`,
+//! `git status --porcelain` must be as before, and `status` must still say `uring`. Before: the
+//! loop read `ECONNABORTED`/`ENOTCONN` after the kill (ring mounts were not kept) and `restart`
+//! refused ("served over io_uring, whose rings cannot be handed over"). Skips where the kernel has
+//! no FUSE over io_uring.
+
+use crate::common;
+
+use common::*;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+const ENABLE: &str = "/sys/module/fuse/parameters/enable_uring";
+const FILES: &[(&str, &str)] = &[
+    ("README.md", "# ring\n"),
+    ("src/lib.rs", "pub fn f() {}\n"),
+    ("src/deep/mod.rs", "pub mod x;\n"),
+    ("docs/guide.md", "read me\n"),
+];
+
+struct Saw {
+    rounds: usize,
+    errors: Vec<String>,
+    slowest: Duration,
+}
+
+/// Reads `README.md` and appends line `i` to `held.log` (open since the start) and to
+/// `reopened.log` (opened each round), each synced, until `stop`; `done` counts the rounds.
+fn work_loop(mount: PathBuf, stop: Arc<AtomicBool>, done: Arc<AtomicUsize>) -> Saw {
+    let mut held = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(mount.join("held.log"))
+        .expect("open held.log");
+    let mut saw = Saw {
+        rounds: 0,
+        errors: Vec::new(),
+        slowest: Duration::ZERO,
+    };
+    while !stop.load(Ordering::Relaxed) && saw.errors.len() < 20 {
+        let i = saw.rounds;
+        let t = Instant::now();
+        match fs::read_to_string(mount.join("README.md")) {
+            Ok(s) if s == "# ring\n" => {}
+            Ok(s) => saw.errors.push(format!("round {i}: README.md read {s:?}")),
+            Err(e) => saw.errors.push(format!("round {i}: read README.md: {e}")),
+        }
+        if let Err(e) = writeln!(held, "{i}").and_then(|()| held.sync_all()) {
+            saw.errors
+                .push(format!("round {i}: append to held.log: {e}"));
+        }
+        let r = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(mount.join("reopened.log"))
+            .and_then(|mut f| writeln!(f, "{i}").and_then(|()| f.sync_all()));
+        if let Err(e) = r {
+            saw.errors
+                .push(format!("round {i}: append to reopened.log: {e}"));
+        }
+        saw.slowest = saw.slowest.max(t.elapsed());
+        saw.rounds += 1;
+        done.store(saw.rounds, Ordering::Relaxed);
+    }
+    saw
+}
+
+/// `cmd args` in `dir`, in a process started now (bounded).
+fn in_mount(dir: &Path, cmd: &str, args: &[&str]) -> Out {
+    run(
+        std::process::Command::new(cmd).args(args).current_dir(dir),
+        Duration::from_secs(30),
+    )
+}
+
+fn porcelain(mount: &Path) -> String {
+    let out = in_mount(mount, "git", &["status", "--porcelain"]);
+    assert!(out.success(), "{}", out.describe());
+    out.stdout_str()
+        .lines()
+        .filter(|l| !l.ends_with(".log"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// Waits until the loop made `more` rounds past what it had made (fails after 30 s: a hang).
+fn progress(done: &AtomicUsize, more: usize, what: &str, d: &Daemon) {
+    let from = done.load(Ordering::Relaxed);
+    let end = Instant::now() + Duration::from_secs(30);
+    while done.load(Ordering::Relaxed) < from + more {
+        assert!(
+            Instant::now() < end,
+            "the loop made no progress for 30 s {what}\n{}",
+            d.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the daemon logged about taking over ring entries (shown with the test's output).
+fn ring_lines(d: &Daemon) -> String {
+    d.log_text()
+        .lines()
+        .filter(|l| {
+            l.contains("ring entries")
+                || l.contains("old daemon")
+                || l.contains("ring memory")
+                || l.contains("adopted")
+        })
+        .map(|l| format!("  {l}\n"))
+        .collect()
+}
+
+fn transport_of(d: &Daemon, thread: &str) -> String {
+    let status = d.cli_ok(["status", thread]);
+    status
+        .lines()
+        .find(|l| l.trim_start().starts_with("transport:"))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The pid a restart printed ("restarted: pid A -> B, …").
+fn restarted_pid(out: &str) -> Option<u32> {
+    let (_, rest) = out.split_once("pid ")?;
+    let (_, rest) = rest.split_once(" -> ")?;
+    rest.split(',').next()?.trim().parse().ok()
+}
+
+#[test]
+fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
+    if !Path::new(ENABLE).exists() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring ({ENABLE} is missing)");
+        return;
+    }
+    let serve = ["--transport", "uring"];
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&serve);
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    for (p, c) in FILES {
+        repo.write(p, c);
+    }
+    repo.commit_all("base", DATE1);
+    let head = repo.head();
+    d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
+    let mut mounts = Vec::new();
+    for t in ["busy", "idle"] {
+        d.cli_ok(["open", t, "--project", "p"]);
+        let m = d.mount(t);
+        wait_mounted(std::slice::from_ref(&m), Duration::from_secs(10));
+        fs::write(m.join("new.txt"), format!("new in {t}\n")).expect("write new.txt");
+        assert!(
+            transport_of(&d, t).contains("uring"),
+            "{t}: {}",
+            transport_of(&d, t)
+        );
+        mounts.push(m);
+    }
+    let before: Vec<String> = mounts.iter().map(|m| porcelain(m)).collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let (m, stop, done) = (mounts[0].clone(), stop.clone(), done.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(work_loop(m, stop, done));
+        });
+    }
+    progress(&done, 20, "before the crash", &d);
+
+    // A crash: the keeper holds the connections and the ring memories.
+    d.kill9();
+    std::thread::sleep(Duration::from_millis(300));
+    // Requests made while no daemon runs, from each CPU (each queue): the kernel queues them and
+    // hands them to no entry registered later; the new daemon's kick of each queue gets them
+    // served.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut waiting = Vec::new();
+    for cpu in 0..cpus {
+        let mut c = std::process::Command::new("taskset");
+        c.arg("-c")
+            .arg(cpu.to_string())
+            .arg("stat")
+            .arg(mounts[1].join(format!("absent-{cpu}")))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        waiting.push(c.spawn().expect("spawn stat"));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    d.spawn_with(&serve);
+    progress(&done, 20, "after the crash", &d);
+    for mut c in waiting {
+        let Some(_) = wait_timeout(&mut c, Duration::from_secs(20)) else {
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!(
+                "a lookup made while no daemon ran was never answered\n{}",
+                d.log_tail()
+            );
+        };
+        let out = c.wait_with_output().expect("stat output");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("No such file or directory"),
+            "a lookup made while no daemon ran: {err}"
+        );
+    }
+    eprintln!("after the crash:\n{}", ring_lines(&d));
+    for t in ["busy", "idle"] {
+        let tr = transport_of(&d, t);
+        assert!(tr.contains("uring"), "{t} after the crash: {tr}");
+    }
+
+    // A graceful restart.
+    let out = run(d.command().arg("restart"), Duration::from_secs(40));
+    assert!(
+        out.success(),
+        "restart: {}\n{}",
+        out.describe(),
+        d.log_tail()
+    );
+    let new_pid = restarted_pid(&out.stdout_str());
+    progress(&done, 20, "after the restart", &d);
+    eprintln!("after the restart:\n{}", ring_lines(&d));
+    for t in ["busy", "idle"] {
+        let tr = transport_of(&d, t);
+        assert!(tr.contains("uring"), "{t} after the restart: {tr}");
+    }
+
+    // And a crash of the daemon the restart started (not a child of this test).
+    if let Some(pid) = new_pid {
+        // SAFETY: kill(2) of the daemon the restart reported, by its pid.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGKILL);
+        }
+        let end = Instant::now() + Duration::from_secs(10);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = d.reap_killed();
+        d.spawn_with(&serve);
+        progress(&done, 20, "after the second crash", &d);
+        eprintln!("after the second crash:\n{}", ring_lines(&d));
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let saw = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the loop hung");
+    eprintln!(
+        "ring across a crash, a restart and a crash: {} rounds, slowest {:?}, errors {:?}",
+        saw.rounds, saw.slowest, saw.errors
+    );
+    assert!(
+        saw.errors.is_empty(),
+        "the loop saw {:?}\n{}",
+        saw.errors,
+        d.log_tail()
+    );
+    for log in ["held.log", "reopened.log"] {
+        let got = in_mount(&mounts[0], "cat", &[log]);
+        assert!(got.success(), "{}", got.describe());
+        let text = got.stdout_str();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines.len() == saw.rounds && lines.iter().enumerate().all(|(i, l)| *l == i.to_string()),
+            "{log} after {} rounds: {} lines",
+            saw.rounds,
+            lines.len()
+        );
+    }
+    for (i, m) in mounts.iter().enumerate() {
+        assert!(is_mounted(m), "{} gone\n{}", m.display(), d.log_tail());
+        for (p, _) in FILES {
+            let got = in_mount(m, "cat", &[p]);
+            assert!(got.success(), "cat {p}: {}", got.describe());
+            assert_eq!(
+                got.stdout_str(),
+                repo.git(["show", &format!("{head}:{p}")]),
+                "{p} in {}",
+                m.display()
+            );
+        }
+        assert_eq!(porcelain(m), before[i], "git status in {}", m.display());
+    }
+    for t in ["busy", "idle"] {
+        d.cli_ok(["release", t]);
+    }
+    d.stop();
+    for m in &mounts {
+        assert!(!is_mounted(m), "{} left mounted", m.display());
+    }
+}
