@@ -15,6 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::error::{Context, Error};
+use super::guard::LockKey;
 use super::refusal::WorkspaceRefusal;
 use super::{Daemon, Mounted, lock};
 
@@ -322,7 +323,7 @@ impl Daemon {
     pub(super) fn remount(&self, thread: &str, c: &crate::access::Caller) -> super::Reply<bool> {
         self.require_admin(c, "remount a workspace")?;
         crate::names::validate(crate::names::NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
+        let l = self.locks.get(&LockKey::thread(thread));
         let _g = lock(&l);
         let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? else {
             return Err(WorkspaceRefusal::NoWorkspace {

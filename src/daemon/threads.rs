@@ -13,6 +13,7 @@
 
 use super::create::Fork;
 use super::error::Error;
+use super::guard::LockKey;
 use super::lifecycle::open::{self, CreatePlan, OpenPlan};
 use super::lifecycle::release::{
     self, Busy, IdleWait, ReleaseFacts, ReleasePlan, WhenIdleFacts, WhenIdlePlan,
@@ -45,7 +46,7 @@ impl Daemon {
         if let Some(p) = project {
             validate(NameKind::Project, p)?;
         }
-        let l = self.locks.get(&format!("thread:{thread}"));
+        let l = self.locks.get(&LockKey::thread(thread));
         let _g = lock(&l);
         let binding = Binding::load(&self.layout, thread)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
@@ -265,7 +266,7 @@ impl Daemon {
     ) -> Reply<ReleaseAnswer> {
         let force = force || discard;
         validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
+        let l = self.locks.get(&LockKey::thread(thread));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
         self.release_locked(thread, force, discard, Some(c.uid))
@@ -381,7 +382,7 @@ impl Daemon {
     /// pending release.
     pub(super) fn release_when_idle(&self, thread: &str, c: &Caller) -> Reply<ReleaseAnswer> {
         validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
+        let l = self.locks.get(&LockKey::thread(thread));
         let _g = lock(&l);
         self.check_thread(c, thread)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
@@ -443,7 +444,7 @@ impl Daemon {
         let waiting: Vec<String> = lock(&self.idle_waits).iter().cloned().collect();
         let mut released = Vec::new();
         for thread in waiting {
-            let l = self.locks.get(&format!("thread:{thread}"));
+            let l = self.locks.get(&LockKey::thread(&thread));
             let _g = lock(&l);
             let rec = WorkspaceRecord::load(&self.layout, &thread)
                 .ok()
@@ -517,7 +518,7 @@ impl Daemon {
         let mut released = Vec::new();
         let mut kept = Vec::new();
         for thread in threads {
-            let l = self.locks.get(&format!("thread:{thread}"));
+            let l = self.locks.get(&LockKey::thread(&thread));
             let _g = lock(&l);
             let Some(rec) = WorkspaceRecord::load(&self.layout, &thread)? else {
                 continue;
