@@ -265,10 +265,8 @@ impl Daemon {
         c: &Caller,
     ) -> Reply<ReleaseAnswer> {
         let force = force || discard;
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&LockKey::thread(thread));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
+        let tl = self.thread_lock(thread)?;
+        let _held = tl.owner(c)?;
         self.release_locked(thread, force, discard, Some(c.uid))
     }
 
@@ -381,10 +379,8 @@ impl Daemon {
     /// release (saved, unmounted, dropped). A mount nobody uses is released now. `open` cancels a
     /// pending release.
     pub(super) fn release_when_idle(&self, thread: &str, c: &Caller) -> Reply<ReleaseAnswer> {
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&LockKey::thread(thread));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
+        let tl = self.thread_lock(thread)?;
+        let _held = tl.owner(c)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
         let mut facts = WhenIdleFacts {
             live: live.as_ref(),
