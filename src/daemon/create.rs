@@ -8,6 +8,7 @@
 
 use super::error::{Context, Error, on_workspace};
 use super::mirrors::blank_project;
+use super::refusal::{SnapshotRefusal, WorkspaceRefusal};
 use super::{Daemon, lock, now};
 use crate::fs::Durable;
 use crate::git::mirror;
@@ -67,9 +68,7 @@ impl Daemon {
         // built) with the snapshot's changes applied over it: O(changed paths), and every change
         // reads as uncommitted.
         let (tree, parents, message, _) = snap::commit_info(&repo, s)?;
-        let head = *parents
-            .first()
-            .ok_or_else(|| Error::Refused("the snapshot has no parent".into()))?;
+        let head = *parents.first().ok_or(SnapshotRefusal::NoParent)?;
         let (head_tree, _, _, head_time) = snap::commit_info(&repo, head)?;
         let branch = match snap::head_of(&message) {
             HeadRef::Branch(b) => Some(b),
@@ -397,5 +396,5 @@ fn job(j: SyncJob<crate::records::RecordError>) -> SyncJob<Error> {
 
 /// What a sync job that never reported (its worker could not start) fails with.
 fn lost() -> Error {
-    Error::Refused("a durable write failed".into())
+    WorkspaceRefusal::SyncLost.into()
 }

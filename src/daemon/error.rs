@@ -22,9 +22,6 @@ pub enum Error {
     /// as data (`refusal`; boxed: a refusal carries more than the other variants).
     #[error(transparent)]
     Refusal(Box<super::refusal::Refusal>),
-    /// A refusal still built as text (threads, mounts, create, recover; to become a [`Self::Refusal`]).
-    #[error("{0}")]
-    Refused(String),
     /// An operation on a workspace's core failed: what, the errno by name and what the core knew.
     #[error("{what}: {source}")]
     Workspace {

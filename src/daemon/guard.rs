@@ -37,31 +37,6 @@ impl LockKey {
     }
 }
 
-/// What the keyed locks are looked up by: a [`LockKey`], or the text that named a lock before
-/// (`thread:<name>`, `project:<name>`), still used by the modules not yet converted (threads,
-/// mounts).
-pub(super) trait ToLockKey {
-    fn to_lock_key(&self) -> LockKey;
-}
-
-impl ToLockKey for LockKey {
-    fn to_lock_key(&self) -> LockKey {
-        self.clone()
-    }
-}
-
-/// A name never holds `:` (`names::validate`), so a text of another form is a key of its own
-/// that no typed key equals.
-impl ToLockKey for String {
-    fn to_lock_key(&self) -> LockKey {
-        match self.split_once(':') {
-            Some(("thread", t)) => LockKey::Thread(t.to_string()),
-            Some(("project", p)) => LockKey::Project(p.to_string()),
-            _ => LockKey::Thread(self.clone()),
-        }
-    }
-}
-
 /// A thread bound to a project, live or released: what [`ThreadLock::bound`] loads.
 #[derive(Debug)]
 pub(super) struct Bound {
@@ -298,8 +273,8 @@ mod tests {
         live(&d, "t", 60001, false);
         let l = d.thread_lock("t").unwrap();
         let held = l.owner(&user(60001)).unwrap();
-        // Those who name the lock as text (threads, mounts) wait on the same one.
-        let same = d.locks.get(&"thread:t".to_string());
+        // Those who take the thread's lock by its key (open, release, moves) wait on the same one.
+        let same = d.locks.get(&LockKey::thread("t"));
         assert!(same.try_lock().is_err());
         drop(held);
         assert!(same.try_lock().is_ok());

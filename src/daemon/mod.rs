@@ -91,7 +91,7 @@ use crate::git::objects::ObjectStore;
 use crate::layout::Layout;
 use crate::workspace::Owner;
 use error::Error;
-use guard::{LockKey, ToLockKey};
+use guard::LockKey;
 pub use keeper::run_keeper;
 pub use limits::DEFAULT_MAX_THREADS_PER_USER;
 pub use takeover::serve_takeover;
@@ -149,7 +149,7 @@ struct KeyedLocks(Mutex<HashMap<LockKey, Arc<Mutex<()>>>>);
 const KEYED_LOCKS_KEPT: usize = 256;
 
 impl KeyedLocks {
-    fn get(&self, key: &impl ToLockKey) -> Arc<Mutex<()>> {
+    fn get(&self, key: &LockKey) -> Arc<Mutex<()>> {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         // A lock only the map refers to is neither held nor waited for (both hold a clone of its
         // `Arc`), so dropping it changes nothing: the next user of its key makes a fresh one. Without
@@ -157,7 +157,7 @@ impl KeyedLocks {
         if map.len() >= KEYED_LOCKS_KEPT {
             map.retain(|_, l| Arc::strong_count(l) > 1);
         }
-        map.entry(key.to_lock_key()).or_default().clone()
+        map.entry(key.clone()).or_default().clone()
     }
 
     #[cfg(test)]

@@ -15,6 +15,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use super::error::{Context, Error};
+use super::guard::LockKey;
+use super::refusal::WorkspaceRefusal;
 use super::{Daemon, Mounted, lock};
 
 use crate::fs::objects::MirrorObjects;
@@ -60,14 +62,15 @@ impl Daemon {
     pub(super) fn check_root(&self) -> Result<(), Error> {
         match std::fs::metadata(&self.layout.root) {
             Ok(m) if m.is_dir() => Ok(()),
-            Ok(_) => Err(Error::Refused(format!(
-                "root {} is not a directory",
-                self.layout.root.display()
-            ))),
-            Err(e) => Err(Error::Refused(format!(
-                "root {}: {e}",
-                self.layout.root.display()
-            ))),
+            Ok(_) => Err(WorkspaceRefusal::RootNotADirectory {
+                root: self.layout.root.clone(),
+            }
+            .into()),
+            Err(error) => Err(WorkspaceRefusal::Root {
+                root: self.layout.root.clone(),
+                error,
+            }
+            .into()),
         }
     }
 
@@ -266,25 +269,19 @@ impl Daemon {
         // Whoever can write in the root must not redirect the mount (root's, content chosen by
         // the workspace's owner) onto a directory elsewhere.
         if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(Error::Refused(format!(
-                "mount point {} is a symlink: not followed",
-                path.display()
-            )));
+            return Err(WorkspaceRefusal::MountPointSymlink { path }.into());
         }
         let mut note = None;
         match std::fs::read_dir(&path) {
             Ok(mut d) => {
                 let occupied = d.next().is_some();
                 if occupied && !strays {
-                    return Err(Error::Refused(format!(
-                        "mount point {} is not empty",
-                        path.display()
-                    )));
+                    return Err(WorkspaceRefusal::MountPointNotEmpty { path }.into());
                 }
                 if occupied {
                     // Written into the bare directory while the mount was gone: the thread's.
                     note = super::strays::move_into(&core, &path, rec.owner)
-                        .map_err(Error::Refused)?
+                        .map_err(|why| WorkspaceRefusal::Strays { why })?
                         .map(|(into, moved)| moved.describe(&path, &into));
                     if let Some(n) = &note {
                         tracing::warn!(thread = %rec.thread, "{n}");
@@ -295,11 +292,8 @@ impl Daemon {
                 std::fs::create_dir(&path)
                     .context(|| format!("cannot create mount point {}", path.display()))?;
             }
-            Err(e) => {
-                return Err(Error::Refused(format!(
-                    "mount point {}: {e}",
-                    path.display()
-                )));
+            Err(error) => {
+                return Err(WorkspaceRefusal::MountPoint { path, error }.into());
             }
         }
         self.relative_alternates(rec, &core);
@@ -326,15 +320,19 @@ impl Daemon {
     pub(super) fn remount(&self, thread: &str, c: &crate::access::Caller) -> super::Reply<bool> {
         self.require_admin(c, "remount a workspace")?;
         crate::names::validate(crate::names::NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
+        let l = self.locks.get(&LockKey::thread(thread));
         let _g = lock(&l);
         let Some(rec) = WorkspaceRecord::load(&self.layout, thread)? else {
-            return Err(Error::Refused(format!("thread {thread} has no workspace")));
+            return Err(WorkspaceRefusal::NoWorkspace {
+                thread: thread.into(),
+            }
+            .into());
         };
         if !rec.mounted {
-            return Err(Error::Refused(format!(
-                "thread {thread} is not recorded as mounted; open it to mount it"
-            )));
+            return Err(WorkspaceRefusal::NotRecordedMounted {
+                thread: thread.into(),
+            }
+            .into());
         }
         self.forget_lost_mount(thread)?;
         if self.kernel_has(thread) {
@@ -378,11 +376,11 @@ impl Daemon {
                 None => return Ok(()),
                 Some((true, _)) => break,
                 Some((false, path)) if std::time::Instant::now() >= deadline => {
-                    return Err(Error::Refused(format!(
-                        "thread {thread}'s mount at {} was detached but a process still uses \
-                         it; stop that process, then open the thread again",
-                        path.display()
-                    )));
+                    return Err(WorkspaceRefusal::DetachedInUse {
+                        thread: thread.into(),
+                        path,
+                    }
+                    .into());
                 }
                 Some(_) => std::thread::sleep(Duration::from_millis(20)),
             }
@@ -429,10 +427,7 @@ impl Daemon {
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) && !force => {
                 let path = m.path.clone();
                 lock(&self.mounts).insert(thread.to_string(), m);
-                Err(Error::Refused(format!(
-                    "{} is busy (a process still has its working directory or files in it); stop them or use --force",
-                    path.display()
-                )))
+                Err(WorkspaceRefusal::Busy { path }.into())
             }
             Err(e) => {
                 if e.raw_os_error() == Some(libc::EBUSY) {

@@ -7,6 +7,7 @@
 //! `super::create`) nor mount anything.
 
 use super::error::Error;
+use super::refusal::WorkspaceRefusal;
 use super::{Daemon, now};
 use crate::fs::WorkspaceFs;
 use crate::names::{NameKind, validate};
@@ -34,10 +35,11 @@ impl Daemon {
             &rec.thread,
             "its record is in place but its catalog holds no seed",
         );
-        Err(Error::Refused(format!(
-            "thread {}: its workspace was never made durable (power loss while it was created) and was {done}; open it again",
-            rec.thread
-        )))
+        Err(WorkspaceRefusal::NeverDurable {
+            thread: rec.thread.clone(),
+            done,
+        }
+        .into())
     }
 
     /// At start, before anything is remounted: what a power loss during a create can leave, as

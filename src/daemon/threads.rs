@@ -13,6 +13,7 @@
 
 use super::create::Fork;
 use super::error::Error;
+use super::guard::LockKey;
 use super::lifecycle::open::{self, CreatePlan, OpenPlan};
 use super::lifecycle::release::{
     self, Busy, IdleWait, ReleaseFacts, ReleasePlan, WhenIdleFacts, WhenIdlePlan,
@@ -45,7 +46,7 @@ impl Daemon {
         if let Some(p) = project {
             validate(NameKind::Project, p)?;
         }
-        let l = self.locks.get(&format!("thread:{thread}"));
+        let l = self.locks.get(&LockKey::thread(thread));
         let _g = lock(&l);
         let binding = Binding::load(&self.layout, thread)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
@@ -264,10 +265,8 @@ impl Daemon {
         c: &Caller,
     ) -> Reply<ReleaseAnswer> {
         let force = force || discard;
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
+        let tl = self.thread_lock(thread)?;
+        let _held = tl.owner(c)?;
         self.release_locked(thread, force, discard, Some(c.uid))
     }
 
@@ -380,10 +379,8 @@ impl Daemon {
     /// release (saved, unmounted, dropped). A mount nobody uses is released now. `open` cancels a
     /// pending release.
     pub(super) fn release_when_idle(&self, thread: &str, c: &Caller) -> Reply<ReleaseAnswer> {
-        validate(NameKind::Thread, thread)?;
-        let l = self.locks.get(&format!("thread:{thread}"));
-        let _g = lock(&l);
-        self.check_thread(c, thread)?;
+        let tl = self.thread_lock(thread)?;
+        let _held = tl.owner(c)?;
         let live = WorkspaceRecord::load(&self.layout, thread)?;
         let mut facts = WhenIdleFacts {
             live: live.as_ref(),
@@ -443,7 +440,7 @@ impl Daemon {
         let waiting: Vec<String> = lock(&self.idle_waits).iter().cloned().collect();
         let mut released = Vec::new();
         for thread in waiting {
-            let l = self.locks.get(&format!("thread:{thread}"));
+            let l = self.locks.get(&LockKey::thread(&thread));
             let _g = lock(&l);
             let rec = WorkspaceRecord::load(&self.layout, &thread)
                 .ok()
@@ -517,7 +514,7 @@ impl Daemon {
         let mut released = Vec::new();
         let mut kept = Vec::new();
         for thread in threads {
-            let l = self.locks.get(&format!("thread:{thread}"));
+            let l = self.locks.get(&LockKey::thread(&thread));
             let _g = lock(&l);
             let Some(rec) = WorkspaceRecord::load(&self.layout, &thread)? else {
                 continue;

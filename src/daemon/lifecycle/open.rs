@@ -79,9 +79,10 @@ pub(in crate::daemon) enum CreatePlan<'a> {
     Chat,
 }
 
-/// Why an `open` was refused.
+/// Why an `open` was refused. (`pub`: a variant of [`crate::daemon::refusal::Refusal`] holds it;
+/// its module keeps it inside the daemon.)
 #[derive(Debug)]
-pub(in crate::daemon) enum OpenRefusal {
+pub enum OpenRefusal {
     /// The thread is another user's.
     NotOwner {
         thread: String,
@@ -192,7 +193,7 @@ impl From<OpenRefusal> for Error {
         match r {
             OpenRefusal::Failed(e) => e,
             r if r.denied() => Error::PermissionDenied(r.line()),
-            r => Error::Refused(r.line()),
+            r => crate::daemon::refusal::Refusal::Open(r).into(),
         }
     }
 }

@@ -85,6 +85,11 @@ fn refused(r: Result<OpenPlan, OpenRefusal>) -> String {
     line
 }
 
+/// A ref that does not resolve, as the daemon's error.
+fn no_such_ref(spec: &str) -> Error {
+    crate::daemon::refusal::DiffRefusal::NotACommit { spec: spec.into() }.into()
+}
+
 fn users(holders: Vec<u32>) -> Users {
     Users {
         holders,
@@ -124,9 +129,9 @@ fn root_joins_a_users_thread_as_one_more_holder() {
 #[test]
 fn the_owner_refusal_comes_before_any_read_that_failed() {
     let mut case = Case::by(BOB).live_of(ALICE);
-    case.access = Some(Err(Error::Refused("project record unreadable".into())));
+    case.access = Some(Err(Error::UnknownThread("unreadable".into())));
     case.git_ref = Some("main");
-    case.ref_commit = Some(Err(Error::Refused("no such ref".into())));
+    case.ref_commit = Some(Err(no_such_ref("main")));
     assert!(matches!(case.decide(), Err(OpenRefusal::NotOwner { .. })));
 }
 
@@ -260,8 +265,11 @@ fn ref_on_a_live_thread_must_name_its_base() {
     // A ref that does not resolve is that error; one not resolved at all is refused.
     let mut case = Case::by(ALICE).live_of(ALICE).open_access();
     case.git_ref = Some("nope");
-    case.ref_commit = Some(Err(Error::Refused("ref \"nope\" not found".into())));
-    assert_eq!(refused(case.decide()), "ref \"nope\" not found");
+    case.ref_commit = Some(Err(no_such_ref("nope")));
+    assert_eq!(
+        refused(case.decide()),
+        "\"nope\" does not name a commit or tree in the mirror"
+    );
     let mut case = Case::by(ALICE).live_of(ALICE).open_access();
     case.git_ref = Some("main");
     assert!(matches!(case.decide(), Err(OpenRefusal::RefOnLive { .. })));

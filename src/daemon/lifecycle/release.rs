@@ -58,9 +58,10 @@ pub(in crate::daemon) enum ReleasePlan {
     Discard,
 }
 
-/// Why a release was refused.
+/// Why a release was refused. (`pub`: a variant of [`crate::daemon::refusal::Refusal`] holds it;
+/// its module keeps it inside the daemon.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::daemon) enum ReleaseRefusal {
+pub enum ReleaseRefusal {
     /// No workspace and no binding.
     Unknown(String),
     Busy {
@@ -100,7 +101,7 @@ impl From<ReleaseRefusal> for Error {
     fn from(r: ReleaseRefusal) -> Error {
         match r {
             ReleaseRefusal::Unknown(thread) => Error::UnknownThread(thread),
-            r => Error::Refused(r.to_string()),
+            r => crate::daemon::refusal::Refusal::Release(r).into(),
         }
     }
 }

@@ -1,14 +1,18 @@
 //! Why the daemon refused a request, as data: one enum per area (the request line, gates, commit,
 //! push, pull, snapshots, moves, re-sync, export, diff, limits, mirrors, dependency layers,
-//! restart), each variant carrying what the refusal is about (thread, project, ref, path…). Its
+//! restart, workspaces and their mounts; `open` and `release` keep theirs in `super::lifecycle`),
+//! each variant carrying what the refusal is about (thread, project, ref, path…). Its
 //! `Display` is the one line the CLI prints, byte for byte what the tests and users see.
 //!
 //! Owns only the refusals' shapes and texts; deciding to refuse is the requests' modules'. Must
 //! not do I/O, and must not change a text without its tests (they compare the lines).
 
+use std::path::PathBuf;
+
 use gix::ObjectId;
 
 use super::error::Error;
+use super::lifecycle::{open::OpenRefusal, release::ReleaseRefusal};
 use crate::git::gates;
 
 /// A refusal: the request cannot be done in the thread's or project's current state, or as asked.
@@ -45,6 +49,14 @@ pub enum Refusal {
     Deps(#[from] DepsRefusal),
     #[error(transparent)]
     Restart(#[from] RestartRefusal),
+    #[error(transparent)]
+    Workspace(#[from] WorkspaceRefusal),
+    /// `open` refused (never a permission refusal or a failed read: those are other errors).
+    #[error("{0}")]
+    Open(OpenRefusal),
+    /// `release` refused (never an unknown thread: that is [`Error::UnknownThread`]).
+    #[error("{0}")]
+    Release(ReleaseRefusal),
 }
 
 /// The request a chat workspace cannot serve: what [`Refusal::Chat`] says after the thread.
@@ -372,6 +384,53 @@ pub enum RestartRefusal {
     Restarting,
 }
 
+/// A workspace made, mounted or unmounted: the root, its mount point, a remount, a busy mount.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceRefusal {
+    #[error("root {} is not a directory", .root.display())]
+    RootNotADirectory { root: PathBuf },
+    #[error("root {}: {error}", .root.display())]
+    Root {
+        root: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("mount point {} is a symlink: not followed", .path.display())]
+    MountPointSymlink { path: PathBuf },
+    #[error("mount point {} is not empty", .path.display())]
+    MountPointNotEmpty { path: PathBuf },
+    #[error("mount point {}: {error}", .path.display())]
+    MountPoint {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Files found in the bare mount point could not be moved into the workspace: why
+    /// (`super::strays`'s line).
+    #[error("{why}")]
+    Strays { why: String },
+    #[error("thread {thread} has no workspace")]
+    NoWorkspace { thread: String },
+    #[error("thread {thread} is not recorded as mounted; open it to mount it")]
+    NotRecordedMounted { thread: String },
+    #[error(
+        "thread {thread}'s mount at {} was detached but a process still uses it; stop that process, then open the thread again",
+        .path.display()
+    )]
+    DetachedInUse { thread: String, path: PathBuf },
+    #[error(
+        "{} is busy (a process still has its working directory or files in it); stop them or use --force",
+        .path.display()
+    )]
+    Busy { path: PathBuf },
+    /// A workspace whose create a power loss interrupted, set aside: `done` says where it went.
+    #[error(
+        "thread {thread}: its workspace was never made durable (power loss while it was created) and was {done}; open it again"
+    )]
+    NeverDurable { thread: String, done: String },
+    /// A sync job of a create that never reported (its worker could not start).
+    #[error("a durable write failed")]
+    SyncLost,
+}
+
 impl From<Refusal> for Error {
     fn from(r: Refusal) -> Error {
         Error::Refusal(Box::new(r))
@@ -403,7 +462,8 @@ into_error!(
     LimitRefusal,
     MirrorRefusal,
     DepsRefusal,
-    RestartRefusal
+    RestartRefusal,
+    WorkspaceRefusal
 );
 
 #[cfg(test)]

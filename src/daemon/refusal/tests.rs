@@ -6,6 +6,10 @@ fn line(r: impl Into<Error>) -> String {
     r.into().to_string()
 }
 
+fn enoent() -> std::io::Error {
+    std::io::Error::from_raw_os_error(libc::ENOENT)
+}
+
 fn id(n: u8) -> ObjectId {
     ObjectId::from_bytes_or_panic(&[n; 20])
 }
@@ -462,6 +466,104 @@ fn each_refusal_keeps_its_line() {
             line(RestartRefusal::Restarting),
             "the daemon is restarting; try again in a moment".into(),
         ),
+        (
+            line(WorkspaceRefusal::RootNotADirectory {
+                root: "/run/octofs".into(),
+            }),
+            "root /run/octofs is not a directory".into(),
+        ),
+        (
+            line(WorkspaceRefusal::Root {
+                root: "/run/octofs".into(),
+                error: enoent(),
+            }),
+            "root /run/octofs: No such file or directory (os error 2)".into(),
+        ),
+        (
+            line(WorkspaceRefusal::MountPointSymlink {
+                path: "/run/octofs/t1".into(),
+            }),
+            "mount point /run/octofs/t1 is a symlink: not followed".into(),
+        ),
+        (
+            line(WorkspaceRefusal::MountPointNotEmpty {
+                path: "/run/octofs/t1".into(),
+            }),
+            "mount point /run/octofs/t1 is not empty".into(),
+        ),
+        (
+            line(WorkspaceRefusal::MountPoint {
+                path: "/run/octofs/t1".into(),
+                error: enoent(),
+            }),
+            "mount point /run/octofs/t1: No such file or directory (os error 2)".into(),
+        ),
+        (
+            line(WorkspaceRefusal::Strays {
+                why: "mount point /run/octofs/t1: denied".into(),
+            }),
+            "mount point /run/octofs/t1: denied".into(),
+        ),
+        (
+            line(WorkspaceRefusal::NoWorkspace {
+                thread: "t1".into(),
+            }),
+            "thread t1 has no workspace".into(),
+        ),
+        (
+            line(WorkspaceRefusal::NotRecordedMounted {
+                thread: "t1".into(),
+            }),
+            "thread t1 is not recorded as mounted; open it to mount it".into(),
+        ),
+        (
+            line(WorkspaceRefusal::DetachedInUse {
+                thread: "t1".into(),
+                path: "/run/octofs/t1".into(),
+            }),
+            "thread t1's mount at /run/octofs/t1 was detached but a process still uses it; stop that process, then open the thread again".into(),
+        ),
+        (
+            line(WorkspaceRefusal::Busy {
+                path: "/run/octofs/t1".into(),
+            }),
+            "/run/octofs/t1 is busy (a process still has its working directory or files in it); stop them or use --force".into(),
+        ),
+        (
+            line(WorkspaceRefusal::NeverDurable {
+                thread: "t1".into(),
+                done: "set aside".into(),
+            }),
+            "thread t1: its workspace was never made durable (power loss while it was created) and was set aside; open it again".into(),
+        ),
+        (
+            line(WorkspaceRefusal::SyncLost),
+            "a durable write failed".into(),
+        ),
+        (
+            line(OpenRefusal::RefOnChat),
+            "a chat workspace (no --project) has no refs to choose from".into(),
+        ),
+        (
+            line(OpenRefusal::RefOnReleased {
+                thread: "t1".into(),
+            }),
+            "thread t1 was released; it resumes from its last snapshot (--ref applies only when a thread is created)".into(),
+        ),
+        (
+            line(ReleaseRefusal::Busy {
+                mountpoint: "/run/octofs/t1".into(),
+            }),
+            "/run/octofs/t1 is busy (a process still has its working directory or files in it); stop them or use --force".into(),
+        ),
+        (
+            line(ReleaseRefusal::BoundElsewhere {
+                mountpoint: "/run/octofs/t1".into(),
+                pid: 42,
+                at: "/sandbox/w".into(),
+            }),
+            "/run/octofs/t1 is busy: it is also mounted at /sandbox/w for process 42 (a sandbox or a bind); stop it or use --force".into(),
+        ),
     ];
     for (got, want) in cases {
         assert_eq!(got, want);
@@ -489,5 +591,33 @@ fn gate_refusals_keep_the_gates_line() {
     assert_eq!(
         got,
         "push refused by the gates: a.pem: a secret's name; no path"
+    );
+}
+
+/// `open`'s and `release`'s refusals are typed refusals inside the daemon's error; a permission
+/// refusal, a failed read and an unknown thread stay the errors they were.
+#[test]
+fn lifecycle_refusals_are_typed_refusals() {
+    let e = Error::from(OpenRefusal::RefOnChat);
+    assert!(
+        matches!(&e, Error::Refusal(r) if matches!(**r, Refusal::Open(OpenRefusal::RefOnChat)))
+    );
+    let e = Error::from(OpenRefusal::MayNotBind {
+        project: "p".into(),
+        caller: 0,
+    });
+    assert!(matches!(e, Error::PermissionDenied(_)));
+    let e = Error::from(OpenRefusal::Failed(Error::UnknownThread("t1".into())));
+    assert!(matches!(e, Error::UnknownThread(_)));
+    let busy = ReleaseRefusal::Busy {
+        mountpoint: "/m".into(),
+    };
+    let e = Error::from(busy.clone());
+    assert!(matches!(&e, Error::Refusal(r) if matches!(&**r, Refusal::Release(b) if *b == busy)));
+    let e = Error::from(ReleaseRefusal::Unknown("t1".into()));
+    assert!(matches!(e, Error::UnknownThread(t) if t == "t1"));
+    let e = Error::from(WorkspaceRefusal::SyncLost);
+    assert!(
+        matches!(&e, Error::Refusal(r) if matches!(**r, Refusal::Workspace(WorkspaceRefusal::SyncLost)))
     );
 }
