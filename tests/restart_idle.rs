@@ -426,60 +426,6 @@ fn a_handover_makes_an_old_workspace_s_alternates_relative() {
     assert_eq!(log.stdout_str(), "initial\n", "{}", log.describe());
 }
 
-/// What a process working in a mount saw across a crash of the daemon: one read of a base file, one
-/// append (with `fsync`) through a file held open since before the crash, and one append through a
-/// file opened for it, per round.
-struct LoopSaw {
-    rounds: usize,
-    errors: Vec<String>,
-    slowest: Duration,
-}
-
-/// Reads `README.md` and appends a numbered line to `held.log` (held open from the start) and to
-/// `reopened.log` (opened each round) in `mount` until `stop`, each followed by `fsync`.
-fn work_loop(mount: PathBuf, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> LoopSaw {
-    use std::io::Write;
-    let mut held = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(mount.join("held.log"))
-        .expect("open held.log");
-    let mut saw = LoopSaw {
-        rounds: 0,
-        errors: Vec::new(),
-        slowest: Duration::ZERO,
-    };
-    let want = "# idle\n";
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let i = saw.rounds;
-        let t = std::time::Instant::now();
-        match fs::read_to_string(mount.join("README.md")) {
-            Ok(s) if s == want => {}
-            Ok(s) => saw.errors.push(format!("round {i}: README.md read {s:?}")),
-            Err(e) => saw.errors.push(format!("round {i}: read README.md: {e}")),
-        }
-        if let Err(e) = writeln!(held, "{i}").and_then(|()| held.sync_all()) {
-            saw.errors
-                .push(format!("round {i}: append to held.log: {e}"));
-        }
-        let r = fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(mount.join("reopened.log"))
-            .and_then(|mut f| writeln!(f, "{i}").and_then(|()| f.sync_all()));
-        if let Err(e) = r {
-            saw.errors
-                .push(format!("round {i}: append to reopened.log: {e}"));
-        }
-        saw.slowest = saw.slowest.max(t.elapsed());
-        saw.rounds += 1;
-        if saw.errors.len() > 20 {
-            break;
-        }
-    }
-    saw
-}
-
 /// The numbered lines `0..n` each once and in order.
 fn numbered(text: &str, n: usize) -> bool {
     let lines: Vec<&str> = text.lines().collect();
@@ -589,7 +535,7 @@ fn mounts_outlive_a_kill_9(busy_io: Option<&str>) {
     {
         let (m, stop) = (mounts[0].clone(), stop.clone());
         std::thread::spawn(move || {
-            let _ = tx.send(work_loop(m, stop));
+            let _ = tx.send(work_loop(m, "# idle\n", stop, Default::default()));
         });
     }
     let (stx, srx) = std::sync::mpsc::channel();
@@ -969,7 +915,7 @@ fn systemd_s_descriptor_store_keeps_the_mounts_across_a_kill_9() {
     {
         let (m, stop) = (m.clone(), stop.clone());
         std::thread::spawn(move || {
-            let _ = tx.send(work_loop(m, stop));
+            let _ = tx.send(work_loop(m, "# idle\n", stop, Default::default()));
         });
     }
     std::thread::sleep(Duration::from_millis(500));

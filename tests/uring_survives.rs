@@ -14,8 +14,7 @@ use crate::common;
 
 use common::*;
 use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -27,53 +26,6 @@ const FILES: &[(&str, &str)] = &[
     ("src/deep/mod.rs", "pub mod x;\n"),
     ("docs/guide.md", "read me\n"),
 ];
-
-struct Saw {
-    rounds: usize,
-    errors: Vec<String>,
-    slowest: Duration,
-}
-
-/// Reads `README.md` and appends line `i` to `held.log` (open since the start) and to
-/// `reopened.log` (opened each round), each synced, until `stop`; `done` counts the rounds.
-fn work_loop(mount: PathBuf, stop: Arc<AtomicBool>, done: Arc<AtomicUsize>) -> Saw {
-    let mut held = fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(mount.join("held.log"))
-        .expect("open held.log");
-    let mut saw = Saw {
-        rounds: 0,
-        errors: Vec::new(),
-        slowest: Duration::ZERO,
-    };
-    while !stop.load(Ordering::Relaxed) && saw.errors.len() < 20 {
-        let i = saw.rounds;
-        let t = Instant::now();
-        match fs::read_to_string(mount.join("README.md")) {
-            Ok(s) if s == "# ring\n" => {}
-            Ok(s) => saw.errors.push(format!("round {i}: README.md read {s:?}")),
-            Err(e) => saw.errors.push(format!("round {i}: read README.md: {e}")),
-        }
-        if let Err(e) = writeln!(held, "{i}").and_then(|()| held.sync_all()) {
-            saw.errors
-                .push(format!("round {i}: append to held.log: {e}"));
-        }
-        let r = fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(mount.join("reopened.log"))
-            .and_then(|mut f| writeln!(f, "{i}").and_then(|()| f.sync_all()));
-        if let Err(e) = r {
-            saw.errors
-                .push(format!("round {i}: append to reopened.log: {e}"));
-        }
-        saw.slowest = saw.slowest.max(t.elapsed());
-        saw.rounds += 1;
-        done.store(saw.rounds, Ordering::Relaxed);
-    }
-    saw
-}
 
 /// `cmd args` in `dir`, in a process started now (bounded).
 fn in_mount(dir: &Path, cmd: &str, args: &[&str]) -> Out {
@@ -178,7 +130,7 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
     {
         let (m, stop, done) = (mounts[0].clone(), stop.clone(), done.clone());
         std::thread::spawn(move || {
-            let _ = tx.send(work_loop(m, stop, done));
+            let _ = tx.send(work_loop(m, "# ring\n", stop, done));
         });
     }
     progress(&done, 20, "before the crash", &d);

@@ -1392,3 +1392,61 @@ pub fn lsetxattr(p: &Path, name: &str, value: &[u8]) {
     };
     assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
 }
+
+/// What a process working in a mount saw across a crash or restart of the daemon: one read of a
+/// base file, one append (with `fsync`) through a file held open since the start, and one append
+/// through a file opened for it, per round.
+pub struct LoopSaw {
+    pub rounds: usize,
+    pub errors: Vec<String>,
+    pub slowest: Duration,
+}
+
+/// Reads `README.md` (expecting `readme`) and appends line `i` to `held.log` (open since the
+/// start) and to `reopened.log` (opened each round) in `mount`, each synced, until `stop` or 20
+/// errors; `done` counts the rounds.
+pub fn work_loop(
+    mount: PathBuf,
+    readme: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> LoopSaw {
+    use std::io::Write;
+    use std::sync::atomic::Ordering;
+    let mut held = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(mount.join("held.log"))
+        .expect("open held.log");
+    let mut saw = LoopSaw {
+        rounds: 0,
+        errors: Vec::new(),
+        slowest: Duration::ZERO,
+    };
+    while !stop.load(Ordering::Relaxed) && saw.errors.len() < 20 {
+        let i = saw.rounds;
+        let t = Instant::now();
+        match fs::read_to_string(mount.join("README.md")) {
+            Ok(s) if s == readme => {}
+            Ok(s) => saw.errors.push(format!("round {i}: README.md read {s:?}")),
+            Err(e) => saw.errors.push(format!("round {i}: read README.md: {e}")),
+        }
+        if let Err(e) = writeln!(held, "{i}").and_then(|()| held.sync_all()) {
+            saw.errors
+                .push(format!("round {i}: append to held.log: {e}"));
+        }
+        let r = fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(mount.join("reopened.log"))
+            .and_then(|mut f| writeln!(f, "{i}").and_then(|()| f.sync_all()));
+        if let Err(e) = r {
+            saw.errors
+                .push(format!("round {i}: append to reopened.log: {e}"));
+        }
+        saw.slowest = saw.slowest.max(t.elapsed());
+        saw.rounds += 1;
+        done.store(saw.rounds, Ordering::Relaxed);
+    }
+    saw
+}
