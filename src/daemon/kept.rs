@@ -471,7 +471,7 @@ pub fn restore(
     };
     let record =
         kept::read_side(repo, side).context(|| format!("the kept side of snapshot {snapshot}"))?;
-    if ObjectId::from_hex(record.tree.as_bytes()).ok() != Some(tree) {
+    if record.tree != tree {
         tracing::warn!(%snapshot, %side, record_tree = %record.tree, %tree,
             "the kept side describes another tree; not applied");
         return Ok(vec![(

@@ -19,7 +19,6 @@ use gix_ignore::search::Ignore;
 
 use super::Daemon;
 use super::error::{Error, on_workspace};
-use super::refusal::SnapshotRefusal;
 use crate::deps::build::{layer_key, major};
 use crate::deps::{DepLayer, DepStore, LayerState, Lockfile, Manager, detect};
 use crate::fs::WorkspaceFs;
@@ -157,20 +156,12 @@ pub(super) fn installed_stamp(layers: &[DepLayer]) -> Option<String> {
 }
 
 /// The grafts of a workspace record's layers.
-pub(super) fn grafts(rec: &WorkspaceRecord) -> Result<Vec<Graft>, Error> {
+pub(super) fn grafts(rec: &WorkspaceRecord) -> Vec<Graft> {
     rec.layers
         .iter()
-        .map(|l| {
-            Ok(Graft {
-                path: l.path.clone(),
-                tree: ObjectId::from_hex(l.tree.as_bytes()).map_err(|_| {
-                    SnapshotRefusal::BadLayerTree {
-                        thread: rec.thread.clone(),
-                        key: l.key.clone(),
-                        tree: l.tree.clone(),
-                    }
-                })?,
-            })
+        .map(|l| Graft {
+            path: l.path.clone(),
+            tree: l.tree,
         })
         .collect()
 }
@@ -429,9 +420,8 @@ const INTERPRETER_HOPS: usize = 8;
 /// `bin/`, e.g. `python3 -> python`): `None` when the layer has no `bin/python` symlink, or it
 /// leads nowhere on the host.
 fn interpreter_of(store: &ObjectStore, layer: &DepLayer) -> Option<std::path::PathBuf> {
-    let tree = ObjectId::from_hex(layer.tree.as_bytes()).ok()?;
     let bin = store
-        .tree(tree)
+        .tree(layer.tree)
         .ok()?
         .iter()
         .find(|e| &*e.name == b"bin" && e.kind == EntryKind::Tree)?
@@ -584,7 +574,7 @@ impl Daemon {
                 if shown {
                     layers.push(DepLayer {
                         path: path.to_string(),
-                        tree: t.to_string(),
+                        tree: t,
                         nested: Vec::new(),
                         ..layer.clone()
                     });

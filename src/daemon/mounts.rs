@@ -178,7 +178,7 @@ impl Daemon {
         let base = rec.base_tree;
         // The view's root: the base with the dependency layers grafted in (the same tree at every
         // load). A layer that cannot be grafted is left out, logged: the workspace still opens.
-        let tree = match crate::git::graft::graft(&store, base, &super::layers::grafts(rec)?) {
+        let tree = match crate::git::graft::graft(&store, base, &super::layers::grafts(rec)) {
             Ok(t) => t,
             Err(e) => {
                 tracing::error!(thread = %rec.thread, "cannot present the dependency layers: {e}");

@@ -449,7 +449,7 @@ impl Daemon {
             return Ok(false);
         };
         let store = self.store(&rec.project)?;
-        let root = match crate::git::graft::graft(&store, tree, &super::layers::grafts(&rec)?) {
+        let root = match crate::git::graft::graft(&store, tree, &super::layers::grafts(&rec)) {
             Ok(t) => t,
             Err(e) => {
                 tracing::warn!(%thread, "the base does not move: cannot graft the layers: {e}");

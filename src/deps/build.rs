@@ -534,7 +534,7 @@ fn up_to_date(plan: &Plan, rec: &LayerRecord) -> Option<Outcome> {
             path: layer.path.clone(),
             ms: 0,
             result: OutcomeKind::UpToDate {
-                tree: layer.tree.clone(),
+                tree: layer.tree.to_string(),
                 bytes: *bytes,
                 files: *files,
             },
@@ -606,7 +606,7 @@ pub fn build(
                     key: plan.key.clone(),
                     manager,
                     path: path.clone(),
-                    tree: tree.clone(),
+                    tree,
                     lockfile_hash: plan.lock.hash.clone(),
                     nested,
                 },
@@ -619,7 +619,11 @@ pub fn build(
                 lockfile: plan.lock.name.to_string(),
                 path: path.clone(),
                 ms: started.elapsed().as_millis() as u64,
-                result: OutcomeKind::Built { tree, bytes, files },
+                result: OutcomeKind::Built {
+                    tree: tree.to_string(),
+                    bytes,
+                    files,
+                },
             },
         ),
         Err(e) => {
@@ -669,7 +673,7 @@ fn build_locked(
     plan: &Plan,
     what: &str,
     timeout: Duration,
-) -> Result<(String, Vec<NestedTree>, u64, u64), Error> {
+) -> Result<(gix::ObjectId, Vec<NestedTree>, u64, u64), Error> {
     let manager = plan.lock.manager;
     let log_path = deps.log(&plan.key);
     let mut log = std::fs::OpenOptions::new()

@@ -76,7 +76,7 @@ fn info(rec: LayerRecord, users: Vec<String>) -> LayerInfo {
         } => (
             "built",
             layer.path,
-            Some(layer.tree),
+            Some(layer.tree.to_string()),
             bytes,
             files,
             None,

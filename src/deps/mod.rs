@@ -53,8 +53,9 @@ pub struct DepLayer {
     pub manager: Manager,
     /// Where the tree is presented in a workspace.
     pub path: String,
-    /// The sealed tree (hex object id in `<state>/deps/store.git`).
-    pub tree: String,
+    /// The sealed tree (in `<state>/deps/store.git`), stored as its hex id.
+    #[serde(with = "crate::records::hex")]
+    pub tree: gix::ObjectId,
     /// Hex blake3 of the lockfile(s) alone: what `.git/octomate-installed` records. In a project
     /// with workspace packages, blake3 of the lockfile and every workspace package's manifest
     /// (see [`Lockfile::key_input`]).
@@ -69,17 +70,15 @@ pub struct DepLayer {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NestedTree {
     pub path: String,
-    pub tree: String,
+    #[serde(with = "crate::records::hex")]
+    pub tree: gix::ObjectId,
 }
 
 impl DepLayer {
     /// Every path of the layer with its tree: the root install path's first.
-    pub fn paths(&self) -> impl Iterator<Item = (&str, &str)> {
-        std::iter::once((self.path.as_str(), self.tree.as_str())).chain(
-            self.nested
-                .iter()
-                .map(|n| (n.path.as_str(), n.tree.as_str())),
-        )
+    pub fn paths(&self) -> impl Iterator<Item = (&str, gix::ObjectId)> {
+        std::iter::once((self.path.as_str(), self.tree))
+            .chain(self.nested.iter().map(|n| (n.path.as_str(), n.tree)))
     }
 }
 
@@ -248,5 +247,33 @@ impl DepStore {
             })
             .max_by_key(|(at, _)| *at)
             .map(|(_, layer)| layer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer record as `<state>/deps/layers/<key>.json` holds it (its trees hex strings).
+    const LAYER: &str = include_str!("../../tests/fixtures/records/layer.json");
+
+    /// Catches: a layer's tree (or a nested one) written in another form than the 40-hex string on
+    /// disk (gix's `{"Sha1":[…]}`), or one that is not an object id read as some id.
+    #[test]
+    fn a_layer_record_on_disk_reads_and_writes_back_byte_for_byte() {
+        let r: LayerRecord = serde_json::from_str(LAYER).expect("layer record");
+        let LayerState::Built { layer, .. } = &r.state else {
+            panic!("a built layer: {r:?}");
+        };
+        let trees: Vec<String> = layer.paths().map(|(_, t)| t.to_string()).collect();
+        assert_eq!(trees, ["1".repeat(40), "2".repeat(40)]);
+        let out = serde_json::to_vec_pretty(&r).expect("encode");
+        assert_eq!(String::from_utf8_lossy(&out), LAYER);
+        for (good, bad) in [("1".repeat(40), "111"), ("2".repeat(40), "2x")] {
+            let e = serde_json::from_str::<LayerRecord>(&LAYER.replace(&good, bad))
+                .expect_err("a bad tree")
+                .to_string();
+            assert!(e.contains(&format!("not a hex object id: {bad:?}")), "{e}");
+        }
     }
 }

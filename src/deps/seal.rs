@@ -154,7 +154,7 @@ pub fn seal(
     staging: &Path,
     paths: &[String],
     key: &str,
-) -> Result<Vec<String>, Error> {
+) -> Result<Vec<gix::ObjectId>, Error> {
     let _shared = store_lock(deps, false).map_err(Error::StoreLock)?;
     ensure_store(deps)?;
     let store = deps.objects();
@@ -180,16 +180,19 @@ pub fn seal(
             .map_err(failed)?;
         let mut trees = Vec::with_capacity(paths.len());
         for p in paths {
-            trees.push(
-                git()
-                    .arg("write-tree")
-                    .arg(format!("--prefix={p}/"))
-                    .output()
-                    .map_err(failed)?,
-            );
+            let tree = git()
+                .arg("write-tree")
+                .arg(format!("--prefix={p}/"))
+                .output()
+                .map_err(failed)?;
+            trees.push(gix::ObjectId::from_hex(tree.as_bytes()).map_err(|_| {
+                failed(crate::git::error::Error::Invalid(format!(
+                    "git write-tree printed {tree:?}, not a tree id"
+                )))
+            })?);
         }
         let kept = match &trees[..] {
-            [one] => one.clone(),
+            [one] => one.to_string(),
             _ => git().arg("write-tree").output().map_err(failed)?,
         };
         let commit = git()

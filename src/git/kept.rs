@@ -88,8 +88,9 @@ impl KeptEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeptRecord {
     pub version: u32,
-    /// The tree of the snapshot this side belongs to.
-    pub tree: String,
+    /// The tree of the snapshot this side belongs to, stored as its hex id.
+    #[serde(with = "crate::records::hex")]
+    pub tree: ObjectId,
     pub roots: Vec<KeptRoot>,
     pub entries: Vec<KeptEntry>,
 }
@@ -105,7 +106,7 @@ impl KeptRecord {
         entries.sort_by(|a, b| a.meta.path.cmp(&b.meta.path));
         KeptRecord {
             version: VERSION,
-            tree: tree.to_string(),
+            tree,
             roots,
             entries,
         }
@@ -299,6 +300,27 @@ mod hex_bytes {
 mod tests {
     use super::*;
     use crate::git::posix_record::PosixKind;
+
+    /// A kept side's record as released snapshots hold it (its tree a hex string), checked in.
+    const RECORD: &str = include_str!("../../tests/fixtures/records/kept.json");
+
+    /// Catches: a tree written in another form than the 40-hex string snapshots hold (gix's
+    /// `{"Sha1":[…]}`), or one that is not an object id decoded as some id instead of refused.
+    #[test]
+    fn a_kept_record_in_snapshots_reads_and_writes_back_byte_for_byte() {
+        let r = KeptRecord::decode(RECORD.as_bytes()).expect("record");
+        assert_eq!(
+            r.tree.to_string(),
+            "9b1e2d3c4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c"
+        );
+        assert_eq!(String::from_utf8_lossy(&r.encode()), RECORD);
+        let bad = RECORD.replace("9b1e2d3c4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c", "9b1e");
+        let e = KeptRecord::decode(bad.as_bytes()).expect_err("a bad tree");
+        assert!(
+            e.to_string().contains("not a hex object id: \"9b1e\""),
+            "{e}"
+        );
+    }
 
     /// A small and a large (streamed) kept file land in the mirror as the blob of their bytes; a
     /// second write of one the mirror has is the same id.

@@ -86,8 +86,9 @@ fn is_zero(v: &u32) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PosixRecord {
     pub version: u32,
-    /// The tree the record describes (the snapshot commit's tree).
-    pub tree: String,
+    /// The tree the record describes (the snapshot commit's tree), stored as its hex id.
+    #[serde(with = "crate::records::hex")]
+    pub tree: ObjectId,
     pub entries: Vec<PosixEntry>,
 }
 
@@ -96,7 +97,7 @@ impl PosixRecord {
         entries.sort_by(|a, b| a.path.cmp(&b.path));
         PosixRecord {
             version: VERSION,
-            tree: tree.to_string(),
+            tree,
             entries,
         }
     }
@@ -242,6 +243,27 @@ fn unhex(s: &str) -> Result<Vec<u8>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record as released snapshots hold it (its tree a hex string), checked in.
+    const RECORD: &str = include_str!("../../tests/fixtures/records/posix.json");
+
+    /// Catches: a tree written in another form than the 40-hex string snapshots hold (gix's
+    /// `{"Sha1":[…]}`), or one that is not an object id decoded as some id instead of refused.
+    #[test]
+    fn a_record_in_snapshots_reads_and_writes_back_byte_for_byte() {
+        let r = PosixRecord::decode(RECORD.as_bytes()).expect("record");
+        assert_eq!(
+            r.tree.to_string(),
+            "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+        );
+        assert_eq!(String::from_utf8_lossy(&r.encode()), RECORD);
+        let bad = RECORD.replace("4b825dc642cb6eb9a060e54bf8d69288fbee4904", "4b825d");
+        let e = PosixRecord::decode(bad.as_bytes()).expect_err("a bad tree");
+        assert!(
+            e.to_string().contains("not a hex object id: \"4b825d\""),
+            "{e}"
+        );
+    }
 
     fn entry(path: &[u8], kind: PosixKind) -> PosixEntry {
         PosixEntry {

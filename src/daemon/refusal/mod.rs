@@ -249,12 +249,6 @@ pub enum SnapshotRefusal {
         "cannot keep the workspace's refs: {error}; `octofs release {thread} --discard` drops the workspace without saving"
     )]
     RefsNotKept { error: Box<Error>, thread: String },
-    #[error("thread {thread}: layer {key} has a bad tree id {tree:?}")]
-    BadLayerTree {
-        thread: String,
-        key: String,
-        tree: String,
-    },
 }
 
 fn shown(id: &Option<ObjectId>) -> String {

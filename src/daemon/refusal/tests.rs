@@ -283,14 +283,6 @@ fn each_refusal_keeps_its_line() {
             "cannot keep the workspace's refs: thread t1 is not mounted; `octofs release t1 --discard` drops the workspace without saving".into(),
         ),
         (
-            line(SnapshotRefusal::BadLayerTree {
-                thread: "t1".into(),
-                key: "k".into(),
-                tree: "zz".into(),
-            }),
-            "thread t1: layer k has a bad tree id \"zz\"".into(),
-        ),
-        (
             line(MoveRefusal::RefNeedsProject),
             "--ref needs --project: without one, teleport carries the source's state".into(),
         ),
