@@ -17,12 +17,26 @@ pub fn decode_versioned<T: DeserializeOwned>(
     supported: u32,
     version: impl Fn(&T) -> u32,
 ) -> Result<T, Error> {
+    // The version first: a record of another version is refused as such, whatever else in it
+    // this version cannot read (an object id is parsed as the record is).
+    #[derive(serde::Deserialize)]
+    struct Version {
+        version: u32,
+    }
+    let unsupported = |v: u32| {
+        Error::Invalid(format!(
+            "{what} version {v} is not supported (this octofs reads version {supported})"
+        ))
+    };
+    if let Ok(Version { version: v }) = serde_json::from_slice(bytes)
+        && v != supported
+    {
+        return Err(unsupported(v));
+    }
     let r: T = serde_json::from_slice(bytes).context(|| format!("bad {what}"))?;
     let v = version(&r);
     if v != supported {
-        return Err(Error::Invalid(format!(
-            "{what} version {v} is not supported (this octofs reads version {supported})"
-        )));
+        return Err(unsupported(v));
     }
     Ok(r)
 }
