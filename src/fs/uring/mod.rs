@@ -601,19 +601,27 @@ impl QueueEntry {
             reply
         };
         let body = reply.len() - OUT_HEADER_LEN;
+        // A rare big request (a WRITE through the daemon): its data is consumed, so its pages are
+        // given back now, before the reply is written into the same payload. Never after: the
+        // kernel reads the reply from these pages at the commit (pages given back read as zeros:
+        // a WRITE answered "0 bytes written", a READ answered with zeros), and once committed the
+        // entry may already hold the next request. A big reply (a READ) keeps its pages.
+        if payload_sz > BIG_PAYLOAD && body <= BIG_PAYLOAD {
+            self.buf.release_payload_pages();
+        }
         self.buf.header_mut()[..OUT_HEADER_LEN].copy_from_slice(&reply[..OUT_HEADER_LEN]);
         // The kernel matches the reply by its own unique (without a resend mark).
         self.buf.header_mut()[8..16].copy_from_slice(&unique.to_ne_bytes());
         self.buf.header_mut()[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
             .copy_from_slice(&(body as u32).to_ne_bytes());
         self.buf.payload_mut()[..body].copy_from_slice(&reply[OUT_HEADER_LEN..]);
-        if body.max(payload_sz) > 256 * 1024 {
-            // A rare big request: do not keep a megabyte resident per entry for it.
-            self.buf.release_payload_pages();
-        }
         commit_id
     }
 }
+
+/// A request payload over this many bytes gives its pages back once it is served, so an entry does
+/// not keep a megabyte resident for a rare big WRITE.
+const BIG_PAYLOAD: usize = 256 * 1024;
 
 /// A reply that is only a `fuse_out_header`.
 fn empty_reply(unique: u64, error: i32) -> Vec<u8> {
