@@ -426,12 +426,6 @@ fn a_handover_makes_an_old_workspace_s_alternates_relative() {
     assert_eq!(log.stdout_str(), "initial\n", "{}", log.describe());
 }
 
-/// The numbered lines `0..n` each once and in order.
-fn numbered(text: &str, n: usize) -> bool {
-    let lines: Vec<&str> = text.lines().collect();
-    lines.len() == n && lines.iter().enumerate().all(|(i, l)| *l == i.to_string())
-}
-
 /// A `git status --porcelain` loop in `mount` until `stop`: each output compared with `want` (the
 /// loop's own logs left out). Rounds and what differed.
 fn status_loop(
@@ -937,20 +931,7 @@ fn systemd_s_descriptor_store_keeps_the_mounts_across_a_kill_9() {
     d.spawn_with_listen_fds(&serve, &env, &stored);
     drop(stored);
     std::thread::sleep(Duration::from_millis(700));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let saw = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the loop hung across the crash");
-    eprintln!(
-        "crash under systemd's store: {} rounds, slowest round {:?} (the pause), errors {:?}",
-        saw.rounds, saw.slowest, saw.errors
-    );
-    assert!(
-        saw.errors.is_empty(),
-        "the loop saw {:?}\n{}",
-        saw.errors,
-        d.log_tail()
-    );
+    let saw = finish_work_loop(&stop, &rx, "a crash under systemd's store", &d);
     for log in ["held.log", "reopened.log"] {
         let got = in_mount(None, &m, "cat", &[log]);
         assert!(

@@ -210,30 +210,16 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
         eprintln!("after the second crash:\n{}", ring_lines(&d));
     }
 
-    stop.store(true, Ordering::Relaxed);
-    let saw = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the loop hung");
-    eprintln!(
-        "ring across a crash, a restart and a crash: {} rounds, slowest {:?}, errors {:?}",
-        saw.rounds, saw.slowest, saw.errors
-    );
-    assert!(
-        saw.errors.is_empty(),
-        "the loop saw {:?}\n{}",
-        saw.errors,
-        d.log_tail()
-    );
+    let saw = finish_work_loop(&stop, &rx, "a crash, a restart and a crash on the ring", &d);
     for log in ["held.log", "reopened.log"] {
         let got = in_mount(&mounts[0], "cat", &[log]);
         assert!(got.success(), "{}", got.describe());
         let text = got.stdout_str();
-        let lines: Vec<&str> = text.lines().collect();
         assert!(
-            lines.len() == saw.rounds && lines.iter().enumerate().all(|(i, l)| *l == i.to_string()),
+            numbered(&text, saw.rounds),
             "{log} after {} rounds: {} lines",
             saw.rounds,
-            lines.len()
+            text.lines().count()
         );
     }
     for (i, m) in mounts.iter().enumerate() {

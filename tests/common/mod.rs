@@ -1450,3 +1450,34 @@ pub fn work_loop(
     }
     saw
 }
+
+/// Stops a [`work_loop`] (its `stop` flag), waits for what it saw and asserts it saw no error
+/// (the daemon's log beside them); `what` names the event it ran across.
+pub fn finish_work_loop(
+    stop: &std::sync::atomic::AtomicBool,
+    rx: &std::sync::mpsc::Receiver<LoopSaw>,
+    what: &str,
+    d: &Daemon,
+) -> LoopSaw {
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let saw = rx
+        .recv_timeout(Duration::from_secs(60))
+        .unwrap_or_else(|_| panic!("the loop hung across {what}"));
+    eprintln!(
+        "{what}: {} rounds, slowest round {:?}, errors {:?}",
+        saw.rounds, saw.slowest, saw.errors
+    );
+    assert!(
+        saw.errors.is_empty(),
+        "the loop saw {:?}\n{}",
+        saw.errors,
+        d.log_tail()
+    );
+    saw
+}
+
+/// Whether `text` is the lines `0`, `1`, … `n - 1`: what a [`work_loop`] of `n` rounds appended.
+pub fn numbered(text: &str, n: usize) -> bool {
+    let lines: Vec<&str> = text.lines().collect();
+    lines.len() == n && lines.iter().enumerate().all(|(i, l)| *l == i.to_string())
+}
