@@ -19,7 +19,7 @@ use fuser::{Filesystem, RingDispatcher, RingWorker};
 use serde::{Deserialize, Serialize};
 
 use super::{ENTRIES_PER_QUEUE, HEADER_LEN, PAYLOAD, QueueEntry};
-use crate::sys::uring::{EntryBuffers, Ring, RingMemory};
+use crate::sys::uring::{EntryBuffers, RingMemory};
 
 /// Where, in the header page past the kernel's headers (`EntryBuffers::own`), an entry records
 /// the `commit_id` it answered last: written right after the COMMIT_AND_FETCH reached the kernel.
@@ -269,15 +269,17 @@ pub fn serve_adopted<FS: Filesystem>(
     });
     let (tx, rx) = mpsc::channel();
     let mut workers: Vec<RingWorker<FS>> = Vec::new();
+    let mount = super::service::new_mount();
+    let cpus = super::possible_cpus()?;
     for i in 0..geometry.entries() {
         let (off, qid) = geometry.entry(i);
         let buf = mem
             .entry(off, HEADER_LEN, PAYLOAD)
             .map_err(|e| io::Error::other(format!("ring entry {i}: {e}")))?;
-        let ring = Ring::new(4).map_err(|e| io::Error::other(format!("io_uring_setup: {e}")))?;
         let q = QueueEntry {
             qid,
-            ring,
+            id: super::service::entry_id(mount, i),
+            cpus,
             buf,
             fault: String::new(),
             adopt,
@@ -285,7 +287,9 @@ pub fn serve_adopted<FS: Filesystem>(
         };
         let dev_fd = session.as_fd().try_clone_to_owned()?;
         let tx = tx.clone();
-        workers.push(Box::new(move |d: RingDispatcher<FS>| q.run(dev_fd, d, tx)));
+        workers.push(Box::new(move |d: RingDispatcher<FS>| {
+            q.run(i, dev_fd, d, tx)
+        }));
     }
     drop(tx);
     let expected = workers.len();
