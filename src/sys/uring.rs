@@ -684,6 +684,34 @@ mod tests {
         assert!(ring.pop().is_none());
     }
 
+    /// The ring service's wake-up: a poll on an eventfd completes once it is signalled, and a
+    /// drained eventfd is not readable again.
+    #[test]
+    fn a_poll_on_an_eventfd_completes_when_signalled() {
+        let mut ring = match Ring::with_cq(8, 64) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: io_uring unavailable: {e}");
+                return;
+            }
+        };
+        let ev = EventFd::new().expect("eventfd");
+        ring.push_poll(ev.raw(), libc::POLLIN as u32, 7)
+            .expect("push");
+        ring.submit_and_wait(false).expect("submit");
+        assert!(ring.pop().is_none(), "completed before the signal");
+        ev.signal();
+        ring.submit_and_wait(true).expect("wait");
+        let c = ring.pop().expect("a completion");
+        assert_eq!(c.user_data, 7);
+        assert!(c.res & libc::POLLIN as i32 != 0, "res {}", c.res);
+        ev.drain();
+        ring.push_poll(ev.raw(), libc::POLLIN as u32, 8)
+            .expect("push");
+        ring.submit_and_wait(false).expect("submit");
+        assert!(ring.pop().is_none(), "a drained eventfd polled readable");
+    }
+
     #[test]
     fn entry_buffers_are_separate_and_writable() {
         let mut b = EntryBuffers::new(288, 8192).expect("map");
