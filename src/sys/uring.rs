@@ -306,6 +306,11 @@ impl Ring {
         }
     }
 
+    /// The ring's descriptor (for a poll on the ring itself from another ring).
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Takes the next completion, if any.
     pub fn pop(&mut self) -> Option<Completion> {
         let cq = self.cq_map();

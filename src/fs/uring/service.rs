@@ -39,6 +39,16 @@ pub(super) const CQ_ENTRIES: u32 = 4096;
 const SQ_ENTRIES: u32 = 8;
 /// The `user_data` of a thread's wake-up poll (entry ids start at 1 << 16).
 const WAKE: u64 = 0;
+/// The `user_data` of a thread's exit guard: a poll on an io_uring nobody uses (so it never
+/// completes) that the kernel counts as a *tracked* request of the thread (a request on an
+/// io_uring descriptor, `REQ_F_INFLIGHT`). Only a thread with one tracked request cancels its
+/// commands itself when it exits (`io_uring_files_cancel`, run in `do_exit` before the thread is
+/// marked exiting): its entries waiting for a request leave the queues at once. Without it they
+/// stay available until the whole process is gone and its rings' exit work cancels them, and a
+/// request the kernel hands one of them meanwhile is ended with `ECANCELED` for its caller (the
+/// copy into the entry runs as task work of a dead task): docs/transport.md, "ECANCELED across a
+/// crash".
+const GUARD: u64 = 1;
 
 /// Feeds a request to one mount's filesystem (fuser's `RingDispatcher`, whatever the filesystem).
 pub(super) trait Dispatch: Send {
@@ -122,11 +132,12 @@ fn service(cpus: usize) -> Result<Arc<Service>, String> {
     for _ in 0..cpus * ENTRIES_PER_QUEUE {
         let ring =
             Ring::with_cq(SQ_ENTRIES, CQ_ENTRIES).map_err(|e| format!("io_uring_setup: {e}"))?;
+        let guard = Ring::new(1).map_err(|e| format!("io_uring_setup: {e}"))?;
         let wake = EventFd::new().map_err(|e| format!("eventfd: {e}"))?;
-        rings.push((ring, wake));
+        rings.push((ring, guard, wake));
     }
     let mut threads = Vec::new();
-    for (i, (ring, wake)) in rings.into_iter().enumerate() {
+    for (i, (ring, guard, wake)) in rings.into_iter().enumerate() {
         let inbox = Arc::new(Inbox {
             cmds: Mutex::default(),
             wake,
@@ -135,6 +146,7 @@ fn service(cpus: usize) -> Result<Arc<Service>, String> {
         let cpu = i / ENTRIES_PER_QUEUE;
         let t = Worker {
             ring,
+            guard,
             inbox: inbox.clone(),
             held: HashMap::new(),
             backlog: VecDeque::new(),
@@ -204,6 +216,8 @@ pub(super) fn post(
 /// One ring thread.
 struct Worker {
     ring: Ring,
+    /// The never-used io_uring the exit guard polls ([`GUARD`]).
+    guard: Ring,
     inbox: Arc<Inbox>,
     held: HashMap<u64, Held>,
     /// Completions taken off the ring while registering, not yet handled.
@@ -218,6 +232,7 @@ impl Worker {
             tracing::debug!(cpu = self.cpu, "cannot pin ring thread: {e}");
         }
         self.arm();
+        self.arm_guard();
         loop {
             let Some(c) = self.backlog.pop_front().or_else(|| self.ring.pop()) else {
                 if let Err(e) = self.ring.submit_and_wait(true) {
@@ -226,6 +241,16 @@ impl Worker {
                 }
                 continue;
             };
+            if c.user_data == GUARD {
+                // Never ready; a poll the kernel ended (or refused) is not retried in a loop.
+                if c.res >= 0 {
+                    self.arm_guard();
+                } else {
+                    let e = io::Error::from_raw_os_error(-c.res);
+                    tracing::warn!(cpu = self.cpu, "the ring thread's exit guard ended: {e}");
+                }
+                continue;
+            }
             if c.user_data == WAKE {
                 self.inbox.wake.drain();
                 self.arm();
@@ -251,6 +276,20 @@ impl Worker {
             .and_then(|()| self.ring.submit_and_wait(false));
         if let Err(e) = r {
             tracing::error!(cpu = self.cpu, "cannot arm the ring thread's wake-up: {e}");
+        }
+    }
+
+    /// (Re)arms the exit guard ([`GUARD`]).
+    fn arm_guard(&mut self) {
+        let r = self
+            .ring
+            .push_poll(self.guard.raw(), libc::POLLIN as u32, GUARD)
+            .and_then(|()| self.ring.submit_and_wait(false));
+        if let Err(e) = r {
+            tracing::error!(
+                cpu = self.cpu,
+                "cannot arm the ring thread's exit guard: {e}"
+            );
         }
     }
 
@@ -427,6 +466,7 @@ mod tests {
         let b = new_mount();
         assert_ne!(a, b);
         assert_ne!(entry_id(a, 0), WAKE);
+        assert_ne!(entry_id(a, 0), GUARD);
         assert_ne!(entry_id(a, 3), entry_id(b, 3));
         assert_eq!(entry_id(a, 3) >> 16, a);
         assert_eq!(entry_id(a, 3) & 0xffff, 3);
