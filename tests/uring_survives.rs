@@ -244,3 +244,92 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
         assert!(!is_mounted(m), "{} left mounted", m.display());
     }
 }
+
+/// Requests racing a `kill -9` are never ended with `ECANCELED`: a thread per CPU (pinned) opens
+/// and closes a file of a ring mount as fast as it can (an OPEN and a RELEASE each time) across
+/// sixteen crashes, each followed by a new daemon. A request the kernel hands to an entry
+/// whose thread is already exiting is ended with `ECANCELED` by 6.18 (`fuse_uring_send_in_task`
+/// run as cancelled task work); the ring threads' exit guard (`GUARD` in
+/// `src/fs/uring/service.rs`) takes their waiting entries off the queues as they begin to exit,
+/// so such a request waits for the next daemon instead. Without the guard every crash here left
+/// callers with `ECANCELED` (docs/transport.md, "ECANCELED across a crash").
+#[test]
+fn requests_racing_a_kill_9_are_never_cancelled() {
+    const CRASHES: usize = 16;
+    if !Path::new(ENABLE).exists() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring ({ENABLE} is missing)");
+        return;
+    }
+    let serve = ["--transport", "uring"];
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&serve);
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    for (p, c) in FILES {
+        repo.write(p, c);
+    }
+    repo.commit_all("base", DATE1);
+    d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
+    d.cli_ok(["open", "t", "--project", "p"]);
+    let m = d.mount("t");
+    wait_mounted(std::slice::from_ref(&m), Duration::from_secs(10));
+    assert!(
+        transport_of(&d, "t").contains("uring"),
+        "{}",
+        transport_of(&d, "t")
+    );
+
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut hammers = Vec::new();
+    for i in 0..cpus {
+        let (file, stop, done) = (m.join("README.md"), stop.clone(), done.clone());
+        hammers.push(std::thread::spawn(move || {
+            // SAFETY: a zeroed cpu_set_t, CPU_SET within its size, sched_setaffinity of this
+            // thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(i % cpus, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            let mut errors = Vec::new();
+            while !stop.load(Ordering::Relaxed) && errors.len() < 20 {
+                match fs::File::open(&file) {
+                    Ok(_) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            errors
+        }));
+    }
+    progress(&done, 200, "before the first crash", &d);
+    for crash in 1..=CRASHES {
+        d.kill9();
+        std::thread::sleep(Duration::from_millis(50));
+        d.spawn_with(&serve);
+        progress(&done, 200, &format!("after crash {crash}"), &d);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let errors: Vec<String> = hammers
+        .into_iter()
+        .flat_map(|h| h.join().expect("a hammer thread panicked"))
+        .collect();
+    eprintln!(
+        "{} opens across {CRASHES} crashes, errors {errors:?}",
+        done.load(Ordering::Relaxed)
+    );
+    assert!(
+        errors.is_empty(),
+        "opens across the crashes failed: {errors:?}\n{}",
+        d.log_tail()
+    );
+    d.cli_ok(["release", "t"]);
+    d.stop();
+    assert!(!is_mounted(&m), "{} left mounted", m.display());
+}
