@@ -89,6 +89,17 @@ pub struct IoChosen {
     pub live: u64,
     /// The budget: half the memory the daemon may use.
     pub budget: u64,
+    /// The live no-open mounts of the same base, when it was chosen (0 in records written
+    /// before the per-base limit, and then not written).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub same_base: u32,
+    /// The most live no-open mounts of one base, when it was chosen (0: no limit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub per_base: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A local user (and primary group) that owns a workspace.

@@ -211,3 +211,56 @@ fn a_fixed_serve_io_applies_to_every_mount() {
     );
     d.stop();
 }
+
+/// Catches: the per-base limit not applied (a third workspace of one base mounted no-open although
+/// two live no-open mounts share it), applied across bases (another project's first workspace
+/// would get handles), an asked no-open mount not counted, the room not given back at release,
+/// and `status` not saying why.
+#[test]
+fn a_base_gets_at_most_per_base_no_open_mounts() {
+    let mut d = Daemon::unstarted();
+    // Memory for every base many times over: only the per-base limit decides.
+    d.spawn_with_env(
+        &[],
+        &[
+            ("OCTOFS_IO_MEMORY", "100000000"),
+            ("OCTOFS_IO_PER_BASE", "2"),
+        ],
+    );
+    for project in ["p", "q"] {
+        let repo = GitRepo::init(&d.base.join(format!("up-{project}")));
+        for i in 0..N {
+            repo.write(
+                &format!("f{i}.txt"),
+                format!("{project}{i:0>width$}", width = SIZE - 1),
+            );
+        }
+        repo.commit_all("files", DATE1);
+        d.cli_ok(["mirror", "add", project, &repo.file_url()]);
+    }
+    let a = d.open_thread("a", &["--project", "p"]);
+    let b = d.open_thread("b", &["--project", "p", "--io", "no-open"]);
+    let c = d.open_thread("c", &["--project", "p"]);
+    let q = d.open_thread("q1", &["--project", "q"]);
+    check(
+        &d,
+        &[
+            ("a", &a, "no-open", "auto: 20 KiB of"),
+            ("b", &b, "no-open", "asked"),
+            (
+                "c",
+                &c,
+                "handles",
+                "auto: 2 no-open mounts of this base already, one per CPU",
+            ),
+            ("q1", &q, "no-open", "auto: 59 KiB of"),
+        ],
+    );
+    // Room again for the base once one of its no-open mounts is released.
+    d.cli_ok(["release", "a"]);
+    let e = d.open_thread("e", &["--project", "p"]);
+    check(&d, &[("e", &e, "no-open", "auto:")]);
+    for t in ["b", "c", "q1", "e"] {
+        d.cli_ok(["release", t]);
+    }
+}

@@ -3,9 +3,13 @@
 //! copy of every base file it reads; a handles mount shares the host's one copy through
 //! passthrough but pays a FUSE round trip per open. So a mount is no-open while its base's file
 //! bytes, plus those of the live no-open mounts, fit in half the memory the daemon's cgroup may
-//! use (`memory.max` of its cgroup v2, else `MemTotal`; `OCTOFS_IO_MEMORY` overrides); past that
-//! it gets handles. Decided once per mount, kept in the workspace record (so that a restart, an
-//! adoption or a remount serves it the same way) until the workspace is released.
+//! use (`memory.max` of its cgroup v2, else `MemTotal`; `OCTOFS_IO_MEMORY` overrides), and while
+//! fewer live no-open mounts than CPUs share its base; past either it gets handles. The second
+//! rule is measured (`scripts/agents`): 20 agents reading one base at once on 2 CPUs took as long
+//! with no-open as with handles (the CPUs are busy either way, so the requests no-open saves cost
+//! nothing), but held 5.8× the memory and read 10× the bytes from disk. Decided once per mount,
+//! kept in the workspace record (so that a restart, an adoption or a remount serves it the same
+//! way) until the workspace is released.
 //!
 //! Owns the daemon-level setting ([`IoSetting`]), the rule ([`choose`]), the budget and the
 //! holds on it ([`Budget`], [`Hold`]), and the reasons `status` and `stats` print. It must not
@@ -53,13 +57,31 @@ impl std::fmt::Display for IoSetting {
 }
 
 /// The rule: no-open while `bytes` (this mount's base) plus `live` (the live no-open mounts')
-/// fit in `budget`; a budget of 0 holds nothing.
-pub fn choose(bytes: u64, live: u64, budget: u64) -> IoMode {
-    if budget > 0 && bytes.saturating_add(live) <= budget {
+/// fit in `budget` (a budget of 0 holds nothing) and fewer than `per_base` live no-open mounts
+/// share this base (`same_base`; a `per_base` of 0 sets no such limit).
+pub fn choose(bytes: u64, live: u64, budget: u64, same_base: u32, per_base: u32) -> IoMode {
+    let fits = budget > 0 && bytes.saturating_add(live) <= budget;
+    if fits && (per_base == 0 || same_base < per_base) {
         IoMode::NoOpen
     } else {
         IoMode::Handles
     }
+}
+
+/// Overrides how many live no-open mounts one base may have (0: no limit).
+pub const PER_BASE_ENV: &str = "OCTOFS_IO_PER_BASE";
+
+/// How many live no-open mounts one base may have: `OCTOFS_IO_PER_BASE`, else one per CPU the
+/// daemon may run on (past that the CPUs are busy anyway and one shared copy serves the rest;
+/// module doc).
+pub fn per_base() -> u32 {
+    if let Ok(v) = std::env::var(PER_BASE_ENV) {
+        match v.trim().parse::<u32>() {
+            Ok(n) => return n,
+            Err(_) => tracing::warn!("{PER_BASE_ENV}={v:?} is not a number: ignored"),
+        }
+    }
+    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
 /// Why a mount has its mode, as `status` and `stats` say it: `auto: 210 MiB of 4.0 GiB budget`
@@ -74,6 +96,17 @@ pub fn why(asked: bool, chosen: Option<&IoChosen>) -> String {
             human(c.bytes.saturating_add(c.live)),
             human(c.budget)
         ),
+        (false, Some(c))
+            if c.budget > 0
+                && c.bytes.saturating_add(c.live) <= c.budget
+                && c.per_base > 0
+                && c.same_base >= c.per_base =>
+        {
+            format!(
+                "auto: {} no-open mounts of this base already, one per CPU (the others share one copy)",
+                c.same_base
+            )
+        }
         (false, Some(c)) => format!(
             "auto: budget full ({} base, {} in use of {})",
             human(c.bytes),
@@ -186,9 +219,15 @@ fn cgroup_limit(path: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64
 pub struct Budget {
     /// Half the memory the daemon may use (0: none).
     pub bytes: u64,
-    held: Mutex<HashMap<u64, u64>>,
+    /// The most live no-open mounts of one base (0: no limit).
+    pub per_base: u32,
+    /// Each no-open mount's hold: its base's bytes and its base.
+    held: Mutex<HashMap<u64, (u64, Base)>>,
     next: AtomicU64,
 }
+
+/// What tells bases apart for the per-base limit: the tree a workspace presents at its start.
+pub type Base = gix::ObjectId;
 
 /// A mount's I/O mode and, for a no-open mount, its base's bytes held against the budget until
 /// the hold is dropped (with the mount).
@@ -212,15 +251,16 @@ impl Drop for Hold {
 }
 
 impl Budget {
-    /// A budget of half of `memory` bytes.
-    pub fn new(memory: u64) -> Arc<Budget> {
+    /// A budget of half of `memory` bytes, at most `per_base` no-open mounts per base.
+    pub fn new(memory: u64, per_base: u32) -> Arc<Budget> {
         tracing::info!(
-            "no-open budget {} (half of {} the daemon may use)",
+            "no-open budget {} (half of {} the daemon may use), {per_base} no-open mounts per base",
             human(memory / 2),
             human(memory)
         );
         Arc::new(Budget {
             bytes: memory / 2,
+            per_base,
             held: Mutex::default(),
             next: AtomicU64::new(1),
         })
@@ -229,18 +269,20 @@ impl Budget {
     /// What the live no-open mounts hold.
     pub fn live(&self) -> u64 {
         let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        held.values().fold(0u64, |a, b| a.saturating_add(*b))
+        held.values().fold(0u64, |a, (b, _)| a.saturating_add(*b))
     }
 
     /// Decides a new mount's mode for a base of `bytes` ([`choose`]) and holds it, in one step
     /// (two mounts deciding at once cannot both take the last room).
-    pub fn decide(self: &Arc<Self>, bytes: u64) -> (IoChosen, Hold) {
+    pub fn decide(self: &Arc<Self>, bytes: u64, base: Base) -> (IoChosen, Hold) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        let live = held.values().fold(0u64, |a, b| a.saturating_add(*b));
-        let mode = choose(bytes, live, self.bytes);
+        let live = held.values().fold(0u64, |a, (b, _)| a.saturating_add(*b));
+        let same = held.values().filter(|(_, b)| *b == base).count();
+        let same_base = u32::try_from(same).unwrap_or(u32::MAX);
+        let mode = choose(bytes, live, self.bytes, same_base, self.per_base);
         let id = (mode == IoMode::NoOpen).then(|| {
             let id = self.next.fetch_add(1, Ordering::Relaxed);
-            held.insert(id, bytes);
+            held.insert(id, (bytes, base));
             id
         });
         drop(held);
@@ -249,6 +291,8 @@ impl Budget {
             bytes,
             live,
             budget: self.bytes,
+            same_base,
+            per_base: self.per_base,
         };
         let hold = Hold {
             mode,
@@ -260,13 +304,13 @@ impl Budget {
 
     /// Holds a mode decided before (asked, `serve --io`, or an earlier decision): a no-open
     /// mount's `bytes` count against the budget whether or not they fit.
-    pub fn hold(self: &Arc<Self>, mode: IoMode, bytes: u64) -> Hold {
+    pub fn hold(self: &Arc<Self>, mode: IoMode, bytes: u64, base: Base) -> Hold {
         let id = (mode == IoMode::NoOpen).then(|| {
             let id = self.next.fetch_add(1, Ordering::Relaxed);
             self.held
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(id, bytes);
+                .insert(id, (bytes, base));
             id
         });
         Hold {
@@ -283,40 +327,76 @@ mod tests {
 
     const MIB: u64 = 1 << 20;
 
+    fn base(n: u8) -> Base {
+        gix::ObjectId::from_bytes_or_panic(&[n; 20])
+    }
+
     #[test]
     fn a_base_is_no_open_while_it_fits_in_the_budget() {
-        assert_eq!(choose(100 * MIB, 0, 1024 * MIB), IoMode::NoOpen);
-        assert_eq!(choose(100 * MIB, 924 * MIB, 1024 * MIB), IoMode::NoOpen);
-        assert_eq!(choose(100 * MIB, 925 * MIB, 1024 * MIB), IoMode::Handles);
-        assert_eq!(choose(2048 * MIB, 0, 1024 * MIB), IoMode::Handles);
+        assert_eq!(choose(100 * MIB, 0, 1024 * MIB, 0, 2), IoMode::NoOpen);
+        assert_eq!(
+            choose(100 * MIB, 924 * MIB, 1024 * MIB, 1, 2),
+            IoMode::NoOpen
+        );
+        assert_eq!(
+            choose(100 * MIB, 925 * MIB, 1024 * MIB, 0, 2),
+            IoMode::Handles
+        );
+        assert_eq!(choose(2048 * MIB, 0, 1024 * MIB, 0, 0), IoMode::Handles);
         // No budget: nothing is no-open, not even an empty base.
-        assert_eq!(choose(0, 0, 0), IoMode::Handles);
-        assert_eq!(choose(u64::MAX, 1, u64::MAX - 1), IoMode::Handles);
+        assert_eq!(choose(0, 0, 0, 0, 0), IoMode::Handles);
+        assert_eq!(choose(u64::MAX, 1, u64::MAX - 1, 0, 0), IoMode::Handles);
+        // One per CPU for a base, however much memory is left; 0 sets no limit.
+        assert_eq!(choose(MIB, 0, 1024 * MIB, 2, 2), IoMode::Handles);
+        assert_eq!(choose(MIB, 0, 1024 * MIB, 200, 0), IoMode::NoOpen);
     }
 
     #[test]
     fn the_budget_fills_and_empties_with_its_mounts() {
-        let b = Budget::new(1000);
+        let b = Budget::new(1000, 0);
         assert_eq!(b.bytes, 500);
-        let (c1, h1) = b.decide(300);
+        let (c1, h1) = b.decide(300, base(1));
         assert_eq!((c1.mode, c1.live, c1.budget), (IoMode::NoOpen, 0, 500));
         // The second no longer fits beside the first: handles, holding nothing.
-        let (c2, h2) = b.decide(300);
+        let (c2, h2) = b.decide(300, base(2));
         assert_eq!((c2.mode, c2.live), (IoMode::Handles, 300));
         assert_eq!(b.live(), 300);
-        let (c3, _h3) = b.decide(200);
+        let (c3, _h3) = b.decide(200, base(3));
         assert_eq!(c3.mode, IoMode::NoOpen);
         assert_eq!(b.live(), 500);
         drop(h1);
         drop(h2);
         assert_eq!(b.live(), 200);
         // A mode decided before holds its bytes even past the budget.
-        let h4 = b.hold(IoMode::NoOpen, 900);
+        let h4 = b.hold(IoMode::NoOpen, 900, base(4));
         assert_eq!(b.live(), 1100);
-        assert_eq!(b.decide(1).0.mode, IoMode::Handles);
+        assert_eq!(b.decide(1, base(5)).0.mode, IoMode::Handles);
         drop(h4);
-        assert_eq!(b.hold(IoMode::Handles, 900).mode, IoMode::Handles);
+        assert_eq!(b.hold(IoMode::Handles, 900, base(4)).mode, IoMode::Handles);
         assert_eq!(b.live(), 200);
+    }
+
+    #[test]
+    fn a_base_has_at_most_per_base_no_open_mounts_and_others_are_not_counted() {
+        let b = Budget::new(1 << 40, 2);
+        let (c1, h1) = b.decide(MIB, base(1));
+        let (c2, _h2) = b.decide(MIB, base(1));
+        assert_eq!((c1.mode, c1.same_base), (IoMode::NoOpen, 0));
+        assert_eq!((c2.mode, c2.same_base), (IoMode::NoOpen, 1));
+        // The third of the same base gets handles and holds nothing; another base is free.
+        let (c3, _h3) = b.decide(MIB, base(1));
+        assert_eq!(
+            (c3.mode, c3.same_base, c3.per_base),
+            (IoMode::Handles, 2, 2)
+        );
+        assert_eq!(b.live(), 2 * MIB);
+        assert_eq!(b.decide(MIB, base(2)).0.mode, IoMode::NoOpen);
+        // An asked or earlier no-open mount of the base counts too; a handles one does not.
+        let _h5 = b.hold(IoMode::Handles, 0, base(3));
+        assert_eq!(b.decide(MIB, base(3)).0.mode, IoMode::NoOpen);
+        // Room again once one of them is gone.
+        drop(h1);
+        assert_eq!(b.decide(MIB, base(1)).0.mode, IoMode::NoOpen);
     }
 
     #[test]
@@ -343,6 +423,8 @@ mod tests {
             bytes: 200 * MIB,
             live: 10 * MIB,
             budget: 4096 * MIB,
+            same_base: 1,
+            per_base: 2,
         };
         assert_eq!(
             why(false, Some(&no_open)),
@@ -354,6 +436,25 @@ mod tests {
         };
         assert_eq!(
             why(false, Some(&full)),
+            "auto: budget full (200 MiB base, 10 MiB in use of 4.0 GiB)"
+        );
+        let crowded = IoChosen {
+            mode: IoMode::Handles,
+            same_base: 2,
+            ..no_open
+        };
+        assert_eq!(
+            why(false, Some(&crowded)),
+            "auto: 2 no-open mounts of this base already, one per CPU (the others share one copy)"
+        );
+        // A record written before the per-base limit (both 0) reads as before.
+        let old = IoChosen {
+            same_base: 0,
+            per_base: 0,
+            ..full
+        };
+        assert_eq!(
+            why(false, Some(&old)),
             "auto: budget full (200 MiB base, 10 MiB in use of 4.0 GiB)"
         );
         assert_eq!(why(true, Some(&full)), "asked");

@@ -230,7 +230,7 @@ impl Daemon {
             locks: Arc::default(),
             idle_waits: Mutex::default(),
             access_epoch: Arc::default(),
-            io_budget: io_auto::Budget::new(io_auto::memory()),
+            io_budget: io_auto::Budget::new(io_auto::memory(), io_auto::per_base()),
         })
     }
 }

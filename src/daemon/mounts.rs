@@ -110,16 +110,18 @@ impl Daemon {
             } else {
                 0
             };
-            self.io_budget.hold(mode, bytes)
+            self.io_budget.hold(mode, bytes, rec.base_tree)
         };
         if let Some(mode) = rec.io {
             return (held(mode), None);
         }
         match (self.settings.io, rec.io_auto) {
             (IoSetting::Mode(mode), _) => (held(mode), None),
-            (IoSetting::Auto, Some(c)) => (self.io_budget.hold(c.mode, c.bytes), None),
+            (IoSetting::Auto, Some(c)) => {
+                (self.io_budget.hold(c.mode, c.bytes, rec.base_tree), None)
+            }
             (IoSetting::Auto, None) => {
-                let (chosen, hold) = self.io_budget.decide(self.base_bytes(rec));
+                let (chosen, hold) = self.io_budget.decide(self.base_bytes(rec), rec.base_tree);
                 tracing::info!(
                     thread = %rec.thread,
                     "I/O mode {} ({})",

@@ -295,7 +295,7 @@ fn build(
         Some(c) => c.bytes,
         None => daemon.base_bytes(&rec),
     };
-    let io = daemon.io_budget.hold(mode, bytes);
+    let io = daemon.io_budget.hold(mode, bytes, rec.base_tree);
     let adapter = FuseAdapter::new(
         core.clone(),
         is_root && daemon.passthrough_for(rec.owner.uid),
