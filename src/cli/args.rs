@@ -168,7 +168,7 @@ pub struct ServeArgs {
     pub fetch_timeout: u64,
     /// How mounts receive requests: dev (/dev/fuse threads), auto (FUSE over io_uring when the
     /// kernel offers it), uring (or the mount fails); see docs/transport.md
-    #[arg(long, default_value = "dev", env = "OCTOFS_TRANSPORT")]
+    #[arg(long, default_value = "auto", env = "OCTOFS_TRANSPORT")]
     pub transport: octofs::fs::uring::Transport,
     /// How mounts serve file I/O: auto (per workspace: no-open while the bases fit in half the
     /// memory, else handles), handles (OPEN/RELEASE, passthrough), or no-open (no request for a
