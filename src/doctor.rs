@@ -176,22 +176,14 @@ enum Probe {
 }
 
 fn probe_mount(path: &Path) -> Probe {
-    let (tx, rx) = mpsc::channel();
-    let p = path.to_path_buf();
-    // A hung mount blocks the probing thread; it is left behind (the process exits soon).
-    let spawned = std::thread::Builder::new()
-        .name("octofs-doctor-probe".into())
-        .spawn(move || {
-            let _ = tx.send(crate::sys::statvfs(&p).map(|_| ()));
-        });
-    if spawned.is_err() {
-        return Probe::Failed(std::io::Error::other("cannot start a probe thread"));
-    }
-    match rx.recv_timeout(PROBE) {
-        Ok(Ok(())) => Probe::Ok,
-        Ok(Err(e)) if e.raw_os_error() == Some(libc::ENOTCONN) => Probe::Stale,
-        Ok(Err(e)) => Probe::Failed(e),
-        Err(_) => Probe::Hung,
+    // In a child process: a probe stuck in a mount whose server took its request cannot be killed
+    // out of it, and would keep this process from ending (`sys::statfs_in_child`).
+    match crate::sys::statfs_in_child(path, PROBE) {
+        Ok(Some(Ok(()))) => Probe::Ok,
+        Ok(Some(Err(e))) if e.raw_os_error() == Some(libc::ENOTCONN) => Probe::Stale,
+        Ok(Some(Err(e))) => Probe::Failed(e),
+        Ok(None) => Probe::Hung,
+        Err(e) => Probe::Failed(std::io::Error::other(format!("cannot start a probe: {e}"))),
     }
 }
 

@@ -257,11 +257,14 @@ class FuseOverlay(Overlay):
 
 
 class Octo(Method):
-    """octofs as a user gets it: the daemon's default I/O mode (`serve --io auto`: each thread
-    no-open while the bases fit in half the memory, else handles), nothing asked."""
-    name, label = "octofs", "octofs (default: auto)"
+    """octofs as a user gets it: the daemon's default transport (`serve --transport auto`: FUSE
+    over io_uring where the kernel offers it) and I/O mode (`serve --io auto`: each thread no-open
+    while the bases fit in half the memory and a base has fewer no-open mounts than CPUs, else
+    handles), nothing asked."""
+    name, label = "octofs", "octofs (default)"
     desc = ("`octofs open` of the repository's mirror (a private daemon and state, its default "
-            "configuration: `--io auto` chooses no-open or handles per thread), its ignored "
+            "configuration: `--transport auto` serves it over io_uring where the kernel offers it, "
+            "`--io auto` chooses no-open or handles per thread), its ignored "
             "dependencies presented by the project's dependency layer (built once at `mirror add`; "
             "`cp -a` into the mount only when no layer was built); snapshots with `octofs snapshot`")
 
@@ -380,6 +383,16 @@ class OctoNoOpen(Octo):
         return f
 
 
+class OctoDev(Octo):
+    """octofs on the `/dev/fuse` transport (the default before 2026-12-04): a daemon of its own
+    started with `OCTOFS_TRANSPORT=dev`, the I/O mode left to `auto`."""
+    name, label = "octofs-dev", "octofs, /dev/fuse"
+    desc = ("`octofs open` on a daemon of its own started with `--transport dev` (requests read "
+            "from /dev/fuse by a pool of threads, woken on any CPU), `--io auto`")
+    daemon_key = "dev"
+    daemon_env = {"OCTOFS_TRANSPORT": "dev"}
+
+
 class OctoUring(Octo):
     """octofs on the FUSE-over-io_uring transport: a daemon of its own started with
     `OCTOFS_TRANSPORT=uring`, threads in handles mode."""
@@ -419,7 +432,7 @@ class OctoCopy(Octo):
 
 # The reference first, then octofs as a user gets it (its default configuration), then its named
 # alternatives, then the other ways to get a workspace.
-ALL = [Native, Octo, OctoHandles, OctoNoOpen, OctoUring, OctoCopy, CloneLocal, Worktree, Copy, Reflink,
+ALL = [Native, Octo, OctoHandles, OctoNoOpen, OctoDev, OctoUring, OctoCopy, CloneLocal, Worktree, Copy, Reflink,
        Overlay, FuseOverlay]
 NAMES = [m.name for m in ALL]
 # Names of earlier runs, still accepted by --methods.

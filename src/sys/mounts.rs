@@ -334,3 +334,93 @@ mod tests {
         assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
     }
 }
+
+/// `statfs(path)` in a child process of its own, waited for at most `timeout`: `Some` of what it
+/// answered, `None` when it did not answer in time. A caller whose request the server already
+/// took cannot be killed out of the wait (FUSE over io_uring hands a request to an idle ring
+/// entry at once, so a stopped daemon's mount holds its callers so), and a thread of ours stuck
+/// there would keep this process from ending. The child keeps only the pipe it answers on (none
+/// of our output), so a stuck child holds up neither our exit nor whoever reads our output; it
+/// ends when the mount answers or is aborted, reaped by a thread of ours or, after we exit, init.
+pub fn statfs_in_child(
+    path: &Path,
+    timeout: std::time::Duration,
+) -> io::Result<Option<io::Result<()>>> {
+    let c = cpath(path)?;
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    check(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    let (r, w) = (fds[0], fds[1]);
+    // SAFETY: fork has no preconditions; the child below only makes async-signal-safe calls.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: in the child of a possibly multi-threaded process: raw system calls only (no
+        // allocation, no lock), on `c` (allocated before the fork) and the pipe's write end.
+        unsafe {
+            if w > 0 {
+                libc::syscall(libc::SYS_close_range, 0u32, (w - 1) as u32, 0u32);
+            }
+            libc::syscall(libc::SYS_close_range, (w + 1) as u32, u32::MAX, 0u32);
+            let mut st: libc::statfs = std::mem::zeroed();
+            let rc = libc::statfs(c.as_ptr(), &mut st);
+            let e: libc::c_int = if rc == 0 {
+                0
+            } else {
+                *libc::__errno_location()
+            };
+            libc::write(
+                w,
+                (&e as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>(),
+            );
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: `w` is our copy of the pipe's write end, closed once.
+    unsafe { libc::close(w) };
+    if pid < 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: `r` is the pipe's read end, closed once.
+        unsafe { libc::close(r) };
+        return Err(e);
+    }
+    let mut pfd = libc::pollfd {
+        fd: r,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `pfd` is one valid pollfd.
+    let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+    let mut e: libc::c_int = -1;
+    let got = if ready > 0 {
+        // SAFETY: reading at most size_of::<c_int>() bytes into `e`.
+        unsafe {
+            libc::read(
+                r,
+                (&mut e as *mut libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>(),
+            )
+        }
+    } else {
+        0
+    };
+    // SAFETY: `r` is the pipe's read end, closed once.
+    unsafe { libc::close(r) };
+    // The child is reaped by a thread of ours whenever it ends (at once when it answered).
+    let _ = std::thread::Builder::new()
+        .name("octofs-reap".into())
+        .spawn(move || {
+            let mut status = 0;
+            // SAFETY: `pid` is our child; `status` is a valid int.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+        });
+    if got != std::mem::size_of::<libc::c_int>() as isize {
+        return Ok(None);
+    }
+    Ok(Some(if e == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(e))
+    }))
+}
