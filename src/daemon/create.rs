@@ -135,6 +135,7 @@ impl Daemon {
             release_when_idle: false,
             io: fork.io,
             io_auto: None,
+            index_later: false,
             layers: if fork.chat {
                 Vec::new()
             } else {
@@ -283,6 +284,7 @@ impl Daemon {
                 (None, git) => {
                     if let Some(g) = git {
                         core.hold_dir(g);
+                        rec.index_later = true;
                     }
                     Some(PendingIndex {
                         store: store.clone(),

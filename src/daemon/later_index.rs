@@ -15,7 +15,7 @@ use std::time::Instant;
 use super::{Daemon, lock};
 use crate::fs::WorkspaceFs;
 use crate::git::objects::ObjectStore;
-use crate::workspace::Owner;
+use crate::workspace::{Owner, WorkspaceRecord};
 
 /// What the build of a new workspace's index needs, taken before it was mounted.
 pub(super) struct PendingIndex {
@@ -44,7 +44,19 @@ impl Daemon {
             .get(thread)
             .and_then(|m| Some((m.session.notifier()?, m.info.clone())));
         let thread = thread.to_string();
+        // Counted as a control request in flight: `octofs restart` waits for the build to end
+        // (two daemons never write one upper layer). Refused only while a handover runs, which
+        // waits for the caller's own request first: then the next daemon puts the index in.
+        let in_flight = match super::takeover::enter() {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(%thread, "not building the index here: {e}");
+                p.core.release_dir(Err(e.to_string()));
+                return;
+            }
+        };
         let job = move || {
+            let _in_flight = in_flight;
             let started = Instant::now();
             let built = {
                 let l = locks.get(&super::mirrors::index_lock_key(
@@ -98,5 +110,53 @@ impl Daemon {
                 j();
             }
         }
+    }
+
+    /// A workspace loaded again (a mount, the adoption after a restart or a crash) whose index was
+    /// to come after its mount (`index_later`) and whose `.git` has none yet — the daemon that
+    /// was to put it in stopped first, or a power loss took its catalog records: holds its `.git`
+    /// and builds the index as at its first open.
+    pub(super) fn index_still_missing(&self, rec: &WorkspaceRecord, core: &Arc<WorkspaceFs>) {
+        if !rec.index_later || rec.chat {
+            return;
+        }
+        let Ok(Some(attr)) = core.attr_at(&[b".git"]) else {
+            return;
+        };
+        let Ok(Some(names)) = core.list_dir(&[b".git"]) else {
+            return;
+        };
+        if names
+            .iter()
+            .any(|(n, _)| n == b"index" || n.starts_with(b"sharedindex."))
+        {
+            return;
+        }
+        let store = match self.store(&rec.project) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(thread = %rec.thread, "cannot put its index in: {e}");
+                return;
+            }
+        };
+        tracing::info!(thread = %rec.thread, "its index never came: building it");
+        let git = attr.ino.0;
+        core.hold_dir(git);
+        let worktree = std::fs::canonicalize(&self.layout.root)
+            .unwrap_or_else(|_| self.layout.root.clone())
+            .join(&rec.thread);
+        self.complete_index(
+            &rec.thread,
+            PendingIndex {
+                store,
+                core: core.clone(),
+                git: Some(git),
+                worktree,
+                index_tree: rec.base_tree,
+                worktree_tree: rec.base_tree,
+                base_time: rec.base_time,
+                owner: rec.owner,
+            },
+        );
     }
 }

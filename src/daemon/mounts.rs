@@ -205,7 +205,9 @@ impl Daemon {
         {
             core.durable_after(b.clone());
         }
-        Ok(Arc::new(core))
+        let core = Arc::new(core);
+        self.index_still_missing(rec, &core);
+        Ok(core)
     }
 
     /// The mirror's objects as `rec`'s workspace presents them at `.git/octofs/objects`; `None`
