@@ -7,13 +7,17 @@
 //! the workspace created (and so `open` answered) before its index is in place; a snapshot taken
 //! at once is the branch's tree; `git status --porcelain` and `git diff HEAD --stat`, run at once,
 //! are empty; a write then shows exactly that file.
+//!
+//! [`an_index_a_killed_daemon_never_put_in_is_put_in_by_the_next`]: the daemon is killed right
+//! after such an `open` (most runs before its index is in: a 60,000-file branch); the next daemon
+//! adopts the mount and, when the index never came, builds it: git is right either way.
 
 use crate::common;
 
 use common::*;
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A repository whose default branch `main` has two files and whose branch `side` adds `n` more
 /// (one `git fast-import`).
@@ -141,4 +145,31 @@ fn first_open_of_an_unbuilt_base_is_answered_before_its_index_and_git_is_right_a
     d.cli_as(user, &["release", "t"]).assert_ok();
     assert!(!is_mounted(&ws));
     eprintln!("open of a 20,000-file unbuilt base: {opened:?} (CLI wall time)");
+}
+
+#[test]
+fn an_index_a_killed_daemon_never_put_in_is_put_in_by_the_next() {
+    let mut d = Daemon::start();
+    let repo = repo_with_a_big_side_branch(&d.base.join("big"), 60_000);
+    d.cli_ok(["mirror", "add", "big", repo.path.to_str().unwrap()]);
+    let ws = d.open_thread("t", &["--project", "big", "--ref", "side"]);
+    d.kill9();
+    let came = d.log_text().contains("the workspace's index is in place");
+    d.spawn();
+    wait_mounted(std::slice::from_ref(&ws), Duration::from_secs(30));
+    assert_eq!(
+        git(&ws, ["status", "--porcelain"]),
+        "",
+        "a clean fork after the crash"
+    );
+    assert_eq!(git(&ws, ["diff", "HEAD", "--stat"]), "");
+    if !came {
+        said_at(&d, "its index never came: building it");
+    }
+    eprintln!(
+        "the killed daemon had {} the index in",
+        if came { "put" } else { "not put" }
+    );
+    d.cli_ok(["release", "t"]);
+    assert!(!is_mounted(&ws));
 }
