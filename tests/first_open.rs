@@ -8,6 +8,11 @@
 //! at once is the branch's tree; `git status --porcelain` and `git diff HEAD --stat`, run at once,
 //! are empty; a write then shows exactly that file.
 //!
+//! [`a_held_directory_answers_nothing_of_its_names_until_released`] (the core without a kernel):
+//! a lookup in a held `.git` waits while one elsewhere is answered, is answered once the index is
+//! put in and the hold ends (the name noted for the kernel), and fails with `EIO` after a failed
+//! hold, for the kernel's requests and the daemon's reads alike.
+//!
 //! [`an_index_a_killed_daemon_never_put_in_is_put_in_by_the_next`]: the daemon is killed right
 //! after such an `open` (most runs before its index is in: a 60,000-file branch); the next daemon
 //! adopts the mount and, when the index never came, builds it: git is right either way.
@@ -15,6 +20,7 @@
 use crate::common;
 
 use common::*;
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -172,4 +178,49 @@ fn an_index_a_killed_daemon_never_put_in_is_put_in_by_the_next() {
     );
     d.cli_ok(["release", "t"]);
     assert!(!is_mounted(&ws));
+}
+
+#[test]
+fn a_held_directory_answers_nothing_of_its_names_until_released() {
+    use fuser::Errno;
+    use octofs::fs::{Behind, ROOT_INO};
+    let (_tmp, core) = core_of_files(&[("a.txt", "a\n")]);
+    let core = std::sync::Arc::new(core);
+    let git = core.seed_dir(ROOT_INO, ".git", 0o755).unwrap();
+    core.seed_file(git, "HEAD", b"ref: refs/heads/main\n", 0o644)
+        .unwrap();
+    core.watch_kernel();
+    core.hold_dir(git);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = core.clone();
+    let waiter = std::thread::spawn(move || {
+        let r = c.lookup(git, OsStr::new("index")).map(|a| a.size);
+        tx.send(()).unwrap();
+        r
+    });
+    // Elsewhere, nothing waits.
+    assert_eq!(core.lookup(ROOT_INO, OsStr::new("a.txt")).unwrap().size, 2);
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "a lookup in the held .git was answered before its index was in"
+    );
+    core.add_own_file(git, "index", b"index!", 0o644).unwrap();
+    core.release_dir(Ok(()));
+    assert_eq!(waiter.join().unwrap(), Ok(6), "answered once released");
+    assert!(core.take_behind().contains(&Behind::Entry {
+        parent: git,
+        name: b"index".to_vec()
+    }));
+    // A failed hold is an error for whoever reaches the directory's names, and says why.
+    core.hold_dir(git);
+    core.release_dir(Err("boom".into()));
+    let e = core.lookup(git, OsStr::new("HEAD")).unwrap_err();
+    assert_eq!(e, Errno::EIO);
+    assert!(format!("{e:?}").contains("boom"), "{e:?}");
+    assert_eq!(
+        core.read_file(&[b".git", b"index"]).unwrap_err(),
+        Errno::EIO
+    );
+    // The daemon's own files of `.git` are read without waiting.
+    assert!(core.read_file(&[b".git", b"HEAD"]).unwrap().is_some());
 }
