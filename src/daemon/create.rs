@@ -351,8 +351,13 @@ impl Daemon {
             );
             let mounted = self.mount_core(&rec, core, false, io).map(|_note| ());
             if let Some(p) = index_job {
-                // Also after a failed mount: whoever waits on the held `.git` is let go.
-                self.complete_index(thread, p);
+                if mounted.is_ok() {
+                    self.complete_index(thread, p);
+                } else {
+                    // The workspace goes (below): nothing to build it for.
+                    p.core
+                        .release_dir(Err("the workspace was not mounted".into()));
+                }
             }
             tracing::info!(
                 %thread, loaded, planned, indexed, seeded, diffed, applied, restored, written,

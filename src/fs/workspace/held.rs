@@ -56,6 +56,11 @@ impl WorkspaceFs {
         self.held_changed.notify_all();
     }
 
+    /// Waits (at most [`HELD_WAIT`]) until no directory is held, or its hold failed.
+    pub fn wait_unheld(&self) -> Result<(), FsError> {
+        self.wait_held(None)
+    }
+
     /// Whether a directory is held now.
     pub fn is_held(&self) -> bool {
         self.any_held.load(Ordering::Acquire)
