@@ -5,7 +5,9 @@
 //! wherever the kernel offers them, with the requests read from the rings and not from `/dev/fuse`:
 //! upstream fuser after 0.18.0 refuses `FUSE_OVER_IO_URING` in `add_capabilities`, and a rebase
 //! that kept the refusal would quietly serve `/dev/fuse` (vendor/fuser-patches/README.md,
-//! "Rebasing"). Every test skips, saying why, where the kernel has no FUSE over io_uring (no
+//! "Rebasing"). [`forty_ring_workspaces_share_the_ring_threads`]: 40 ring mounts hold the daemon
+//! at no more than 64 threads (one ring service: 2 threads per CPU, each with one entry of every
+//! mount), each serving processes started after all opens. Every test skips, saying why, where the kernel has no FUSE over io_uring (no
 //! `fuse.enable_uring` module parameter).
 
 use crate::common;
@@ -401,4 +403,100 @@ fn big_writes_and_reads_through_the_daemon_over_the_ring_keep_every_byte() {
             && !stats.contains("bytes written through the daemon:    0\n"),
         "the writes did not go through the daemon:\n{stats}"
     );
+}
+
+/// The daemon's OS threads (`/proc/<pid>/task`).
+fn daemon_threads(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+/// 40 workspaces served over io_uring (`OCTOFS_TRANSPORT=uring`) share the ring threads: the
+/// daemon stays at no more than 64 threads (per-mount ring threads made it 4 per mount here, 160+),
+/// each mount answers reads and a write from processes started after every open, 8 at once, and
+/// releasing them all leaves no mount. The `/dev/fuse` twin is
+/// `open_cost::sixty_workspaces_share_one_bounded_pool_of_request_threads`.
+#[test]
+fn forty_ring_workspaces_share_the_ring_threads() {
+    const N: usize = 40;
+    if !kernel_has_it() {
+        return;
+    }
+    let mut d = Daemon::unstarted();
+    d.spawn_with_env(&[], &[("OCTOFS_TRANSPORT", "uring")]);
+    add_project(
+        &d,
+        "p",
+        &[
+            ("a.txt", "alpha\n", 0o644),
+            ("dir/deep/c.txt", "gamma\n", 0o644),
+        ],
+    );
+    let pid = d.pid().expect("daemon pid");
+    let mounts: Vec<_> = (0..N)
+        .map(|i| d.open_thread(&format!("w{i}"), &["--project", "p"]))
+        .collect();
+    let status = d.cli_ok(["status", "w0"]);
+    assert!(status.contains("transport:     uring ("), "{status}");
+    let open = daemon_threads(pid);
+    let (rings, _) = ring_thread_wakeups(pid);
+    assert!(
+        open <= 64,
+        "{open} daemon threads ({rings} ring threads) with {N} ring workspaces open (bound 64)"
+    );
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mounts = std::sync::Arc::new(mounts);
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let next = next.clone();
+            let mounts = mounts.clone();
+            std::thread::spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(m) = mounts.get(i) else { return };
+                    let deep = run(
+                        Command::new("cat").arg(m.join("dir/deep/c.txt")),
+                        Duration::from_secs(30),
+                    );
+                    assert_eq!(deep.assert_ok().stdout_str(), "gamma\n", "workspace {i}");
+                    let wrote = run(
+                        Command::new("sh")
+                            .arg("-c")
+                            .arg("echo \"$1\" > \"$0/new.txt\" && cat \"$0/new.txt\" \"$0/a.txt\"")
+                            .arg(m)
+                            .arg(format!("w{i}")),
+                        Duration::from_secs(30),
+                    );
+                    assert_eq!(
+                        wrote.assert_ok().stdout_str(),
+                        format!("w{i}\nalpha\n"),
+                        "workspace {i}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a ring workspace served a wrong answer");
+    }
+    let busy = daemon_threads(pid);
+    assert!(
+        busy <= 64,
+        "{busy} daemon threads after serving {N} ring workspaces"
+    );
+    for i in 0..N {
+        d.cli_ok(["release", &format!("w{i}")]);
+    }
+    for m in mounts.iter() {
+        assert!(
+            !is_mounted(m),
+            "{} still mounted after release",
+            m.display()
+        );
+    }
+    eprintln!(
+        "{N} ring workspaces: daemon threads {open} open ({rings} ring threads), {busy} after \
+         serving, {} released",
+        daemon_threads(pid)
+    );
+    d.stop();
 }

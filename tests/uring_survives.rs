@@ -7,8 +7,11 @@
 //! must be there, a process started afterwards must read every base file equal to `git show`,
 //! `git status --porcelain` must be as before, and `status` must still say `uring`. Before: the
 //! loop read `ECONNABORTED`/`ENOTCONN` after the kill (ring mounts were not kept) and `restart`
-//! refused ("served over io_uring, whose rings cannot be handed over"). Skips where the kernel has
-//! no FUSE over io_uring.
+//! refused ("served over io_uring, whose rings cannot be handed over").
+//! [`requests_racing_a_kill_9_are_never_cancelled`]: a thread per CPU opening a file as fast as it
+//! can across sixteen crashes sees no error (no `ECANCELED` from requests handed to a dying
+//! daemon's entries, no `EIO` from a reply the dead daemon had written but not committed). Skips
+//! where the kernel has no FUSE over io_uring.
 
 use crate::common;
 
@@ -243,4 +246,120 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
     for m in &mounts {
         assert!(!is_mounted(m), "{} left mounted", m.display());
     }
+}
+
+/// Requests racing a `kill -9` are never ended with `ECANCELED`: a thread per CPU (pinned) opens
+/// and closes a file of a ring mount as fast as it can (an OPEN and a RELEASE each time) across
+/// sixteen crashes, each followed by a new daemon. A request the kernel hands to an entry
+/// whose thread is already exiting is ended with `ECANCELED` by 6.18 (`fuse_uring_send_in_task`
+/// run as cancelled task work); the ring threads' exit guard (`GUARD` in
+/// `src/fs/uring/service.rs`) takes their waiting entries off the queues as they begin to exit,
+/// so such a request waits for the next daemon instead. Without the guard every crash here left
+/// callers with `ECANCELED` (docs/transport.md, "ECANCELED across a crash").
+#[test]
+fn requests_racing_a_kill_9_are_never_cancelled() {
+    const CRASHES: usize = 16;
+    if !Path::new(ENABLE).exists() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring ({ENABLE} is missing)");
+        return;
+    }
+    let serve = ["--transport", "uring"];
+    let mut d = Daemon::unstarted();
+    d.spawn_with(&serve);
+    let src = tempfile::Builder::new()
+        .prefix("octofs-src-")
+        .tempdir()
+        .expect("tempdir");
+    let repo = GitRepo::init(&src.path().join("upstream"));
+    for (p, c) in FILES {
+        repo.write(p, c);
+    }
+    repo.commit_all("base", DATE1);
+    d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
+    d.cli_ok(["open", "t", "--project", "p"]);
+    let m = d.mount("t");
+    wait_mounted(std::slice::from_ref(&m), Duration::from_secs(10));
+    assert!(
+        transport_of(&d, "t").contains("uring"),
+        "{}",
+        transport_of(&d, "t")
+    );
+
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut hammers = Vec::new();
+    for i in 0..cpus {
+        let (file, stop, done) = (m.join("README.md"), stop.clone(), done.clone());
+        hammers.push(std::thread::spawn(move || {
+            // SAFETY: a zeroed cpu_set_t, CPU_SET within its size, sched_setaffinity of this
+            // thread only.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(i % cpus, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            let mut errors = Vec::new();
+            while !stop.load(Ordering::Relaxed) && errors.len() < 20 {
+                match fs::File::open(&file) {
+                    Ok(_) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => errors.push(e.to_string()),
+                }
+            }
+            errors
+        }));
+    }
+    progress(&done, 200, "before the first crash", &d);
+    for crash in 1..=CRASHES {
+        d.kill9();
+        std::thread::sleep(Duration::from_millis(50));
+        d.spawn_with(&serve);
+        progress(&done, 200, &format!("after crash {crash}"), &d);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let errors: Vec<String> = hammers
+        .into_iter()
+        .flat_map(|h| h.join().expect("a hammer thread panicked"))
+        .collect();
+    eprintln!(
+        "{} opens across {CRASHES} crashes, errors {errors:?}",
+        done.load(Ordering::Relaxed)
+    );
+    assert!(
+        errors.is_empty(),
+        "opens across the crashes failed: {errors:?}\n{}",
+        takeover_lines(&d)
+    );
+    d.cli_ok(["release", "t"]);
+    d.stop();
+    assert!(!is_mounted(&m), "{} left mounted", m.display());
+}
+
+/// What every daemon of `d` logged about taking over ring entries and about failures (all logs,
+/// not only the last daemon's: a failure may follow any of the crashes).
+fn takeover_lines(d: &Daemon) -> String {
+    let mut logs: Vec<_> = fs::read_dir(&d.base)
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    logs.retain(|p| {
+        p.file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("daemon-"))
+    });
+    logs.sort();
+    let mut out = String::new();
+    for log in logs {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        out += &format!("--- {}\n", log.display());
+        for l in text.lines().filter(|l| {
+            l.contains("old daemon")
+                || l.contains("WARN")
+                || l.contains("ERROR")
+                || l.contains("afresh")
+        }) {
+            out += &format!("  {l}\n");
+        }
+    }
+    out
 }

@@ -21,6 +21,8 @@ const IORING_OFF_CQ_RING: libc::off_t = 0x800_0000;
 const IORING_OFF_SQES: libc::off_t = 0x1000_0000;
 const IORING_ENTER_GETEVENTS: u32 = 1;
 const IORING_OP_URING_CMD: u8 = 46;
+const IORING_OP_POLL_ADD: u8 = 6;
+const IORING_SETUP_CQSIZE: u32 = 1 << 3;
 /// A 128-byte submission entry (`IORING_SETUP_SQE128`).
 const SQE_SIZE: usize = 128;
 /// Where a `URING_CMD`'s command bytes start inside the entry, and how many fit (SQE128).
@@ -146,10 +148,20 @@ pub struct Ring {
 impl Ring {
     /// Sets up a ring of `entries` submission slots (the kernel rounds up to a power of two).
     pub fn new(entries: u32) -> io::Result<Ring> {
+        Self::with_cq(entries, 0)
+    }
+
+    /// As [`Ring::new`], with room for `cq_entries` completions (0: the kernel's default, twice
+    /// the submission slots).
+    pub fn with_cq(entries: u32, cq_entries: u32) -> io::Result<Ring> {
         let mut p = Params {
             flags: IORING_SETUP_SQE128,
             ..Params::default()
         };
+        if cq_entries > 0 {
+            p.flags |= IORING_SETUP_CQSIZE;
+            p.cq_entries = cq_entries;
+        }
         // SAFETY: io_uring_setup reads and writes only `p`, which lives across the call.
         let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, entries, &mut p as *mut Params) };
         if fd < 0 {
@@ -215,6 +227,30 @@ impl Ring {
         if cmd.len() > SQE_CMD_LEN {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
+        let mut sqe = [0u8; SQE_SIZE];
+        sqe[0] = IORING_OP_URING_CMD;
+        sqe[4..8].copy_from_slice(&fd.to_ne_bytes());
+        sqe[8..12].copy_from_slice(&cmd_op.to_ne_bytes());
+        sqe[16..24].copy_from_slice(&addr.to_ne_bytes());
+        sqe[24..28].copy_from_slice(&len.to_ne_bytes());
+        sqe[32..40].copy_from_slice(&user_data.to_ne_bytes());
+        sqe[SQE_CMD_OFFSET..SQE_CMD_OFFSET + cmd.len()].copy_from_slice(cmd);
+        self.push_sqe(&sqe)
+    }
+
+    /// Queues a one-shot `IORING_OP_POLL_ADD` of `events` (`POLLIN`…) on `fd`: it completes with
+    /// `user_data` once `fd` is ready. Nothing but the descriptor is referenced.
+    pub fn push_poll(&mut self, fd: RawFd, events: u32, user_data: u64) -> io::Result<()> {
+        let mut sqe = [0u8; SQE_SIZE];
+        sqe[0] = IORING_OP_POLL_ADD;
+        sqe[4..8].copy_from_slice(&fd.to_ne_bytes());
+        sqe[28..32].copy_from_slice(&events.to_ne_bytes());
+        sqe[32..40].copy_from_slice(&user_data.to_ne_bytes());
+        self.push_sqe(&sqe)
+    }
+
+    /// Copies a built submission entry into the next free slot and publishes it.
+    fn push_sqe(&mut self, sqe: &[u8; SQE_SIZE]) -> io::Result<()> {
         let head = Self::atomic(&self.sq, self.sq_off.head).load(Ordering::Acquire);
         let tail_a = Self::atomic(&self.sq, self.sq_off.tail);
         let tail = tail_a.load(Ordering::Relaxed);
@@ -224,14 +260,6 @@ impl Ring {
         // SAFETY: the ring mask is a u32 in the SQ mapping at a kernel-given offset.
         let mask = unsafe { *self.sq.at::<u32>(self.sq_off.ring_mask) };
         let idx = tail & mask;
-        let mut sqe = [0u8; SQE_SIZE];
-        sqe[0] = IORING_OP_URING_CMD;
-        sqe[4..8].copy_from_slice(&fd.to_ne_bytes());
-        sqe[8..12].copy_from_slice(&cmd_op.to_ne_bytes());
-        sqe[16..24].copy_from_slice(&addr.to_ne_bytes());
-        sqe[24..28].copy_from_slice(&len.to_ne_bytes());
-        sqe[32..40].copy_from_slice(&user_data.to_ne_bytes());
-        sqe[SQE_CMD_OFFSET..SQE_CMD_OFFSET + cmd.len()].copy_from_slice(cmd);
         // SAFETY: slot `idx` < sq_entries lies within the SQE mapping; the kernel reads it only
         // after the tail store below publishes it, and the slot is free (checked against head).
         unsafe {
@@ -276,6 +304,11 @@ impl Ring {
                 return Ok(());
             }
         }
+    }
+
+    /// The ring's descriptor (for a poll on the ring itself from another ring).
+    pub fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
     }
 
     /// Takes the next completion, if any.
@@ -564,6 +597,43 @@ impl EntryBuffers {
     }
 }
 
+/// A non-blocking `eventfd(2)`: how one thread wakes another that waits in its ring (a poll of it).
+pub struct EventFd(OwnedFd);
+
+impl EventFd {
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor nothing else owns.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Makes it readable (a waiter's poll completes).
+    pub fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes the 8 bytes of `one`.
+        unsafe {
+            libc::write(self.0.as_raw_fd(), one.as_ptr().cast(), 8);
+        }
+    }
+
+    /// Resets it to not readable.
+    pub fn drain(&self) {
+        let mut b = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into `b`.
+        unsafe {
+            libc::read(self.0.as_raw_fd(), b.as_mut_ptr().cast(), 8);
+        }
+    }
+}
+
 /// `statfs(2)` of `path`, result dropped: on a FUSE mount root, one STATFS request from the
 /// caller's CPU (the ring transport's queue kick).
 pub fn statfs(path: &std::path::Path) -> io::Result<()> {
@@ -617,6 +687,34 @@ mod tests {
         assert_eq!(c.user_data, 42);
         assert!(c.res < 0, "expected an error, got {}", c.res);
         assert!(ring.pop().is_none());
+    }
+
+    /// The ring service's wake-up: a poll on an eventfd completes once it is signalled, and a
+    /// drained eventfd is not readable again.
+    #[test]
+    fn a_poll_on_an_eventfd_completes_when_signalled() {
+        let mut ring = match Ring::with_cq(8, 64) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("skipped: io_uring unavailable: {e}");
+                return;
+            }
+        };
+        let ev = EventFd::new().expect("eventfd");
+        ring.push_poll(ev.raw(), libc::POLLIN as u32, 7)
+            .expect("push");
+        ring.submit_and_wait(false).expect("submit");
+        assert!(ring.pop().is_none(), "completed before the signal");
+        ev.signal();
+        ring.submit_and_wait(true).expect("wait");
+        let c = ring.pop().expect("a completion");
+        assert_eq!(c.user_data, 7);
+        assert!(c.res & libc::POLLIN as i32 != 0, "res {}", c.res);
+        ev.drain();
+        ring.push_poll(ev.raw(), libc::POLLIN as u32, 8)
+            .expect("push");
+        ring.submit_and_wait(false).expect("submit");
+        assert!(ring.pop().is_none(), "a drained eventfd polled readable");
     }
 
     #[test]

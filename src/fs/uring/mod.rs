@@ -10,7 +10,7 @@
 //! reason. Without the kernel feature (or with `--transport dev`) the mount runs on `/dev/fuse`.
 
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
@@ -18,10 +18,11 @@ use std::time::Duration;
 
 use fuser::{Filesystem, InitFlags, RingDispatcher, RingReplySink, RingWorker};
 
-use crate::sys::uring::{EntryBuffers, Ring, RingMemory};
+use crate::sys::uring::{EntryBuffers, RingMemory};
 
 mod keep;
-use keep::{Adopt, mark_answered};
+mod service;
+use keep::Adopt;
 pub use keep::{KeptRing, RingGeometry, RingPause, RingShare, holds_unanswered, serve_adopted};
 
 /// Which transport a mount should use (`octofs serve --transport`). The default is `Dev` until
@@ -62,8 +63,9 @@ impl std::fmt::Display for Transport {
 /// Payload buffer of one ring entry; the INIT reply pins `max_write` to it (the kernel requires
 /// every entry's payload to hold `max(max_write, max_pages * PAGE_SIZE)`).
 pub const PAYLOAD: usize = 1 << 20;
-/// Ring entries (one thread each) per CPU queue: octofs answers synchronously, so a second entry
-/// keeps a CPU's requests moving while one waits on the disk or a lock.
+/// Ring entries per CPU queue of a mount, and ring threads per CPU (`service`, each holding one
+/// entry of every mount): octofs answers synchronously, so a second entry and thread keep a CPU's
+/// requests moving while one waits on the disk or a lock.
 pub const ENTRIES_PER_QUEUE: usize = 2;
 /// `sizeof(struct fuse_uring_req_header)`: in_out[128], op_in[128], fuse_uring_ent_in_out (32).
 const HEADER_LEN: usize = 288;
@@ -173,7 +175,7 @@ pub fn mount<FS: Filesystem>(
     let pause = Arc::new(RingPause::default());
     let fault = std::env::var(FAULT_ENV).unwrap_or_default();
     let last = queues.iter().map(|q| q.qid).max().unwrap_or(0);
-    for mut q in queues {
+    for (i, mut q) in queues.into_iter().enumerate() {
         if q.qid == last {
             q.fault = fault.clone();
         }
@@ -181,7 +183,9 @@ pub fn mount<FS: Filesystem>(
         match session.as_fd().try_clone_to_owned() {
             Ok(dev_fd) => {
                 let tx = tx.clone();
-                workers.push(Box::new(move |d: RingDispatcher<FS>| q.run(dev_fd, d, tx)));
+                workers.push(Box::new(move |d: RingDispatcher<FS>| {
+                    q.run(i, dev_fd, d, tx)
+                }));
             }
             Err(e) => {
                 first_err.get_or_insert(format!("cannot duplicate /dev/fuse: {e}"));
@@ -265,19 +269,21 @@ fn prepare(key: u64) -> Result<Prepared, String> {
         }
     }
     let cpus = possible_cpus().map_err(|e| format!("cannot count CPUs: {e}"))?;
+    service::ready(cpus)?;
     let len = RingGeometry::new(1, cpus).len();
     let mem = Arc::new(RingMemory::create(len, key).map_err(|e| format!("ring buffers: {e}"))?);
     let geometry = RingGeometry::new(mem.addr(), cpus);
     let mut v = Vec::with_capacity(geometry.entries());
+    let mount = service::new_mount();
     for i in 0..geometry.entries() {
         let (off, qid) = geometry.entry(i);
-        let ring = Ring::new(4).map_err(|e| format!("io_uring_setup: {e}"))?;
         let buf = mem
             .entry(off, HEADER_LEN, PAYLOAD)
             .map_err(|e| format!("ring buffers: {e}"))?;
         v.push(QueueEntry {
             qid,
-            ring,
+            id: service::entry_id(mount, i),
+            cpus,
             buf,
             fault: String::new(),
             adopt: None,
@@ -337,10 +343,13 @@ pub(crate) fn abort_connection(mountpoint: &Path) -> io::Result<()> {
     r
 }
 
-/// One ring entry of one CPU queue, served by its own pinned thread.
+/// One ring entry of one CPU queue, served by a thread of the ring service pinned to that CPU.
 struct QueueEntry {
     qid: u16,
-    ring: Ring,
+    /// Its `user_data` in the thread's ring (`service::entry_id`).
+    id: u64,
+    /// Possible CPUs (the ring service's threads are per CPU).
+    cpus: usize,
     buf: EntryBuffers,
     /// `FAULT_ENV`'s value for this entry (empty: none).
     fault: String,
@@ -403,160 +412,27 @@ fn cmd_req(commit_id: u64, qid: u16) -> [u8; 24] {
 }
 
 impl QueueEntry {
-    /// The entry's thread: pin to the queue's CPU, register, then serve until the connection ends.
+    /// The entry's fuser worker (a thread of its own, for a moment): waits until the daemon an
+    /// adopted entry comes from is gone, then hands the entry and its dispatcher to the ring
+    /// service, which registers it (or serves what it holds) and tells `registered`.
     fn run<FS: Filesystem>(
-        mut self,
+        self,
+        index: usize,
         dev: OwnedFd,
-        mut d: RingDispatcher<FS>,
+        d: RingDispatcher<FS>,
         registered: mpsc::Sender<Result<(), String>>,
     ) -> io::Result<()> {
-        if let Err(e) = crate::sys::uring::pin_to_cpu(self.qid as usize) {
-            tracing::debug!(qid = self.qid, "cannot pin ring thread: {e}");
-        }
-        let fd = dev.as_raw_fd();
-        // An adopted entry holding a request the old daemon never answered: that request is
-        // served (as sent again) and committed from this ring, which makes the entry ours.
-        let held = self.adopt.and_then(|a| {
+        if let Some(a) = self.adopt {
             a.wait();
-            keep::unanswered(&self.buf)
-        });
-        if held.is_none() {
-            keep::clear(&mut self.buf);
-            if let Err(why) = self.register(fd) {
-                let _ = registered.send(Err(why));
-                return Ok(());
-            }
         }
-        let _ = registered.send(Ok(()));
-        drop(registered);
-        let slot = Arc::new(ReplySlot::default());
-        // The first commit of an adopted entry, until the kernel took it.
-        let mut adopted = None;
-        if let Some(id) = held {
-            tracing::info!(
-                qid = self.qid,
-                commit_id = id,
-                "serving a request the old daemon held"
-            );
-            self.pause.enter();
-            let commit_id = self.serve(&mut d, &slot, true);
-            let r = self.commit(fd, commit_id);
-            self.pause.leave();
-            r?;
-            adopted = Some(commit_id);
-        }
-        loop {
-            if let Err(e) = self.ring.submit_and_wait(true) {
-                tracing::error!(qid = self.qid, "io_uring_enter: {e}");
-                self.buf.leak();
-                return Err(e);
-            }
-            while let Some(c) = self.ring.pop() {
-                if c.res < 0 {
-                    match -c.res {
-                        // The request of an adopted entry is no longer the kernel's (the old
-                        // daemon answered it and died before marking it): the entry was the old
-                        // ring's, cancelled with it; this one registers afresh instead.
-                        libc::ENOENT if adopted.is_some() => {
-                            tracing::info!(
-                                qid = self.qid,
-                                commit_id = adopted,
-                                "the old daemon had answered it; registering afresh"
-                            );
-                            adopted = None;
-                            keep::clear(&mut self.buf);
-                            if let Err(why) = self.register(fd) {
-                                tracing::error!(qid = self.qid, "{why}");
-                                return Ok(());
-                            }
-                            continue;
-                        }
-                        // Unmount or abort: the kernel tore the entry down.
-                        libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
-                            return Ok(());
-                        }
-                        e => {
-                            let e = io::Error::from_raw_os_error(e);
-                            tracing::error!(qid = self.qid, "ring entry failed: {e}");
-                            self.buf.leak();
-                            return Err(e);
-                        }
-                    }
-                }
-                adopted = None;
-                // While paused (a handover), the request stays in the buffers, unanswered:
-                // the next daemon serves it.
-                self.pause.enter();
-                let commit_id = self.serve(&mut d, &slot, false);
-                let r = self.commit(fd, commit_id);
-                self.pause.leave();
-                r?;
-            }
-        }
-    }
-
-    /// Registers the entry's buffers on its queue; an error says why (the kernel refused it, or
-    /// never saw it).
-    fn register(&mut self, fd: i32) -> Result<(), String> {
-        let qid = match self.fault.as_str() {
-            "bad-queue" => u16::MAX,
-            "no-register" => {
-                // Silent until the mount gave up on it (as a thread stuck before registering).
-                std::thread::sleep(REGISTER_TIMEOUT + Duration::from_secs(2));
-                return Err(format!("queue {}: never registered (fault)", self.qid));
-            }
-            _ => self.qid,
-        };
-        self.ring
-            .push_uring_cmd(
-                fd,
-                FUSE_IO_URING_CMD_REGISTER,
-                0,
-                self.buf.iovec_addr(),
-                2,
-                &cmd_req(0, qid),
-            )
-            .and_then(|()| self.ring.submit_and_wait(false))
-            .map_err(|e| format!("queue {}: submit: {e}", self.qid))?;
-        // A refused REGISTER completes at once; an accepted one stays pending until a request.
-        if let Some(c) = self.ring.pop() {
-            let e = io::Error::from_raw_os_error(-c.res);
-            return Err(format!("queue {}: register: {e}", self.qid));
-        }
-        Ok(())
-    }
-
-    /// Hands the reply now in the buffers to the kernel (COMMIT_AND_FETCH, which also asks for the
-    /// next request), then marks it answered: a next daemon serves again only what is not.
-    fn commit(&mut self, fd: i32, commit_id: u64) -> io::Result<()> {
-        let r = self
-            .ring
-            .push_uring_cmd(
-                fd,
-                FUSE_IO_URING_CMD_COMMIT_AND_FETCH,
-                0,
-                0,
-                0,
-                &cmd_req(commit_id, self.qid),
-            )
-            .and_then(|()| self.ring.submit_and_wait(false));
-        if let Err(e) = r {
-            tracing::error!(qid = self.qid, "cannot commit: {e}");
-            return Err(e);
-        }
-        mark_answered(&mut self.buf, commit_id);
+        service::post(self, index, dev, Box::new(d), registered);
         Ok(())
     }
 
     /// Answers the request now in the entry's buffers; returns its commit id.
     /// `resent`: the request was read by a daemon that may have carried it out (marked as
     /// `FUSE_UNIQUE_RESEND` for the filesystem, the reply still carrying the kernel's unique).
-    fn serve<FS: Filesystem>(
-        &mut self,
-        d: &mut RingDispatcher<FS>,
-        slot: &Arc<ReplySlot>,
-        resent: bool,
-    ) -> u64 {
+    fn serve(&mut self, d: &mut dyn service::Dispatch, slot: &Arc<ReplySlot>, resent: bool) -> u64 {
         let hdr = self.buf.header();
         let len = le_u32(hdr, 0) as usize;
         let opcode = le_u32(hdr, 4);
@@ -606,7 +482,10 @@ impl QueueEntry {
         // kernel reads the reply from these pages at the commit (pages given back read as zeros:
         // a WRITE answered "0 bytes written", a READ answered with zeros), and once committed the
         // entry may already hold the next request. A big reply (a READ) keeps its pages.
-        if payload_sz > BIG_PAYLOAD && body <= BIG_PAYLOAD {
+        let release = payload_sz > BIG_PAYLOAD && body <= BIG_PAYLOAD;
+        keep::save_request(&mut self.buf, body, !release);
+        keep::mark_overwriting(&mut self.buf, commit_id);
+        if release {
             self.buf.release_payload_pages();
         }
         self.buf.header_mut()[..OUT_HEADER_LEN].copy_from_slice(&reply[..OUT_HEADER_LEN]);
@@ -615,6 +494,20 @@ impl QueueEntry {
         self.buf.header_mut()[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
             .copy_from_slice(&(body as u32).to_ne_bytes());
         self.buf.payload_mut()[..body].copy_from_slice(&reply[OUT_HEADER_LEN..]);
+        keep::mark_replied(&mut self.buf, commit_id);
+        commit_id
+    }
+
+    /// Answers the request `commit_id` in the buffers with `EIO` (its bytes are lost); returns
+    /// `commit_id`. The unique (bytes 8..16) is the kernel's in a request and in a reply alike.
+    fn answer_lost(&mut self, commit_id: u64) -> u64 {
+        let unique = le_u64(self.buf.header(), 8);
+        let reply = empty_reply(unique, -libc::EIO);
+        keep::mark_overwriting(&mut self.buf, commit_id);
+        self.buf.header_mut()[..OUT_HEADER_LEN].copy_from_slice(&reply);
+        self.buf.header_mut()[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
+            .copy_from_slice(&0u32.to_ne_bytes());
+        keep::mark_replied(&mut self.buf, commit_id);
         commit_id
     }
 }
