@@ -77,6 +77,11 @@ pub struct WorkspaceRecord {
     /// release. None: asked (`io`), a daemon with a fixed `serve --io`, or not mounted yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub io_auto: Option<IoChosen>,
+    /// Its `.git/index` was put in after the mount (its base's shared index was not built when it
+    /// was opened: `daemon::later_index`). A daemon that loads it again and finds no index in its
+    /// `.git` (the one that should have put it in stopped first) puts it in.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub index_later: bool,
 }
 
 /// What `serve --io auto` chose for one mount (`crate::daemon` decides, this only stores it).

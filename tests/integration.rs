@@ -31,6 +31,7 @@ mod doctor;
 mod exec_busy;
 mod export;
 mod faults;
+mod first_open;
 mod fork_teleport;
 mod fsmonitor_hook;
 mod git_workspace;

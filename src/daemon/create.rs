@@ -7,9 +7,10 @@
 //! git in a workspace or reads one through its mount.
 
 use super::error::{Context, Error, on_workspace};
+use super::later_index::PendingIndex;
 use super::mirrors::blank_project;
 use super::refusal::{SnapshotRefusal, WorkspaceRefusal};
-use super::{Daemon, lock, now};
+use super::{Daemon, now};
 use crate::fs::Durable;
 use crate::git::mirror;
 use crate::git::snapshot::{self as snap, HeadRef};
@@ -134,6 +135,7 @@ impl Daemon {
             release_when_idle: false,
             io: fork.io,
             io_auto: None,
+            index_later: false,
             layers: if fork.chat {
                 Vec::new()
             } else {
@@ -206,22 +208,19 @@ impl Daemon {
                 r.amend(&mut plan);
             }
             let planned = us(t0);
-            let index = {
-                let il = self.locks.get(&super::mirrors::index_lock_key(
-                    fork.index_tree,
-                    fork.base_tree,
-                ));
-                let _ig = lock(&il);
-                crate::repo::shared_index(
-                    &self.layout,
-                    &store,
-                    fork.index_tree,
-                    fork.base_tree,
-                    fork.base_time,
-                    rec.owner.uid,
-                    rec.owner.gid,
-                )?
-            };
+            // The shared index of this base and owner, when it is built (ahead, at `mirror add`
+            // or sync, or by an earlier fork). When it is not, the workspace is mounted without
+            // waiting for it: its `.git` is held (every request on its names waits) until the
+            // build, after the answer, puts the index in (`complete_index`).
+            let ready = crate::repo::shared_index_path(
+                &self.layout,
+                fork.index_tree,
+                fork.base_tree,
+                rec.owner.uid,
+                rec.owner.gid,
+            );
+            let index = ready.exists().then_some(ready);
+            let index_later = index.is_none();
             let indexed = us(t0);
             // The mount's I/O mode, chosen now (`serve --io auto`) from the base's bytes the
             // index just counted, and kept in the record.
@@ -230,7 +229,7 @@ impl Daemon {
             // The seed, the saved changes and what git dropped go to the catalog as one batch.
             let seeded = core.seeding(
                 || {
-                    crate::repo::seed(&core, &plan, &index, fork.base_time)?;
+                    let git = crate::repo::seed(&core, &plan, index.as_deref(), fork.base_time)?;
                     if let Some(r) = &record {
                         r.write(&core, &plan.fsmonitor)?;
                     }
@@ -274,11 +273,31 @@ impl Daemon {
                         bookkeeping.extend(self.write_tips(&core, thread, &fork.project));
                     }
                     let restored = us(t0);
-                    Ok::<_, Error>((seeded, diffed, applied, restored, bookkeeping, left))
+                    Ok::<_, Error>((seeded, diffed, applied, restored, bookkeeping, left, git))
                 },
                 on_workspace("cannot write the new workspace's catalog"),
             )?;
-            let (seeded, diffed, applied, restored, bookkeeping, left) = seeded;
+            let (seeded, diffed, applied, restored, bookkeeping, left, git) = seeded;
+            // Held before the mount: no request sees `.git` without its index.
+            let index_job = match (&index, git) {
+                (Some(_), _) => None,
+                (None, git) => {
+                    if let Some(g) = git {
+                        core.hold_dir(g);
+                        rec.index_later = true;
+                    }
+                    Some(PendingIndex {
+                        store: store.clone(),
+                        core: core.clone(),
+                        git,
+                        worktree: plan.worktree.clone(),
+                        index_tree: fork.index_tree,
+                        worktree_tree: fork.base_tree,
+                        base_time: fork.base_time,
+                        owner: rec.owner,
+                    })
+                }
+            };
             left_out = left;
             // (What git dropped — modes, owners, special files, empty directories — came back
             // above, before the mount exists: no moment where a file is wider than it was.)
@@ -331,9 +350,18 @@ impl Daemon {
                 sync_fault_delay(&self.layout),
             );
             let mounted = self.mount_core(&rec, core, false, io).map(|_note| ());
+            if let Some(p) = index_job {
+                if mounted.is_ok() {
+                    self.complete_index(thread, p);
+                } else {
+                    // The workspace goes (below): nothing to build it for.
+                    p.core
+                        .release_dir(Err("the workspace was not mounted".into()));
+                }
+            }
             tracing::info!(
                 %thread, loaded, planned, indexed, seeded, diffed, applied, restored, written,
-                clocked, in_place, mounted = us(t0),
+                clocked, in_place, index_later, mounted = us(t0),
                 "created a workspace (µs since the start)"
             );
             mounted

@@ -49,6 +49,7 @@ mod guard;
 pub mod io_auto;
 mod keeper;
 mod kept;
+mod later_index;
 mod layers;
 mod lifecycle;
 mod limits;

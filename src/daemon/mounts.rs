@@ -207,7 +207,9 @@ impl Daemon {
         {
             core.durable_after(b.clone());
         }
-        Ok(Arc::new(core))
+        let core = Arc::new(core);
+        self.index_still_missing(rec, &core);
+        Ok(core)
     }
 
     /// The mirror's objects as `rec`'s workspace presents them at `.git/octofs/objects`; `None`
@@ -412,6 +414,13 @@ impl Daemon {
     /// Unmounts one thread's workspace. A busy mount (a process has its cwd or files in it) is
     /// refused and stays mounted, unless `force`, which detaches it lazily.
     pub(super) fn unmount_thread(&self, thread: &str, force: bool) -> Result<(), Error> {
+        // An index still being put in (`later_index`) is in before the mount goes: nothing writes
+        // the upper layer of a workspace after its unmount (its directory may be removed and made
+        // again by the next open).
+        let core = lock(&self.mounts).get(thread).map(|m| m.core.clone());
+        if let Some(core) = core {
+            let _ = core.wait_unheld();
+        }
         let Some(m) = lock(&self.mounts).remove(thread) else {
             return Ok(());
         };

@@ -29,7 +29,7 @@ pub use fsmonitor::{
     FSMONITOR_HOOK, fsmonitor_command, octofs_fsmonitor, refresh_fsmonitor, replace_core_fsmonitor,
 };
 pub use read::{CONFIG_MAX, MirrorRefs, mirror_refs, workspace_config_bytes};
-pub use seed::{RepoPlan, plan, presented, seed, strip_credentials};
+pub use seed::{RepoPlan, plan, presented, put_index, seed, strip_credentials};
 pub use shared_index::{index_bytes, index_stat, shared_index, shared_index_path};
 
 use std::path::PathBuf;

@@ -120,13 +120,16 @@ pub fn plan(
     })
 }
 
-/// Writes the `.git` of `plan` into a new workspace (before it is mounted).
+/// Writes the `.git` of `plan` into a new workspace (before it is mounted); returns its inode
+/// (`None`: the base has a `.git` of its own, left as it is).
+/// Without `index` (its shared index is still being built), the `.git` has no index yet:
+/// [`put_index`] puts it in later.
 pub fn seed(
     core: &WorkspaceFs,
     plan: &RepoPlan,
-    index: &Path,
+    index: Option<&Path>,
     base_time: i64,
-) -> Result<(), Error> {
+) -> Result<Option<u64>, Error> {
     let head = match &plan.branch {
         Some(b) => format!("ref: refs/heads/{b}\n"),
         None => format!("{}\n", plan.head_commit),
@@ -137,7 +140,7 @@ pub fn seed(
     };
     if core.exists(ROOT_INO, ".git").map_err(e(""))? {
         // The base commit itself has a `.git` entry: leave it as the tree has it.
-        return Ok(());
+        return Ok(None);
     }
     let git = core.seed_dir(ROOT_INO, ".git", 0o755).map_err(e(""))?;
     core.seed_file(git, "HEAD", head.as_bytes(), 0o644)
@@ -212,19 +215,48 @@ pub fn seed(
         core.seed_file(git, "octomate-installed", stamp.as_bytes(), 0o644)
             .map_err(e("octomate-installed"))?;
     }
+    if let Some(index) = index {
+        put_index(core, git, &plan.worktree, index, base_time, false)?;
+    }
+    Ok(Some(git))
+}
+
+/// Puts the split index of the shared index at `index` into the workspace's `.git` (inode `git`)
+/// whose work tree is `worktree`: before the mount (`mounted` false, part of the seed) or, for a
+/// base whose shared index was built after the mount, into the held `.git` (quiet, told to the
+/// kernel: `WorkspaceFs::add_own_file`). A `.git/index` already there (the daemon's `commit` may
+/// have written one) is left as it is.
+pub fn put_index(
+    core: &WorkspaceFs,
+    git: u64,
+    worktree: &Path,
+    index: &Path,
+    base_time: i64,
+    mounted: bool,
+) -> Result<(), Error> {
+    let e = |what: &str| {
+        let what = what.to_string();
+        move |source: crate::fs::FsError| Error::Seed { what, source }
+    };
     // A split index: the shared part (every entry, one file per base and owner, shared by every
     // fork, never copied) as `sharedindex.<its hash>`, and a small `index` of this work tree that
     // names it and carries what is the workspace's own: the fsmonitor token, and for a fresh fork
     // the untracked cache, whose ident is the mount point.
     let shared_hash = index_hash(index).map_err(|source| Error::WriteIndex { source })?;
     let shared_name = format!("sharedindex.{}", gix::ObjectId::from(shared_hash));
-    let shared_ino = core
-        .seed_shared(git, &shared_name, index, 0o644)
-        .map_err(e(&shared_name))?;
+    let shared_ino = if mounted {
+        match core.add_own_shared(git, &shared_name, index, 0o644) {
+            Err(err) if err == fuser::Errno::EEXIST => 0,
+            r => r.map_err(e(&shared_name))?,
+        }
+    } else {
+        core.seed_shared(git, &shared_name, index, 0o644)
+            .map_err(e(&shared_name))?
+    };
     let fsmonitor = crate::git::index_ext::fsmonitor_payload(BASE_TOKEN);
     let parts = small_index_parts(index, &shared_hash);
     // The untracked cache's ident is the mount point: this fork's own, before the shared tail.
-    let ident = crate::git::index_ext::untracked_ident(&plan.worktree, &system_name());
+    let ident = crate::git::index_ext::untracked_ident(worktree, &system_name());
     let mut ident_len = Vec::new();
     crate::git::index_ext::put_varint(&mut ident_len, ident.len() as u64);
     let untracked: Option<[&[u8]; 3]> = parts
@@ -238,6 +270,14 @@ pub fn seed(
     let fsmonitor_parts = [&fsmonitor[..]];
     extensions.push((b"FSMN", &fsmonitor_parts));
     let small = parts.head.finish(&extensions);
+    if mounted {
+        // Created now, after the base's time unless the clock is behind it (then git only
+        // compares more contents); the stamp below would be a change of the workspace's state.
+        return match core.add_own_file(git, "index", &small, 0o644) {
+            Err(err) if err == fuser::Errno::EEXIST => Ok(()),
+            r => r.map(|_| ()).map_err(e("index")),
+        };
+    }
     let index_ino = core
         .seed_file(git, "index", &small, 0o644)
         .map_err(e("index"))?;

@@ -48,6 +48,7 @@ pub(in crate::daemon) fn live(thread: &str, project: &str, uid: u32) -> Workspac
         files_tree: None,
         io: None,
         io_auto: None,
+        index_later: false,
     }
 }
 

@@ -24,6 +24,23 @@ use crate::sys::uring::{EntryBuffers, RingMemory};
 /// Where, in the header page past the kernel's headers (`EntryBuffers::own`), an entry records
 /// the `commit_id` it answered last: written right after the COMMIT_AND_FETCH reached the kernel.
 const ANSWERED: usize = 0;
+/// Where an entry records the `commit_id` whose request its buffers may no longer hold intact:
+/// written before the payload pages are given back or the reply is written over the request.
+const OVERWRITING: usize = 8;
+/// Where an entry records the `commit_id` whose whole reply its buffers hold: written after the
+/// reply, before the COMMIT_AND_FETCH. An adopting daemon commits such a reply as it is: the
+/// request it answers is no longer in the buffers (the reply's header and body are written over
+/// the request's), so serving it again would parse a reply as a request.
+const REPLIED: usize = 16;
+/// What a reply overwrites of its request, saved first ([`save_request`]): the first 8 bytes of
+/// `fuse_in_header` (len, opcode), `payload_sz`, how many payload bytes are saved (`u32::MAX`:
+/// none could be), and those bytes from [`SAVED`] on.
+const SAVED_HEAD: usize = 24;
+const SAVED_PSZ: usize = 32;
+const SAVED_LEN: usize = 36;
+const SAVED: usize = 64;
+/// Where the kernel puts a request's `payload_sz`.
+const PAYLOAD_SZ: usize = super::ENT_IN_OUT + 16;
 /// Where the kernel puts a request's `commit_id` (`fuse_uring_ent_in_out.commit_id`).
 const COMMIT_ID: usize = super::ENT_IN_OUT + 8;
 /// How long an adopting daemon waits for the daemon it takes over from to be gone.
@@ -101,10 +118,97 @@ pub(super) fn mark_answered(buf: &mut EntryBuffers, commit_id: u64) {
     buf.own_mut()[ANSWERED..ANSWERED + 8].copy_from_slice(&commit_id.to_ne_bytes());
 }
 
+/// Marks that the buffers are about to stop holding request `commit_id` intact.
+pub(super) fn mark_overwriting(buf: &mut EntryBuffers, commit_id: u64) {
+    buf.own_mut()[OVERWRITING..OVERWRITING + 8].copy_from_slice(&commit_id.to_ne_bytes());
+    // The mark must be in memory before the first byte of the request is overwritten (a process
+    // killed in between leaves both to the next daemon).
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Marks that the buffers hold the whole reply to `commit_id`.
+pub(super) fn mark_replied(buf: &mut EntryBuffers, commit_id: u64) {
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    buf.own_mut()[REPLIED..REPLIED + 8].copy_from_slice(&commit_id.to_ne_bytes());
+}
+
+/// Saves what a reply of `body` bytes will overwrite of the request in the buffers (before
+/// [`mark_overwriting`]); `intact` false (its payload pages are given back) saves nothing.
+pub(super) fn save_request(buf: &mut EntryBuffers, body: usize, intact: bool) {
+    let psz = read_u32(buf.header(), PAYLOAD_SZ);
+    let n = body.min(psz as usize);
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&buf.header()[..8]);
+    let room = buf.own().len() - SAVED;
+    let saved = if intact && n <= room { n } else { 0 };
+    let mut keep = vec![0u8; saved];
+    keep.copy_from_slice(&buf.payload()[..saved]);
+    let own = buf.own_mut();
+    own[SAVED_HEAD..SAVED_HEAD + 8].copy_from_slice(&head);
+    own[SAVED_PSZ..SAVED_PSZ + 4].copy_from_slice(&psz.to_ne_bytes());
+    let len = if intact && n <= room {
+        n as u32
+    } else {
+        u32::MAX
+    };
+    own[SAVED_LEN..SAVED_LEN + 4].copy_from_slice(&len.to_ne_bytes());
+    own[SAVED..SAVED + saved].copy_from_slice(&keep);
+}
+
+/// Puts back what [`save_request`] saved, making a [`Holds::Lost`] entry hold its request again;
+/// false if it could not be saved.
+pub(super) fn restore_request(buf: &mut EntryBuffers) -> bool {
+    let len = read_u32(buf.own(), SAVED_LEN);
+    if len == u32::MAX {
+        return false;
+    }
+    let len = len as usize;
+    let mut head = [0u8; 8];
+    head.copy_from_slice(&buf.own()[SAVED_HEAD..SAVED_HEAD + 8]);
+    let mut psz = [0u8; 4];
+    psz.copy_from_slice(&buf.own()[SAVED_PSZ..SAVED_PSZ + 4]);
+    let keep = buf.own()[SAVED..SAVED + len].to_vec();
+    buf.header_mut()[..8].copy_from_slice(&head);
+    buf.header_mut()[PAYLOAD_SZ..PAYLOAD_SZ + 4].copy_from_slice(&psz);
+    buf.payload_mut()[..len].copy_from_slice(&keep);
+    buf.own_mut()[OVERWRITING..OVERWRITING + 8].fill(0);
+    true
+}
+
+fn read_u32(b: &[u8], at: usize) -> u32 {
+    let mut x = [0; 4];
+    x.copy_from_slice(&b[at..at + 4]);
+    u32::from_ne_bytes(x)
+}
+
+/// What an entry that holds unanswered `commit_id` (see [`unanswered`]) has in its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holds {
+    /// The request, intact: serve it again.
+    Request,
+    /// The whole reply, not yet committed: commit it as it is.
+    Reply,
+    /// Neither (the daemon died while writing the reply): put the request back from what was
+    /// saved ([`restore_request`]), else answer `EIO`.
+    Lost,
+}
+
+/// What the buffers hold for unanswered `commit_id`.
+pub(super) fn holds(buf: &EntryBuffers, commit_id: u64) -> Holds {
+    if read_u64(buf.own(), REPLIED) == commit_id {
+        Holds::Reply
+    } else if read_u64(buf.own(), OVERWRITING) == commit_id {
+        Holds::Lost
+    } else {
+        Holds::Request
+    }
+}
+
 /// Forgets what a slot held (before it is registered afresh).
 pub(super) fn clear(buf: &mut EntryBuffers) {
     buf.header_mut()[COMMIT_ID..COMMIT_ID + 8].fill(0);
     mark_answered(buf, 0);
+    buf.own_mut()[OVERWRITING..REPLIED + 8].fill(0);
 }
 
 /// A mount's ring memory and the pause of its ring threads, kept in its `MountInfo`: the daemon
@@ -442,6 +546,40 @@ mod tests {
         assert_eq!(unanswered(&b), Some(11));
         clear(&mut b);
         assert_eq!(unanswered(&b), None);
+    }
+
+    #[test]
+    fn an_unanswered_entry_holds_its_request_its_whole_reply_or_neither() {
+        let mut b = EntryBuffers::new(HEADER_LEN, 4096).expect("buffers");
+        b.header_mut()[COMMIT_ID..COMMIT_ID + 8].copy_from_slice(&7u64.to_ne_bytes());
+        assert_eq!(holds(&b, 7), Holds::Request);
+        // A daemon killed while writing its reply over the request.
+        mark_overwriting(&mut b, 7);
+        assert_eq!(holds(&b, 7), Holds::Lost);
+        // Its overwritten bytes come back from what was saved first.
+        b.header_mut()[..8].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        b.header_mut()[PAYLOAD_SZ..PAYLOAD_SZ + 4].copy_from_slice(&5u32.to_ne_bytes());
+        b.payload_mut()[..5].copy_from_slice(b"name\0");
+        save_request(&mut b, 16, true);
+        b.header_mut()[..8].fill(0);
+        b.header_mut()[PAYLOAD_SZ..PAYLOAD_SZ + 4].copy_from_slice(&16u32.to_ne_bytes());
+        b.payload_mut()[..16].fill(9);
+        assert!(restore_request(&mut b));
+        assert_eq!(&b.header()[..8], &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(read_u32(b.header(), PAYLOAD_SZ), 5);
+        assert_eq!(&b.payload()[..5], b"name\0");
+        assert_eq!(holds(&b, 7), Holds::Request);
+        save_request(&mut b, 16, false);
+        assert!(!restore_request(&mut b));
+        mark_overwriting(&mut b, 7);
+        // ... or after the reply was whole, before (or right after) the commit.
+        mark_replied(&mut b, 7);
+        assert_eq!(holds(&b, 7), Holds::Reply);
+        // Marks of an earlier request say nothing about the next one.
+        b.header_mut()[COMMIT_ID..COMMIT_ID + 8].copy_from_slice(&9u64.to_ne_bytes());
+        assert_eq!(holds(&b, 9), Holds::Request);
+        clear(&mut b);
+        assert_eq!(holds(&b, 7), Holds::Request);
     }
 
     #[test]

@@ -482,7 +482,10 @@ impl QueueEntry {
         // kernel reads the reply from these pages at the commit (pages given back read as zeros:
         // a WRITE answered "0 bytes written", a READ answered with zeros), and once committed the
         // entry may already hold the next request. A big reply (a READ) keeps its pages.
-        if payload_sz > BIG_PAYLOAD && body <= BIG_PAYLOAD {
+        let release = payload_sz > BIG_PAYLOAD && body <= BIG_PAYLOAD;
+        keep::save_request(&mut self.buf, body, !release);
+        keep::mark_overwriting(&mut self.buf, commit_id);
+        if release {
             self.buf.release_payload_pages();
         }
         self.buf.header_mut()[..OUT_HEADER_LEN].copy_from_slice(&reply[..OUT_HEADER_LEN]);
@@ -491,6 +494,20 @@ impl QueueEntry {
         self.buf.header_mut()[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
             .copy_from_slice(&(body as u32).to_ne_bytes());
         self.buf.payload_mut()[..body].copy_from_slice(&reply[OUT_HEADER_LEN..]);
+        keep::mark_replied(&mut self.buf, commit_id);
+        commit_id
+    }
+
+    /// Answers the request `commit_id` in the buffers with `EIO` (its bytes are lost); returns
+    /// `commit_id`. The unique (bytes 8..16) is the kernel's in a request and in a reply alike.
+    fn answer_lost(&mut self, commit_id: u64) -> u64 {
+        let unique = le_u64(self.buf.header(), 8);
+        let reply = empty_reply(unique, -libc::EIO);
+        keep::mark_overwriting(&mut self.buf, commit_id);
+        self.buf.header_mut()[..OUT_HEADER_LEN].copy_from_slice(&reply);
+        self.buf.header_mut()[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
+            .copy_from_slice(&0u32.to_ne_bytes());
+        keep::mark_replied(&mut self.buf, commit_id);
         commit_id
     }
 }

@@ -327,7 +327,25 @@ impl Worker {
                 commit_id,
                 "serving a request the old daemon held"
             );
-            match self.answer(&mut h, true) {
+            let mut holds = keep::holds(&h.q.buf, commit_id);
+            if holds == keep::Holds::Lost && keep::restore_request(&mut h.q.buf) {
+                holds = keep::Holds::Request;
+            }
+            let r = match holds {
+                keep::Holds::Request => self.answer(&mut h, true),
+                // The old daemon had written its reply and died before committing it.
+                keep::Holds::Reply => self.commit(&mut h, commit_id).map(|()| commit_id),
+                keep::Holds::Lost => {
+                    tracing::warn!(
+                        qid = h.q.qid,
+                        commit_id,
+                        "the old daemon died while writing its reply: answered EIO"
+                    );
+                    let c = h.q.answer_lost(commit_id);
+                    self.commit(&mut h, c).map(|()| c)
+                }
+            };
+            match r {
                 Ok(c) => h.adopted = Some(c),
                 Err(_) => return leak(h),
             }

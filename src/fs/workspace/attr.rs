@@ -152,6 +152,7 @@ impl WorkspaceFs {
     /// `lookup`: the attributes of `name` in `parent`, counting one kernel reference.
     pub fn lookup(&self, parent: u64, name: &OsStr) -> Result<FileAttr, FsError> {
         let name = check_name(name)?;
+        self.wait_held(Some(parent))?;
         let mut st = self.lock();
         let rec = self
             .reference(&mut st, parent, name)?
@@ -190,6 +191,7 @@ impl WorkspaceFs {
     /// The whole listing of directory `ino`, `.` and `..` first. Entries are not counted as kernel
     /// references; readdirplus calls [`Self::listed`] for each one it returns.
     pub fn readdir(&self, ino: u64) -> Result<Vec<DirEntry>, FsError> {
+        self.wait_held(Some(ino))?;
         let rec = self.record(&self.lock(), ino)?;
         if rec.kind != Kind::Dir {
             return Err(Errno::ENOTDIR.into());
@@ -275,6 +277,7 @@ impl WorkspaceFs {
     /// serve a stateless `readdir` (readdirplus reads each entry's attributes with
     /// [`Self::listed`]).
     pub fn dir_names(&self, ino: u64) -> Result<(u64, Vec<DirName>), FsError> {
+        self.wait_held(Some(ino))?;
         let (rec, seen) = {
             let st = self.lock();
             (self.record(&st, ino)?, st.commits)
@@ -350,6 +353,7 @@ impl WorkspaceFs {
     /// from the listing, a file written since then would read as its old size (see
     /// docs/caching.md). So they are read again here, when the request is answered.
     pub fn listed(&self, parent: u64, name: &OsStr) -> Result<Option<FileAttr>, FsError> {
+        self.wait_held(Some(parent))?;
         let mut st = self.lock();
         let Some(rec) = self.reference(&mut st, parent, name.as_bytes())? else {
             return Ok(None);

@@ -17,6 +17,7 @@ use super::{ROOT_INO, State, WorkspaceFs, convert::io_errno, types::Listing};
 impl WorkspaceFs {
     /// Whether `name` exists in directory `parent`.
     pub fn exists(&self, parent: u64, name: &str) -> Result<bool, FsError> {
+        self.wait_held(Some(parent))?;
         let mut st = self.lock();
         Ok(self.resolve(&mut st, parent, name.as_bytes())?.is_some())
     }
@@ -36,6 +37,7 @@ impl WorkspaceFs {
     /// The record at `path` (components from the root, symlinks not followed), or `None` when
     /// nothing is there (also when something on the way is not a directory).
     fn rec_at(&self, path: &[&[u8]]) -> Result<Option<InodeRecord>, FsError> {
+        self.wait_held_path(path)?;
         let mut st = self.lock();
         let ino = match self.walk(&mut st, path) {
             Ok(Some(ino)) => ino,

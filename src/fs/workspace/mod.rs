@@ -43,6 +43,7 @@ mod convert;
 mod durable;
 mod fsck;
 mod handover;
+mod held;
 mod inodes;
 mod journal;
 mod light;
@@ -65,6 +66,7 @@ pub use convert::unix_time;
 use convert::*;
 pub use durable::Durable;
 pub use handover::NodeState;
+pub use held::HELD_WAIT;
 pub use inodes::path_ino;
 use inodes::{Node, Nodes};
 use journal::Journal;
@@ -137,6 +139,11 @@ pub struct WorkspaceFs {
     catalog_sync: LogSync,
     /// A new workspace's background sync, which every `fsync` waits for (see [`Durable`]).
     durable: Mutex<Option<Arc<Durable>>>,
+    /// The directory whose names are not ready yet (see [`held`]), and whether there is one.
+    held: Mutex<held::Held>,
+    any_held: AtomicBool,
+    /// Signalled whenever the hold ends.
+    held_changed: Condvar,
 }
 
 /// Something the daemon changed in the workspace other than through a FUSE request, which the
@@ -248,6 +255,9 @@ impl WorkspaceFs {
             copied: Condvar::new(),
             catalog_sync,
             durable: Mutex::new(None),
+            held: Mutex::new(held::Held::default()),
+            any_held: AtomicBool::new(false),
+            held_changed: Condvar::new(),
         };
         if !damage.is_empty() {
             fs.note_catalog_damage(&damage)?;

@@ -307,6 +307,7 @@ impl WorkspaceFs {
         rdev: u32,
         caller: Caller,
     ) -> Result<FileAttr, FsError> {
+        self.wait_held(Some(parent))?;
         let kind = match mode & libc::S_IFMT {
             libc::S_IFREG | 0 => Kind::File,
             libc::S_IFIFO => Kind::Fifo,
@@ -330,6 +331,7 @@ impl WorkspaceFs {
         mode: u32,
         caller: Caller,
     ) -> Result<FileAttr, FsError> {
+        self.wait_held(Some(parent))?;
         let r = self.make(parent, name, New::plain(Kind::Dir, mode, 0), caller);
         if r.is_ok() {
             crash_point("mkdir", name.as_bytes());
@@ -344,6 +346,7 @@ impl WorkspaceFs {
         target: &[u8],
         caller: Caller,
     ) -> Result<FileAttr, FsError> {
+        self.wait_held(Some(parent))?;
         if target.len() >= 4096 {
             return Err(Errno::ENAMETOOLONG.into());
         }
@@ -369,6 +372,7 @@ impl WorkspaceFs {
         flags: i32,
         caller: Caller,
     ) -> Result<(FileAttr, Opened), FsError> {
+        self.wait_held(Some(parent))?;
         // `O_TRUNC` means nothing for a new file; any other write access makes a writer.
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let new = New::plain(Kind::File, mode, 0);
@@ -443,10 +447,12 @@ impl WorkspaceFs {
     }
 
     pub fn unlink(&self, parent: u64, name: &OsStr) -> Result<(), FsError> {
+        self.wait_held(Some(parent))?;
         self.remove(parent, name, false)
     }
 
     pub fn rmdir(&self, parent: u64, name: &OsStr) -> Result<(), FsError> {
+        self.wait_held(Some(parent))?;
         self.remove(parent, name, true)
     }
 
@@ -488,6 +494,8 @@ impl WorkspaceFs {
         newname: &OsStr,
         flags: u32,
     ) -> Result<(), FsError> {
+        self.wait_held(Some(parent))?;
+        self.wait_held(Some(newparent))?;
         let name = check_name(name)?;
         let newname = check_name(newname)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
@@ -619,6 +627,7 @@ impl WorkspaceFs {
     }
 
     pub fn link(&self, ino: u64, newparent: u64, newname: &OsStr) -> Result<FileAttr, FsError> {
+        self.wait_held(Some(newparent))?;
         let newname = check_name(newname)?;
         let mut st = self.lock_for(ino)?;
         let rec = st.node(ino)?.rec.clone();

@@ -68,6 +68,46 @@ impl WorkspaceFs {
         self.seeded(self.make(parent, OsStr::new(name), new, owner))
     }
 
+    /// [`Self::seed_file`] once mounted: octofs's own file (quiet: not a change of the workspace's
+    /// state), its name noted for the kernel ([`super::Behind`]). For the names of a held directory
+    /// ([`Self::hold_dir`]), which no request has seen.
+    pub fn add_own_file(
+        &self,
+        parent: u64,
+        name: &str,
+        bytes: &[u8],
+        mode: u32,
+    ) -> Result<u64, FsError> {
+        let new = New {
+            quiet: true,
+            content: Content::Bytes(bytes),
+            ..New::plain(Kind::File, mode, 0)
+        };
+        let owner = self.owner();
+        let ino = self.seeded(self.make(parent, OsStr::new(name), new, owner))?;
+        self.entry_behind(parent, name.as_bytes());
+        Ok(ino)
+    }
+
+    /// [`Self::seed_shared`] once mounted, as [`Self::add_own_file`].
+    pub fn add_own_shared(
+        &self,
+        parent: u64,
+        name: &str,
+        shared: &std::path::Path,
+        mode: u32,
+    ) -> Result<u64, FsError> {
+        let new = New {
+            quiet: true,
+            content: Content::Shared(shared.to_string_lossy().into_owned()),
+            ..New::plain(Kind::File, mode, 0)
+        };
+        let owner = self.owner();
+        let ino = self.seeded(self.make(parent, OsStr::new(name), new, owner))?;
+        self.entry_behind(parent, name.as_bytes());
+        Ok(ino)
+    }
+
     /// "Now" on the upper layer's clock without waiting for its next tick ([`Upper::tick`]): the
     /// mark of a new workspace whose upper layer holds nothing outside `.git` (nothing written
     /// before it can be mistaken for a later change; no later write looks older).
