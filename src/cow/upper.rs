@@ -7,11 +7,12 @@
 //! ([`Pool`]), so that the request path renames one into place instead of allocating an inode (on a
 //! journal-less ext4 that has freed many inodes lately, an allocation scans the recently freed ones:
 //! 150–300 µs measured, against 6–19 µs for the rename); with the pool empty it creates the file
-//! directly. Pool files hold nothing, nothing refers to them and they live outside every workspace
-//! (removing a workspace never races with the thread that fills the pool); what a stop left is
-//! removed when the next daemon opens the pool. Copy-up
-//! streams from the blob cache with `copy_file_range`, never holding a file in memory, and copies only
-//! the data ranges (`SEEK_DATA`/`SEEK_HOLE`): a sparse file stays sparse.
+//! directly. The data file of a deleted file goes back to the pool, emptied, when nothing else
+//! holds it open ([`Upper::remove`]). Pool files hold nothing, nothing refers to them and they live
+//! outside every workspace (removing a workspace never races with the thread that fills the pool);
+//! what a stop left is removed beside the next daemon's start. Copy-up streams from the blob cache
+//! with `copy_file_range`, never holding a file in memory, and copies only the data ranges
+//! (`SEEK_DATA`/`SEEK_HOLE`): a sparse file stays sparse.
 //!
 //! Orphans (data files the catalog does not know after an unclean stop) are removed when the stop is
 //! known to have been the daemon's alone — same boot (the kernel still holds everything the daemon
