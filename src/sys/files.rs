@@ -42,6 +42,27 @@ fn fadvise(file: &std::fs::File, offset: u64, len: u64, advice: i32) -> io::Resu
     }
 }
 
+/// Takes a write lease on `file` and gives it back at once: `Ok` only when no other open file
+/// description of its inode exists anywhere in the system (the kernel refuses a write lease while
+/// the inode is open elsewhere, for reading or writing: another descriptor of this process, a
+/// passthrough backing file the kernel holds, a mapping that outlived its descriptor). Someone
+/// opening the file while the lease is held makes the kernel signal this process: the signal is
+/// set to `SIGURG` first, which is ignored unless handled (the default, `SIGIO`, would end the
+/// daemon).
+pub fn open_nowhere_else(file: &std::fs::File) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    /// `F_SETSIG` (Linux, every architecture); the libc crate does not name it for glibc.
+    const F_SETSIG: libc::c_int = 10;
+    let fd = file.as_raw_fd();
+    // SAFETY: the fd is valid for the lifetime of `file`; F_SETSIG and F_SETLEASE touch no memory
+    // of ours.
+    check(unsafe { libc::fcntl(fd, F_SETSIG, libc::SIGURG) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_WRLCK) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETLEASE, libc::F_UNLCK) })
+}
+
 /// `lseek(fd, offset, whence)` (for SEEK_DATA / SEEK_HOLE).
 pub fn lseek(file: &std::fs::File, offset: i64, whence: i32) -> io::Result<i64> {
     use std::os::fd::AsRawFd;
