@@ -166,12 +166,12 @@ pub struct ServeArgs {
     /// Clone and fetch give up after this long without progress (e.g. 300, 5m)
     #[arg(long, default_value = "5m", value_parser = parse_duration, env = "OCTOFS_FETCH_TIMEOUT")]
     pub fetch_timeout: u64,
-    /// How mounts receive requests: dev (/dev/fuse threads), auto (FUSE over io_uring when the
-    /// kernel offers it), uring (or the mount fails); see docs/transport.md
+    /// How mounts receive requests: auto (FUSE over io_uring when the kernel offers it, else
+    /// /dev/fuse), uring (or the mount fails), dev (/dev/fuse threads); see docs/transport.md
     #[arg(long, default_value = "auto", env = "OCTOFS_TRANSPORT")]
     pub transport: octofs::fs::uring::Transport,
     /// How mounts serve file I/O: auto (per workspace: no-open while the bases fit in half the
-    /// memory, else handles), handles (OPEN/RELEASE, passthrough), or no-open (no request for a
+    /// memory and a base has fewer no-open mounts than CPUs, else handles), handles (OPEN/RELEASE, passthrough), or no-open (no request for a
     /// warm open/read/close; no passthrough, page cache per mount); see docs/performance.md
     #[arg(long, default_value = "auto", env = "OCTOFS_IO")]
     pub io: octofs::daemon::io_auto::IoSetting,

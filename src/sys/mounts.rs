@@ -327,14 +327,6 @@ pub fn is_stale_mount(path: &Path) -> bool {
     matches!(statvfs(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn unescapes_mountinfo_paths() {
-        assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
-    }
-}
-
 /// `statfs(path)` in a child process of its own, waited for at most `timeout`: `Some` of what it
 /// answered, `None` when it did not answer in time. A caller whose request the server already
 /// took cannot be killed out of the wait (FUSE over io_uring hands a request to an idle ring
@@ -423,4 +415,12 @@ pub fn statfs_in_child(
     } else {
         Err(io::Error::from_raw_os_error(e))
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unescapes_mountinfo_paths() {
+        assert_eq!(super::unescape_mountinfo(r"/a\040b\134c"), "/a b\\c");
+    }
 }
