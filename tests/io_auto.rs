@@ -251,7 +251,7 @@ fn a_base_gets_at_most_per_base_no_open_mounts() {
                 "c",
                 &c,
                 "handles",
-                "auto: 2 no-open mounts of this base already, one per CPU",
+                "auto: 2 no-open mounts of this base already (OCTOFS_IO_PER_BASE",
             ),
             ("q1", &q, "no-open", "auto: 59 KiB of"),
         ],

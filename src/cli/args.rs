@@ -171,7 +171,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "auto", env = "OCTOFS_TRANSPORT")]
     pub transport: octofs::fs::uring::Transport,
     /// How mounts serve file I/O: auto (per workspace: no-open while the bases fit in half the
-    /// memory and a base has fewer no-open mounts than CPUs, else handles), handles (OPEN/RELEASE, passthrough), or no-open (no request for a
+    /// memory, else handles), handles (OPEN/RELEASE, passthrough), or no-open (no request for a
     /// warm open/read/close; no passthrough, page cache per mount); see docs/performance.md
     #[arg(long, default_value = "auto", env = "OCTOFS_IO")]
     pub io: octofs::daemon::io_auto::IoSetting,

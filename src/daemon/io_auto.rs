@@ -3,13 +3,14 @@
 //! copy of every base file it reads; a handles mount shares the host's one copy through
 //! passthrough but pays a FUSE round trip per open. So a mount is no-open while its base's file
 //! bytes, plus those of the live no-open mounts, fit in half the memory the daemon's cgroup may
-//! use (`memory.max` of its cgroup v2, else `MemTotal`; `OCTOFS_IO_MEMORY` overrides), and while
-//! fewer live no-open mounts than CPUs share its base; past either it gets handles. The second
-//! rule is measured (`scripts/agents`): 20 agents reading one base at once on 2 CPUs took as long
-//! with no-open as with handles (the CPUs are busy either way, so the requests no-open saves cost
-//! nothing), but held 5.8× the memory and read 10× the bytes from disk. Decided once per mount,
-//! kept in the workspace record (so that a restart, an adoption or a remount serves it the same
-//! way) until the workspace is released.
+//! use (`memory.max` of its cgroup v2, else `MemTotal`; `OCTOFS_IO_MEMORY` overrides); past that
+//! it gets handles. An operator may also cap the live no-open mounts of one base
+//! (`OCTOFS_IO_PER_BASE`; no cap by default): measured with `scripts/agents`, 20 agents reading
+//! one base at once on 2 CPUs took as long with no-open as with handles (the CPUs were busy either
+//! way) while the copies held 5.8× the memory — memory the budget already keeps from crowding out
+//! anything else, so by default it buys the lone agent's speed. Decided once per mount, kept in
+//! the workspace record (so that a restart, an adoption or a remount serves it the same way)
+//! until the workspace is released.
 //!
 //! Owns the daemon-level setting ([`IoSetting`]), the rule ([`choose`]), the budget and the
 //! holds on it ([`Budget`], [`Hold`]), and the reasons `status` and `stats` print. It must not
@@ -68,20 +69,19 @@ pub fn choose(bytes: u64, live: u64, budget: u64, same_base: u32, per_base: u32)
     }
 }
 
-/// Overrides how many live no-open mounts one base may have (0: no limit).
+/// How many live no-open mounts one base may have (0, the default: no limit).
 pub const PER_BASE_ENV: &str = "OCTOFS_IO_PER_BASE";
 
-/// How many live no-open mounts one base may have: `OCTOFS_IO_PER_BASE`, else one per CPU the
-/// daemon may run on (past that the CPUs are busy anyway and one shared copy serves the rest;
-/// module doc).
+/// How many live no-open mounts one base may have: `OCTOFS_IO_PER_BASE`, else no limit (0; the
+/// module doc says why).
 pub fn per_base() -> u32 {
-    if let Ok(v) = std::env::var(PER_BASE_ENV) {
-        match v.trim().parse::<u32>() {
-            Ok(n) => return n,
-            Err(_) => tracing::warn!("{PER_BASE_ENV}={v:?} is not a number: ignored"),
-        }
+    match std::env::var(PER_BASE_ENV) {
+        Ok(v) => v.trim().parse::<u32>().unwrap_or_else(|_| {
+            tracing::warn!("{PER_BASE_ENV}={v:?} is not a number: ignored");
+            0
+        }),
+        Err(_) => 0,
     }
-    std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX))
 }
 
 /// Why a mount has its mode, as `status` and `stats` say it: `auto: 210 MiB of 4.0 GiB budget`
@@ -103,7 +103,7 @@ pub fn why(asked: bool, chosen: Option<&IoChosen>) -> String {
                 && c.same_base >= c.per_base =>
         {
             format!(
-                "auto: {} no-open mounts of this base already, one per CPU (the others share one copy)",
+                "auto: {} no-open mounts of this base already (OCTOFS_IO_PER_BASE; the others share one copy)",
                 c.same_base
             )
         }
@@ -445,7 +445,7 @@ mod tests {
         };
         assert_eq!(
             why(false, Some(&crowded)),
-            "auto: 2 no-open mounts of this base already, one per CPU (the others share one copy)"
+            "auto: 2 no-open mounts of this base already (OCTOFS_IO_PER_BASE; the others share one copy)"
         );
         // A record written before the per-base limit (both 0) reads as before.
         let old = IoChosen {
