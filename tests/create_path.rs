@@ -219,3 +219,44 @@ fn an_open_writer_is_named_by_each_of_its_links_and_by_none_once_unlinked() {
     core.release(ino, true);
     assert!(open_writers(core).is_empty());
 }
+
+/// git writes a new object as `tmp_obj_*`, links it to its final name and unlinks the first; the
+/// kernel's RELEASE of the handle that wrote it may be served between the link and the unlink (on
+/// the io_uring transport it waits on the caller's CPU). The journal then records both names, not
+/// "a change whose path is unknown", and the next fsmonitor query names what changed instead of
+/// answering everything. Failed before: `git_workspace::first_status_reads_no_content_and_
+/// fsmonitor_misses_nothing` saw "everything" after `git add` in 1 run of 5 on the ring.
+#[test]
+fn a_release_between_link_and_unlink_journals_both_names() {
+    let fx = fixture();
+    let core = &fx.core;
+    let (token, _) = core.fsmonitor_query("");
+    let (attr, opened) = core
+        .create(
+            ROOT_INO,
+            OsStr::new("tmp_obj_1"),
+            0o444,
+            libc::O_WRONLY | libc::O_EXCL,
+            ROOT,
+        )
+        .expect("create");
+    let ino = attr.ino.0;
+    opened.file.write_all_at(b"blob", 0).expect("write");
+    core.link(ino, ROOT_INO, OsStr::new("final")).expect("link");
+    drop(opened);
+    core.release(ino, true);
+    core.unlink(ROOT_INO, OsStr::new("tmp_obj_1"))
+        .expect("unlink");
+    match core.fsmonitor_query(&token).1 {
+        Changed::Paths(p) => {
+            let p: Vec<String> = p
+                .into_iter()
+                .map(|p| String::from_utf8_lossy(&p).into_owned())
+                .collect();
+            assert!(p.contains(&"final".to_string()), "{p:?}");
+        }
+        Changed::Everything => {
+            panic!("the journal answered everything after link, release, unlink")
+        }
+    }
+}

@@ -22,7 +22,6 @@ use crate::common;
 use common::*;
 use std::ffi::OsStr;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// A repository whose default branch `main` has two files and whose branch `side` adds `n` more
@@ -64,18 +63,7 @@ fn repo_with_a_big_side_branch(path: &Path, n: usize) -> GitRepo {
         );
     }
     stream.extend_from_slice(b"done\n");
-    let fi = path.with_extension("fi");
-    std::fs::write(&fi, &stream).unwrap();
-    run(
-        Command::new("sh")
-            .arg("-c")
-            .arg("git -C \"$1\" fast-import --quiet --done < \"$2\"")
-            .arg("sh")
-            .arg(path)
-            .arg(&fi),
-        FIXTURE_TIMEOUT,
-    )
-    .assert_ok();
+    fast_import(path, &stream, FIXTURE_TIMEOUT);
     repo.git(["checkout", "-q", "-f", "main"]);
     repo
 }

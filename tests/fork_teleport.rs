@@ -762,18 +762,7 @@ fn generated_repo(path: &Path, n: usize) -> GitRepo {
         );
     }
     stream.extend_from_slice(b"done\n");
-    let file = path.with_extension("fi");
-    fs::write(&file, &stream).unwrap();
-    run(
-        Command::new("sh")
-            .arg("-c")
-            .arg("git -C \"$1\" fast-import --quiet --done < \"$2\"")
-            .arg("sh")
-            .arg(path)
-            .arg(&file),
-        Duration::from_secs(120),
-    )
-    .assert_ok();
+    fast_import(path, &stream, Duration::from_secs(120));
     // Not checked out: the mirror clones the history, and 100k files would only cost time here.
     repo
 }

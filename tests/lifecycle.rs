@@ -1128,19 +1128,7 @@ fn generated_repo(path: &Path, n: usize) -> GitRepo {
         );
     }
     stream.extend_from_slice(b"done\n");
-    let file = path.with_extension("fi");
-    fs::write(&file, &stream).unwrap();
-    // `run` feeds /dev/null to stdin: redirect the stream in a shell.
-    run(
-        Command::new("sh")
-            .arg("-c")
-            .arg("git -C \"$1\" fast-import --quiet --done < \"$2\"")
-            .arg("sh")
-            .arg(path)
-            .arg(&file),
-        CMD_TIMEOUT,
-    )
-    .assert_ok();
+    fast_import(path, &stream, CMD_TIMEOUT);
     repo.git(["checkout", "-q", "-f", "main"]);
     repo
 }

@@ -18,7 +18,6 @@ use crate::common;
 
 use common::*;
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `(name, object id, fully peeled id of a tag)` and `(name, symref target)` as git reports them.
@@ -221,40 +220,20 @@ fn sixty_workspaces_share_one_bounded_pool_of_request_threads() {
     );
     // Processes started after every open, 8 at once: reads of names never looked up, a write, and
     // a `git status` that sees exactly this workspace's change.
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mounts = std::sync::Arc::new(mounts);
-    let workers: Vec<_> = (0..8)
-        .map(|_| {
-            let next = next.clone();
-            let mounts = mounts.clone();
-            std::thread::spawn(move || {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(m) = mounts.get(i) else { return };
-                    let deep = run(
-                        Command::new("cat").arg(m.join("dir/deep/c.txt")),
-                        Duration::from_secs(30),
-                    );
-                    assert_eq!(deep.assert_ok().stdout_str(), "gamma\n", "workspace {i}");
-                    let m2 = m.clone();
-                    let b = fsop("read dir/b.txt", move || {
-                        std::fs::read(m2.join("dir/b.txt"))
-                    });
-                    assert_eq!(b.expect("read b"), b"beta\n", "workspace {i}");
-                    let m2 = m.clone();
-                    fsop("write", move || {
-                        std::fs::write(m2.join(format!("new-{i}.txt")), "x\n")
-                    })
-                    .expect("write");
-                    let status = git(m, ["status", "--porcelain", "--untracked-files=all"]);
-                    assert_eq!(status, format!("?? new-{i}.txt\n"), "workspace {i}");
-                }
-            })
+    each_mount_in_parallel(&mounts, 8, "a workspace served a wrong answer", |i, m| {
+        let m2 = m.clone();
+        let b = fsop("read dir/b.txt", move || {
+            std::fs::read(m2.join("dir/b.txt"))
+        });
+        assert_eq!(b.expect("read b"), b"beta\n", "workspace {i}");
+        let m2 = m.clone();
+        fsop("write", move || {
+            std::fs::write(m2.join(format!("new-{i}.txt")), "x\n")
         })
-        .collect();
-    for w in workers {
-        w.join().expect("a workspace served a wrong answer");
-    }
+        .expect("write");
+        let status = git(m, ["status", "--porcelain", "--untracked-files=all"]);
+        assert_eq!(status, format!("?? new-{i}.txt\n"), "workspace {i}");
+    });
     // The ordinary user's workspace, by its owner's processes.
     let mut sh = as_user(user, "sh");
     sh.args([

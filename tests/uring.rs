@@ -443,41 +443,26 @@ fn forty_ring_workspaces_share_the_ring_threads() {
         open <= 64,
         "{open} daemon threads ({rings} ring threads) with {N} ring workspaces open (bound 64)"
     );
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mounts = std::sync::Arc::new(mounts);
-    let workers: Vec<_> = (0..8)
-        .map(|_| {
-            let next = next.clone();
-            let mounts = mounts.clone();
-            std::thread::spawn(move || {
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(m) = mounts.get(i) else { return };
-                    let deep = run(
-                        Command::new("cat").arg(m.join("dir/deep/c.txt")),
-                        Duration::from_secs(30),
-                    );
-                    assert_eq!(deep.assert_ok().stdout_str(), "gamma\n", "workspace {i}");
-                    let wrote = run(
-                        Command::new("sh")
-                            .arg("-c")
-                            .arg("echo \"$1\" > \"$0/new.txt\" && cat \"$0/new.txt\" \"$0/a.txt\"")
-                            .arg(m)
-                            .arg(format!("w{i}")),
-                        Duration::from_secs(30),
-                    );
-                    assert_eq!(
-                        wrote.assert_ok().stdout_str(),
-                        format!("w{i}\nalpha\n"),
-                        "workspace {i}"
-                    );
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("a ring workspace served a wrong answer");
-    }
+    each_mount_in_parallel(
+        &mounts,
+        8,
+        "a ring workspace served a wrong answer",
+        |i, m| {
+            let wrote = run(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg("echo \"$1\" > \"$0/new.txt\" && cat \"$0/new.txt\" \"$0/a.txt\"")
+                    .arg(m)
+                    .arg(format!("w{i}")),
+                Duration::from_secs(30),
+            );
+            assert_eq!(
+                wrote.assert_ok().stdout_str(),
+                format!("w{i}\nalpha\n"),
+                "workspace {i}"
+            );
+        },
+    );
     let busy = daemon_threads(pid);
     assert!(
         busy <= 64,

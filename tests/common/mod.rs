@@ -1034,6 +1034,57 @@ impl GitRepo {
 /// Creates an upstream repository at `<base>/up-<project>` with `files` (path, content, mode; a
 /// mode of 0o120000 makes a symlink to `content`) committed, and adds it as project `project`.
 #[track_caller]
+/// Runs `work(i, mount)` for every mount from `workers` threads at once (each takes the next
+/// mount), after reading `dir/deep/c.txt` (a name nobody looked up yet) in it and checking it says
+/// `gamma`; panics with `what` when a worker did.
+pub fn each_mount_in_parallel(
+    mounts: &[PathBuf],
+    workers: usize,
+    what: &str,
+    work: impl Fn(usize, &PathBuf) + Send + Sync + 'static,
+) {
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mounts = std::sync::Arc::new(mounts.to_vec());
+    let work = std::sync::Arc::new(work);
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let (next, mounts, work) = (next.clone(), mounts.clone(), work.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(m) = mounts.get(i) else { return };
+                    let deep = run(
+                        Command::new("cat").arg(m.join("dir/deep/c.txt")),
+                        Duration::from_secs(30),
+                    );
+                    assert_eq!(deep.assert_ok().stdout_str(), "gamma\n", "workspace {i}");
+                    work(i, m);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect(what);
+    }
+}
+
+/// Runs `git fast-import` of `stream` (ending in `done`) into the repository at `repo`, the stream
+/// written beside it (`<repo>.fi`): `run` feeds /dev/null to stdin, so a shell redirects it.
+pub fn fast_import(repo: &Path, stream: &[u8], timeout: Duration) {
+    let file = repo.with_extension("fi");
+    std::fs::write(&file, stream).unwrap();
+    run(
+        Command::new("sh")
+            .arg("-c")
+            .arg("git -C \"$1\" fast-import --quiet --done < \"$2\"")
+            .arg("sh")
+            .arg(repo)
+            .arg(&file),
+        timeout,
+    )
+    .assert_ok();
+}
+
 pub fn add_project(d: &Daemon, project: &str, files: &[(&str, &str, u32)]) -> GitRepo {
     let repo = GitRepo::init(&d.base.join(format!("up-{project}")));
     for (p, content, mode) in files {

@@ -136,7 +136,28 @@ impl WorkspaceFs {
             }
             p
         });
-        st.journal.note(path.unwrap_or_default());
+        if let Some(p) = path {
+            st.journal.note(p);
+            return;
+        }
+        // A file with several links (git links each new object from its `tmp_obj_*` name before it
+        // unlinks that name, and the kernel's RELEASE of the handle that wrote it may come in
+        // between): each of its names, or "unknown" (an empty entry: everything) when fewer are
+        // found.
+        let names = st
+            .live
+            .inodes
+            .get(&ino)
+            .filter(|n| n.rec.kind != Kind::Dir && n.rec.nlink > 1)
+            .and_then(|n| Self::link_paths(st, ino, n.rec.nlink));
+        match names {
+            Some(names) => {
+                for p in names {
+                    st.journal.note(p);
+                }
+            }
+            None => st.journal.note(Vec::new()),
+        }
     }
 
     pub(super) fn journal_name(&self, st: &mut State, dir: u64, name: &[u8], is_dir: bool) {
