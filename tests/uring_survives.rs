@@ -92,15 +92,15 @@ fn restarted_pid(out: &str) -> Option<u32> {
     rest.split(',').next()?.trim().parse().ok()
 }
 
-#[test]
-fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
+/// A daemon serving over io_uring (`--transport uring`) and the upstream of [`FILES`] (one commit,
+/// `DATE1`), not yet mirrored; `None` (said on stderr) when the kernel has no FUSE over io_uring.
+fn ring_daemon_with_project() -> Option<(Daemon, tempfile::TempDir, GitRepo)> {
     if !Path::new(ENABLE).exists() {
         eprintln!("skipped: this kernel has no FUSE over io_uring ({ENABLE} is missing)");
-        return;
+        return None;
     }
-    let serve = ["--transport", "uring"];
     let mut d = Daemon::unstarted();
-    d.spawn_with(&serve);
+    d.spawn_with(SERVE);
     let src = tempfile::Builder::new()
         .prefix("octofs-src-")
         .tempdir()
@@ -110,6 +110,17 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
         repo.write(p, c);
     }
     repo.commit_all("base", DATE1);
+    Some((d, src, repo))
+}
+
+/// What every daemon here serves with.
+const SERVE: &[&str] = &["--transport", "uring"];
+
+#[test]
+fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
+    let Some((mut d, _src, repo)) = ring_daemon_with_project() else {
+        return;
+    };
     let head = repo.head();
     d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
     let mut mounts = Vec::new();
@@ -157,7 +168,7 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
         waiting.push(c.spawn().expect("spawn stat"));
     }
     std::thread::sleep(Duration::from_millis(300));
-    d.spawn_with(&serve);
+    d.spawn_with(SERVE);
     progress(&done, 20, "after the crash", &d);
     for mut c in waiting {
         let Some(_) = wait_timeout(&mut c, Duration::from_secs(20)) else {
@@ -208,7 +219,7 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
             std::thread::sleep(Duration::from_millis(20));
         }
         let _ = d.reap_killed();
-        d.spawn_with(&serve);
+        d.spawn_with(SERVE);
         progress(&done, 20, "after the second crash", &d);
         eprintln!("after the second crash:\n{}", ring_lines(&d));
     }
@@ -259,22 +270,9 @@ fn a_ring_mount_outlives_a_kill_9_and_a_restart() {
 #[test]
 fn requests_racing_a_kill_9_are_never_cancelled() {
     const CRASHES: usize = 16;
-    if !Path::new(ENABLE).exists() {
-        eprintln!("skipped: this kernel has no FUSE over io_uring ({ENABLE} is missing)");
+    let Some((mut d, _src, repo)) = ring_daemon_with_project() else {
         return;
-    }
-    let serve = ["--transport", "uring"];
-    let mut d = Daemon::unstarted();
-    d.spawn_with(&serve);
-    let src = tempfile::Builder::new()
-        .prefix("octofs-src-")
-        .tempdir()
-        .expect("tempdir");
-    let repo = GitRepo::init(&src.path().join("upstream"));
-    for (p, c) in FILES {
-        repo.write(p, c);
-    }
-    repo.commit_all("base", DATE1);
+    };
     d.cli_ok(["mirror", "add", "p", &repo.file_url()]);
     d.cli_ok(["open", "t", "--project", "p"]);
     let m = d.mount("t");
@@ -315,7 +313,7 @@ fn requests_racing_a_kill_9_are_never_cancelled() {
     for crash in 1..=CRASHES {
         d.kill9();
         std::thread::sleep(Duration::from_millis(50));
-        d.spawn_with(&serve);
+        d.spawn_with(SERVE);
         progress(&done, 200, &format!("after crash {crash}"), &d);
     }
     stop.store(true, Ordering::Relaxed);

@@ -359,17 +359,25 @@ impl Daemon {
 
     /// Whether a process uses the mount at `mountpoint`, as a release asks: a process on its way
     /// out (git's detached maintenance after a commit) is waited for, up to a second; then the
-    /// copies of the mount elsewhere (a sandbox's bind).
+    /// copies of the mount elsewhere (a sandbox's bind), also given up to a second to go: a
+    /// sandbox being set up anywhere on the host holds a copy of every mount for a moment
+    /// (bubblewrap's `/oldroot` between its `pivot_root` and the detach of the old root).
     fn busy(&self, mountpoint: &std::path::Path) -> Busy {
         if self
             .mounter
             .is_busy_settled(mountpoint, std::time::Duration::from_secs(1))
         {
-            Busy::InUse
-        } else if let Some((pid, at)) = self.mounter.bound_elsewhere(mountpoint) {
-            Busy::Elsewhere { pid, at }
-        } else {
-            Busy::Idle
+            return Busy::InUse;
+        }
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            match self.mounter.bound_elsewhere(mountpoint) {
+                None => return Busy::Idle,
+                Some((pid, at)) if std::time::Instant::now() >= until => {
+                    return Busy::Elsewhere { pid, at };
+                }
+                Some(_) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            }
         }
     }
 
