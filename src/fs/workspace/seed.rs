@@ -43,12 +43,7 @@ impl WorkspaceFs {
         bytes: &[u8],
         mode: u32,
     ) -> Result<u64, FsError> {
-        let new = New {
-            content: Content::Bytes(bytes),
-            ..New::plain(Kind::File, mode, 0)
-        };
-        let owner = self.owner();
-        self.seeded(self.make(parent, OsStr::new(name), new, owner))
+        self.seed_new(parent, name, Content::Bytes(bytes), mode, false)
     }
 
     /// Creates file `name` in `parent` whose content is the immutable host-wide file `shared` until
@@ -60,12 +55,8 @@ impl WorkspaceFs {
         shared: &std::path::Path,
         mode: u32,
     ) -> Result<u64, FsError> {
-        let new = New {
-            content: Content::Shared(shared.to_string_lossy().into_owned()),
-            ..New::plain(Kind::File, mode, 0)
-        };
-        let owner = self.owner();
-        self.seeded(self.make(parent, OsStr::new(name), new, owner))
+        let content = Content::Shared(shared.to_string_lossy().into_owned());
+        self.seed_new(parent, name, content, mode, false)
     }
 
     /// [`Self::seed_file`] once mounted: octofs's own file (quiet: not a change of the workspace's
@@ -78,13 +69,7 @@ impl WorkspaceFs {
         bytes: &[u8],
         mode: u32,
     ) -> Result<u64, FsError> {
-        let new = New {
-            quiet: true,
-            content: Content::Bytes(bytes),
-            ..New::plain(Kind::File, mode, 0)
-        };
-        let owner = self.owner();
-        let ino = self.seeded(self.make(parent, OsStr::new(name), new, owner))?;
+        let ino = self.seed_new(parent, name, Content::Bytes(bytes), mode, true)?;
         self.entry_behind(parent, name.as_bytes());
         Ok(ino)
     }
@@ -97,15 +82,29 @@ impl WorkspaceFs {
         shared: &std::path::Path,
         mode: u32,
     ) -> Result<u64, FsError> {
+        let content = Content::Shared(shared.to_string_lossy().into_owned());
+        let ino = self.seed_new(parent, name, content, mode, true)?;
+        self.entry_behind(parent, name.as_bytes());
+        Ok(ino)
+    }
+
+    /// Makes file `name` in `parent` of `content`, owned by the workspace's owner (`quiet`:
+    /// octofs's own, not a change of the workspace's state).
+    fn seed_new(
+        &self,
+        parent: u64,
+        name: &str,
+        content: Content<'_>,
+        mode: u32,
+        quiet: bool,
+    ) -> Result<u64, FsError> {
         let new = New {
-            quiet: true,
-            content: Content::Shared(shared.to_string_lossy().into_owned()),
+            quiet,
+            content,
             ..New::plain(Kind::File, mode, 0)
         };
         let owner = self.owner();
-        let ino = self.seeded(self.make(parent, OsStr::new(name), new, owner))?;
-        self.entry_behind(parent, name.as_bytes());
-        Ok(ino)
+        self.seeded(self.make(parent, OsStr::new(name), new, owner))
     }
 
     /// "Now" on the upper layer's clock without waiting for its next tick ([`Upper::tick`]): the
