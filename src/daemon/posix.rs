@@ -7,9 +7,12 @@
 //!   restores (0644/0755 files, 0755 directories; setuid, setgid and sticky included), whose owner
 //!   is not the workspace's owner, or that carry extended attributes;
 //! - the second and later names of a hard-linked file (git stores copies);
-//! - fifos, sockets and devices, and empty directories, with every directory above them that the
-//!   tree does not have (git keeps none of these). They are kept whatever the ignore rules say:
-//!   the ignore rules choose among the files git would add, and git adds none of these.
+//! - fifos, sockets and devices, empty directories, and directories the tree does not have whose
+//!   permission bits, owner or extended attributes are not a plain directory's (0755, the
+//!   owner's, none: what holds only names git refuses or ignored files), with every directory
+//!   above them that the tree does not have (git keeps none of these). They are kept whatever
+//!   the ignore rules say: the ignore rules choose among the files git would add, and git adds
+//!   none of these.
 //!
 //! Nothing under a `.git` directory or a submodule (the tree holds the submodule's commit) is
 //! recorded. Regular files the ignore rules leave out of the tree stay out of the record too.
@@ -161,8 +164,17 @@ pub fn record_of(
                 (foreign_owner || !m.xattrs.is_empty()).then(|| entry_of(m))
             }
             (k, None) if k.is_special() => Some(entry_of(m)),
-            (PosixKind::Dir, None) if m.empty => Some(entry_of(m)),
-            // Left out of the tree by the ignore rules (or a directory of only such files).
+            // A directory the tree does not have: empty, or holding only what the tree leaves
+            // out (names git refuses, kept beside it; files the ignore rules leave out; a nested
+            // repository without a commit). Kept when it is empty or when its own state is not
+            // what a directory made on the way gets (0755, the owner's, no xattrs): the user's
+            // `chmod 700` of it is theirs whatever it holds.
+            (PosixKind::Dir, None)
+                if m.empty || m.mode != 0o755 || foreign_owner || !m.xattrs.is_empty() =>
+            {
+                Some(entry_of(m))
+            }
+            // Left out of the tree by the ignore rules (or a plain directory of only such files).
             _ => None,
         };
         if let Some(e) = e {
@@ -174,8 +186,8 @@ pub fn record_of(
             entries.push(e);
         }
     }
-    // The directories above a kept special file or empty directory that the tree does not have
-    // come back as they were (their parents are changed nodes too, so they are in `meta`).
+    // The directories above a kept special file or directory that the tree does not have come
+    // back as they were (their parents are changed nodes too, so they are in `meta`).
     let by_path: HashMap<&[u8], &NodeMeta> = meta.iter().map(|m| (m.path.as_slice(), m)).collect();
     let mut have: std::collections::HashSet<Vec<u8>> =
         entries.iter().map(|e| e.path.clone()).collect();
