@@ -700,7 +700,8 @@ fn seen(mount: &Path, paths: &[&str]) -> Vec<(String, String)> {
 
 /// Directories whose mode is not what a checkout gives (0755) and that the snapshot's tree does not
 /// hold or holds only for what is in them: empty, holding only an untracked file, only an ignored
-/// file, only a name git refuses (kept beside the tree), and nested ones of each. A process started
+/// file, only a name git refuses or only a nested repository without a commit (both kept beside
+/// the tree), and nested ones of each. A process started
 /// after each step sees every one with its mode: after a snapshot and a restart, after release +
 /// open on this host, and after release + open on another host through the share (ignored files
 /// stay home; their directory keeps its mode). Seed 0x3b51cfdb of the model test found the refused
@@ -718,7 +719,8 @@ fn directory_modes_survive_snapshot_restart_release_and_a_move() {
          mkdir -p n1/n2/n3 && chmod 700 n1/n2/n3 && chmod 750 n1/n2\n\
          mkdir -p m1/m2 && printf 'i\\n' > m1/m2/x.log && chmod 700 m1/m2 && chmod 711 m1\n\
          mkdir -p r1/r2 && ln -s ../../a.txt r1/r2/.Git && chmod 700 r1/r2\n\
-         mkdir -p t1/t2 && printf 't\\n' > t1/t2/new.md && chmod 700 t1/t2",
+         mkdir -p t1/t2 && printf 't\\n' > t1/t2/new.md && chmod 700 t1/t2\n\
+         mkdir -p g1/g2 && git -C g1/g2 init -q && chmod 700 g1",
     );
     let paths = [
         "empty",
@@ -740,6 +742,9 @@ fn directory_modes_survive_snapshot_restart_release_and_a_move() {
         "t1",
         "t1/t2",
         "t1/t2/new.md",
+        "g1",
+        "g1/g2",
+        "g1/g2/.git",
     ];
     let want = |ignored_kept: bool| -> Vec<(String, String)> {
         let dir = |m: &str| format!("{m} directory");
@@ -770,6 +775,9 @@ fn directory_modes_survive_snapshot_restart_release_and_a_move() {
             ("t1", dir("755")),
             ("t1/t2", dir("700")),
             ("t1/t2/new.md", "644 regular file".to_string()),
+            ("g1", dir("700")),
+            ("g1/g2", dir("755")),
+            ("g1/g2/.git", dir("755")),
         ]
         .into_iter()
         .map(|(p, w)| (p.to_string(), w))
