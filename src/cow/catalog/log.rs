@@ -58,6 +58,9 @@ struct Inner {
     /// Bumped when the log is truncated (compaction), so a sync that started before does not
     /// count for bytes written after.
     epoch: u64,
+    /// Threads waiting on `done`: a flush or sync that ends wakes them only if there are any (a
+    /// wake-up is a system call; nearly every write finds no one waiting).
+    waiters: usize,
     /// Disk blocks are allocated (beyond the log's size) up to here: a reserve so that metadata
     /// changes — above all deleting files — still succeed when the disk is full.
     reserved_to: u64,
@@ -96,6 +99,7 @@ impl Log {
                 epoch: 0,
                 reserved_to: len,
                 poisoned: None,
+                waiters: 0,
             }),
             done: Condvar::new(),
             writes: AtomicU64::new(0),
@@ -111,8 +115,21 @@ impl Log {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn wait<'a>(&self, g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
-        self.done.wait(g).unwrap_or_else(|p| p.into_inner())
+    fn wait<'a>(&self, mut g: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+        g.waiters += 1;
+        let mut g = self.done.wait(g).unwrap_or_else(|p| p.into_inner());
+        g.waiters -= 1;
+        g
+    }
+
+    /// Wakes the waiters on `done` after a change made under `g` (read under the lock: a thread
+    /// that starts waiting later sees the change first).
+    fn wake(&self, g: MutexGuard<'_, Inner>) {
+        let any = g.waiters > 0;
+        drop(g);
+        if any {
+            self.done.notify_all();
+        }
     }
 
     /// Stages one framed batch. `applied`: the caller applies its change in memory before the
@@ -183,8 +200,7 @@ impl Log {
                 Err(e)
             }
         };
-        drop(g);
-        self.done.notify_all();
+        self.wake(g);
         out
     }
 
@@ -220,8 +236,7 @@ impl Log {
         if r.is_ok() && g.epoch == epoch {
             g.synced_to = g.synced_to.max(upto);
         }
-        drop(g);
-        self.done.notify_all();
+        self.wake(g);
         r
     }
 

@@ -11,6 +11,7 @@
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -236,56 +237,77 @@ impl RingShare {
 
 /// Stops a mount's ring threads from dispatching (a restart's handover): a thread that gets a
 /// request while paused leaves it in its buffers, unanswered, for the next daemon.
+///
+/// Every request passes [`Self::enter`] and [`Self::leave`], on every ring thread of the mount:
+/// while nothing pauses they only touch two atomics (no lock shared between the CPUs, no wake-up
+/// system call); the lock and the condition variable are for the handover.
 #[derive(Debug, Default)]
 pub struct RingPause {
-    state: Mutex<(bool, usize)>,
+    paused: AtomicBool,
+    /// Requests counted in and not yet left.
+    busy: AtomicUsize,
+    lock: Mutex<()>,
     changed: Condvar,
 }
 
 impl RingPause {
     /// Before dispatching a request: waits while paused, then counts it in.
     pub(super) fn enter(&self) {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        while g.0 {
-            g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+        loop {
+            // Counted in before looking at `paused` (both SeqCst): a pause that set it first sees
+            // this request busy and waits for it; one that sets it later waits too.
+            self.busy.fetch_add(1, Ordering::SeqCst);
+            if !self.paused.load(Ordering::SeqCst) {
+                return;
+            }
+            self.leave();
+            let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            while self.paused.load(Ordering::SeqCst) {
+                g = self.changed.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
         }
-        g.1 += 1;
     }
 
     /// After the request's reply reached the kernel and was marked answered.
     pub(super) fn leave(&self) {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        g.1 = g.1.saturating_sub(1);
-        self.changed.notify_all();
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        if self.paused.load(Ordering::SeqCst) {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.changed.notify_all();
+        }
     }
 
     /// Stops new dispatches and waits for the ones under way (`timeout`; then resumed, error).
     pub fn pause(&self, timeout: Duration) -> io::Result<()> {
         let deadline = Instant::now() + timeout;
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        g.0 = true;
-        while g.1 > 0 {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.paused.store(true, Ordering::SeqCst);
+        loop {
+            let busy = self.busy.load(Ordering::SeqCst);
+            if busy == 0 {
+                return Ok(());
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                let busy = g.1;
-                g.0 = false;
+                self.paused.store(false, Ordering::SeqCst);
                 self.changed.notify_all();
                 return Err(io::Error::other(format!(
                     "{busy} ring requests still being served"
                 )));
             }
+            // A `leave` after the load above notifies under the lock, which this wait releases
+            // atomically: no wake-up is lost. The timeout bounds a wait that finds none anyway.
             g = self
                 .changed
-                .wait_timeout(g, left)
+                .wait_timeout(g, left.min(Duration::from_millis(50)))
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        Ok(())
     }
 
     pub fn resume(&self) {
-        let mut g = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        g.0 = false;
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.paused.store(false, Ordering::SeqCst);
         self.changed.notify_all();
     }
 }

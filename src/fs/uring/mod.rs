@@ -360,11 +360,19 @@ struct QueueEntry {
 }
 
 /// Where a request's reply lands: fuser's encoder writes it here (possibly from another thread),
-/// the entry's thread copies it into the ring buffers.
+/// the entry's thread copies it into the ring buffers. Most replies are written by the entry's
+/// own thread before it looks: only a thread that found none waits, and only then is it woken.
 #[derive(Debug, Default)]
 struct ReplySlot {
-    reply: Mutex<Option<Vec<u8>>>,
+    reply: Mutex<SlotState>,
     ready: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct SlotState {
+    reply: Option<Vec<u8>>,
+    /// The entry's thread waits on `ready`.
+    waiting: bool,
 }
 
 impl RingReplySink for ReplySlot {
@@ -373,8 +381,11 @@ impl RingReplySink for ReplySlot {
         for d in data {
             v.extend_from_slice(d);
         }
-        *self.reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
-        self.ready.notify_one();
+        let mut g = self.reply.lock().unwrap_or_else(|p| p.into_inner());
+        g.reply = Some(v);
+        if g.waiting {
+            self.ready.notify_one();
+        }
         Ok(())
     }
 }
@@ -383,9 +394,11 @@ impl ReplySlot {
     fn wait(&self) -> Vec<u8> {
         let mut g = self.reply.lock().unwrap_or_else(|p| p.into_inner());
         loop {
-            if let Some(v) = g.take() {
+            if let Some(v) = g.reply.take() {
+                g.waiting = false;
                 return v;
             }
+            g.waiting = true;
             g = self.ready.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
