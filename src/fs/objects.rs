@@ -39,9 +39,20 @@ pub const VIRTUAL: u64 = 0b11 << 62;
 pub const TOP_INO: u64 = VIRTUAL;
 /// `.git/octofs/objects`: the mirror's `.git/objects`.
 const OBJECTS_INO: u64 = VIRTUAL | 1;
-/// The kernel keeps nothing of the subtree: the mirror gains packs (sync, snapshots) and loses
-/// them (gc) while workspaces live, and each lookup checks the owner's access again.
+/// The kernel keeps no attributes of the subtree and no name of a file in it: the mirror gains
+/// packs (sync, snapshots) and loses them (gc) while workspaces live, git replaces files under
+/// their names (`commit-graph`, `multi-pack-index`), and every request checks the owner's access
+/// again. Attributes at TTL 0 are what keeps both right with directory names kept
+/// ([`DIR_ENTRY_TTL`]): the mount has `default_permissions`, so the kernel asks GETATTR of each
+/// directory with stale attributes before a path walk passes it (the access check runs on every
+/// walk), and the GETATTR of a directory being opened refreshes its mtime, which the kernel
+/// compares with its cached listing (a new pack is listed at once). `docs/caching.md`.
 pub const TTL: Duration = Duration::ZERO;
+/// How long the kernel may keep the name of a directory of the subtree (`.git/octofs`, `objects`,
+/// `pack`, `info`, the loose objects' fan-out): a path walk into the tree sends no LOOKUP for
+/// them, only the GETATTRs above. Such a directory is never replaced under its name while it
+/// lives (a fan-out directory gc removed and git made again is found by its path).
+pub const DIR_ENTRY_TTL: Duration = Duration::from_secs(1);
 
 /// Whether the owner may still read the project's objects.
 pub type Allowed = Arc<dyn Fn() -> bool + Send + Sync>;

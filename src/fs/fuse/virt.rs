@@ -1,7 +1,8 @@
 //! The virtual objects tree (`.git/octofs/objects`, [`MirrorObjects`]) as the adapter routes to it:
 //! which inodes and names are its (its top is a name in the workspace's own `.git`, asked of the
-//! core each time), its answers with their TTL and FOPEN flags (its own: nothing of it may be
-//! cached, its object files may), and its listings. Every change in it is refused with `EROFS` by
+//! core each time), its answers with their TTLs and FOPEN flags (its own: no attributes and no
+//! file name of it may be cached, a directory's name for a second, its object files' pages may),
+//! and its listings. Every change in it is refused with `EROFS` by
 //! the adapter; nothing here touches the workspace.
 
 use std::ffi::OsStr;
@@ -19,10 +20,18 @@ pub struct Virt {
     objects: Option<Arc<MirrorObjects>>,
 }
 
+/// An answer of the tree: attributes never kept, a directory's name kept for
+/// [`objects::DIR_ENTRY_TTL`], a file's not at all (`objects::TTL` says why).
 fn entry(attr: FileAttr) -> Entry {
+    let entry_ttl = if attr.kind == fuser::FileType::Directory {
+        objects::DIR_ENTRY_TTL
+    } else {
+        objects::TTL
+    };
     Entry {
         attr,
-        ttl: objects::TTL,
+        attr_ttl: objects::TTL,
+        entry_ttl,
     }
 }
 
