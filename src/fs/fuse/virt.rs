@@ -1,8 +1,8 @@
 //! The virtual objects tree (`.git/octofs/objects`, [`MirrorObjects`]) as the adapter routes to it:
 //! which inodes and names are its (its top is a name in the workspace's own `.git`, asked of the
-//! core each time), its answers with their TTLs and FOPEN flags (its own: no attributes and no
-//! file name of it may be cached, a directory's name for a second, its object files' pages may),
-//! and its listings. Every change in it is refused with `EROFS` by
+//! core each time), its answers with their TTLs and FOPEN flags (its own, `objects::ttls`: no file
+//! name and no attributes below `objects` may be cached, a directory's name for a second, its
+//! object files' pages may), and its listings. Every change in it is refused with `EROFS` by
 //! the adapter; nothing here touches the workspace.
 
 use std::ffi::OsStr;
@@ -20,17 +20,13 @@ pub struct Virt {
     objects: Option<Arc<MirrorObjects>>,
 }
 
-/// An answer of the tree: attributes never kept, a directory's name kept for
-/// [`objects::DIR_ENTRY_TTL`], a file's not at all (`objects::TTL` says why).
+/// An answer of the tree, kept as [`objects::ttls`] says: a directory's name for a second, a
+/// file's not at all, attributes not at all but those of `.git/octofs` and `objects`.
 fn entry(attr: FileAttr) -> Entry {
-    let entry_ttl = if attr.kind == fuser::FileType::Directory {
-        objects::DIR_ENTRY_TTL
-    } else {
-        objects::TTL
-    };
+    let (attr_ttl, entry_ttl) = objects::ttls(&attr);
     Entry {
         attr,
-        attr_ttl: objects::TTL,
+        attr_ttl,
         entry_ttl,
     }
 }
