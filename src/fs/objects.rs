@@ -53,19 +53,18 @@ pub const TTL: Duration = Duration::ZERO;
 /// them, only the GETATTRs above. Such a directory is never replaced under its name while it
 /// lives (a fan-out directory gc removed and git made again is found by its path).
 pub const DIR_ENTRY_TTL: Duration = Duration::from_secs(1);
-/// How long the kernel may keep the attributes of `.git/octofs` and `objects`, the two
-/// directories every walk passes first: then only the directories below them are asked for on
-/// the way. Their listings are not what git reads (it opens `objects/ab/…`, `objects/info/…` and
-/// `objects/pack` by name; it lists `pack/` and a fan-out directory, whose attributes stay at
-/// [`TTL`]), and nothing below them is reached without a request that checks the owner: for up to
-/// this long a revoked owner may still `stat` or list these two, never read an object.
-pub const FIXED_ATTR_TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may keep the attributes of `.git/octofs`, the directory every walk into the
+/// tree passes first: its listing is `objects` and nothing else, ever, and nothing below it is
+/// reached without a request that checks the owner (`objects` and everything under it keep their
+/// attributes at [`TTL`]: `ls .git/octofs/objects` shows a fan-out directory a sync made at once).
+/// For up to this long a revoked owner may still `stat` `.git/octofs`, never read an object.
+pub const TOP_ATTR_TTL: Duration = Duration::from_secs(1);
 
 /// How long the kernel may keep an answer about the inode `attr` describes: its attributes, then
 /// its name.
 pub fn ttls(attr: &FileAttr) -> (Duration, Duration) {
     match attr.ino.0 {
-        TOP_INO | OBJECTS_INO => (FIXED_ATTR_TTL, DIR_ENTRY_TTL),
+        TOP_INO => (TOP_ATTR_TTL, DIR_ENTRY_TTL),
         _ if attr.kind == FileType::Directory => (TTL, DIR_ENTRY_TTL),
         _ => (TTL, TTL),
     }

@@ -1,8 +1,8 @@
 //! The virtual objects tree (`.git/octofs/objects`, [`MirrorObjects`]) as the adapter routes to it:
 //! which inodes and names are its (its top is a name in the workspace's own `.git`, asked of the
 //! core each time), its answers with their TTLs and FOPEN flags (its own, `objects::ttls`: no file
-//! name and no attributes below `objects` may be cached, a directory's name for a second, its
-//! object files' pages may), and its listings. Every change in it is refused with `EROFS` by
+//! name and no attributes but those of `.git/octofs` may be cached, a directory's name for a
+//! second, its object files' pages may), and its listings. Every change in it is refused with `EROFS` by
 //! the adapter; nothing here touches the workspace.
 
 use std::ffi::OsStr;
@@ -21,7 +21,7 @@ pub struct Virt {
 }
 
 /// An answer of the tree, kept as [`objects::ttls`] says: a directory's name for a second, a
-/// file's not at all, attributes not at all but those of `.git/octofs` and `objects`.
+/// file's not at all, attributes not at all but those of `.git/octofs`.
 fn entry(attr: FileAttr) -> Entry {
     let (attr_ttl, entry_ttl) = objects::ttls(&attr);
     Entry {
