@@ -489,8 +489,9 @@ echo done $n";
 /// `src/fs/objects.rs`): a pack the mirror gains is still found by the next git started right
 /// after it, because opening `pack/` asks its attributes again and the kernel drops the listing
 /// it cached when the mtime moved (with the attributes kept for the second too, git read the
-/// cached listing without the new pack and answered "Not a valid object name"); and an owner
-/// taken off the project is refused at the next walk into the tree, names kept or not.
+/// cached listing without the new pack and answered "path 'b.txt' does not exist"), as is a new
+/// fan-out directory in `objects/`; and an owner taken off the project is refused at the next
+/// walk into the tree, names kept or not.
 #[test]
 fn a_pack_the_mirror_gains_and_a_revocation_are_seen_at_once_with_names_kept() {
     let a = user_a();
@@ -541,6 +542,31 @@ fn a_pack_the_mirror_gains_and_a_revocation_are_seen_at_once_with_names_kept() {
         "beta\n",
         "an object of a pack the mirror gained{}",
         d.log_tail()
+    );
+
+    // A loose object in a fan-out directory the mirror did not have: `objects/` lists it at once
+    // too (its attributes, and so the mtime its cached listing is checked against, are not kept).
+    let ls = || {
+        let mut c = as_user(a, "ls");
+        c.arg(ws.join(".git/octofs/objects"));
+        ok(&run(&mut c, CMD_TIMEOUT))
+    };
+    ls();
+    let listed = ls();
+    let script = format!(
+        "g='{}'; i=0
+while :; do h=$(echo loose$i | git --git-dir=\"$g\" hash-object --stdin)
+  [ -d \"$g/objects/$(echo $h | cut -c1-2)\" ] || break; i=$((i+1)); done
+echo loose$i | git --git-dir=\"$g\" hash-object -w --stdin",
+        d.mirror("p").join(".git").display()
+    );
+    let loose = ok(&run(Command::new("sh").args(["-c", &script]), CMD_TIMEOUT));
+    let fan_out = &loose.trim()[..2];
+    assert!(!listed.lines().any(|l| l == fan_out), "{listed}");
+    let now = ls();
+    assert!(
+        now.lines().any(|l| l == fan_out),
+        "objects/{fan_out} made in the mirror is not listed: {now}"
     );
 
     d.cli_ok(["mirror", "access", "p", "--allow-user", "octofs-test-other"]);

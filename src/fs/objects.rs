@@ -39,7 +39,7 @@ pub const VIRTUAL: u64 = 0b11 << 62;
 pub const TOP_INO: u64 = VIRTUAL;
 /// `.git/octofs/objects`: the mirror's `.git/objects`.
 const OBJECTS_INO: u64 = VIRTUAL | 1;
-/// The kernel keeps no attributes of the subtree and no name of a file in it: the mirror gains
+/// The kernel keeps no attributes below `.git/octofs` and no name of a file: the mirror gains
 /// packs (sync, snapshots) and loses them (gc) while workspaces live, git replaces files under
 /// their names (`commit-graph`, `multi-pack-index`), and every request checks the owner's access
 /// again. Attributes at TTL 0 are what keeps both right with directory names kept
