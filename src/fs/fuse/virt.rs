@@ -2,8 +2,8 @@
 //! which inodes and names are its (its top is a name in the workspace's own `.git`, asked of the
 //! core each time), its answers with their TTLs and FOPEN flags (its own, `objects::ttls`: no file
 //! name and no attributes but those of `.git/octofs` may be cached, a directory's name for a
-//! second, its object files' pages may), and its listings. Every change in it is refused with `EROFS` by
-//! the adapter; nothing here touches the workspace.
+//! second, its object files' pages may), and its listings. Every change in it is refused with
+//! `EROFS` by the adapter; nothing here touches the workspace.
 
 use std::ffi::OsStr;
 use std::sync::Arc;
