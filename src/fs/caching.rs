@@ -1,7 +1,7 @@
 //! What the kernel may cache of a mount's answers (`docs/caching.md`): how long an entry or its
-//! attributes stay valid ([`Entry`] carries both TTLs), that a missing name is cached too (a negative
-//! entry), and how an open file or directory may keep its page cache (the FOPEN flags of an
-//! [`Opening`]). The adapter (`fuse/`) copies these into replies and decides none of them; the
+//! attributes stay valid ([`Entry`] carries both TTLs), that a missing name is cached too (a
+//! negative entry), and how an open file or directory may keep its page cache (the FOPEN flags of
+//! an [`Opening`]). The adapter (`fuse/`) copies these into replies and decides none of them; the
 //! virtual objects tree (`super::objects`) has rules of its own. Touches no state.
 
 use std::sync::Arc;
