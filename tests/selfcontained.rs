@@ -484,3 +484,98 @@ echo done $n";
     assert_eq!(got, want, "the appended lines");
     d.cli_ok(["release", "k"]);
 }
+
+/// The objects tree keeps its directories' names for a second but no attributes (issue 33,
+/// `src/fs/objects.rs`): a pack the mirror gains is still found by the next git started right
+/// after it, because opening `pack/` asks its attributes again and the kernel drops the listing
+/// it cached when the mtime moved (with the attributes kept for the second too, git read the
+/// cached listing without the new pack and answered "path 'b.txt' does not exist"), as is a new
+/// fan-out directory in `objects/`; and an owner taken off the project is refused at the next
+/// walk into the tree, names kept or not.
+#[test]
+fn a_pack_the_mirror_gains_and_a_revocation_are_seen_at_once_with_names_kept() {
+    let a = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    let repo = project(&d, "p", &["octofs-test-user", "octofs-test-other"]);
+    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let ws = PathBuf::from(out.stdout_str().trim());
+
+    // The upstream's next commit as one pack, made ahead outside the mirror.
+    repo.write("b.txt", "beta\n");
+    repo.commit_all("third", DATE2);
+    let new = repo.git(["rev-parse", "HEAD"]).trim().to_string();
+    let stage = d.base.join("stage");
+    std::fs::create_dir(&stage).expect("mkdir stage");
+    let script = format!(
+        "printf 'HEAD\\n^HEAD~1\\n' | git -C '{}' pack-objects --revs -q '{}/pack'",
+        repo.path.display(),
+        stage.display()
+    );
+    let name = ok(&run(Command::new("sh").args(["-c", &script]), CMD_TIMEOUT));
+    let name = format!("pack-{}", name.trim());
+    let packs = d.mirror("p").join(".git/objects/pack");
+
+    let cat = |what: &str| {
+        let mut c = as_user(a, "git");
+        c.arg("-C").arg(&ws).args(["cat-file", "-p", what]);
+        run(&mut c, CMD_TIMEOUT)
+    };
+    // git lists `pack/` (the kernel caches the listing and the names on the way). Twice: the
+    // process after the first one in a new mount was seen listing `pack/` afresh whatever the
+    // TTLs, which would hide a stale listing.
+    assert_eq!(ok(&cat("HEAD:a.txt")), "alpha\n");
+    assert_eq!(ok(&cat("HEAD:a.txt")), "alpha\n");
+    let t = std::time::Instant::now();
+    for ext in ["pack", "idx"] {
+        let to = packs.join(format!("{name}.{ext}"));
+        let from = stage.join(format!("{name}.{ext}"));
+        if std::fs::rename(&from, &to).is_err() {
+            std::fs::copy(&from, &to).expect("copy the pack into the mirror");
+        }
+    }
+    let seen = cat(&format!("{new}:b.txt"));
+    eprintln!("the new pack was read {:?} after it was added", t.elapsed());
+    assert_eq!(
+        ok(&seen),
+        "beta\n",
+        "an object of a pack the mirror gained{}",
+        d.log_tail()
+    );
+
+    // A loose object in a fan-out directory the mirror did not have: `objects/` lists it at once
+    // too (its attributes, and so the mtime its cached listing is checked against, are not kept).
+    let ls = || {
+        let mut c = as_user(a, "ls");
+        c.arg(ws.join(".git/octofs/objects"));
+        ok(&run(&mut c, CMD_TIMEOUT))
+    };
+    ls();
+    let listed = ls();
+    let script = format!(
+        "g='{}'; i=0
+while :; do h=$(echo loose$i | git --git-dir=\"$g\" hash-object --stdin)
+  [ -d \"$g/objects/$(echo $h | cut -c1-2)\" ] || break; i=$((i+1)); done
+echo loose$i | git --git-dir=\"$g\" hash-object -w --stdin",
+        d.mirror("p").join(".git").display()
+    );
+    let loose = ok(&run(Command::new("sh").args(["-c", &script]), CMD_TIMEOUT));
+    let fan_out = &loose.trim()[..2];
+    assert!(!listed.lines().any(|l| l == fan_out), "{listed}");
+    let now = ls();
+    assert!(
+        now.lines().any(|l| l == fan_out),
+        "objects/{fan_out} made in the mirror is not listed: {now}"
+    );
+
+    d.cli_ok(["mirror", "access", "p", "--allow-user", "octofs-test-other"]);
+    let revoked = cat("HEAD:a.txt");
+    eprintln!("refused {:?} after the pack was added", t.elapsed());
+    assert!(
+        !revoked.success(),
+        "a revoked owner still reads the history: {}",
+        revoked.describe()
+    );
+    d.cli_ok(["release", "t"]);
+}

@@ -1,7 +1,7 @@
 //! What the kernel may cache of a mount's answers (`docs/caching.md`): how long an entry or its
-//! attributes stay valid ([`Entry`] carries its TTL), that a missing name is cached too (a negative
-//! entry), and how an open file or directory may keep its page cache (the FOPEN flags of an
-//! [`Opening`]). The adapter (`fuse/`) copies these into replies and decides none of them; the
+//! attributes stay valid ([`Entry`] carries both TTLs), that a missing name is cached too (a
+//! negative entry), and how an open file or directory may keep its page cache (the FOPEN flags of
+//! an [`Opening`]). The adapter (`fuse/`) copies these into replies and decides none of them; the
 //! virtual objects tree (`super::objects`) has rules of its own. Touches no state.
 
 use std::sync::Arc;
@@ -15,17 +15,25 @@ use super::FsResult;
 /// kernel's back, so the kernel may cache entries and attributes for a long time.
 pub const TTL: Duration = Duration::from_secs(3600);
 
-/// Attributes with how long the kernel may keep them (an entry's name with them, for a lookup).
+/// Attributes with how long the kernel may keep them (`attr_ttl`, until its next GETATTR) and,
+/// for a lookup or a READDIRPLUS entry, how long it may keep the name's entry (`entry_ttl`, until
+/// its next LOOKUP). The core's answers keep both for [`TTL`]; the objects tree keeps the names of
+/// its directories longer than their attributes (`fuse/virt.rs`).
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
     pub attr: FileAttr,
-    pub ttl: Duration,
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
 }
 
 impl Entry {
     /// The core's attributes: kept for [`TTL`].
     pub fn of(attr: FileAttr) -> Entry {
-        Entry { attr, ttl: TTL }
+        Entry {
+            attr,
+            attr_ttl: TTL,
+            entry_ttl: TTL,
+        }
     }
 
     /// A lookup's answer: a missing name is a negative entry, cached as long as any other

@@ -39,9 +39,36 @@ pub const VIRTUAL: u64 = 0b11 << 62;
 pub const TOP_INO: u64 = VIRTUAL;
 /// `.git/octofs/objects`: the mirror's `.git/objects`.
 const OBJECTS_INO: u64 = VIRTUAL | 1;
-/// The kernel keeps nothing of the subtree: the mirror gains packs (sync, snapshots) and loses
-/// them (gc) while workspaces live, and each lookup checks the owner's access again.
+/// The kernel keeps no attributes below `.git/octofs` and no name of a file: the mirror gains
+/// packs (sync, snapshots) and loses them (gc) while workspaces live, git replaces files under
+/// their names (`commit-graph`, `multi-pack-index`), and every request checks the owner's access
+/// again. Attributes at TTL 0 are what keeps both right with directory names kept
+/// ([`DIR_ENTRY_TTL`]): the mount has `default_permissions`, so the kernel asks GETATTR of each
+/// directory with stale attributes before a path walk passes it (the access check runs on every
+/// walk), and the GETATTR of a directory being opened refreshes its mtime, which the kernel
+/// compares with its cached listing (a new pack is listed at once). `docs/caching.md`.
 pub const TTL: Duration = Duration::ZERO;
+/// How long the kernel may keep the name of a directory of the subtree (`.git/octofs`, `objects`,
+/// `pack`, `info`, the loose objects' fan-out): a path walk into the tree sends no LOOKUP for
+/// them, only the GETATTRs above. Such a directory is never replaced under its name while it
+/// lives (a fan-out directory gc removed and git made again is found by its path).
+pub const DIR_ENTRY_TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may keep the attributes of `.git/octofs`, the directory every walk into the
+/// tree passes first: its listing is `objects` and nothing else, ever, and nothing below it is
+/// reached without a request that checks the owner (`objects` and everything under it keep their
+/// attributes at [`TTL`]: `ls .git/octofs/objects` shows a fan-out directory a sync made at once).
+/// For up to this long a revoked owner may still `stat` `.git/octofs`, never read an object.
+pub const TOP_ATTR_TTL: Duration = Duration::from_secs(1);
+
+/// How long the kernel may keep an answer about the inode `attr` describes: its attributes, then
+/// its name.
+pub fn ttls(attr: &FileAttr) -> (Duration, Duration) {
+    match attr.ino.0 {
+        TOP_INO => (TOP_ATTR_TTL, DIR_ENTRY_TTL),
+        _ if attr.kind == FileType::Directory => (TTL, DIR_ENTRY_TTL),
+        _ => (TTL, TTL),
+    }
+}
 
 /// Whether the owner may still read the project's objects.
 pub type Allowed = Arc<dyn Fn() -> bool + Send + Sync>;

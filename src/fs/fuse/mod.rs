@@ -463,7 +463,15 @@ impl Filesystem for FuseAdapter {
         let _t = self.info.stats.time(Op::Readdirplus);
         let cx = Cx::new(Op::Readdirplus, i.0, None);
         let add = |off, name: &OsStr, e: &Entry| {
-            reply.add(e.attr.ino, off, name, &e.ttl, &e.attr, Generation(0))
+            reply.add_with_ttls(
+                e.attr.ino,
+                off,
+                name,
+                &e.attr_ttl,
+                &e.entry_ttl,
+                &e.attr,
+                Generation(0),
+            )
         };
         let r = match self.virt.of(i.0) {
             Some(v) => self.virt.readdirplus(v, req.uid(), i.0, offset, add),

@@ -36,14 +36,14 @@ pub fn set_time(t: TimeOrNow) -> SetTime {
 
 pub fn entry(cx: &Cx, reply: ReplyEntry, r: Result<Entry, FsError>) {
     match r {
-        Ok(e) => reply.entry(&e.ttl, &e.attr, Generation(0)),
+        Ok(e) => reply.entry_with_ttls(&e.attr_ttl, &e.entry_ttl, &e.attr, Generation(0)),
         Err(e) => reply.error(answer(cx, e)),
     }
 }
 
 pub fn attr(cx: &Cx, reply: ReplyAttr, r: Result<Entry, FsError>) {
     match r {
-        Ok(e) => reply.attr(&e.ttl, &e.attr),
+        Ok(e) => reply.attr(&e.attr_ttl, &e.attr),
         Err(e) => reply.error(answer(cx, e)),
     }
 }
@@ -96,18 +96,20 @@ pub fn opened(cx: &Cx, reply: ReplyOpen, r: Result<Opening<BackingId>, FsError>)
     }
 }
 
+/// CREATE's entry carries one TTL for the name and its attributes (fuser's `ReplyCreate` has one):
+/// only the core creates, and its entries keep both for the same time (`caching::TTL`).
 pub fn created(cx: &Cx, reply: ReplyCreate, r: Result<(Entry, Opening<BackingId>), FsError>) {
     match r {
         Ok((e, Opening { fh, flags, backing })) => match backing {
             Some(id) => reply.created_passthrough(
-                &e.ttl,
+                &e.attr_ttl,
                 &e.attr,
                 Generation(0),
                 FileHandle(fh),
                 flags,
                 &id,
             ),
-            None => reply.created(&e.ttl, &e.attr, Generation(0), FileHandle(fh), flags),
+            None => reply.created(&e.attr_ttl, &e.attr, Generation(0), FileHandle(fh), flags),
         },
         Err(e) => reply.error(answer(cx, e)),
     }

@@ -1,8 +1,9 @@
 //! The virtual objects tree (`.git/octofs/objects`, [`MirrorObjects`]) as the adapter routes to it:
 //! which inodes and names are its (its top is a name in the workspace's own `.git`, asked of the
-//! core each time), its answers with their TTL and FOPEN flags (its own: nothing of it may be
-//! cached, its object files may), and its listings. Every change in it is refused with `EROFS` by
-//! the adapter; nothing here touches the workspace.
+//! core each time), its answers with their TTLs and FOPEN flags (its own, `objects::ttls`: no file
+//! name and no attributes but those of `.git/octofs` may be cached, a directory's name for a
+//! second, its object files' pages may), and its listings. Every change in it is refused with
+//! `EROFS` by the adapter; nothing here touches the workspace.
 
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -19,10 +20,14 @@ pub struct Virt {
     objects: Option<Arc<MirrorObjects>>,
 }
 
+/// An answer of the tree, kept as [`objects::ttls`] says: a directory's name for a second, a
+/// file's not at all, attributes not at all but those of `.git/octofs`.
 fn entry(attr: FileAttr) -> Entry {
+    let (attr_ttl, entry_ttl) = objects::ttls(&attr);
     Entry {
         attr,
-        ttl: objects::TTL,
+        attr_ttl,
+        entry_ttl,
     }
 }
 

@@ -786,15 +786,36 @@ impl ReplyDirectoryPlus {
         attr: &FileAttr,
         generation: Generation,
     ) -> bool {
+        self.add_with_ttls(ino, offset, name, ttl, ttl, attr, generation)
+    }
+
+    /// Add an entry to the directory reply buffer, as [`ReplyDirectoryPlus::add`], with the
+    /// entry TTL apart from the attribute TTL (as [`ReplyEntry::entry_with_ttls`] for a lookup).
+    /// Returns true if the buffer is full.
+    ///
+    /// * `attr_ttl` - how long the kernel may keep the attributes before a `GETATTR`.
+    /// * `entry_ttl` - how long the kernel may keep the name (name-to-inode) before a `LOOKUP`.
+    // octofs patch: a READDIRPLUS entry could only carry one TTL for both.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_with_ttls<T: AsRef<OsStr>>(
+        &mut self,
+        ino: INodeNo,
+        offset: u64,
+        name: T,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+    ) -> bool {
         let name = name.as_ref();
         self.buf.push(&DirEntryPlus::new(
             ino,
             generation,
             DirEntOffset(offset),
             name,
-            *ttl,
+            *entry_ttl,
             attr.into(),
-            *ttl,
+            *attr_ttl,
         ))
     }
 
@@ -1248,6 +1269,59 @@ mod test {
         let mut reply = ReplyDirectory::new(ll::RequestId(0xdeadbeef), sender, 4096);
         assert!(!reply.add(INodeNo(0xaabb), 1, FileType::Directory, "hello"));
         assert!(!reply.add(INodeNo(0xccdd), 2, FileType::RegularFile, "world.rs"));
+        reply.ok();
+    }
+
+    #[test]
+    fn reply_directory_plus_with_ttls() {
+        let time = UNIX_EPOCH + Duration::new(0x1234, 0x5678);
+        let attr = FileAttr {
+            ino: INodeNo(0xaabb),
+            size: 0x22,
+            blocks: 0x33,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            crtime: time,
+            kind: FileType::Directory,
+            perm: 0o500,
+            nlink: 2,
+            uid: 0x66,
+            gid: 0x77,
+            rdev: 0,
+            flags: 0,
+            blksize: 4096,
+        };
+        let (attr_ttl, entry_ttl) = (Duration::new(0, 0), Duration::new(0x0101, 0x0202));
+        let mut list = DirEntPlusList::new(4096);
+        assert!(!list.push(&DirEntryPlus::new(
+            attr.ino,
+            ll::Generation(0),
+            DirEntOffset(3),
+            "pack",
+            entry_ttl,
+            (&attr).into(),
+            attr_ttl,
+        )));
+        let expected = ll::ResponseData::from(list).with_iovec(ll::RequestId(0xdeadbeef), |v| {
+            v.iter().flat_map(|s| s.to_vec()).collect::<Vec<u8>>()
+        });
+        // After the 16-byte header: node id, generation, then entry_valid and attr_valid.
+        assert_eq!(expected[32..40], 0x0101u64.to_le_bytes());
+        assert_eq!(expected[40..48], 0u64.to_le_bytes());
+        assert_eq!(expected[48..52], 0x0202u32.to_le_bytes());
+        assert_eq!(expected[52..56], 0u32.to_le_bytes());
+        let sender = ReplySender::Assert(AssertSender { expected });
+        let mut reply = ReplyDirectoryPlus::new(ll::RequestId(0xdeadbeef), sender, 4096);
+        assert!(!reply.add_with_ttls(
+            attr.ino,
+            3,
+            "pack",
+            &attr_ttl,
+            &entry_ttl,
+            &attr,
+            ll::Generation(0)
+        ));
         reply.ok();
     }
 
