@@ -78,6 +78,23 @@ fn a_healthy_host_has_no_findings_and_a_killed_daemon_leaves_a_stale_mount_to_fi
     assert_eq!(v["daemon"], "running");
     assert_eq!(kinds(&v), vec![], "{v}");
     assert_eq!(v["checked"]["mounts"], 1, "{v}");
+    // A host note is printed, never counted: the idle CPUs of a virtual machine that halt at once
+    // (haltpoll without guest halt polling) are named exactly where sysfs says so.
+    let sys = |p: &str| fs::read_to_string(p).map(|s| s.trim().to_string()).ok();
+    let halts = sys("/sys/devices/system/cpu/cpuidle/current_driver").as_deref()
+        == Some("haltpoll")
+        && sys("/sys/module/haltpoll/parameters/guest_halt_poll_ns").as_deref() == Some("0");
+    let notes: Vec<&str> = v["notes"]
+        .as_array()
+        .expect("notes")
+        .iter()
+        .filter_map(|n| n["kind"].as_str())
+        .collect();
+    assert_eq!(
+        notes,
+        if halts { vec!["idle-exits"] } else { vec![] },
+        "{v}"
+    );
     assert!(v["checked"]["blobs"].as_u64().unwrap() >= 1, "{v}");
 
     d.kill9();

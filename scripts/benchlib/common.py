@@ -323,6 +323,23 @@ def wait_quiet(limit, threshold=0.15, window=1.0):
             return time.monotonic() - t0
 
 
+def cpu_idle():
+    """The cpuidle driver and, for a virtual machine's `haltpoll`, how long an idle CPU polls
+    before it halts: with 0 every FUSE round trip that finds a CPU idle pays a VM exit
+    (docs/performance.md "An idle virtual machine"), which moves most FUSE figures."""
+    def read(p):
+        try:
+            with open(p) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+    driver = read("/sys/devices/system/cpu/cpuidle/current_driver") or "none"
+    poll = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    if driver == "haltpoll" and poll is not None:
+        return f"{driver}, guest_halt_poll_ns {poll}"
+    return driver
+
+
 def machine_info(work, extra=()):
     info = []
     u = platform.uname()
@@ -335,6 +352,7 @@ def machine_info(work, extra=()):
         pass
     info.append(("CPUs", f"{os.cpu_count()} × {cpu}"))
     info.append(("memory", f"{(meminfo('MemTotal') or 0) / 2**30:.1f} GiB"))
+    info.append(("CPU idle", cpu_idle()))
     mp, fstype, source = fs_type_of(work)
     info.append(("file system of the run", f"{fstype} ({source} on {mp})"))
     try:
