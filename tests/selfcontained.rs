@@ -32,6 +32,19 @@ fn project(d: &Daemon, project: &str, users: &[&str]) -> GitRepo {
     repo
 }
 
+/// A daemon, project `p` (users a and b may use it), and thread `t` opened by user a: the user,
+/// the daemon, the upstream repository and the workspace's path.
+fn opened_by_a() -> (User, Daemon, GitRepo, PathBuf) {
+    let a = user_a();
+    let d = Daemon::start();
+    open_the_way(&d);
+    let repo = project(&d, "p", &["octofs-test-user", "octofs-test-other"]);
+    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
+    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
+    let ws = PathBuf::from(out.stdout_str().trim());
+    (a, d, repo, ws)
+}
+
 /// `script` run by `sh` in bubblewrap as `u` (None: root), the workspace `ws` bound as `/work` and
 /// nothing else of the host but `/usr` and `/etc` (read-only).
 fn in_sandbox(u: Option<User>, ws: &Path, script: &str) -> Out {
@@ -169,13 +182,7 @@ cat .git/objects/info/alternates",
 
 #[test]
 fn git_works_in_a_sandbox_that_binds_only_the_workspace() {
-    let a = user_a();
-    let d = Daemon::start();
-    open_the_way(&d);
-    let repo = project(&d, "p", &["octofs-test-user", "octofs-test-other"]);
-    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
-    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
-    let ws = PathBuf::from(out.stdout_str().trim());
+    let (a, d, repo, ws) = opened_by_a();
     // The user cannot reach the mirrors at all (an ACL grant's mask goes with the mode).
     chmod(&d.state.join("mirrors"), 0o700);
     let host_log = |u: User| {
@@ -494,13 +501,7 @@ echo done $n";
 /// walk into the tree, names kept or not.
 #[test]
 fn a_pack_the_mirror_gains_and_a_revocation_are_seen_at_once_with_names_kept() {
-    let a = user_a();
-    let d = Daemon::start();
-    open_the_way(&d);
-    let repo = project(&d, "p", &["octofs-test-user", "octofs-test-other"]);
-    let out = d.cli_as(a, &["open", "t", "--project", "p"]);
-    assert!(out.success(), "{}\n{}", out.describe(), d.log_tail());
-    let ws = PathBuf::from(out.stdout_str().trim());
+    let (a, d, repo, ws) = opened_by_a();
 
     // The upstream's next commit as one pack, made ahead outside the mirror.
     repo.write("b.txt", "beta\n");
