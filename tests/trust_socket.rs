@@ -441,11 +441,9 @@ fn revoking_a_user_takes_back_the_objects_grant() {
 fn a_daemon_started_under_umask_000_still_refuses_others() {
     let b = user_b();
     let mut d = Daemon::unstarted();
-    // SAFETY: umask(2) only changes this process's file creation mask; restored right after the
-    // daemon (which inherits it) has started.
-    let old = unsafe { libc::umask(0) };
-    d.spawn();
-    unsafe { libc::umask(old) };
+    // Set in the daemon's own shell, never in this process: other tests' threads create files
+    // meanwhile (a process-wide umask 000 made another test's files 0666).
+    d.spawn_under_umask("000");
     open_the_way(&d);
     let mode = std::fs::metadata(d.socket()).expect("socket").mode() & 0o7777;
     assert_eq!(mode, 0o666, "socket mode {mode:o}");

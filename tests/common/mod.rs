@@ -587,15 +587,38 @@ impl Daemon {
     /// Like [`Daemon::spawn_with`], with variables `env` in the daemon's environment.
     #[track_caller]
     pub fn spawn_with_env(&mut self, serve_args: &[&str], env: &[(&str, &str)]) {
+        let mut cmd = self.command();
+        cmd.envs(env.iter().copied()).arg("serve").args(serve_args);
+        self.launch(cmd);
+    }
+
+    /// Like [`Daemon::spawn`], the daemon started under umask `mask` (e.g. `000`). The umask is
+    /// set by a shell that then execs the daemon, never in this process: other tests' threads
+    /// create files meanwhile, and a process-wide umask would reach them.
+    #[track_caller]
+    pub fn spawn_under_umask(&mut self, mask: &str) {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", &format!("umask {mask} && exec \"$0\" \"$@\"")])
+            .arg(bin())
+            .arg("--state")
+            .arg(&self.state)
+            .arg("--root")
+            .arg(&self.root)
+            .arg("serve")
+            .env_remove("OCTOFS_STATE")
+            .env_remove("OCTOFS_ROOT")
+            .env("OCTOFS_IO_MEMORY", "0");
+        self.launch(cmd);
+    }
+
+    /// Starts `cmd` (a daemon) with its output in the next log file and waits until it answers.
+    #[track_caller]
+    fn launch(&mut self, mut cmd: Command) {
         assert!(self.child.is_none(), "daemon already running");
         self.log = self.base.join(format!("daemon-{}.log", self.starts));
         self.starts += 1;
         let log = fs::File::create(&self.log).expect("create daemon log");
-        let mut cmd = self.command();
-        cmd.envs(env.iter().copied())
-            .arg("serve")
-            .args(serve_args)
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::from(log.try_clone().expect("dup log")))
             .stderr(Stdio::from(log))
             .process_group(0);
