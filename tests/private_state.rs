@@ -23,13 +23,6 @@ use std::time::Duration;
 
 const FS_TIMEOUT: Duration = Duration::from_secs(20);
 
-fn umask_000() {
-    // SAFETY: umask(2) has no preconditions; every test of this binary wants the same value.
-    unsafe {
-        libc::umask(0);
-    }
-}
-
 /// A python http server over `dir` that answers 401 unless the request carries
 /// `Authorization: Basic base64(user:password)`; killed by its process-group id on drop.
 struct AuthServer {
@@ -161,8 +154,10 @@ fn advance(up: &GitRepo, bare: &Path, n: u32) -> String {
 
 #[test]
 fn credentials_live_only_in_the_credentials_file() {
-    umask_000();
-    let mut d = Daemon::start();
+    // The daemon under umask 000 (set in its own shell: a process-wide umask would reach every
+    // other test of this binary, whose files then came out 0666).
+    let mut d = Daemon::unstarted();
+    d.spawn_under_umask("000");
     let (up, bare) = served_upstream(&d.base);
     let token = "s3cret-Tok3n-77";
     let server = AuthServer::start(&d.base, bare.parent().unwrap(), "alice", token);
@@ -347,7 +342,6 @@ fn assert_private(state: &Path) {
 
 #[test]
 fn state_is_private_whatever_the_umask() {
-    umask_000();
     let User { uid, gid } = user_b();
     let src = tempfile::tempdir().unwrap();
     let repo = GitRepo::init(&src.path().join("repo"));
@@ -358,7 +352,8 @@ fn state_is_private_whatever_the_umask() {
     // The test's own directories are reachable by anyone: only octofs's modes protect the state.
     fs::set_permissions(&d.base, fs::Permissions::from_mode(0o755)).unwrap();
     fs::set_permissions(&d.state, fs::Permissions::from_mode(0o777)).unwrap();
-    d.spawn();
+    // Started under umask 000, by its own shell (never this process's: `spawn_under_umask`).
+    d.spawn_under_umask("000");
 
     d.cli_ok(["mirror", "add", "proj", &repo.path.to_string_lossy()]);
     let ws = PathBuf::from(
