@@ -975,3 +975,49 @@ fn systemd_s_descriptor_store_keeps_the_mounts_across_a_kill_9() {
         "descriptors left in the store after stop: {left:?}"
     );
 }
+
+/// A dead daemon's mount unmounted lazily before the next daemon starts (an operator clearing
+/// it, or a crash test doing so): the keeper still holds its connection, which a process working
+/// in the detached mount keeps alive. The next daemon must not adopt it (it would serve a mount
+/// no new process can reach, and report it mounted) but mount the workspace again from its
+/// record: a process started afterwards sees the file written before the crash.
+#[test]
+fn a_kept_mount_unmounted_behind_the_keeper_is_mounted_again() {
+    let mut d = Daemon::start();
+    let files: Vec<(&str, &str, u32)> = FILES.iter().map(|(p, c)| (*p, *c, 0o644)).collect();
+    add_project(&d, "p", &files);
+    let m = d.open_thread("t", &["--project", "p"]);
+    fs::write(m.join("mine.txt"), "written before the crash\n").unwrap();
+    // Working in the mount: its superblock, and so the kept connection, outlive the unmount.
+    let mut inside = Command::new("sleep")
+        .arg("120")
+        .current_dir(&m)
+        .spawn()
+        .expect("spawn sleep");
+    d.kill9();
+    run(
+        Command::new("umount").arg("-l").arg(&m),
+        Duration::from_secs(10),
+    )
+    .assert_ok();
+    d.spawn();
+    let mounted = poll(Duration::from_secs(10), || octofs::sys::fuse_mount_at(&m));
+    let _ = inside.kill();
+    let _ = inside.wait();
+    assert!(mounted.is_some(), "not mounted again\n{}", d.log_tail());
+    let cat = run(
+        Command::new("cat").arg(m.join("mine.txt")),
+        Duration::from_secs(10),
+    );
+    assert_eq!(
+        cat.stdout_str(),
+        "written before the crash\n",
+        "{}",
+        cat.describe()
+    );
+    assert!(
+        d.log_text().contains("unmounted behind the keeper"),
+        "{}",
+        d.log_tail()
+    );
+}

@@ -84,6 +84,8 @@ pub enum AdoptError {
     NotMounted,
     #[error("kept for {}, not its mount point", .0.display())]
     KeptElsewhere(PathBuf),
+    #[error("no longer mounted at {} (unmounted behind the keeper)", .0.display())]
+    KeptDetached(PathBuf),
     #[error("no descriptor kept")]
     NoDescriptor,
     #[error("nothing built")]

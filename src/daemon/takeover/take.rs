@@ -380,6 +380,13 @@ fn adopt_one(
     if k.path != layout.mountpoint(&thread) {
         return Err(AdoptError::KeptElsewhere(k.path));
     }
+    // Unmounted behind the keeper (`umount -l` of the dead mount before this daemon started): its
+    // connection ends with its last user, and entries registered on it then fail (`ENOTCONN`).
+    // Mounted again from its record instead (mountinfo never asks the file system).
+    let source = format!("octofs:{thread}");
+    if crate::sys::fuse_mount_at(&k.path).is_none_or(|(_, s)| s != source) {
+        return Err(AdoptError::KeptDetached(k.path));
+    }
     let mut fds = k.fds;
     // A ring mount's memory (given last; found by what it is, whatever order a store kept).
     let ring_fd = match k.meta.ring {
