@@ -597,18 +597,26 @@ impl Daemon {
     /// create files meanwhile, and a process-wide umask would reach them.
     #[track_caller]
     pub fn spawn_under_umask(&mut self, mask: &str) {
+        let mut cmd = self.serve_through_shell(&format!("umask {mask} && exec \"$0\" \"$@\""), &[]);
+        cmd.env("OCTOFS_IO_MEMORY", "0");
+        self.launch(cmd);
+    }
+
+    /// `sh -c script` with `octofs --state … --root … serve serve_args` as its `$0 "$@"` (the
+    /// script ends by exec'ing them), without OCTOFS_* from the environment.
+    fn serve_through_shell(&self, script: &str, serve_args: &[&str]) -> Command {
         let mut cmd = Command::new("sh");
-        cmd.args(["-c", &format!("umask {mask} && exec \"$0\" \"$@\"")])
+        cmd.args(["-c", script])
             .arg(bin())
             .arg("--state")
             .arg(&self.state)
             .arg("--root")
             .arg(&self.root)
             .arg("serve")
+            .args(serve_args)
             .env_remove("OCTOFS_STATE")
-            .env_remove("OCTOFS_ROOT")
-            .env("OCTOFS_IO_MEMORY", "0");
-        self.launch(cmd);
+            .env_remove("OCTOFS_ROOT");
+        cmd
     }
 
     /// Starts `cmd` (a daemon) with its output in the next log file and waits until it answers.
@@ -636,37 +644,20 @@ impl Daemon {
         env: &[(&str, &str)],
         fds: &[(String, std::os::fd::OwnedFd)],
     ) {
-        assert!(self.child.is_none(), "daemon already running");
-        self.log = self.base.join(format!("daemon-{}.log", self.starts));
-        self.starts += 1;
-        let log = fs::File::create(&self.log).expect("create daemon log");
         let names: Vec<&str> = fds.iter().map(|(n, _)| n.as_str()).collect();
         let owned: Vec<std::os::fd::OwnedFd> = fds
             .iter()
             .map(|(_, f)| f.try_clone().expect("dup a stored descriptor"))
             .collect();
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "LISTEN_PID=$$; export LISTEN_PID; exec \"$0\" \"$@\""])
-            .arg(bin())
-            .arg("--state")
-            .arg(&self.state)
-            .arg("--root")
-            .arg(&self.root)
-            .arg("serve")
-            .args(serve_args)
-            .env_remove("OCTOFS_STATE")
-            .env_remove("OCTOFS_ROOT")
-            .envs(env.iter().copied())
+        let mut cmd = self.serve_through_shell(
+            "LISTEN_PID=$$; export LISTEN_PID; exec \"$0\" \"$@\"",
+            serve_args,
+        );
+        cmd.envs(env.iter().copied())
             .env("LISTEN_FDS", owned.len().to_string())
-            .env("LISTEN_FDNAMES", names.join(":"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(log.try_clone().expect("dup log")))
-            .stderr(Stdio::from(log))
-            .process_group(0);
+            .env("LISTEN_FDNAMES", names.join(":"));
         octofs::sys::pass_fds_from_3(&mut cmd, &owned).expect("pass the descriptors");
-        self.child = Some(cmd.spawn().expect("spawn octofs serve"));
-        drop(owned);
-        self.wait_ready();
+        self.launch(cmd);
     }
 
     #[track_caller]
